@@ -1,0 +1,15 @@
+"""Shared pytest setup: GPU tests (marker ``cuda``) are skipped where no CUDA device exists."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
