@@ -1,0 +1,58 @@
+"""The DSA lightning indexer's scoring and causal top-k (plain-PyTorch twin).
+
+Scores for query token ``t`` of request ``b`` against every cached key ``j ≤ pos[t]`` of
+that request: ``I[t, j] = Σ_h w[t, h] · ReLU(scale · q[t, h] · k[j])``; the result is the
+top-``k`` key *positions* (int32, ``-1`` where fewer than ``k`` keys exist).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from breakgraph.kernels.paging import positions_to_slots
+
+# Bound on the elements of the gathered-key temporary per chunk of query tokens.
+_CHUNK_ELEMS = 1 << 25
+
+
+def indexer_topk_ref(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    token_req: torch.Tensor,
+    positions: torch.Tensor,
+    page_size: int,
+    softmax_scale: float,
+    topk_out: torch.Tensor,
+) -> None:
+    """Write the causal top-k key positions of each query token into ``topk_out``.
+
+    Args:
+        q: ``[T, Hi, Di]`` indexer queries (RoPE applied).
+        weights: ``[T, Hi]`` fp32 head weights (already × ``Hi^-0.5``).
+        k_cache: ``[num_slots, Di]`` indexer key cache (this layer).
+        page_table: ``[B, P]`` int32 page ids per request.
+        token_req: ``[T]`` request row of each token; ``positions``: ``[T]`` its position.
+        topk_out: ``[T, K]`` int32, written in full (``-1`` for unused columns). Caller owns it.
+    Graph-safe: static shapes only, no host syncs.
+    """
+    num_tokens, topk = topk_out.shape
+    max_len = page_table.shape[1] * page_size
+    k_eff = min(topk, max_len)
+    key_pos = torch.arange(max_len, device=q.device)
+    chunk = max(1, _CHUNK_ELEMS // max(1, max_len * k_cache.shape[-1]))
+    for start in range(0, num_tokens, chunk):
+        end = min(start + chunk, num_tokens)
+        req = token_req[start:end]
+        slots = positions_to_slots(key_pos.expand(end - start, max_len), page_table, req, page_size)
+        keys = k_cache[slots].float()  # [c, L, Di]
+        s = torch.einsum("thd,tld->thl", q[start:end].float(), keys) * softmax_scale
+        scores = torch.einsum("th,thl->tl", weights[start:end].float(), s.relu())
+        causal = key_pos[None, :] <= positions[start:end, None]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        vals, idx = scores.topk(k_eff, dim=-1)
+        idx = torch.where(torch.isinf(vals), torch.full_like(idx, -1), idx)
+        topk_out[start:end, :k_eff] = idx.to(torch.int32)
+    if k_eff < topk:
+        topk_out[:, k_eff:] = -1

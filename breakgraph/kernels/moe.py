@@ -1,0 +1,94 @@
+"""MoE routing and expert computation (plain-PyTorch twins, graph-safe: no host syncs).
+
+Routing (DeepSeek-V3 / GLM-5): sigmoid scores; ``e_score_correction_bias`` is added for
+*selection only*; optional group-limited selection (best ``topk_group`` of ``n_group``
+groups by the sum of each group's two best biased scores); the weights are the unbiased
+scores of the chosen experts, normalised to sum 1 (``norm_topk_prob``), × ``routed_scaling``.
+
+Experts: tokens are sorted by expert and run through grouped GEMMs
+(``torch._grouped_mm``) with static shapes ``[T·top_k, ...]``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from breakgraph.kernels.fp8 import block_dequant
+
+
+def route_ref(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``router_logits [T, E]`` fp32 → ``(topk_weights [T, k] fp32, topk_ids [T, k] int64)``."""
+    scores = router_logits.sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias
+    num_tokens, num_experts = choice.shape
+    if topk_group < n_group:
+        grouped = choice.view(num_tokens, n_group, num_experts // n_group)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        group_idx = group_scores.topk(topk_group, dim=-1, sorted=False).indices
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0).bool()
+        expert_mask = group_mask[:, :, None].expand_as(grouped).reshape(num_tokens, num_experts)
+        choice = choice.masked_fill(~expert_mask, float("-inf"))
+    topk_ids = choice.topk(top_k, dim=-1, sorted=False).indices
+    topk_weights = scores.gather(1, topk_ids)
+    if norm_topk_prob:
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return topk_weights * routed_scaling_factor, topk_ids
+
+
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rows ``x [M, K]`` sorted by group; group ``g`` owns rows ``offsets[g-1]:offsets[g]`` and
+    multiplies by ``weight[g].T`` (``weight [G, N, K]``). Returns ``[M, N]``."""
+    if x.device.type == "cpu" or x.dtype == torch.bfloat16:
+        return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
+    # fp32/fp16 on CUDA: _grouped_mm takes bf16 only; gather each row's expert weight.
+    rows = torch.arange(x.shape[0], device=x.device)
+    group = torch.searchsorted(offsets, rows, right=True).clamp(max=weight.shape[0] - 1)
+    return torch.bmm(weight[group], x.unsqueeze(-1)).squeeze(-1)
+
+
+def fused_moe_ref(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block: tuple[int, int] = (128, 128),
+) -> torch.Tensor:
+    """Routed experts: ``Σ_k w[t,k] · W2[e] (silu(G[e] x) ⊙ U[e] x)`` for ``e = ids[t,k]``.
+
+    Args:
+        x: ``[T, D]``; w13: ``[E, 2I, D]`` (gate rows then up rows); w2: ``[E, D, I]``.
+        topk_weights ``[T, k]`` fp32, topk_ids ``[T, k]`` int64.
+        w13_scale / w2_scale: FP8 block scales when the weights are float8_e4m3fn.
+    Returns ``[T, D]`` in ``x.dtype``.
+    """
+    if w13_scale is not None:
+        w13 = block_dequant(w13, w13_scale, block, x.dtype)
+    if w2_scale is not None:
+        w2 = block_dequant(w2, w2_scale, block, x.dtype)
+    num_tokens, top_k = topk_ids.shape
+    num_experts = w13.shape[0]
+    flat_ids = topk_ids.reshape(-1)
+    order = flat_ids.argsort(stable=True)
+    src_token = order // top_k
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))
+    offsets = counts.cumsum(0, dtype=torch.int32)
+    gate_up = grouped_linear(x[src_token], w13, offsets)
+    gate, up = gate_up.chunk(2, dim=-1)
+    down = grouped_linear(F.silu(gate) * up, w2, offsets)
+    down = down * topk_weights.reshape(-1)[order, None].to(down.dtype)
+    out = torch.zeros_like(x)
+    out.index_add_(0, src_token, down)
+    return out

@@ -1,0 +1,49 @@
+"""Sparse MLA attention in latent space (plain-PyTorch twin).
+
+Absorbed MLA runs as MQA: every head's query ``[q_nope·w_kc ‖ q_pe]`` (``kv_lora_rank +
+rope`` wide) attends to the latent cache entries ``[c ‖ k_pe]`` of its top-k key positions;
+the value is the ``c`` part. The result stays in latent space (``[T, H, kv_lora_rank]``);
+the caller applies ``w_vc``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from breakgraph.kernels.paging import positions_to_slots
+
+_CHUNK_ELEMS = 1 << 25
+
+
+def sparse_mla_attention_ref(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    topk_pos: torch.Tensor,
+    page_table: torch.Tensor,
+    token_req: torch.Tensor,
+    page_size: int,
+    softmax_scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Write ``softmax(q·kvᵀ·scale) · kv[:, :r]`` over each token's top-k keys into ``out``.
+
+    Args:
+        q: ``[T, H, D]`` latent queries (D = kv_lora_rank + rope dim).
+        kv_cache: ``[num_slots, D]`` latent cache (this layer).
+        topk_pos: ``[T, K]`` int32 key positions, ``-1`` = unused.
+        out: ``[T, H, r]`` (r = ``out.shape[-1]``), caller-owned; written in full.
+    Softmax runs in fp32. Graph-safe: static shapes, no host syncs.
+    """
+    num_tokens, k = topk_pos.shape
+    rank = out.shape[-1]
+    chunk = max(1, _CHUNK_ELEMS // max(1, k * kv_cache.shape[-1]))
+    for start in range(0, num_tokens, chunk):
+        end = min(start + chunk, num_tokens)
+        pos = topk_pos[start:end]
+        slots = positions_to_slots(pos, page_table, token_req[start:end], page_size)
+        kv = kv_cache[slots]  # [c, K, D]
+        qc = q[start:end]
+        scores = torch.einsum("thd,tkd->thk", qc, kv).float() * softmax_scale
+        scores = scores.masked_fill((pos < 0)[:, None, :], float("-inf"))
+        probs = scores.softmax(dim=-1).to(kv.dtype)
+        out[start:end] = torch.einsum("thk,tkr->thr", probs, kv[..., :rank]).to(out.dtype)

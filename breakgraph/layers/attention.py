@@ -1,0 +1,158 @@
+"""MLA (absorbed form) with the DSA lightning indexer.
+
+Per layer and token: ``q_resid = RMSNorm(q_a(x))``, ``q = q_b(q_resid)`` split into
+``q_nope [H, dn]`` and ``q_pe [H, dr]``; ``[c ‖ k_pe] = kv_a(x)``, ``c = RMSNorm(c)``.
+Absorbed: ``q_latent = q_nope · w_kc`` (``w_kc``/``w_vc`` are the key/value halves of
+``kv_b_proj`` viewed ``[H, dn+dv, r]``), so attention is MQA of ``[q_latent ‖ q_pe]``
+against the latent cache entry ``[c ‖ k_pe]`` restricted to the indexer's top-k positions;
+its latent output is mapped back per head by ``w_vc`` and then ``o_proj``.
+
+The two dynamic steps — the indexer's cache store + causal top-k, and the sparse attention
+over the paged cache — are the *breaks* :func:`dsa_indexer_topk` and
+:func:`sparse_mla_attention`: they read the batch layout from the forward batch at call
+time and write into buffers the layer allocates.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from breakgraph.engine.forward_batch import get_forward_batch
+from breakgraph.kernels.fp8 import block_dequant
+from breakgraph.kernels.indexer import indexer_topk_ref
+from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+from breakgraph.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from breakgraph.layers.norm import LayerNorm, RMSNorm
+from breakgraph.layers.rotary import apply_rope
+from breakgraph.distributed import get_parallel_state
+from breakgraph.models.config import ModelConfig
+
+
+def graph_break_op(**_kw):  # TEMP until breakgraph.graphs lands
+    return lambda fn: fn
+
+
+@graph_break_op(mutates_args=("topk_out",))
+def dsa_indexer_topk(
+    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_out: torch.Tensor, layer_id: int, scale: float
+) -> None:
+    """Break: store indexer keys ``k [T, Di]`` in layer ``layer_id``'s key cache, then write
+    each token's causal top-k key positions into ``topk_out [T, K]`` int32 (``-1`` unused;
+    rows past the batch's real tokens are set to ``-1``). ``q [T, Hi, Di]``,
+    ``weights [T, Hi]`` fp32. Reads slots/pages/positions from the forward batch."""
+    fb = get_forward_batch()
+    n = fb.num_tokens
+    cache = fb.kv_cache.indexer_k[layer_id]
+    cache[fb.out_cache_loc] = k[:n].to(cache.dtype)
+    indexer_topk_ref(
+        q[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale,
+        topk_out[:n],
+    )  # fmt: skip
+    topk_out[n:] = -1
+
+
+@graph_break_op(mutates_args=("out",))
+def sparse_mla_attention(
+    q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float
+) -> None:
+    """Break: store the new latent entries ``kv [T, r+dr]`` in layer ``layer_id``'s cache,
+    then attend ``q [T, H, r+dr]`` to each token's top-k positions ``topk [T, K]``, writing
+    the latent output into ``out [T, H, r]`` (rows past the real tokens are zeroed)."""
+    fb = get_forward_batch()
+    n = fb.num_tokens
+    cache = fb.kv_cache.latent[layer_id]
+    cache[fb.out_cache_loc] = kv[:n].to(cache.dtype)
+    sparse_mla_attention_ref(
+        q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n]
+    )
+    out[n:].zero_()
+
+
+class Indexer(nn.Module):
+    """DSA lightning indexer: ``Hi`` query heads from ``q_resid``, one LayerNorm'd key shared
+    by all heads, ReLU-weighted head scores, causal top-k."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads, self.head_dim = config.index_n_heads, config.index_head_dim
+        self.rope_dim = config.qk_rope_head_dim
+        self.topk = config.index_topk
+        self.interleaved = config.indexer_rope_interleaved
+        self.wq_b = ReplicatedLinear(config.q_lora_rank, self.n_heads * self.head_dim, fp8=config.fp8, dtype=dtype)
+        self.wk = ReplicatedLinear(config.hidden_size, self.head_dim, fp8=config.fp8, dtype=dtype)
+        self.k_norm = LayerNorm(self.head_dim, eps=1e-6, dtype=dtype)
+        # Kept in fp32 (the reference keeps this projection out of low precision).
+        self.weights_proj = ReplicatedLinear(config.hidden_size, self.n_heads, dtype=torch.float32)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return torch.cat([apply_rope(x[..., : self.rope_dim], cos, sin, self.interleaved), x[..., self.rope_dim :]], -1)
+
+    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32."""
+        t = x.shape[0]
+        q = self._rope(self.wq_b(q_resid).view(t, self.n_heads, self.head_dim), cos, sin)
+        k = self._rope(self.k_norm(self.wk(x)), cos, sin)
+        weights = self.weights_proj(x.float()) * self.n_heads**-0.5
+        topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
+        dsa_indexer_topk(q, k, weights, topk, self.layer_id, self.head_dim**-0.5)
+        return topk
+
+
+class MLAttention(nn.Module):
+    """Multi-head latent attention, absorbed, sparse over the indexer's top-k."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        c = config
+        tp = get_parallel_state().tp_size
+        self.layer_id = layer_id
+        self.num_heads = c.num_attention_heads // tp
+        self.dn, self.dr, self.dv, self.rank = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
+        self.scale = c.softmax_scale
+        bias = c.attention_bias
+        self.q_a_proj = ReplicatedLinear(c.hidden_size, c.q_lora_rank, bias=bias, fp8=c.fp8, dtype=dtype)
+        self.q_a_layernorm = RMSNorm(c.q_lora_rank, eps=1e-6, dtype=dtype)
+        self.q_b_proj = ColumnParallelLinear(c.q_lora_rank, c.num_attention_heads * c.qk_head_dim, fp8=c.fp8, dtype=dtype)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(c.hidden_size, c.latent_dim, bias=bias, fp8=c.fp8, dtype=dtype)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, eps=1e-6, dtype=dtype)
+        self.kv_b_proj = ColumnParallelLinear(
+            c.kv_lora_rank, c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), fp8=c.fp8, dtype=dtype
+        )
+        self.o_proj = RowParallelLinear(c.num_attention_heads * c.v_head_dim, c.hidden_size, bias=bias, fp8=c.fp8, dtype=dtype)
+        self.indexer = Indexer(c, layer_id, dtype) if c.has_indexer(layer_id) else None
+        self.register_buffer("w_kc", torch.empty(self.num_heads, self.dn, self.rank, dtype=dtype), persistent=False)
+        self.register_buffer("w_vc", torch.empty(self.num_heads, self.dv, self.rank, dtype=dtype), persistent=False)
+
+    def absorb_kv_b(self) -> None:
+        """Derive ``w_kc [H, dn, r]`` and ``w_vc [H, dv, r]`` from ``kv_b_proj`` (after loading)."""
+        p = self.kv_b_proj
+        w = p.weight if not p.quantized else block_dequant(p.weight, p.weight_scale_inv, p.block, self.w_kc.dtype)
+        w = w.to(self.w_kc.dtype).view(self.num_heads, self.dn + self.dv, self.rank)
+        self.w_kc.copy_(w[:, : self.dn])
+        self.w_vc.copy_(w[:, self.dn :])
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [T, D]`` → ``(out [T, D], topk [T, K])``; ``prev_topk`` feeds "shared" layers."""
+        t = x.shape[0]
+        q_resid = self.q_a_layernorm(self.q_a_proj(x))
+        q = self.q_b_proj(q_resid).view(t, self.num_heads, self.dn + self.dr)
+        q_nope, q_pe = q.split([self.dn, self.dr], dim=-1)
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.dr], dim=-1)
+        c = self.kv_a_layernorm(c)
+        q_pe = apply_rope(q_pe, cos, sin, interleaved=True)
+        k_pe = apply_rope(k_pe, cos, sin, interleaved=True)
+        q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_kc).transpose(0, 1)  # [T, H, r]
+        q_full = torch.cat([q_latent, q_pe], dim=-1)
+        kv = torch.cat([c, k_pe], dim=-1)
+        topk = self.indexer(x, q_resid, cos, sin) if self.indexer is not None else prev_topk
+        if topk is None:
+            raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
+        attn = torch.empty(t, self.num_heads, self.rank, dtype=x.dtype, device=x.device)
+        sparse_mla_attention(q_full, kv, topk, attn, self.layer_id, self.scale)
+        out = torch.bmm(attn.transpose(0, 1), self.w_vc.transpose(1, 2)).transpose(0, 1)  # [T, H, dv]
+        return self.o_proj(out.reshape(t, self.num_heads * self.dv)), topk

@@ -1,0 +1,106 @@
+"""Dense SwiGLU MLP and the MoE block (router + routed experts + shared expert)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from breakgraph.distributed import get_parallel_state
+from breakgraph.kernels.fp8 import FP8_DTYPE
+from breakgraph.kernels.moe import fused_moe_ref, route_ref
+from breakgraph.layers.linear import ColumnParallelLinear, RowParallelLinear, WeightShapeError, check_shape
+from breakgraph.models.config import Fp8Config, ModelConfig
+
+
+class MLP(nn.Module):
+    """``down(silu(gate x) ⊙ up x)`` with gate‖up merged into one column-parallel linear."""
+
+    def __init__(self, hidden: int, intermediate: int, fp8: Fp8Config | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear(hidden, [intermediate, intermediate], fp8=fp8, dtype=dtype)
+        self.down_proj = RowParallelLinear(intermediate, hidden, fp8=fp8, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Router(nn.Module):
+    """Sigmoid router; ``weight [E, D]`` and ``e_score_correction_bias [E]`` kept in fp32."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        e = config.n_routed_experts
+        self.weight = nn.Parameter(torch.empty(e, config.hidden_size, dtype=torch.float32), requires_grad=False)
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.config
+        logits = F.linear(x.float(), self.weight)
+        return route_ref(
+            logits, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group, c.topk_group,
+            c.norm_topk_prob, c.routed_scaling_factor,
+        )  # fmt: skip
+
+
+class Experts(nn.Module):
+    """Routed expert weights stacked per expert: ``w13 [E, 2I, D]`` (gate rows, then up rows)
+    and ``w2 [E, D, I]``; FP8 adds ``w13_scale``/``w2_scale`` block scales."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        e, d = config.n_routed_experts, config.hidden_size
+        i = config.moe_intermediate_size // get_parallel_state().tp_size
+        self.intermediate = i
+        fp8 = config.fp8
+        self.block = fp8.block if fp8 is not None else (128, 128)
+        self.quantized = fp8 is not None and i % fp8.block[0] == 0
+        wdtype = FP8_DTYPE if self.quantized else dtype
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, d, dtype=wdtype), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(e, d, i, dtype=wdtype), requires_grad=False)
+        if self.quantized:
+            bn, bk = self.block
+            self.w13_scale = nn.Parameter(torch.empty(e, 2 * i // bn, -(-d // bk)), requires_grad=False)
+            self.w2_scale = nn.Parameter(torch.empty(e, -(-d // bn), -(-i // bk)), requires_grad=False)
+        else:
+            self.w13_scale = self.w2_scale = None
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        return fused_moe_ref(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale, self.block)
+
+    def load(self, name: str, tensor: torch.Tensor, proj: str, kind: str, expert: int | None) -> None:
+        """Load one checkpoint tensor. ``proj`` in gate/up/down (one expert) or gate_up/down
+        (all experts, ``expert=None``); ``kind`` is ``weight`` or ``weight_scale_inv``."""
+        scale = kind == "weight_scale_inv"
+        if scale and not self.quantized:
+            raise WeightShapeError(f"tensor {name!r}: experts are not FP8 here")
+        param = (self.w2_scale if scale else self.w2) if proj == "down" else (self.w13_scale if scale else self.w13)
+        target = param.data if expert is None else param.data[expert]
+        if proj in ("gate", "up"):
+            rows = target.shape[-2] // 2
+            target = target.narrow(-2, 0 if proj == "gate" else rows, rows)
+        check_shape(name, tuple(target.shape), tuple(tensor.shape))
+        target.copy_(tensor)
+
+
+class MoE(nn.Module):
+    """Routed experts (top-k of ``n_routed_experts``) plus the always-on shared expert."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate = Router(config)
+        self.experts = Experts(config, dtype)
+        self.shared_experts = (
+            MLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.fp8, dtype)
+            if config.n_shared_experts
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = self.gate(x)
+        out = self.experts(x, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out

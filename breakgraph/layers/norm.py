@@ -1,0 +1,35 @@
+"""RMSNorm as the reference computes it: statistics in fp32, weight applied in the input dtype."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """``weight * (x / sqrt(mean(x²) + eps)).to(x.dtype)``. Note: MLA's ``q_a_layernorm`` and
+    ``kv_a_layernorm`` use eps 1e-6 whatever the config says (as the reference does)."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with weight and bias (the DSA indexer's key norm, eps 1e-6)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(dim, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)

@@ -1,0 +1,164 @@
+"""GLM-5 (``glm_moe_dsa``) and DeepSeek-V3.2 (``deepseek_v32``): one implementation.
+
+The differences between the two live in :class:`~breakgraph.models.config.ModelConfig`
+(indexer RoPE style, YaRN, shared-indexer layers, group routing); this file assembles the
+layers. Parameter names follow the HF checkpoints so loading is a name lookup, except for
+stacked parameters (gate‖up, per-expert tensors) which :meth:`DsaForCausalLM.checkpoint_targets`
+maps explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from breakgraph.kernels.fp8 import FP8_DTYPE
+from breakgraph.layers.attention import MLAttention
+from breakgraph.layers.linear import LinearBase, check_shape
+from breakgraph.layers.mlp import MLP, MoE
+from breakgraph.layers.norm import RMSNorm
+from breakgraph.layers.rotary import RotaryEmbedding
+from breakgraph.models.config import ModelConfig
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (MLP dense or MoE)."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = MLAttention(config, layer_id, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MoE(config, dtype) if config.is_moe_layer(layer_id) else MLP(
+            config.hidden_size, config.intermediate_size, config.fp8, dtype
+        )
+
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attn, topk = self.self_attn(self.input_layernorm(h), cos, sin, prev_topk)
+        h = h + attn
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, topk
+
+
+class Backbone(nn.Module):
+    """Embedding, decoder layers and final norm (HF prefix ``model.``)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.rotary = RotaryEmbedding(config.rope, config.qk_rope_head_dim, max_positions)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes: ``load(tensor)`` and the dtype it is stored in."""
+
+    load: Callable[[torch.Tensor], None]
+    dtype: torch.dtype
+
+
+class DsaForCausalLM(nn.Module):
+    """The causal LM. ``forward`` is the decoder body (what graphs capture); the LM head
+    runs separately in :meth:`compute_logits` on the rows that need logits."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.model = Backbone(config, dtype, max_positions or config.max_position_embeddings)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.lm_head.weight.requires_grad_(False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Decoder body: ``input_ids [T]``, ``positions [T]`` int64 → final-norm hidden ``[T, D]``.
+
+        Reads the batch layout (pages, slots, per-request lengths) from the current forward
+        batch inside its breaks; everything else is static-shape tensor work.
+        """
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary.lookup(positions, h.dtype)
+        topk = None
+        for layer in self.model.layers:
+            h, topk = layer(h, cos, sin, topk)
+        return self.model.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [N, D]`` → fp32 logits ``[N, vocab]``."""
+        return F.linear(hidden, self.lm_head.weight).float()
+
+    def process_weights_after_loading(self) -> None:
+        """Derive absorbed-MLA weights; drop ``kv_b_proj`` (its halves now live in w_kc/w_vc)."""
+        for layer in self.model.layers:
+            layer.self_attn.absorb_kv_b()
+
+    # -- checkpoint name mapping -------------------------------------------------------------
+    def checkpoint_targets(self) -> tuple[dict[str, Target], dict[str, tuple[Target, list[str]]]]:
+        """Map every checkpoint tensor name this model needs to its :class:`Target`.
+
+        Returns ``(required, aliases)``: ``required`` uses the on-disk HF names (per-expert
+        ``mlp.experts.{e}.{gate,up,down}_proj.weight``); ``aliases`` maps alternative names
+        (transformers' fused ``mlp.experts.gate_up_proj`` / ``down_proj``) to a target and
+        the required names they stand for.
+        """
+        required: dict[str, Target] = {}
+        aliases: dict[str, tuple[Target, list[str]]] = {}
+        for mod_name, module in self.named_modules():
+            if isinstance(module, LinearBase):
+                parts = ["gate_proj", "up_proj"] if len(module.output_sizes) == 2 else [None]
+                base = mod_name.rsplit(".", 1)[0] if parts[0] else mod_name
+                kinds = [("weight", module.weight.dtype), ("bias", module.weight.dtype)]
+                if module.quantized:
+                    kinds.append(("weight_scale_inv", torch.float32))
+                for part, pname in enumerate(parts):
+                    prefix = f"{base}.{pname}" if pname else mod_name
+                    for kind, dt in kinds:
+                        if getattr(module, kind) is None:
+                            continue
+                        required[f"{prefix}.{kind}"] = Target(
+                            lambda t, m=module, n=f"{prefix}.{kind}", k=kind, p=part: m.load(n, t, k, p), dt
+                        )
+            elif mod_name.endswith("mlp.experts"):
+                self._expert_targets(mod_name, module, required, aliases)
+        for name, param in self.named_parameters(remove_duplicate=False):
+            owner = name.rsplit(".", 1)[0]
+            if isinstance(self.get_submodule(owner), LinearBase) or ".experts." in f"{name}.":
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            required[name] = Target(lambda t, p=param, n=name: _copy_param(n, p, t), param.dtype)
+        # kv_b_proj is consumed by absorb_kv_b; no other buffers come from the checkpoint.
+        return required, aliases
+
+    def _expert_targets(self, prefix: str, experts: nn.Module, required: dict, aliases: dict) -> None:
+        e_count = experts.w13.shape[0]
+        wdt = experts.w13.dtype
+        kinds = [("weight", wdt)] + ([("weight_scale_inv", torch.float32)] if experts.quantized else [])
+        for kind, dt in kinds:
+            for e in range(e_count):
+                for proj in ("gate", "up", "down"):
+                    name = f"{prefix}.{e}.{proj}_proj.{kind}"
+                    required[name] = Target(lambda t, n=name, p=proj, k=kind, e=e: experts.load(n, t, p, k, e), dt)
+        for proj in ("gate_up", "down"):
+            name = f"{prefix}.{proj}_proj"
+            covered = [f"{prefix}.{e}.{p}_proj.weight" for e in range(e_count) for p in proj.split("_")]
+            aliases[name] = (Target(lambda t, n=name, p=proj: experts.load(n, t, p, "weight", None), wdt), covered)
+
+
+def _copy_param(name: str, param: torch.Tensor, tensor: torch.Tensor) -> None:
+    check_shape(name, tuple(param.shape), tuple(tensor.shape))
+    param.data.copy_(tensor.to(param.dtype))
+
+
+def is_fp8(t: torch.Tensor) -> bool:
+    return t.dtype == FP8_DTYPE
