@@ -1,0 +1,1 @@
+"""Accuracy evaluations that run against an OpenAI-compatible server (``gsm8k``)."""
