@@ -1,9 +1,15 @@
-"""Shared pytest setup: GPU tests (marker ``cuda``) are skipped where no CUDA device exists."""
+"""Shared pytest setup: GPU tests (marker ``cuda``) are skipped where no CUDA device exists;
+tiny HF checkpoints are built once per session."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -13,3 +19,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_home(tmp_path_factory):
+    """Keep the default-model cache of the test run out of the user's home."""
+    import os
+
+    home = tmp_path_factory.mktemp("bghome")
+    old = os.environ.get("BREAKGRAPH_HOME")
+    os.environ["BREAKGRAPH_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("BREAKGRAPH_HOME", None)
+    else:
+        os.environ["BREAKGRAPH_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def hf_models():
+    """``{model_type: transformers model}`` (fp32, eager attention, random weights)."""
+    from tiny_models import make_hf_model
+
+    return {mt: make_hf_model(mt) for mt in ("glm_moe_dsa", "deepseek_v32")}
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(hf_models, tmp_path_factory):
+    """``{model_type: folder}`` of save_pretrained checkpoints (sharded, with index.json)."""
+    out = {}
+    for mt, model in hf_models.items():
+        folder = tmp_path_factory.mktemp(mt)
+        model.save_pretrained(folder, max_shard_size="100KB")
+        out[mt] = folder
+    return out

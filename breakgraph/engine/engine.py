@@ -1,0 +1,235 @@
+"""The offline engine: tokenizer → scheduler → model runner → sampler → detokenizer.
+
+Life of an engine, top to bottom in ``__init__``: read the config, load the model, size the
+paged KV cache, set up the scheduler (and, with a graph backend, capture prefill graphs).
+``generate`` and ``prompt_logits`` drive :meth:`Engine.step` until their requests finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from breakgraph.engine.forward_batch import ForwardMode
+from breakgraph.engine.kv_cache import KVCache
+from breakgraph.engine.model_runner import BatchEntry, ModelRunner
+from breakgraph.engine.request import Request
+from breakgraph.engine.sampling import SamplingParams, sample
+from breakgraph.engine.scheduler import Scheduler
+from breakgraph.models.config import ModelConfig
+from breakgraph.models.loader import load_model
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Completion:
+    """The result of one prompt: generated ``text`` and ``token_ids``, why it stopped
+    (``stop``/``length``/``abort``), the prompt length and per-token log-probabilities."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    logprobs: list[float]
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {['auto', *DTYPES]}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+class Engine:
+    """Offline inference on one device.
+
+    Args:
+        model_path: HF checkpoint folder (config.json, safetensors, tokenizer.json);
+            ``None`` uses the built-in default model.
+        device: ``"cuda"``/``"cpu"`` (default: CUDA when available).
+        dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16``, ``float16`` or ``float32``.
+        load_format: ``auto`` (safetensors) or ``dummy`` (random weights from config.json).
+        page_size: tokens per KV page. ``num_pages``: KV pool size (default: from memory).
+        context_length: longest prompt + output (default: the model's max positions).
+        max_running_requests: how many requests decode together.
+        chunked_prefill_size: most prompt tokens per prefill step.
+        mem_fraction_static: on CUDA, the share of free memory the KV cache may take.
+        seed: seed for dummy weights.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = "auto",
+        load_format: str = "auto",
+        page_size: int = 16,
+        num_pages: int | None = None,
+        context_length: int | None = None,
+        max_running_requests: int = 64,
+        chunked_prefill_size: int = 4096,
+        mem_fraction_static: float = 0.85,
+        seed: int = 0,
+    ) -> None:
+        if model_path is None:
+            from breakgraph.demo.default_model import default_model_path
+
+            model_path = default_model_path()
+        self.model_path = Path(model_path)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.config = ModelConfig.from_pretrained(self.model_path)
+        self.context_length = min(context_length or self.config.max_position_embeddings, self.config.max_position_embeddings)
+        if chunked_prefill_size < 1:
+            raise ValueError(f"chunked_prefill_size must be >= 1, got {chunked_prefill_size}")
+        if max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+
+        t0 = time.perf_counter()
+        self.model = load_model(
+            self.model_path, config=self.config, device=self.device, dtype=self.dtype, load_format=load_format,
+            max_positions=self.context_length, seed=seed,
+        )  # fmt: skip
+        logger.info("loaded %s (%s, %s) in %.1fs", self.model_path, self.config.model_type, self.dtype, time.perf_counter() - t0)
+        self.tokenizer = _load_tokenizer(self.model_path)
+
+        if num_pages is None:
+            num_pages = self._default_num_pages(page_size, max_running_requests, mem_fraction_static)
+        self.kv_cache = KVCache(self.config, num_pages, page_size, self.dtype, self.device)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.device)
+        self.scheduler = Scheduler(self.kv_cache.pool, self.context_length, max_running_requests, chunked_prefill_size)
+        self.eos_ids = set(self.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_ids.add(self.tokenizer.eos_token_id)
+
+    def _default_num_pages(self, page_size: int, max_running: int, mem_fraction: float) -> int:
+        per_page = KVCache.bytes_per_page(self.config, page_size, self.dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * mem_fraction)
+        else:
+            want = -(-self.context_length // page_size) * min(max_running, 8) + 1
+            budget = min(want * per_page, 2 << 30)
+        return max(2, budget // per_page)
+
+    # -- requests ------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"{self.model_path} has no tokenizer.json: pass token ids instead of text")
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = list(prompt)
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.config.vocab_size})")
+        return ids
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Request:
+        """Queue a request; raises ``ValueError`` if it can never fit."""
+        req = Request(self.tokenize(prompt), params or SamplingParams())
+        self.scheduler.add(req)
+        return req
+
+    def abort(self, req: Request) -> None:
+        """Stop ``req`` now and free its KV pages."""
+        self.scheduler.finish(req, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def step(self) -> list[Request]:
+        """Run one forward. Returns the requests that got a new token (or finished)."""
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return []
+        entries = []
+        for req, n in plan.entries:
+            ids = req.all_ids
+            entries.append(BatchEntry(ids[req.num_computed : req.num_computed + n], req.num_computed, req.pages))
+        batch = self.runner.make_batch(entries, plan.mode)
+        want_all = any(getattr(req, "prompt_logits", None) is not None for req, _ in plan.entries)
+        logits = self.runner.forward(batch, all_logits=want_all)
+        progressed, start = [], 0
+        for b, (req, n) in enumerate(plan.entries):
+            row = (start + n - 1) if want_all else b
+            if getattr(req, "prompt_logits", None) is not None:
+                req.prompt_logits.append(logits[start : start + n].cpu())
+            start += n
+            req.num_computed += n
+            if plan.mode is ForwardMode.EXTEND and req.in_prefill:
+                continue  # more prompt chunks to go
+            self._append_token(req, logits[row])
+            progressed.append(req)
+        return progressed
+
+    def _append_token(self, req: Request, logits: torch.Tensor) -> None:
+        tok, logprob = sample(logits, req.params, req.generator)
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        p = req.params
+        if not p.ignore_eos and tok in self.eos_ids or tok in p.stop_token_ids:
+            self.scheduler.finish(req, "stop")
+            return
+        req.output_ids.append(tok)
+        req.output_logprobs.append(logprob)
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+            cut = min((i for s in p.stop if (i := text.find(s)) >= 0), default=-1)
+            if cut >= 0:
+                req.text = text[:cut]
+                self.scheduler.finish(req, "stop")
+                return
+            req.text = text
+        if len(req.output_ids) >= p.max_new_tokens or req.total_len >= self.context_length:
+            self.scheduler.finish(req, "length")
+
+    # -- offline API ---------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: str | list[int] | list[str] | list[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Generate for each prompt (text or token ids); all run batched together."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        while any(not r.finished for r in reqs):
+            self.step()
+        return [
+            Completion(r.text, list(r.output_ids), r.finish_reason or "abort", len(r.prompt_ids), list(r.output_logprobs))
+            for r in reqs
+        ]
+
+    def prompt_logits(self, input_ids: list[list[int]]) -> list[torch.Tensor]:
+        """fp32 logits ``[len, vocab]`` at every prompt position, computed by the same
+        batched (chunked, ragged) prefill path ``generate`` uses."""
+        reqs = []
+        for ids in input_ids:
+            req = Request(self.tokenize(ids), SamplingParams(max_new_tokens=1))
+            req.prompt_logits = []
+            self.scheduler.add(req)
+            reqs.append(req)
+        while any(not r.finished for r in reqs):
+            self.step()
+        return [torch.cat(r.prompt_logits) for r in reqs]
+
+
+def _load_tokenizer(folder: Path):
+    if not (folder / "tokenizer.json").is_file():
+        logger.warning("%s has no tokenizer.json; prompts must be token ids", folder)
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
