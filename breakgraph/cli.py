@@ -1,0 +1,118 @@
+"""``breakgraph`` command line: generate | serve | bench {prefill,serve} | eval gsm8k."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Subcommands living in their own modules: name → (module, help). Each module provides
+# add_arguments(parser) and main(args) -> int.
+_MOUNTED = {
+    ("serve",): ("breakgraph.server.cli", "start the OpenAI-compatible HTTP server"),
+    ("bench", "serve"): ("breakgraph.bench.serve", "load-test an OpenAI-compatible server (TTFT, TPOT, ITL)"),
+    ("bench", "prefill"): ("breakgraph.bench.prefill", "prefill latency per graph backend vs the physical floor"),
+    ("eval", "gsm8k"): ("breakgraph.eval.gsm8k", "few-shot GSM8K accuracy against a /v1/completions endpoint"),
+}
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that builds an :class:`~breakgraph.Engine`."""
+    g = parser.add_argument_group("model and engine")
+    g.add_argument("--model-path", default=None,
+                   help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json); default: the built-in tiny GLM-5 model")
+    g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="activation/weight dtype; auto = bfloat16 on CUDA, float32 on CPU (FP8 weights stay FP8)")
+    g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
+                   help="auto/safetensors read the checkpoint; dummy draws seeded random weights from config.json")
+    g.add_argument("--context-length", type=int, default=None, help="longest prompt + output in tokens (default: the model's)")
+    g.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
+    g.add_argument("--num-pages", type=int, default=None, help="KV-cache pages (default: sized from free memory)")
+    g.add_argument("--mem-fraction-static", type=float, default=0.85,
+                   help="on CUDA, the share of free memory (after weights) the KV cache may take")
+    g.add_argument("--max-running-requests", type=int, default=64, help="most requests decoding at once")
+    g.add_argument("--chunked-prefill-size", type=int, default=4096, help="most prompt tokens per prefill step")
+    g.add_argument("--seed", type=int, default=0, help="seed for dummy weights")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return dict(
+        device=args.device, dtype=args.dtype, load_format=args.load_format, context_length=args.context_length,
+        page_size=args.page_size, num_pages=args.num_pages, mem_fraction_static=args.mem_fraction_static,
+        max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size,
+        seed=args.seed,
+    )  # fmt: skip
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for one or more prompts", description="Generate text offline.")
+    p.add_argument("--prompt", action="append", required=False,
+                   help="prompt text (repeat the flag for a batch); default: a sample arithmetic question")
+    s = p.add_argument_group("sampling")
+    s.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate per prompt")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    s.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    s.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    s.add_argument("--sampling-seed", type=int, default=None, help="seed for reproducible sampling")
+    add_engine_arguments(p)
+    p.set_defaults(func=_run_generate)
+
+
+DEFAULT_PROMPT = "Question: Lena has 12 apples and buys 7 more. How many apples does she have now?\nAnswer:"
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from breakgraph import Engine, SamplingParams
+
+    engine = Engine(args.model_path, **engine_kwargs(args))
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        stop=args.stop, seed=args.sampling_seed,
+    )  # fmt: skip
+    prompts = args.prompt or [DEFAULT_PROMPT]
+    for prompt, out in zip(prompts, engine.generate(prompts, params)):
+        print(f"{prompt}{out.text}")
+        print(f"--- {len(out.token_ids)} tokens, finish_reason={out.finish_reason}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="breakgraph", description=__doc__)
+    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for path, (module, help_text) in _MOUNTED.items():
+        parent = sub
+        if len(path) == 2:
+            if path[0] not in groups:
+                g = sub.add_parser(path[0], help=f"{path[0]} tools")
+                groups[path[0]] = g.add_subparsers(dest=f"{path[0]}_command", required=True)
+            parent = groups[path[0]]
+        p = parent.add_parser(path[-1], help=help_text, description=help_text)
+        p.set_defaults(module=module)
+        try:
+            importlib.import_module(module).add_arguments(p)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            p.set_defaults(unavailable=f"'{' '.join(path)}' is not available in this build")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "unavailable", None):
+        print(args.unavailable, file=sys.stderr)
+        return 2
+    if hasattr(args, "func"):
+        return args.func(args)
+    return importlib.import_module(args.module).main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
