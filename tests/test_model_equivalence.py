@@ -56,7 +56,7 @@ def topk_margins(monkeypatch):
 
     import breakgraph.layers.attention as attention
 
-    monkeypatch.setattr(attention, "indexer_topk_ref", spy)
+    monkeypatch.setattr(attention, "indexer_topk", spy)
     return margins
 
 

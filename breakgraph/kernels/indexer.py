@@ -56,3 +56,18 @@ def indexer_topk_ref(
         topk_out[start:end, :k_eff] = idx.to(torch.int32)
     if k_eff < topk:
         topk_out[:, k_eff:] = -1
+
+
+def indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    token_req: torch.Tensor,
+    positions: torch.Tensor,
+    page_size: int,
+    softmax_scale: float,
+    topk_out: torch.Tensor,
+) -> None:
+    """Dispatch :func:`indexer_topk_ref`'s contract to the fastest implementation available."""
+    indexer_topk_ref(q, weights, k_cache, page_table, token_req, positions, page_size, softmax_scale, topk_out)

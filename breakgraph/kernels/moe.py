@@ -92,3 +92,30 @@ def fused_moe_ref(
     out = torch.zeros_like(x)
     out.index_add_(0, src_token, down)
     return out
+
+
+def route(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch :func:`route_ref`'s contract to the fastest implementation available."""
+    return route_ref(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block: tuple[int, int] = (128, 128),
+) -> torch.Tensor:
+    """Dispatch :func:`fused_moe_ref`'s contract to the fastest implementation available."""
+    return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)

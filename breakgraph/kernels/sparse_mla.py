@@ -47,3 +47,17 @@ def sparse_mla_attention_ref(
         scores = scores.masked_fill((pos < 0)[:, None, :], float("-inf"))
         probs = scores.softmax(dim=-1).to(kv.dtype)
         out[start:end] = torch.einsum("thk,tkr->thr", probs, kv[..., :rank]).to(out.dtype)
+
+
+def sparse_mla_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    topk_pos: torch.Tensor,
+    page_table: torch.Tensor,
+    token_req: torch.Tensor,
+    page_size: int,
+    softmax_scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Dispatch :func:`sparse_mla_attention_ref`'s contract to the fastest implementation available."""
+    sparse_mla_attention_ref(q, kv_cache, topk_pos, page_table, token_req, page_size, softmax_scale, out)

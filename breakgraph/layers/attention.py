@@ -21,8 +21,8 @@ from torch import nn
 
 from breakgraph.engine.forward_batch import get_forward_batch
 from breakgraph.kernels.fp8 import block_dequant
-from breakgraph.kernels.indexer import indexer_topk_ref
-from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+from breakgraph.kernels.indexer import indexer_topk
+from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
 from breakgraph.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from breakgraph.layers.norm import LayerNorm, RMSNorm
 from breakgraph.layers.rotary import apply_rope
@@ -46,7 +46,7 @@ def dsa_indexer_topk(
     n = fb.num_tokens
     cache = fb.kv_cache.indexer_k[layer_id]
     cache[fb.out_cache_loc] = k[:n].to(cache.dtype)
-    indexer_topk_ref(
+    indexer_topk(
         q[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale,
         topk_out[:n],
     )  # fmt: skip
@@ -64,7 +64,7 @@ def sparse_mla_attention(
     n = fb.num_tokens
     cache = fb.kv_cache.latent[layer_id]
     cache[fb.out_cache_loc] = kv[:n].to(cache.dtype)
-    sparse_mla_attention_ref(
+    sparse_mla_kernel(
         q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n]
     )
     out[n:].zero_()

@@ -8,7 +8,7 @@ from torch import nn
 
 from breakgraph.distributed import get_parallel_state
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.moe import fused_moe_ref, route_ref
+from breakgraph.kernels.moe import fused_moe, route
 from breakgraph.layers.linear import ColumnParallelLinear, RowParallelLinear, WeightShapeError, check_shape
 from breakgraph.models.config import Fp8Config, ModelConfig
 
@@ -39,7 +39,7 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
         logits = F.linear(x.float(), self.weight)
-        return route_ref(
+        return route(
             logits, self.e_score_correction_bias, c.num_experts_per_tok, c.n_group, c.topk_group,
             c.norm_topk_prob, c.routed_scaling_factor,
         )  # fmt: skip
@@ -68,7 +68,7 @@ class Experts(nn.Module):
             self.w13_scale = self.w2_scale = None
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        return fused_moe_ref(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale, self.block)
+        return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale, self.block)
 
     def load(self, name: str, tensor: torch.Tensor, proj: str, kind: str, expert: int | None) -> None:
         """Load one checkpoint tensor. ``proj`` in gate/up/down (one expert) or gate_up/down
