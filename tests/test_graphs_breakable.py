@@ -1,0 +1,557 @@
+"""Breakable graphs: segments, breaks, drop_empty, islands, debug check, bucket safety.
+
+CPU tests use the CPU graph backend (same contract as CUDA graphs); tests marked ``cuda`` run
+the same behaviour on real CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from breakgraph.graphs import (
+    BreakableGraph,
+    GraphBreakError,
+    GraphError,
+    GraphNotCapturedError,
+    GraphReplayMismatchError,
+    HostSyncInGraphError,
+    StaleBreakResultError,
+    call_with_graph_break,
+    eager_on_graph,
+    force_graph_break,
+    is_in_breakable_cuda_graph,
+    new_graph_pool,
+)
+
+
+@dataclass
+class ForwardContext:
+    """Per-batch data that breaks read when they are called."""
+
+    offset: float = 0.0
+    flag: bool = True
+    scale: float = 1.0
+
+
+CTX = ForwardContext()
+
+
+@eager_on_graph()
+def write_plus_offset(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(x + CTX.offset)
+
+
+@eager_on_graph()
+def times_ten(x: torch.Tensor) -> torch.Tensor:
+    return x * 10
+
+
+@eager_on_graph()
+def noop_break() -> None:
+    return None
+
+
+def _body_with_breaks(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    h = (x * 2).sin()
+    write_plus_offset(h, buf)
+    y = times_ten(buf.cos())
+    return y + 1
+
+
+def _eager_reference(x: torch.Tensor) -> torch.Tensor:
+    return (((x * 2).sin() + CTX.offset).cos() * 10) + 1
+
+
+@pytest.fixture(autouse=True)
+def _fresh_context():
+    CTX.offset, CTX.flag, CTX.scale = 0.0, True, 1.0
+    yield
+
+
+def test_each_break_ends_a_segment_and_replays_as_an_eager_step():
+    x, buf = torch.randn(4, 8), torch.empty(4, 8)
+    g = BreakableGraph("cpu")
+    g.capture(_body_with_breaks, x, buf)
+    s = g.stats
+    assert (s.segments, s.eager_steps, s.breaks, s.eager_calls) == (3, 2, 2, 2)
+    assert s.kernels_per_segment == [2, 1, 1]
+    assert s.empty_dropped == 0
+    assert g.describe().splitlines() == [
+        "graph  segment 0: 2 kernels",
+        "eager  write_plus_offset",
+        "graph  segment 1: 1 kernels",
+        "eager  times_ten",
+        "graph  segment 2: 1 kernels",
+    ]
+
+
+def test_replay_with_new_inputs_and_new_context_matches_eager():
+    x, buf = torch.randn(4, 8), torch.empty(4, 8)
+    g = BreakableGraph("cpu")
+    out = g.capture(_body_with_breaks, x, buf)
+    for step in range(3):
+        x.copy_(torch.randn(4, 8))
+        CTX.offset = float(step)  # read by the break at call time
+        assert g.replay() is out
+        torch.testing.assert_close(out, _eager_reference(x))
+    assert g.stats.replays == 3
+
+
+def test_is_in_breakable_cuda_graph_is_true_during_capture_and_replay():
+    seen: list[bool] = []
+
+    @eager_on_graph()
+    def probe() -> None:
+        seen.append(is_in_breakable_cuda_graph())
+
+    g = BreakableGraph("cpu")
+    with g.capture():
+        seen.append(is_in_breakable_cuda_graph())
+        probe()
+    g.replay()
+    assert seen == [True, True, True]
+    assert not is_in_breakable_cuda_graph()
+    probe()
+    assert seen[-1] is False
+
+
+def test_drop_empty_removes_empty_segments_and_merges_adjacent_breaks():
+    x, out = torch.randn(8), torch.empty(8)
+
+    def body():
+        noop_break()  # break at the very start
+        y = x * 2
+        write_plus_offset(y, out)
+        noop_break()  # back-to-back with the previous break
+        force_graph_break()
+        out.add_(1)
+        noop_break()  # break at the very end
+
+    kept = BreakableGraph("cpu", drop_empty=False)
+    kept.capture(body)
+    dropped = BreakableGraph("cpu")
+    dropped.capture(body)
+
+    assert kept.stats.segments == 6 and kept.stats.empty_dropped == 0
+    s = dropped.stats
+    assert (s.segments, s.eager_steps, s.breaks, s.empty_dropped) == (2, 3, 5, 4)
+    assert dropped.describe().splitlines() == [
+        "eager  noop_break",
+        "graph  segment 1: 1 kernels",
+        "eager  write_plus_offset, noop_break",  # merged: nothing ran between them
+        "graph  segment 4: 1 kernels",
+        "eager  noop_break",
+    ]
+    for g in (kept, dropped):
+        x.copy_(torch.randn(8))
+        g.replay()
+        torch.testing.assert_close(out, x * 2 + 1)
+
+
+def test_force_graph_break_splits_without_an_eager_step():
+    x = torch.randn(8)
+
+    def body():
+        y = x + 1
+        force_graph_break()
+        return y * 3
+
+    g = BreakableGraph("cpu")
+    out = g.capture(body)
+    assert (g.stats.segments, g.stats.eager_steps, g.stats.breaks) == (2, 0, 1)
+    x.fill_(2.0)
+    g.replay()
+    torch.testing.assert_close(out, torch.full((8,), 9.0))
+
+
+def test_nested_breaks_run_inline_inside_the_outer_break():
+    calls: list[str] = []
+
+    @eager_on_graph()
+    def inner(x: torch.Tensor, out: torch.Tensor) -> None:
+        calls.append("inner")
+        out.copy_(x * 3)
+
+    @eager_on_graph()
+    def outer(x: torch.Tensor, out: torch.Tensor) -> None:
+        calls.append("outer")
+        inner(x + 1, out)
+
+    x, out = torch.randn(4), torch.empty(4)
+
+    def body():
+        outer(x * 2, out)
+        return out - 1
+
+    g = BreakableGraph("cpu")
+    res = g.capture(body)
+    assert (g.stats.breaks, g.stats.eager_calls, g.stats.segments) == (1, 1, 2)
+    calls.clear()
+    x.copy_(torch.randn(4))
+    g.replay()
+    assert calls == ["outer", "inner"]
+    torch.testing.assert_close(res, (x * 2 + 1) * 3 - 1)
+
+
+def test_returned_tensors_are_kept_and_refreshed_at_replay():
+    x = torch.randn(4, 4)
+
+    def body():
+        y = times_ten(x + 1)  # a fresh tensor each call; the graph keeps the capture one
+        return y.relu() * 2
+
+    g = BreakableGraph("cpu")
+    out = g.capture(body)
+    for _ in range(2):
+        x.copy_(torch.randn(4, 4))
+        g.replay()
+        torch.testing.assert_close(out, ((x + 1) * 10).relu() * 2)
+
+
+def test_break_returning_a_changed_python_scalar_is_refused():
+    n_tokens = [3]
+
+    @eager_on_graph()
+    def count() -> int:
+        return n_tokens[0]
+
+    g = BreakableGraph("cpu")
+    with g.capture():
+        count()
+    g.replay()
+    n_tokens[0] = 5
+    with pytest.raises(StaleBreakResultError, match="count"):
+        g.replay()
+
+
+def test_break_returning_a_new_shape_at_replay_is_refused():
+    rows = [4]
+
+    @eager_on_graph()
+    def make_rows() -> torch.Tensor:
+        return torch.zeros(rows[0])
+
+    g = BreakableGraph("cpu")
+    with g.capture():
+        make_rows()
+    rows[0] = 6
+    with pytest.raises(GraphBreakError, match="make_rows"):
+        g.replay()
+
+
+def test_call_with_graph_break_records_a_one_off_break():
+    x, out = torch.randn(4), torch.empty(4)
+
+    def plain_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    g = BreakableGraph("cpu")
+    with g.capture():
+        call_with_graph_break(plain_copy, x * 2, out)
+    assert g.stats.eager_calls == 1
+    x.fill_(4.0)
+    g.replay()
+    torch.testing.assert_close(out, torch.full((4,), 8.0))
+    assert "plain_copy" in g.describe()
+
+
+def test_break_arguments_survive_allocator_churn_between_bucket_captures():
+    # Each bucket's scratch buffer is referenced only by its recorded break calls. If the graph
+    # held it weakly, bucket 4's capture (or the churn) would reuse its memory: silent corruption.
+    @eager_on_graph()
+    def fill_scratch(h: torch.Tensor, scratch: torch.Tensor) -> None:
+        scratch.copy_(h + 100)
+
+    @eager_on_graph()
+    def read_scratch(scratch: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(scratch * 2)
+
+    buckets = {}
+    for n in (8, 4):  # largest first, like the runner
+        x, out = torch.zeros(n, 32), torch.empty(n, 32)
+        scratch = torch.empty(n, 32)
+        g = BreakableGraph("cpu")
+        with g.capture():
+            fill_scratch(x.cos(), scratch)
+            read_scratch(scratch, out)
+            res = out - 1
+        buckets[n] = (g, x, res)
+        del scratch
+        junk = [torch.full((n, 32), -7.0) for _ in range(64)]
+        del junk
+    for _ in range(2):
+        for g, x, _res in buckets.values():
+            x.copy_(torch.randn_like(x))
+            g.replay()
+        for g, x, res in buckets.values():
+            torch.testing.assert_close(res, (x.cos() + 100) * 2 - 1)
+
+
+def test_single_kernel_islands_are_counted_and_folding_keeps_results():
+    torch.manual_seed(0)
+    w = torch.randn(8, 8)
+    x, buf, out = torch.randn(4, 8), torch.empty(4, 8), torch.empty(4, 8)
+
+    @eager_on_graph()
+    def stage_one(h: torch.Tensor, dst: torch.Tensor) -> None:
+        dst.copy_(h)
+
+    @eager_on_graph()
+    def stage_two(h: torch.Tensor, dst: torch.Tensor) -> None:
+        dst.copy_(h.tanh())
+
+    def body():
+        stage_one((x @ w).relu() + 1, buf)
+        buf.mul_(2)  # the only kernel between two breaks: an island
+        stage_two(buf, out)
+        return out.sum(-1) * 3
+
+    plain = BreakableGraph("cpu")
+    plain_out = plain.capture(body)
+    islands = plain.stats.islands
+    assert plain.stats.single_kernel_islands == 1
+    assert (islands[0].segment, islands[0].op) == (1, "aten.mul_.Tensor")
+    assert (islands[0].after_break, islands[0].before_break) == ("stage_one", "stage_two")
+
+    folded = BreakableGraph("cpu", fold_islands=True)
+    folded_out = folded.capture(body)
+    assert folded.stats.single_kernel_islands == 0 and folded.stats.folded_islands == 1
+    assert (plain.stats.segments, folded.stats.segments) == (3, 2)
+    assert (plain.stats.eager_steps, folded.stats.eager_steps) == (2, 1)
+    assert "eager  stage_one, [folded segment 1], stage_two" in folded.describe()
+
+    for _ in range(2):
+        x.copy_(torch.randn(4, 8))
+        expected = ((((x @ w).relu() + 1) * 2).tanh()).sum(-1) * 3
+        plain.replay()
+        torch.testing.assert_close(plain_out, expected)
+        folded.replay()
+        torch.testing.assert_close(folded_out, expected)
+
+
+def test_host_sync_in_a_segment_names_the_op_but_a_break_may_sync():
+    x = torch.randn(4)
+
+    @eager_on_graph()
+    def host_side_len(t: torch.Tensor) -> None:
+        int(t.abs().sum().item())  # fine: breaks run eagerly
+
+    def good():
+        host_side_len(x + 1)
+
+    def bad():
+        return x * int(x.sum().item())
+
+    BreakableGraph("cpu").capture(good)
+    g = BreakableGraph("cpu")
+    with pytest.raises(HostSyncInGraphError, match=r"Tensor\.item\(\).*segment 0.*test_graphs_breakable\.py"):
+        g.capture(bad)
+    assert not g.is_captured
+    g.capture(good)  # a failed capture leaves the graph reusable
+    assert g.is_captured
+
+
+def test_debug_check_catches_a_python_branch_frozen_at_capture(monkeypatch):
+    monkeypatch.setenv("BREAKGRAPH_GRAPH_DEBUG", "1")
+    x, buf = torch.randn(4), torch.empty(4)
+
+    def body():
+        h = x.exp()
+        write_plus_offset(h, buf)
+        y = buf * 2 if CTX.flag else buf * 3  # a host-side choice: frozen by the graph
+        return y + 1
+
+    g = BreakableGraph("cpu")
+    g.capture(body)
+    assert g.debug
+    g.replay()  # same branch: passes
+    CTX.flag = False
+    with pytest.raises(GraphReplayMismatchError, match="segment 1"):
+        g.replay()
+    assert not BreakableGraph("cpu", debug=False).debug
+
+
+def test_debug_check_catches_a_stale_python_scalar_and_names_its_segment():
+    x, buf = torch.randn(4), torch.empty(4)
+
+    def body():
+        h = x * CTX.scale  # Python float baked into segment 0
+        write_plus_offset(h, buf)
+        return buf + 1
+
+    g = BreakableGraph("cpu", debug=True)
+    g.capture(body)
+    x.copy_(torch.randn(4))
+    g.replay()
+    CTX.scale = 2.0
+    with pytest.raises(GraphReplayMismatchError, match=r"segment 0 \(before break `write_plus_offset`\)"):
+        g.replay()
+
+
+def test_debug_check_catches_a_branch_that_changes_the_break_sequence():
+    x, buf = torch.randn(4), torch.empty(4)
+
+    def body():
+        if CTX.flag:
+            write_plus_offset(x, buf)
+        return buf + 1
+
+    g = BreakableGraph("cpu", debug=True)
+    g.capture(body)
+    CTX.flag = False
+    with pytest.raises(GraphReplayMismatchError, match="called 0 breaks where the capture recorded 1"):
+        g.replay()
+
+
+def test_debug_check_needs_the_function_form():
+    g = BreakableGraph("cpu", debug=True)
+    with g.capture():
+        noop_break()
+    with pytest.raises(GraphError, match=r"capture\(fn, \*args\)"):
+        g.replay()
+
+
+def test_lifecycle_errors_say_what_to_do():
+    g = BreakableGraph("cpu")
+    with pytest.raises(GraphNotCapturedError, match="capture"):
+        g.replay()
+    g.capture(lambda: None)
+    with pytest.raises(GraphError, match="reset"):
+        g.capture(lambda: None)
+    g.reset()
+    g.capture(lambda: None)
+    inner = BreakableGraph("cpu")
+    with pytest.raises(GraphError, match="another breakable graph"), BreakableGraph("cpu").capture():
+        inner.capture(lambda: None)
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+
+def _cuda_body(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    return _body_with_breaks(x, buf)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_segments_replay_new_inputs_and_count_kernels():
+    x, buf = torch.randn(64, 64, device="cuda"), torch.empty(64, 64, device="cuda")
+    _cuda_body(x, buf)  # warm up
+    g = BreakableGraph("cuda")
+    out = g.capture(_cuda_body, x, buf)
+    torch.testing.assert_close(out, _eager_reference(x))  # the capture pass computes real values
+    assert g.stats.kernel_count_source == "cuda graph nodes"
+    assert g.stats.segments == 3 and g.stats.eager_steps == 2
+    assert all(k is not None and k >= 1 for k in g.stats.kernels_per_segment)
+    for step in range(3):
+        x.copy_(torch.randn_like(x))
+        CTX.offset = float(step)
+        g.replay()
+        torch.testing.assert_close(out, _eager_reference(x))
+
+
+@pytest.mark.cuda
+def test_cuda_drop_empty_leaves_no_empty_graph_warning():
+    x, out = torch.randn(256, device="cuda"), torch.empty(256, device="cuda")
+
+    def body():
+        noop_break()
+        write_plus_offset(x * 2, out)
+        noop_break()
+        noop_break()
+
+    body()
+    for drop_empty, expect_warning in ((True, False), (False, True)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            g = BreakableGraph("cuda", drop_empty=drop_empty)
+            g.capture(body)
+            g.replay()
+        empty = [w for w in caught if "The CUDA Graph is empty" in str(w.message)]
+        assert bool(empty) == expect_warning
+    assert g.stats.segments == 5  # the last one kept its empty graphs
+    g = BreakableGraph("cuda")
+    g.capture(body)
+    assert (g.stats.segments, g.stats.eager_steps, g.stats.empty_dropped) == (1, 2, 4)
+    x.fill_(3.0)
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, torch.full_like(out, 6.0))
+
+
+@pytest.mark.cuda
+def test_cuda_side_stream_not_joined_before_a_break_names_the_break():
+    x, out = torch.randn(256, device="cuda"), torch.empty(256, device="cuda")
+    side = torch.cuda.Stream()
+
+    def body():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x * 2
+        write_plus_offset(y, out)  # side stream never joined
+
+    g = BreakableGraph("cuda")
+    with pytest.raises(GraphBreakError, match="write_plus_offset"):
+        g.capture(body)
+    assert not g.is_captured
+    torch.cuda.synchronize()
+
+
+@pytest.mark.cuda
+def test_cuda_two_buckets_share_one_pool_and_survive_churn():
+    pool = new_graph_pool("cuda")
+    buckets = {}
+    for n in (512, 128):
+        x, buf = torch.randn(n, 64, device="cuda"), torch.empty(n, 64, device="cuda")
+        _cuda_body(x, buf)
+        g = BreakableGraph("cuda", pool=pool)
+        out = g.capture(_cuda_body, x, buf)
+        buckets[n] = (g, x, out)
+        junk = [torch.full((n, 64), -7.0, device="cuda") for _ in range(32)]
+        del junk
+    assert all(g.pool is pool for g, _, _ in buckets.values())
+    for _ in range(2):
+        for g, x, _ in buckets.values():
+            x.copy_(torch.randn_like(x))
+            g.replay()
+        for _, x, out in buckets.values():
+            torch.testing.assert_close(out, _eager_reference(x))
+
+
+@pytest.mark.cuda
+def test_cuda_islands_are_counted_from_graph_nodes_and_fold_keeps_results():
+    x, buf, out = (torch.randn(64, 64, device="cuda") for _ in range(3))
+
+    @eager_on_graph()
+    def stage(h: torch.Tensor, dst: torch.Tensor) -> None:
+        dst.copy_(h)
+
+    def body():
+        stage((x @ x).relu() + 1, buf)
+        buf.mul_(2)
+        stage(buf.tanh(), out)
+        return out.sum(-1)
+
+    body()
+    plain, folded = BreakableGraph("cuda"), BreakableGraph("cuda", fold_islands=True)
+    outs = [plain.capture(body), folded.capture(body)]
+    assert plain.stats.single_kernel_islands == 1 and plain.stats.islands[0].segment == 1
+    assert folded.stats.folded_islands == 1 and folded.stats.segments == plain.stats.segments - 1
+    x.copy_(torch.randn_like(x))
+    expected = (((x @ x).relu() + 1) * 2).tanh().sum(-1)
+    for g, o in zip((plain, folded), outs):
+        g.replay()
+        torch.testing.assert_close(o, expected)
+
+
+@pytest.mark.cuda
+def test_cuda_host_sync_in_a_segment_is_explained():
+    x = torch.randn(16, device="cuda")
+    g = BreakableGraph("cuda")
+    with pytest.raises(GraphError, match="device='cpu'"):
+        g.capture(lambda: x * x.sum().item())
+    torch.cuda.synchronize()
+    g.capture(lambda: x * 2)  # the device is usable again
