@@ -3,10 +3,14 @@ indexer key cache.
 
 Slot ``s`` of page ``p`` is row ``p * page_size + s`` of every per-layer cache tensor.
 Page 0 is reserved as a sink for padded tokens (graph buckets write there), so it is
-never handed out.
+never handed out. Pages are reference-counted so that requests sharing a prompt prefix can
+share its pages (see :mod:`breakgraph.engine.prefix_cache`).
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 
@@ -18,7 +22,14 @@ class OutOfPagesError(RuntimeError):
 
 
 class PagePool:
-    """Allocator of fixed-size pages. ``alloc`` is all-or-nothing; ``free`` returns pages."""
+    """Allocator of fixed-size, reference-counted pages.
+
+    A page is in exactly one of three states: *free*; *referenced* (``refcount > 0``, held by
+    one or more requests); *idle* (``refcount == 0`` but marked cached by the prefix cache, so
+    its KV may be reused). Idle pages are kept in least-recently-released order and are
+    evicted, oldest first, when :meth:`alloc` runs out of free pages; ``on_evict(page)`` then
+    tells the prefix cache to forget the page. ``alloc`` is all-or-nothing.
+    """
 
     def __init__(self, num_pages: int, page_size: int) -> None:
         if num_pages < 2:
@@ -26,15 +37,25 @@ class PagePool:
         self.num_pages = num_pages
         self.page_size = page_size
         self._free = list(range(num_pages - 1, 0, -1))  # pop() hands out low ids first
-        self._used: set[int] = set()
+        self._refs: dict[int, int] = {}
+        self._cached: set[int] = set()
+        self._idle: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; oldest first
+        self.on_evict: Callable[[int], None] | None = None
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Pages :meth:`alloc` can hand out now: free ones plus idle cached ones (evictable)."""
+        return len(self._free) + len(self._idle)
 
     @property
     def num_used(self) -> int:
-        return len(self._used)
+        """Pages referenced by at least one request."""
+        return len(self._refs)
+
+    @property
+    def num_cached_idle(self) -> int:
+        """Unreferenced pages kept for prefix reuse (evicted when the pool runs short)."""
+        return len(self._idle)
 
     @property
     def capacity_pages(self) -> int:
@@ -44,19 +65,65 @@ class PagePool:
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
 
+    def is_idle(self, page: int) -> bool:
+        return page in self._idle
+
+    def refcount(self, page: int) -> int:
+        return self._refs.get(page, 0)
+
     def alloc(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise OutOfPagesError(f"need {n} KV pages, only {len(self._free)} of {self.capacity_pages} are free")
-        pages = [self._free.pop() for _ in range(n)]
-        self._used.update(pages)
+        """``n`` fresh pages (refcount 1), evicting idle cached pages when free ones run out."""
+        if n > self.num_free:
+            raise OutOfPagesError(f"need {n} KV pages, only {self.num_free} of {self.capacity_pages} are free")
+        pages = []
+        for _ in range(n):
+            if self._free:
+                page = self._free.pop()
+            else:
+                page, _ = self._idle.popitem(last=False)
+                self._cached.discard(page)
+                if self.on_evict is not None:
+                    self.on_evict(page)
+            self._refs[page] = 1
+            pages.append(page)
         return pages
 
-    def free(self, pages: list[int]) -> None:
+    def retain(self, pages: list[int]) -> None:
+        """Add a reference to each page; each must be referenced or idle (not free)."""
         for p in pages:
-            if p not in self._used:
+            if p not in self._refs and p not in self._idle:
+                raise ValueError(f"page {p} is free; only referenced or cached pages can be retained")
+        for p in pages:
+            self._idle.pop(p, None)
+            self._refs[p] = self._refs.get(p, 0) + 1
+
+    def free(self, pages: list[int]) -> None:
+        """Drop one reference from each page. A page left unreferenced becomes idle if it is
+        cached (most recently used last, so pages released first are evicted first) and free
+        otherwise."""
+        for p in pages:
+            if p not in self._refs:
                 raise ValueError(f"page {p} is not allocated (double free?)")
-            self._used.remove(p)
-            self._free.append(p)
+            self._refs[p] -= 1
+            if self._refs[p] == 0:
+                del self._refs[p]
+                if p in self._cached:
+                    self._idle[p] = None
+                else:
+                    self._free.append(p)
+
+    def mark_cached(self, page: int) -> None:
+        """Keep ``page`` (referenced now) as idle instead of freeing it when its last reference goes."""
+        if page not in self._refs:
+            raise ValueError(f"page {page} is not referenced; only pages in use can be marked cached")
+        self._cached.add(page)
+
+    def uncache(self, page: int) -> None:
+        """Forget that ``page`` is cached; an idle page becomes free right away."""
+        self._cached.discard(page)
+        if page in self._idle:
+            del self._idle[page]
+            self._free.append(page)
 
 
 class KVCache:

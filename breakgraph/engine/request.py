@@ -23,7 +23,13 @@ class RequestStatus(enum.Enum):
 @dataclass(eq=False)
 class Request:
     """A prompt being served. ``num_computed`` tokens of ``all_ids`` have their KV in the
-    cache; ``pages`` are owned by this request until it finishes or is aborted."""
+    cache; ``pages`` are referenced by this request until it finishes or is aborted (the
+    first ``num_cached_tokens // page_size`` of them may be shared with other requests: they
+    came from the prefix cache). ``page_keys`` are the prefix-cache keys of the leading full
+    pages, computed lazily by the prefix cache. ``prompt_logits``, when a list, collects the
+    logits of every prompt position (such a request never reuses a cached prefix).
+    ``top_logprobs_num`` asks for the most likely alternatives at each generated position;
+    whoever samples appends ``[(token_id, logprob), ...]`` to ``output_top_logprobs``."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -38,6 +44,12 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     generator: torch.Generator | None = None
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    page_keys: list[bytes] = field(default_factory=list)
+    num_committed_pages: int = 0  # leading full pages already offered to the prefix cache
+    prompt_logits: list[torch.Tensor] | None = None
+    top_logprobs_num: int = 0
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
@@ -46,6 +58,15 @@ class Request:
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """``all_ids[start:end]`` without building ``all_ids``."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.prompt_ids[start:] + self.output_ids[: end - n]
 
     @property
     def total_len(self) -> int:

@@ -5,6 +5,12 @@ Each step is either an *extend* step (new prompt tokens of one or more requests,
 or a *decode* step (one token for every running request). A request is admitted only when
 the pool can reserve pages for its whole budget (prompt + max_new_tokens, capped by the
 context length), so a running request never runs out of pages; the others wait in order.
+
+With prefix caching on (the default), admission first looks up the longest cached prefix of
+the prompt (:class:`~breakgraph.engine.prefix_cache.PrefixCache`): those pages are shared,
+only the rest of the budget is allocated, and the request starts with ``num_computed`` at
+the end of the reused prefix. Before each step the pages finished so far are offered to the
+cache, so a request admitted later can reuse what a running one has computed.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 
 from breakgraph.engine.forward_batch import ForwardMode
 from breakgraph.engine.kv_cache import PagePool
+from breakgraph.engine.prefix_cache import PrefixCache
 from breakgraph.engine.request import Request, RequestStatus
 
 
@@ -29,14 +36,42 @@ class StepPlan:
     entries: list[tuple[Request, int]]
 
 
+@dataclass
+class SchedulerStats:
+    """Cumulative counts: prompt tokens prefilled by the model and prompt tokens reused from
+    the prefix cache."""
+
+    prefill_tokens: int = 0
+    cached_tokens: int = 0
+
+
 class Scheduler:
-    def __init__(self, pool: PagePool, context_length: int, max_running: int, chunked_prefill_size: int) -> None:
+    def __init__(
+        self,
+        pool: PagePool,
+        context_length: int,
+        max_running: int,
+        chunked_prefill_size: int,
+        enable_prefix_cache: bool = True,
+    ) -> None:
         self.pool = pool
         self.context_length = context_length
         self.max_running = max_running
         self.chunked_prefill_size = chunked_prefill_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.prefix_cache: PrefixCache | None = None
+        self.stats = SchedulerStats()
+        self.set_prefix_caching(enable_prefix_cache)
+
+    def set_prefix_caching(self, enabled: bool) -> None:
+        """Turn prefix reuse on or off; turning it off drops every cached page."""
+        if enabled and self.prefix_cache is None:
+            self.prefix_cache = PrefixCache(self.pool)
+        elif not enabled and self.prefix_cache is not None:
+            self.prefix_cache.clear()
+            self.pool.on_evict = None
+            self.prefix_cache = None
 
     def budget_tokens(self, req: Request) -> int:
         return min(len(req.prompt_ids) + req.params.max_new_tokens, self.context_length)
@@ -62,18 +97,29 @@ class Scheduler:
         self.waiting.append(req)
 
     def _admit(self) -> None:
+        cache = self.prefix_cache
         while self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
             need = self.pool.pages_for(self.budget_tokens(req))
-            if need > self.pool.num_free:
+            hit = cache.match(req) if cache is not None and req.prompt_logits is None else []
+            # idle cached pages count as free, but the ones this request reuses will not be
+            available = self.pool.num_free - sum(self.pool.is_idle(p) for p in hit)
+            if need - len(hit) > available:
                 break  # first come, first served: later requests wait behind it
-            req.pages = self.pool.alloc(need)
+            self.pool.retain(hit)
+            req.pages = hit + self.pool.alloc(need - len(hit))
+            req.num_computed = req.num_cached_tokens = len(hit) * self.pool.page_size
+            req.num_committed_pages = len(hit)
+            self.stats.cached_tokens += req.num_cached_tokens
             req.status = RequestStatus.RUNNING
             self.waiting.popleft()
             self.running.append(req)
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or ``None`` when there is nothing to run."""
+        if self.prefix_cache is not None:
+            for req in self.running:
+                self.prefix_cache.commit(req)
         self._admit()
         prefilling = [r for r in self.running if r.in_prefill]
         if prefilling:
@@ -84,6 +130,7 @@ class Scheduler:
                 n = min(len(req.prompt_ids) - req.num_computed, budget)
                 entries.append((req, n))
                 budget -= n
+            self.stats.prefill_tokens += sum(n for _, n in entries)
             return StepPlan(ForwardMode.EXTEND, entries)
         if self.running:
             return StepPlan(ForwardMode.DECODE, [(r, 1) for r in self.running])
@@ -98,7 +145,10 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         if req.pages:
-            self.pool.free(req.pages)
+            if self.prefix_cache is not None:
+                self.prefix_cache.commit(req)
+            # last page first: a cached chain's tail is released (and evicted) before its head
+            self.pool.free(req.pages[::-1])
             req.pages = []
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
