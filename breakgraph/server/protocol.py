@@ -1,0 +1,302 @@
+"""The OpenAI request surface: parsing and validating ``/v1/completions`` and
+``/v1/chat/completions`` bodies, and the error type every endpoint answers with.
+
+Validation is by hand, not by a schema library, so that each error names the field at fault
+and the value it got, in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
+Fields this server does not implement are refused (400) when set to anything but their
+neutral value, never silently ignored; purely informational ones (``user``) are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_N = 128
+MAX_TOP_LOGPROBS = 20
+
+
+class APIError(Exception):
+    """An error answered to the client as ``status`` with an OpenAI-shaped JSON body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.headers = headers
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    """Decode a request body: UTF-8 text holding one JSON object."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(
+            400,
+            f"the request body is not valid UTF-8 (bad byte at offset {exc.start})",
+            code="invalid_encoding",
+        ) from exc
+    if not text.strip():
+        raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise APIError(
+            400,
+            f"the request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+            code="invalid_json",
+        ) from exc
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
+    return body
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }.get(type(value), type(value).__name__)
+
+
+def _wrong_type(name: str, want: str, value: Any) -> APIError:
+    return invalid(
+        name, f"'{name}' must be {want}, got {_kind(value)} {json.dumps(value)[:80]}", code="invalid_type"
+    )
+
+
+def _int(
+    body: dict, name: str, default: int | None, lo: int | None = None, hi: int | None = None
+) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong_type(name, "an integer", value)
+    if lo is not None and value < lo:
+        raise invalid(name, f"'{name}' must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise invalid(name, f"'{name}' must be <= {hi}, got {value}")
+    return value
+
+
+def _float(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _wrong_type(name, "a number", value)
+    value = float(value)
+    if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
+        lower = f"> {lo}" if lo_open else f">= {lo}"
+        raise invalid(name, f"'{name}' must be {lower} and <= {hi}, got {value}")
+    return value
+
+
+def _bool(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _wrong_type(name, "a boolean", value)
+    return value
+
+
+def _is_token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def _unsupported(body: dict, name: str, neutral: tuple) -> None:
+    value = body.get(name)
+    if value is not None and value not in neutral and not (isinstance(value, dict | list) and not value):
+        raise APIError(
+            400,
+            f"'{name}' is not supported by this server (got {json.dumps(value)[:80]})",
+            param=name,
+            code="unsupported_parameter",
+        )
+
+
+@dataclass
+class GenerateRequest:
+    """A validated completion or chat request.
+
+    ``prompts``: what to complete (text, or token ids for completions); a chat request has
+    one, its rendered messages, filled in by the caller. Each prompt gets ``n`` choices,
+    numbered ``prompt_index * n + i``. ``logprobs``: how many top alternatives to report per
+    token (``None``: no log-probabilities at all).
+    """
+
+    chat: bool
+    model: str | None
+    prompts: list[str | list[int]]
+    prompt_field: str
+    n: int
+    max_tokens: int | None
+    sampling: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    logprobs: int | None
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+    def choice_sampling(self, choice: int) -> dict[str, Any]:
+        """``SamplingParams`` fields (all but ``max_new_tokens``) for choice ``choice``; its seed
+        is offset per choice so that ``n`` seeded samples differ yet reproduce."""
+        kw = dict(self.sampling)
+        if kw.get("seed") is not None:
+            kw["seed"] += choice
+        return kw
+
+
+def _common(body: dict, chat: bool) -> dict[str, Any]:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _wrong_type("model", "a string", model)
+    for name, neutral in (("presence_penalty", (0, 0.0)), ("frequency_penalty", (0, 0.0)),
+                          ("repetition_penalty", (1, 1.0)), ("logit_bias", ()), ("suffix", ("",)),
+                          ("echo", (False,)), ("tools", ()), ("functions", ())):  # fmt: skip
+        _unsupported(body, name, neutral)
+    n = _int(body, "n", 1, 1, MAX_N)
+    best_of = _int(body, "best_of", None, 1)
+    if best_of is not None and best_of != n:
+        raise APIError(
+            400,
+            f"'best_of' other than n is not supported (got best_of={best_of}, n={n})",
+            param="best_of",
+            code="unsupported_parameter",
+        )
+    if chat and body.get("max_completion_tokens") is not None:
+        max_tokens = _int(body, "max_completion_tokens", None, 1)
+    else:
+        max_tokens = _int(body, "max_tokens", None, 1)
+    temperature = _float(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _float(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
+    top_k = _int(body, "top_k", 0, -1)
+    seed = _int(body, "seed", None)
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise _wrong_type("stop", "a string or an array of strings", stop)
+    if any(s == "" for s in stop):
+        raise invalid("stop", "'stop' strings must not be empty")
+    stop_token_ids = body.get("stop_token_ids") or []
+    if stop_token_ids and not _is_token_ids(stop_token_ids):
+        raise _wrong_type("stop_token_ids", "an array of integers", stop_token_ids)
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
+        if not isinstance(options, dict):
+            raise _wrong_type("stream_options", "an object", options)
+        include_usage = _bool(options, "include_usage", False)
+    return {
+        "model": model, "n": n, "max_tokens": max_tokens, "stream": stream, "include_usage": include_usage,
+        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": max(top_k, 0), "seed": seed, "stop": stop,
+                      "stop_token_ids": stop_token_ids, "ignore_eos": _bool(body, "ignore_eos", False)},
+    }  # fmt: skip
+
+
+def parse_completion(body: dict[str, Any]) -> GenerateRequest:
+    """Validate a ``/v1/completions`` body. ``prompt`` may be a string, an array of token ids,
+    or an array of either (a batch)."""
+    common = _common(body, chat=False)
+    if "prompt" not in body or body["prompt"] is None:
+        raise APIError(400, "'prompt' is required", param="prompt", code="missing_required_parameter")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and not prompt:
+        raise invalid("prompt", "'prompt' is empty")
+    if isinstance(prompt, str) or _is_token_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and all(isinstance(p, str) or _is_token_ids(p) or p == [] for p in prompt):
+        prompts = prompt  # a batch
+    else:
+        raise _wrong_type("prompt", "a string, an array of token ids, or an array of those", prompt)
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise invalid("prompt", "'prompt' is empty" if len(prompts) == 1 else f"'prompt[{i}]' is empty")
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        logprobs = _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+    return GenerateRequest(chat=False, prompts=prompts, prompt_field="prompt", logprobs=logprobs, **common)
+
+
+def parse_chat(body: dict[str, Any]) -> GenerateRequest:
+    """Validate a ``/v1/chat/completions`` body; the caller renders ``messages`` into the
+    prompt with the model's chat template."""
+    common = _common(body, chat=True)
+    messages = body.get("messages")
+    if messages is None:
+        raise APIError(400, "'messages' is required", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list):
+        raise _wrong_type("messages", "an array of messages", messages)
+    if not messages:
+        raise invalid("messages", "'messages' is empty; send at least one message")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise _wrong_type(f"messages[{i}]", "an object with 'role' and 'content'", m)
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str):
+            raise _wrong_type(f"messages[{i}].role", "a string", role)
+        if isinstance(content, list):  # content parts: only text is understood
+            texts = []
+            for j, part in enumerate(content):
+                if (
+                    not isinstance(part, dict)
+                    or part.get("type") != "text"
+                    or not isinstance(part.get("text"), str)
+                ):
+                    raise invalid(
+                        f"messages[{i}].content[{j}]",
+                        f"only text content parts are supported, got {json.dumps(part)[:80]}",
+                    )
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif content is None and role == "assistant":
+            content = ""
+        elif not isinstance(content, str):
+            raise _wrong_type(f"messages[{i}].content", "a string or an array of text parts", content)
+        clean.append({"role": role, "content": content})
+    logprobs = None
+    if _bool(body, "logprobs", False):
+        logprobs = _int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    elif body.get("top_logprobs") is not None:
+        raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    return GenerateRequest(
+        chat=True, prompts=[], prompt_field="messages", logprobs=logprobs, messages=clean, **common
+    )

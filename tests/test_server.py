@@ -1,0 +1,326 @@
+"""The OpenAI-compatible server, end to end: a real uvicorn server on 127.0.0.1 (ephemeral
+port, in a thread) over the default tiny model, driven by a real HTTP client.
+
+Prompts plus outputs stay under the model's index_topk (32 tokens), where the sparse
+attention selects every causal key, so greedy tokens do not depend on batch composition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from breakgraph import Engine, SamplingParams
+from breakgraph.server.app import ServerSettings, create_app, serve_in_thread, stable_text_end
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(None, device="cpu", dtype="float32", max_running_requests=4)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """A separate engine for expected outputs (no prefix reuse, everything batched together)."""
+    ref = Engine(None, device="cpu", dtype="float32", max_running_requests=64)
+    ref.scheduler.set_prefix_caching(False)
+    return ref
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    app = create_app(engine, ServerSettings(MODEL, max_queued_requests=1024))
+    with serve_in_thread(app) as url:
+        yield url, app
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server[0], timeout=60) as c:
+        yield c
+
+
+def greedy(ref: Engine, prompt, max_tokens: int, **kw):
+    return ref.generate(prompt, SamplingParams(max_new_tokens=max_tokens, ignore_eos=True, **kw))[0]
+
+
+def chat_prompt(ref: Engine, messages) -> str:
+    return ref.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def sse_events(lines) -> list:
+    """Parsed ``data:`` payloads of an event stream; ``"[DONE]"`` kept as a string."""
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def stream(client: httpx.Client, path: str, body: dict) -> list:
+    with client.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return sse_events(r.iter_lines())
+
+
+PROMPT = "Question: Lena has 12 apples and buys 7 more. How many?\nAnswer:"
+
+
+def test_models_and_health(client):
+    models = client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert client.get("/health").json() == {"status": "ok"}
+    r = client.get("/health_generate")
+    assert r.status_code == 200 and r.json()["tokens"] == 1
+
+
+def test_greedy_completion_equals_engine_generate(client, reference):
+    body = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 1,
+    }
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    ref = greedy(reference, PROMPT, 6)
+    choice = out["choices"][0]
+    assert choice["text"] == ref.text and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(ref.logprobs, abs=1e-4)
+    assert all(len(top) >= 1 for top in choice["logprobs"]["top_logprobs"]), "at least the chosen token"
+    assert out["usage"] == {"prompt_tokens": ref.prompt_tokens, "completion_tokens": 6, "total_tokens": ref.prompt_tokens + 6,
+                            "prompt_tokens_details": out["usage"]["prompt_tokens_details"]}  # fmt: skip
+    by_ids = client.post("/v1/completions", json={**body, "prompt": reference.tokenize(PROMPT)}).json()
+    assert by_ids["choices"][0]["text"] == ref.text, "token-id prompts work too"
+
+
+def test_chat_completion_applies_the_chat_template(client, reference):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 plus 3?"}]
+    body = {
+        "messages": messages,
+        "max_tokens": 5,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 1,
+    }
+    out = client.post("/v1/chat/completions", json=body).json()
+    ref = greedy(reference, chat_prompt(reference, messages), 5)
+    choice = out["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": ref.text}
+    assert [t["logprob"] for t in choice["logprobs"]["content"]] == pytest.approx(ref.logprobs, abs=1e-4)
+    assert out["usage"]["completion_tokens"] == 5 and out["object"] == "chat.completion"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_streamed_chunks_reassemble_to_the_non_streamed_text(client, path):
+    chat = path.endswith("chat/completions")
+    body = {"max_tokens": 8, "temperature": 0, "ignore_eos": True, "n": 2}
+    body |= {"messages": [{"role": "user", "content": "Count to five."}]} if chat else {"prompt": PROMPT}
+    whole = client.post(path, json=body).json()
+    events = stream(client, path, {**body, "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert (
+        usage["choices"] == []
+        and usage["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] == 16
+    )
+    texts, finish = {0: "", 1: ""}, {}
+    for ev in events[:-2]:
+        for ch in ev["choices"]:
+            texts[ch["index"]] += (ch["delta"].get("content") or "") if chat else ch["text"]
+            if ch["finish_reason"]:
+                finish[ch["index"]] = ch["finish_reason"]
+    for ch in whole["choices"]:
+        assert texts[ch["index"]] == (ch["message"]["content"] if chat else ch["text"])
+        assert finish[ch["index"]] == ch["finish_reason"] == "length"
+
+
+def test_stop_strings_cut_the_text_in_both_modes(client, reference):
+    free = greedy(reference, PROMPT, 10)
+    assert len(free.text) > 6
+    stop = free.text[3:6]
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 10,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stop": [stop, "\u00a7never"],
+    }
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    cut = free.text[: free.text.find(stop)]
+    assert whole["text"] == cut and whole["finish_reason"] == "stop"
+    events = stream(client, "/v1/completions", body)
+    assert "".join(ch["text"] for ev in events[:-1] for ch in ev["choices"]) == cut
+
+
+def test_stream_holds_back_incomplete_characters_and_stop_prefixes():
+    assert stable_text_end("abc\ufffd", []) == 3
+    assert stable_text_end("hello wo", ["world"]) == len("hello ")
+    assert stable_text_end("hello", ["xyz"]) == 5
+
+
+def test_seeded_sampling_is_reproducible(client):
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": 50,
+        "seed": 11,
+        "n": 2,
+        "ignore_eos": True,
+    }
+    a = client.post("/v1/completions", json=body).json()["choices"]
+    b = client.post("/v1/completions", json=body).json()["choices"]
+    assert [c["text"] for c in a] == [c["text"] for c in b]
+
+
+BAD = [
+    # (path, raw body, status, param named in the error)
+    ("/v1/completions", b'{"prompt": "hi", ', 400, None),  # malformed JSON
+    ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, None),  # invalid UTF-8
+    ("/v1/completions", b"[1, 2]", 400, None),  # not an object
+    ("/v1/completions", b"", 400, None),  # empty body
+    ("/v1/completions", b'{"max_tokens": 4}', 400, "prompt"),  # missing prompt
+    ("/v1/completions", b'{"prompt": ""}', 400, "prompt"),  # empty prompt
+    ("/v1/completions", b'{"prompt": []}', 400, "prompt"),  # empty token list
+    ("/v1/completions", b'{"prompt": 5}', 400, "prompt"),  # wrong type
+    ("/v1/completions", b'{"prompt": [1, 99999999]}', 400, "prompt"),  # token id outside the vocabulary
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": -3}', 400, "max_tokens"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 0}', 400, "max_tokens"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": "ten"}', 400, "max_tokens"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 1000000}', 400, "max_tokens"),  # over the context
+    (
+        "/v1/completions",
+        b'{"prompt": "hi there friend", "max_tokens": 1023}',
+        400,
+        "max_tokens",
+    ),  # prompt + max_tokens > context
+    ("/v1/completions", b'{"prompt": "hi", "temperature": "hot"}', 400, "temperature"),
+    ("/v1/completions", b'{"prompt": "hi", "temperature": -1}', 400, "temperature"),
+    ("/v1/completions", b'{"prompt": "hi", "top_p": 0}', 400, "top_p"),
+    ("/v1/completions", b'{"prompt": "hi", "top_k": 2.5}', 400, "top_k"),
+    ("/v1/completions", b'{"prompt": "hi", "n": 0}', 400, "n"),
+    ("/v1/completions", b'{"prompt": "hi", "stop": 7}', 400, "stop"),
+    ("/v1/completions", b'{"prompt": "hi", "logprobs": true}', 400, "logprobs"),
+    ("/v1/completions", b'{"prompt": "hi", "stream": "yes"}', 400, "stream"),
+    (
+        "/v1/completions",
+        b'{"prompt": "hi", "stream_options": {"include_usage": true}}',
+        400,
+        "stream_options",
+    ),
+    ("/v1/completions", b'{"prompt": "hi", "echo": true}', 400, "echo"),
+    ("/v1/completions", b'{"prompt": "hi", "model": "gpt-4"}', 404, "model"),  # unknown model
+    ("/v1/completions", b'{"prompt": "hi", "model": 3}', 400, "model"),
+    (
+        "/v1/completions",
+        json.dumps({"prompt": "7 " * 1100}).encode(),
+        400,
+        "prompt",
+    ),  # longer than the context
+    ("/v1/chat/completions", b'{"messages": []}', 400, "messages"),  # empty messages
+    ("/v1/chat/completions", b'{"messages": "hi"}', 400, "messages"),
+    ("/v1/chat/completions", b'{"max_tokens": 3}', 400, "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user"}]}', 400, "messages[0].content"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "hi"}]}', 400, "messages"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}',
+        400,
+        "top_logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        json.dumps({"messages": [{"role": "user", "content": "7 " * 1100}]}).encode(),
+        400,
+        "messages",
+    ),
+]
+
+
+def test_every_bad_request_gets_a_4xx_naming_the_field_and_the_server_stays_up(client):
+    good = {"prompt": "hi", "max_tokens": 1}
+    for path, raw, status, param in BAD:
+        r = client.post(path, content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == status, (raw[:60], r.status_code, r.text)
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"]
+        assert err["param"] == param, (raw[:60], err)
+        assert client.post("/v1/completions", json=good).status_code == 200, (
+            f"server unusable after {raw[:60]!r}"
+        )
+    assert client.get("/nope").json()["error"]["message"]
+    assert client.get("/v1/completions").status_code == 405
+
+
+def test_64_concurrent_requests_with_4_running_all_complete_correctly(server, reference):
+    url, app = server
+    prompts = [f"Question: what is {i} plus {3 * i + 1}?\nAnswer:" for i in range(64)]
+    expected = reference.generate(prompts, SamplingParams(max_new_tokens=4, ignore_eos=True))
+
+    async def one(client: httpx.AsyncClient, i: int) -> str:
+        body = {"prompt": prompts[i], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        if i % 2:  # half of them stream
+            text = ""
+            async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                assert r.status_code == 200
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        text += "".join(c["text"] for c in json.loads(line[6:])["choices"])
+            return text
+        r = await client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    async def all_of_them() -> list[str]:
+        limits = httpx.Limits(max_connections=100)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    texts = asyncio.run(all_of_them())
+    assert texts == [e.text for e in expected]
+    engine = app.state.engine_loop.engine
+    assert engine.kv_cache.pool.num_used == 0 and not engine.has_unfinished()
+
+
+def test_shared_prefix_is_reused_with_identical_output(client, reference):
+    prefix = "Question: Tom reads 14 pages a day for 6 days."
+    body = {"max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    client.post("/v1/completions", json={**body, "prompt": prefix + " How many?"})
+    prompt = prefix + " How many pages?\nAnswer:"
+    out = client.post("/v1/completions", json={**body, "prompt": prompt}).json()
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16, "the shared full page is reused"
+    assert out["choices"][0]["text"] == greedy(reference, prompt, 5).text
+
+
+def test_metrics_parse_and_count(client, server):
+    client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "ignore_eos": True})
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append(s)
+    value = {name: sum(s.value for s in ss) for name, ss in samples.items()}
+    assert value["breakgraph_prompt_tokens_total"] > 0
+    assert value["breakgraph_generation_tokens_total"] >= 2
+    assert value["breakgraph_time_to_first_token_seconds_count"] > 0
+    assert value["breakgraph_time_per_output_token_seconds_count"] > 0
+    for gauge in ("breakgraph_num_running_requests", "breakgraph_num_queued_requests", "breakgraph_kv_pages_used",
+                  "breakgraph_kv_pages_total", "breakgraph_prefill_graph_replays_total",
+                  "breakgraph_prefill_graph_fallbacks_total"):  # fmt: skip
+        assert gauge in value, gauge
+    assert value["breakgraph_kv_pages_total"] > 0
