@@ -7,6 +7,7 @@ the same behaviour on real CUDA graphs.
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -187,7 +188,7 @@ def test_nested_breaks_run_inline_inside_the_outer_break():
         outer(x * 2, out)
         return out - 1
 
-    g = BreakableGraph("cpu")
+    g = BreakableGraph("cpu", debug=False)  # counts calls: no debug re-run
     res = g.capture(body)
     assert (g.stats.breaks, g.stats.eager_calls, g.stats.segments) == (1, 1, 2)
     calls.clear()
@@ -259,9 +260,9 @@ def test_call_with_graph_break_records_a_one_off_break():
     assert "plain_copy" in g.describe()
 
 
-def test_break_arguments_survive_allocator_churn_between_bucket_captures():
-    # Each bucket's scratch buffer is referenced only by its recorded break calls. If the graph
-    # held it weakly, bucket 4's capture (or the churn) would reuse its memory: silent corruption.
+def _capture_bucket_with_scratch(device: str, n: int, rows: int, pool=None):
+    """One token bucket whose scratch buffer is referenced only by the recorded break calls."""
+
     @eager_on_graph()
     def fill_scratch(h: torch.Tensor, scratch: torch.Tensor) -> None:
         scratch.copy_(h + 100)
@@ -270,25 +271,42 @@ def test_break_arguments_survive_allocator_churn_between_bucket_captures():
     def read_scratch(scratch: torch.Tensor, out: torch.Tensor) -> None:
         out.copy_(scratch * 2)
 
-    buckets = {}
-    for n in (8, 4):  # largest first, like the runner
-        x, out = torch.zeros(n, 32), torch.empty(n, 32)
-        scratch = torch.empty(n, 32)
-        g = BreakableGraph("cpu")
-        with g.capture():
-            fill_scratch(x.cos(), scratch)
-            read_scratch(scratch, out)
-            res = out - 1
-        buckets[n] = (g, x, res)
-        del scratch
-        junk = [torch.full((n, 32), -7.0) for _ in range(64)]
-        del junk
+    x = torch.zeros(rows, 32, device=device)  # static input, sized for the largest bucket
+    out = torch.empty(rows, 32, device=device)
+    scratch = torch.empty(rows, 32, device=device)[:n]  # sliced outside: no segment touches it
+    g = BreakableGraph(device, pool=pool)
+    with g.capture():
+        fill_scratch(x[:n].cos(), scratch)
+        read_scratch(scratch, out[:n])
+        res = out[:n] - 1
+    scratch_ref = weakref.ref(scratch)
+    return (g, x, res), scratch_ref  # `scratch` dies here unless the graph keeps it
+
+
+def _replay_all_then_check(buckets: dict) -> None:
     for _ in range(2):
-        for g, x, _res in buckets.values():
+        inputs = {}
+        for n, (_g, x, _res) in buckets.items():  # every input first: a bucket must not clobber another
             x.copy_(torch.randn_like(x))
+            inputs[n] = x.clone()
+        for g, _x, _res in buckets.values():
             g.replay()
-        for g, x, res in buckets.values():
-            torch.testing.assert_close(res, (x.cos() + 100) * 2 - 1)
+        for n, (_g, x, res) in buckets.items():
+            torch.testing.assert_close(x, inputs[n])
+            torch.testing.assert_close(res, (inputs[n][:n].cos() + 100) * 2 - 1)
+
+
+def test_break_arguments_survive_allocator_churn_between_bucket_captures():
+    # If the graph held break arguments weakly, the next bucket's static input would be allocated
+    # in the dead scratch buffer and the first bucket's replay would overwrite it.
+    buckets, scratch_refs = {}, []
+    for n in (8, 4):  # largest first, like the runner
+        buckets[n], scratch_ref = _capture_bucket_with_scratch("cpu", n, rows=8)
+        scratch_refs.append(scratch_ref)
+        junk = [torch.full((8, 32), -7.0) for _ in range(64)]
+        del junk
+    assert all(ref() is not None for ref in scratch_refs)  # held strongly by the recorded calls
+    _replay_all_then_check(buckets)
 
 
 def test_single_kernel_islands_are_counted_and_folding_keeps_results():
@@ -407,12 +425,20 @@ def test_debug_check_catches_a_branch_that_changes_the_break_sequence():
         g.replay()
 
 
-def test_debug_check_needs_the_function_form():
+def test_debug_check_needs_the_function_form(monkeypatch):
     g = BreakableGraph("cpu", debug=True)
     with g.capture():
         noop_break()
     with pytest.raises(GraphError, match=r"capture\(fn, \*args\)"):
         g.replay()
+    monkeypatch.setenv("BREAKGRAPH_GRAPH_DEBUG", "1")  # from the environment: warn once, replay
+    g = BreakableGraph("cpu")
+    with g.capture():
+        noop_break()
+    with pytest.warns(UserWarning, match="skipped"):
+        g.replay()
+    g.replay()
+    assert g.stats.replays == 2
 
 
 def test_lifecycle_errors_say_what_to_do():
@@ -503,22 +529,26 @@ def test_cuda_side_stream_not_joined_before_a_break_names_the_break():
 @pytest.mark.cuda
 def test_cuda_two_buckets_share_one_pool_and_survive_churn():
     pool = new_graph_pool("cuda")
+    warm = torch.randn(512, 32, device="cuda")
+    ((warm.cos() + 100) * 2 - 1).sum().item()  # load the kernels before capturing
     buckets = {}
     for n in (512, 128):
+        buckets[n], _ = _capture_bucket_with_scratch("cuda", n, rows=512, pool=pool)
+        junk = [torch.full((512, 32), -7.0, device="cuda") for _ in range(32)]
+        del junk
+    assert all(g.pool is pool for g, _, _ in buckets.values())
+    _replay_all_then_check(buckets)
+
+    graphs = {}
+    for n in (256, 64):
         x, buf = torch.randn(n, 64, device="cuda"), torch.empty(n, 64, device="cuda")
         _cuda_body(x, buf)
         g = BreakableGraph("cuda", pool=pool)
-        out = g.capture(_cuda_body, x, buf)
-        buckets[n] = (g, x, out)
-        junk = [torch.full((n, 64), -7.0, device="cuda") for _ in range(32)]
-        del junk
-    assert all(g.pool is pool for g, _, _ in buckets.values())
-    for _ in range(2):
-        for g, x, _ in buckets.values():
-            x.copy_(torch.randn_like(x))
-            g.replay()
-        for _, x, out in buckets.values():
-            torch.testing.assert_close(out, _eager_reference(x))
+        graphs[n] = (g, x, g.capture(_cuda_body, x, buf))
+    for g, x, out in graphs.values():
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.testing.assert_close(out, _eager_reference(x))
 
 
 @pytest.mark.cuda
@@ -527,13 +557,13 @@ def test_cuda_islands_are_counted_from_graph_nodes_and_fold_keeps_results():
 
     @eager_on_graph()
     def stage(h: torch.Tensor, dst: torch.Tensor) -> None:
-        dst.copy_(h)
+        dst.copy_(h.tanh())
 
     def body():
         stage((x @ x).relu() + 1, buf)
-        buf.mul_(2)
-        stage(buf.tanh(), out)
-        return out.sum(-1)
+        buf.mul_(2)  # the only kernel between two breaks
+        stage(buf, out)
+        return out.sum(-1) * 3
 
     body()
     plain, folded = BreakableGraph("cuda"), BreakableGraph("cuda", fold_islands=True)
@@ -541,7 +571,7 @@ def test_cuda_islands_are_counted_from_graph_nodes_and_fold_keeps_results():
     assert plain.stats.single_kernel_islands == 1 and plain.stats.islands[0].segment == 1
     assert folded.stats.folded_islands == 1 and folded.stats.segments == plain.stats.segments - 1
     x.copy_(torch.randn_like(x))
-    expected = (((x @ x).relu() + 1) * 2).tanh().sum(-1)
+    expected = (((x @ x).relu() + 1).tanh() * 2).tanh().sum(-1) * 3
     for g, o in zip((plain, folded), outs):
         g.replay()
         torch.testing.assert_close(o, expected)
@@ -554,4 +584,10 @@ def test_cuda_host_sync_in_a_segment_is_explained():
     with pytest.raises(GraphError, match="device='cpu'"):
         g.capture(lambda: x * x.sum().item())
     torch.cuda.synchronize()
-    g.capture(lambda: x * 2)  # the device is usable again
+    with pytest.raises(GraphError, match="new_graph_pool"):  # torch refuses that pool from now on
+        g.capture(lambda: x * 2)
+    fresh = BreakableGraph("cuda", pool=new_graph_pool("cuda"))
+    out = fresh.capture(lambda: x * 2 + torch.randn_like(x) * 0)  # random ops work again
+    x.fill_(3.0)
+    fresh.replay()
+    torch.testing.assert_close(out, torch.full_like(x, 6.0))

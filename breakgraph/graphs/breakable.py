@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -39,7 +40,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils._pytree import tree_flatten
 
-from breakgraph.graphs._compare import clone_all, debug_enabled, first_mismatch, tensor_leaves
+from breakgraph.graphs._compare import DEBUG_ENV, clone_all, debug_enabled, first_mismatch, tensor_leaves
 from breakgraph.graphs._state import ActiveGraph, activate, active_graph
 from breakgraph.graphs.errors import (
     GraphBreakError,
@@ -259,7 +260,10 @@ class BreakableGraph:
             instead of as a graph (the op is re-run into the same output tensor). The better fix
             is often to move that op into the break function; ``stats.islands`` names them.
         debug: after each replay, re-run the body eagerly and compare (needs the
-            ``capture(fn, *args)`` form). None: read ``BREAKGRAPH_GRAPH_DEBUG``.
+            ``capture(fn, *args)`` form; the body must be idempotent on state outside its
+            arguments, e.g. KV-cache stores at fixed slots). None: read
+            ``BREAKGRAPH_GRAPH_DEBUG`` (then a graph captured with the ``with`` form is replayed
+            unchecked, with one warning).
         stream: CUDA capture stream (default: a new side stream).
         rtol, atol: tolerances of the debug comparison for floating tensors.
 
@@ -286,6 +290,7 @@ class BreakableGraph:
         self.drop_empty = drop_empty
         self.fold_islands = fold_islands
         self.debug = debug_enabled(debug)
+        self._debug_from_env = debug is None
         self.rtol, self.atol = rtol, atol
         self._capturer = make_capturer(
             self.device, pool, record_ops=fold_islands, keep_empty_warning=not drop_empty, stream=stream
@@ -474,6 +479,14 @@ class BreakableGraph:
             raise GraphError(
                 "BreakableGraph.replay: called inside another breakable graph's capture or replay"
             )
+        if self.debug and self._body is None and self._debug_from_env:
+            warnings.warn(
+                f"{DEBUG_ENV} is set but this graph was captured with `with g.capture():`; the debug "
+                "check needs g.capture(fn, *args) and is skipped for it",
+                stacklevel=2,
+            )
+            self._debug_from_env = False
+            self.debug = False
         if self.debug:
             self._replay_checked()
         else:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from breakgraph.graphs.cpu_graph import OpRecorder
-from breakgraph.graphs.errors import GraphBreakError
+from breakgraph.graphs.errors import GraphBreakError, GraphError
 from breakgraph.graphs.segments import Segment, _recorded_fold
 
 _EMPTY_GRAPH_WARNING = "The CUDA Graph is empty"
@@ -83,6 +83,49 @@ def graph_work_nodes(graph: torch.cuda.CUDAGraph) -> int | None:
     return work
 
 
+# Pools that saw a failed capture: torch (2.11) refuses every later capture into them.
+_POISONED_POOLS: set[tuple[int, tuple[int, ...]]] = set()
+
+
+def _pool_key(device: torch.device, pool: Any) -> tuple[int, tuple[int, ...]]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, tuple(pool)
+
+
+def _recover_failed_capture(device: torch.device, pool: Any) -> None:
+    """Undo what a capture that failed half-way leaves behind in torch (2.11): when
+    ``cudaStreamEndCapture`` fails inside ``capture_end`` (or ``capture_begin`` fails late), the
+    allocator keeps routing to the pool ("already recording to mempool_id" at the next capture)
+    and the RNG generators stay in capture mode ("Offset increment outside graph capture" at the
+    next random op). End the pool routing, then run one empty capture, whose prologue/epilogue
+    reset the generators. The pool itself stays unusable for captures (torch keeps it marked as
+    recording), so it is remembered as poisoned."""
+    key = _pool_key(device, pool)
+    _POISONED_POOLS.add(key)
+    try:
+        torch._C._cuda_endAllocateToPool(key[0], pool)
+    except (RuntimeError, AttributeError, TypeError):
+        pass  # not recording: nothing to undo
+    graph = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            graph.capture_begin()
+            graph.capture_end()
+        except RuntimeError:
+            pass
+
+
+def _clear_cublas_workspaces() -> None:
+    """Drop cuBLAS's cached per-stream workspaces. Before a capture: a workspace cached from eager
+    use lives outside the pool and could be freed later while the graph still uses it. After: a
+    workspace allocated inside the pool must not stay cached once that pool may be freed (a
+    stale one makes later matmuls on a reused stream fail with CUBLAS_STATUS_EXECUTION_FAILED)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 def _end_error(exc: RuntimeError, label: str, reason: str) -> Exception:
     text = str(exc).lower()
     if "unjoined" in text or "not joined" in text:
@@ -99,7 +142,9 @@ class CudaSegmentCapturer:
     """Capturer for CUDA: each segment is a ``torch.cuda.CUDAGraph`` in ``pool``.
 
     ``pool``: memory-pool handle shared by every segment (pass one handle to every graph of a
-    runner so all buckets share it); a new one is made when None. ``record_ops``: also record
+    runner so all buckets share it); a new one is made when None. Once every graph captured into
+    a pool is freed, or after a capture into it failed, torch refuses new captures into it: take
+    a new pool then. ``record_ops``: also record
     aten ops (for ``fold_islands``; keeps at most one kernel op per segment alive).
     ``keep_empty_warning``: let torch's empty-graph warning through and keep the empty graph.
     ``stream``: capture stream (a new side stream when None).
@@ -129,6 +174,7 @@ class CudaSegmentCapturer:
 
     def open(self) -> None:
         torch.cuda.synchronize(self.device)
+        _clear_cublas_workspaces()
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -137,16 +183,23 @@ class CudaSegmentCapturer:
 
     def begin(self, label: str) -> None:
         self._label = label
+        if _pool_key(self.device, self.pool) in _POISONED_POOLS:
+            raise GraphError(
+                f"cannot capture {label}: an earlier capture into this memory pool failed, and torch "
+                "refuses further captures into it. Fix that error, then take a new pool "
+                "(new_graph_pool('cuda')) and capture every bucket again."
+            )
         self._graph, self._kept_graph = _new_graph()
-        if self._record_ops or not (self._counts_from_driver and self._kept_graph):
-            self._recorder = OpRecorder(label, keep_limit=1)
-            self._recorder.__enter__()
         try:
             self._graph.capture_begin(pool=self.pool)
         except BaseException:
-            self._exit_recorder()
             self._graph = None
+            _recover_failed_capture(self.device, self.pool)
             raise
+        # Entered after capture_begin: its RNG prologue runs aten ops that are not in the graph.
+        if self._record_ops or not (self._counts_from_driver and self._kept_graph):
+            self._recorder = OpRecorder(label, keep_limit=1)
+            self._recorder.__enter__()
 
     def _exit_recorder(self) -> OpRecorder | None:
         recorder, self._recorder = self._recorder, None
@@ -157,15 +210,14 @@ class CudaSegmentCapturer:
     def end(self, reason: str) -> Segment:
         graph, self._graph = self._graph, None
         assert graph is not None, "end() without begin()"
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    graph.capture_end()
-                except RuntimeError as exc:
-                    raise _end_error(exc, self._label, reason) from exc
-        finally:
-            recorder = self._exit_recorder()
+        recorder = self._exit_recorder()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                graph.capture_end()
+            except RuntimeError as exc:
+                _recover_failed_capture(self.device, self.pool)
+                raise _end_error(exc, self._label, reason) from exc
         empty = False
         for w in caught:
             if _EMPTY_GRAPH_WARNING in str(w.message):
@@ -179,7 +231,9 @@ class CudaSegmentCapturer:
         if work == 0 and self._counts_from_driver and self._kept_graph:
             empty = True
         if empty and not self._keep_empty_warning:
-            return Segment(replay=lambda: None, work=0, empty=True)
+            # Keep the (never instantiated) graph alive: releasing the only graph of a pool drops
+            # the pool's use count to zero, and the next capture into that pool then fails.
+            return Segment(replay=lambda: None, work=0, empty=True, handle=graph)
         if self._kept_graph:
             graph.instantiate()
         graph.replay()  # the capture pass computes real values
@@ -196,7 +250,8 @@ class CudaSegmentCapturer:
                     warnings.simplefilter("ignore")
                     graph.capture_end()
             except RuntimeError:
-                pass  # the capture is already invalid; the original error is what matters
+                # the capture was invalid; the body's error is what matters
+                _recover_failed_capture(self.device, self.pool)
 
     def close(self) -> None:
         if self._stream_ctx is not None:
@@ -204,3 +259,4 @@ class CudaSegmentCapturer:
             self._stream_ctx = None
         assert self._stream is not None
         torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        _clear_cublas_workspaces()
