@@ -20,11 +20,13 @@ from breakgraph.engine.model_runner import BatchEntry, ModelRunner
 from breakgraph.engine.request import Request
 from breakgraph.engine.sampling import SamplingParams, sample
 from breakgraph.engine.scheduler import Scheduler
+from breakgraph.graphs.prefill_runner import PrefillGraphRunner, default_prefill_buckets
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.loader import load_model
 
 logger = logging.getLogger(__name__)
 
+PREFILL_BACKENDS = ("disabled", "breakable", "piecewise")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -65,6 +67,13 @@ class Engine:
         chunked_prefill_size: most prompt tokens per prefill step.
         mem_fraction_static: on CUDA, the share of free memory the KV cache may take.
         seed: seed for dummy weights.
+        cuda_graph_backend_prefill: ``disabled``, ``breakable`` or ``piecewise`` (default:
+            ``breakable`` on CUDA, ``disabled`` on CPU; on CPU the graph backends run on the
+            CPU graph backend, with CUDA-graph semantics).
+        cuda_graph_bs_prefill: token buckets to capture (default: the ladder up to
+            ``cuda_graph_max_bs_prefill``). ``cuda_graph_max_bs_prefill``: the largest bucket
+            (default: ``min(chunked_prefill_size, 4096)``); prefill chunks never exceed it.
+        fold_islands: fold single-kernel graph segments into the neighbouring eager step.
     """
 
     def __init__(
@@ -81,6 +90,10 @@ class Engine:
         chunked_prefill_size: int = 4096,
         mem_fraction_static: float = 0.85,
         seed: int = 0,
+        cuda_graph_backend_prefill: str | None = None,
+        cuda_graph_bs_prefill: list[int] | None = None,
+        cuda_graph_max_bs_prefill: int | None = None,
+        fold_islands: bool = False,
     ) -> None:
         if model_path is None:
             from breakgraph.demo.default_model import default_model_path
@@ -108,6 +121,21 @@ class Engine:
             num_pages = self._default_num_pages(page_size, max_running_requests, mem_fraction_static)
         self.kv_cache = KVCache(self.config, num_pages, page_size, self.dtype, self.device)
         self.runner = ModelRunner(self.model, self.kv_cache, self.device)
+        backend = cuda_graph_backend_prefill or ("breakable" if self.device.type == "cuda" else "disabled")
+        if backend not in PREFILL_BACKENDS:
+            raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
+        self.prefill_backend = backend
+        if backend != "disabled":
+            max_bucket = cuda_graph_max_bs_prefill or min(chunked_prefill_size, 4096)
+            buckets = sorted(set(cuda_graph_bs_prefill)) if cuda_graph_bs_prefill else default_prefill_buckets(max_bucket)
+            if chunked_prefill_size > buckets[-1]:
+                logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
+                chunked_prefill_size = buckets[-1]
+            self.runner.prefill_graphs = PrefillGraphRunner(
+                self.model, backend=backend, device=self.device, buckets=buckets,
+                capture_context=self.runner.capture_context, fold_islands=fold_islands,
+            )  # fmt: skip
+            self.runner.prefill_graphs.capture()
         self.scheduler = Scheduler(self.kv_cache.pool, self.context_length, max_running_requests, chunked_prefill_size)
         self.eos_ids = set(self.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -122,6 +150,14 @@ class Engine:
             want = -(-self.context_length // page_size) * min(max_running, 8) + 1
             budget = min(want * per_page, 2 << 30)
         return max(2, budget // per_page)
+
+    def graph_stats(self) -> dict:
+        """What the prefill graphs did: backend, captured buckets, capture time, graph memory,
+        replays, and eager fallbacks by reason (empty counters when graphs are disabled)."""
+        graphs = self.runner.prefill_graphs
+        if graphs is None:
+            return {"backend": "disabled", "replays": 0, "fallbacks": {}}
+        return graphs.stats.as_dict()
 
     # -- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:

@@ -3,6 +3,8 @@ decoder body (eagerly or through a graph runner) and the LM head on the rows tha
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -64,13 +66,24 @@ class ModelRunner:
             kv_cache=self.kv_cache,
         )
 
+    @contextlib.contextmanager
+    def capture_context(self, num_tokens: int) -> Iterator[None]:
+        """A stand-in batch for capturing a graph bucket of ``num_tokens``: one request whose
+        tokens all write to, and read from, the reserved padding page 0."""
+        ps = self.kv_cache.page_size
+        pages = [0] * -(-num_tokens // ps)
+        entry = BatchEntry([0] * num_tokens, 0, pages)
+        batch = self.make_batch([entry], ForwardMode.EXTEND)
+        with forward_batch_context(batch):
+            yield
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
         """Run the body and the LM head. Returns fp32 logits for each request's last token
         ``[B, vocab]``, or for every token ``[T, vocab]`` when ``all_logits``."""
         with forward_batch_context(batch):
             if self.prefill_graphs is not None and batch.mode is ForwardMode.EXTEND:
-                hidden = self.prefill_graphs.run(batch)
+                hidden = self.prefill_graphs.run(batch.input_ids, batch.positions)
             else:
                 hidden = self.model(batch.input_ids, batch.positions)
         rows = hidden if all_logits else hidden[batch.logits_rows]

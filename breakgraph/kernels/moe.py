@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from breakgraph.kernels.fp8 import block_dequant
+from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant
 
 
 def route_ref(
@@ -47,9 +48,10 @@ def route_ref(
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Rows ``x [M, K]`` sorted by group; group ``g`` owns rows ``offsets[g-1]:offsets[g]`` and
     multiplies by ``weight[g].T`` (``weight [G, N, K]``). Returns ``[M, N]``."""
-    if x.device.type == "cpu" or x.dtype == torch.bfloat16:
+    if x.dtype == torch.bfloat16:
         return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
-    # fp32/fp16 on CUDA: _grouped_mm takes bf16 only; gather each row's expert weight.
+    # _grouped_mm takes bf16 only (its CPU kernel accepts fp32, its shape function does not):
+    # gather each row's expert weight instead.
     rows = torch.arange(x.shape[0], device=x.device)
     group = torch.searchsorted(offsets, rows, right=True).clamp(max=weight.shape[0] - 1)
     return torch.bmm(weight[group], x.unsqueeze(-1)).squeeze(-1)
@@ -103,7 +105,27 @@ def route(
     norm_topk_prob: bool,
     routed_scaling_factor: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch :func:`route_ref`'s contract to the fastest implementation available."""
+    """Dispatch :func:`route_ref`'s contract to the fastest implementation available.
+
+    CUDA fp32 logits with at most 1024 experts: ``torch.sigmoid`` (the twin's own op, so the
+    selection is bit-identical) then one Triton kernel for bias, group-limited top-k,
+    normalisation and scaling (:func:`breakgraph.kernels.triton_moe.route_select`).
+    """
+    num_experts = router_logits.shape[-1]
+    if (
+        use_triton(router_logits)
+        and router_logits.dim() == 2
+        and router_logits.dtype == torch.float32
+        and num_experts <= 1024
+        and num_experts % n_group == 0
+        and 0 < topk_group <= n_group
+        and 0 < top_k <= num_experts
+    ):
+        from breakgraph.kernels.triton_moe import route_select
+
+        return route_select(
+            router_logits.sigmoid(), correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor
+        )
     return route_ref(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor)
 
 
@@ -117,5 +139,46 @@ def fused_moe(
     w2_scale: torch.Tensor | None = None,
     block: tuple[int, int] = (128, 128),
 ) -> torch.Tensor:
-    """Dispatch :func:`fused_moe_ref`'s contract to the fastest implementation available."""
+    """Dispatch :func:`fused_moe_ref`'s contract to the fastest implementation available.
+
+    CUDA, 16-bit activations: FP8 block-scaled experts take the Triton grouped GEMMs
+    (bf16 activations × fp8 weight tiles; ``BREAKGRAPH_MOE_W8A8=1`` quantises activations to
+    e4m3 instead); bf16 experts take ``torch._grouped_mm`` on sm90/sm100, else the Triton
+    grouped GEMMs (:mod:`breakgraph.kernels.triton_moe`). Everything else takes the twin.
+    """
+    if use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block):
+        from breakgraph.kernels import triton_moe
+
+        if w13_scale is None and triton_moe.grouped_mm_supported(x, w13, w2):
+            return triton_moe.fused_moe_grouped_mm(x, w13, w2, topk_weights, topk_ids)
+        return triton_moe.fused_moe_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)
     return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)
+
+
+def _triton_moe_supported(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    block: tuple[int, int],
+) -> bool:
+    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or topk_ids.dim() != 2:
+        return False
+    num_experts, two_i, d = w13.shape
+    inter = two_i // 2
+    if w2.shape != (num_experts, d, inter) or w13.stride(-1) != 1 or w2.stride(-1) != 1:
+        return False
+    if w13_scale is None and w2_scale is None:
+        return w13.dtype == x.dtype and w2.dtype == x.dtype
+    return (
+        w13_scale is not None
+        and w2_scale is not None
+        and w13.dtype == FP8_DTYPE
+        and w2.dtype == FP8_DTYPE
+        and tuple(block) == (128, 128)
+        and inter % 128 == 0
+        and w13_scale.shape == (num_experts, two_i // 128, -(-d // 128))
+        and w2_scale.shape == (num_experts, -(-d // 128), inter // 128)
+    )

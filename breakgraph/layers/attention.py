@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from breakgraph.engine.forward_batch import get_forward_batch
+from breakgraph.graphs import graph_break_op
 from breakgraph.kernels.fp8 import block_dequant
 from breakgraph.kernels.indexer import indexer_topk
 from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
@@ -28,10 +29,6 @@ from breakgraph.layers.norm import LayerNorm, RMSNorm
 from breakgraph.layers.rotary import apply_rope
 from breakgraph.distributed import get_parallel_state
 from breakgraph.models.config import ModelConfig
-
-
-def graph_break_op(**_kw):  # TEMP until breakgraph.graphs lands
-    return lambda fn: fn
 
 
 @graph_break_op(mutates_args=("topk_out",))

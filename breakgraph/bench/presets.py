@@ -1,0 +1,69 @@
+"""Named model shapes for benchmarks, as ``config.json`` dicts (weights are always dummy).
+
+``glm5-tp8-rank`` is what one GPU of a tensor-parallel-8 GLM-5 deployment holds: 8 of the 64
+attention heads, MoE intermediate 2048/8 = 256, dense intermediate 12288/8, all 256 experts,
+all 78 layers, 1/8 of the vocabulary (vocab-parallel embedding and LM head), FP8 128×128
+block weights (≈ 95 GB). The latent down-projections and the
+DSA indexer are replicated across ranks, so they keep their full size.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+from pathlib import Path
+
+FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+GLM5_TP8_RANK: dict = {
+    "model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"],
+    "vocab_size": 154880 // 8, "hidden_size": 6144, "intermediate_size": 12288 // 8, "moe_intermediate_size": 2048 // 8,
+    "num_hidden_layers": 78, "num_attention_heads": 64 // 8, "num_key_value_heads": 64 // 8,
+    "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8, "routed_scaling_factor": 2.5,
+    "kv_lora_rank": 512, "q_lora_rank": 2048, "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192,
+    "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "first_k_dense_replace": 3,
+    "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
+    "max_position_embeddings": 202752, "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "eos_token_id": 1, "bos_token_id": 0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "quantization_config": FP8,
+}  # fmt: skip
+
+
+def _variant(base: dict, **changes) -> dict:
+    cfg = copy.deepcopy(base)
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    return cfg
+
+
+PRESETS: dict[str, dict] = {
+    "glm5-tp8-rank": GLM5_TP8_RANK,
+    # Same per-layer shapes, fewer layers: quick runs and the mid-size graph checks.
+    "glm5-tp8-rank-12l": _variant(GLM5_TP8_RANK, num_hidden_layers=12),
+    "glm5-tp8-rank-12l-bf16": _variant(GLM5_TP8_RANK, num_hidden_layers=12, quantization_config=None),
+    "glm5-tp8-rank-4l-bf16": _variant(GLM5_TP8_RANK, num_hidden_layers=4, quantization_config=None),
+}
+
+
+def preset_folder(name: str, root: Path | None = None) -> Path:
+    """Write preset ``name``'s config.json to a folder (a temp dir by default) and return it."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    folder = Path(root or tempfile.mkdtemp(prefix=f"breakgraph-{name}-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(PRESETS[name], indent=2))
+    return folder
+
+
+def weight_bytes(cfg: dict) -> int:
+    """Bytes of weights the preset holds (FP8 linears 1 B/param + scales, the rest 2 B/param)."""
+    from breakgraph.models.config import ModelConfig
+    from breakgraph.models.loader import build_model
+
+    model = build_model(ModelConfig.from_dict(cfg), "meta", dtype=__import__("torch").bfloat16)
+    return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -1,0 +1,277 @@
+"""Prefill under graphs: a ladder of token buckets, one breakable (or piecewise) capture each.
+
+The runner knows nothing about the model. It is given the decoder *body*
+``body(input_ids [n], positions [n]) -> hidden [n, D]`` and a ``capture_context(n)`` that
+installs whatever per-batch state the body's breaks read while a bucket of ``n`` tokens is
+captured (a dummy batch). At run time the caller installs the real per-batch state, and
+:meth:`PrefillGraphRunner.run` copies the real tokens into the static input buffers, zeroes
+the padding, replays the bucket's graph and returns the real rows. Batches that do not fit
+the ladder, or would waste more than half the bucket on padding, run the body eagerly — and
+every replay and every fallback (with its reason) is counted in :class:`PrefillGraphStats`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ContextManager
+
+import torch
+
+from breakgraph.graphs.breakable import BreakableGraph
+from breakgraph.graphs.piecewise import PiecewiseBackend
+from breakgraph.graphs.segments import new_graph_pool
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("breakable", "piecewise")
+Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def default_prefill_buckets(max_tokens: int) -> list[int]:
+    """The token-count ladder up to ``max_tokens``: 4…32 step 4, 48…256 step 16, 288…512 step
+    32, 576…1024 step 64, 1280…4096 step 256, then step 512; ``max_tokens`` itself is included."""
+    ladder = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64)]
+    ladder += [*range(1280, 4097, 256)]
+    ladder += list(range(4608, max_tokens + 1, 512))
+    buckets = sorted({b for b in ladder if b <= max_tokens} | {max_tokens})
+    return buckets
+
+
+@dataclass
+class PrefillGraphInputs:
+    """Static input buffers shared by every bucket: ``input_ids`` and ``positions`` int64
+    ``[max_tokens]``. A bucket of ``n`` tokens reads their first ``n`` rows."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+
+    @classmethod
+    def allocate(cls, max_tokens: int, device: torch.device) -> PrefillGraphInputs:
+        return cls(
+            input_ids=torch.zeros(max_tokens, dtype=torch.int64, device=device),
+            positions=torch.zeros(max_tokens, dtype=torch.int64, device=device),
+        )
+
+    def views(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.input_ids[:bucket], self.positions[:bucket]
+
+    def set_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int) -> None:
+        """Copy the real ``n`` tokens in and zero rows ``n…bucket`` (padding is token 0 at position 0)."""
+        n = input_ids.shape[0]
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.input_ids[n:bucket].zero_()
+        self.positions[n:bucket].zero_()
+
+
+@dataclass
+class BucketInfo:
+    """What one bucket's capture produced."""
+
+    tokens: int
+    capture_s: float
+    segments: int
+    breaks: int
+    islands: int
+    kernels: int | None
+
+    def line(self) -> str:
+        k = "?" if self.kernels is None else self.kernels
+        return (
+            f"bucket {self.tokens:>5}: {self.segments} segments, {self.breaks} breaks, "
+            f"{self.islands} single-kernel islands, {k} kernels, captured in {self.capture_s:.2f}s"
+        )
+
+
+@dataclass
+class PrefillGraphStats:
+    """Counters a user can read to see what really ran (``Engine.graph_stats()``)."""
+
+    backend: str
+    buckets: list[BucketInfo] = field(default_factory=list)
+    capture_s: float = 0.0
+    graph_memory_bytes: int = 0
+    replays: int = 0
+    replayed_tokens: int = 0
+    padded_tokens: int = 0
+    fallbacks: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "captured_buckets": [b.tokens for b in self.buckets],
+            "capture_s": round(self.capture_s, 3),
+            "graph_memory_bytes": self.graph_memory_bytes,
+            "replays": self.replays,
+            "replayed_tokens": self.replayed_tokens,
+            "padded_tokens": self.padded_tokens,
+            "fallbacks": dict(self.fallbacks),
+            "segments": {b.tokens: b.segments for b in self.buckets},
+            "breaks": {b.tokens: b.breaks for b in self.buckets},
+            "islands": {b.tokens: b.islands for b in self.buckets},
+        }
+
+
+class PrefillGraphRunner:
+    """Captures the decoder body per token bucket and replays it for real batches.
+
+    Args:
+        body: ``(input_ids [n], positions [n]) -> hidden [n, D]``; its dynamic parts must be
+            breaks (``eager_on_graph`` / ``graph_break_op``) that read per-batch state at call time.
+        backend: ``"breakable"`` (BCG) or ``"piecewise"`` (torch.compile split at split ops).
+        device: CUDA captures CUDA graphs; CPU uses the CPU graph backend (same contracts).
+        buckets: token counts to capture (ascending); see :func:`default_prefill_buckets`.
+        capture_context: ``n -> context manager`` active while bucket ``n`` warms up and is captured.
+        fold_islands: BCG only; run single-kernel segments eagerly inside the neighbouring break.
+        max_padding_ratio: fall back to eager when ``bucket > ratio × tokens``.
+    The hidden tensor :meth:`run` returns is graph-owned memory, valid until the next run.
+    """
+
+    def __init__(
+        self,
+        body: Body,
+        *,
+        backend: str,
+        device: torch.device,
+        buckets: list[int],
+        capture_context: Callable[[int], ContextManager[Any]],
+        fold_islands: bool = False,
+        max_padding_ratio: float = 2.0,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"prefill graph backend must be one of {BACKENDS}, got {backend!r}")
+        if not buckets or sorted(set(buckets)) != list(buckets) or buckets[0] < 1:
+            raise ValueError(f"--cuda-graph-bs-prefill must be ascending positive token counts, got {buckets}")
+        self.body = body
+        self.backend = backend
+        self.device = torch.device(device)
+        self.buckets = list(buckets)
+        self.capture_context = capture_context
+        self.fold_islands = fold_islands
+        self.max_padding_ratio = max_padding_ratio
+        self.inputs = PrefillGraphInputs.allocate(self.buckets[-1], self.device)
+        self.pool = new_graph_pool(self.device)
+        self.stats = PrefillGraphStats(backend)
+        self._graphs: dict[int, BreakableGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._pcg: PiecewiseBackend | None = None
+        self._compiled: Body | None = None
+        if backend == "piecewise":
+            self._pcg = PiecewiseBackend(self.device, pool=self.pool)
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(buckets) + 8)
+            self._compiled = torch.compile(body, backend=self._pcg, dynamic=False, fullgraph=True)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1]
+
+    # -- capture --------------------------------------------------------------------------
+    def capture(self, progress: bool = True) -> None:
+        """Warm up and capture every bucket, largest first (so smaller ones reuse its pool)."""
+        from tqdm.auto import tqdm
+
+        free_before = _free_memory(self.device)
+        start = time.perf_counter()
+        bar = tqdm(sorted(self.buckets, reverse=True), desc=f"Capturing prefill graphs ({self.backend})",
+                   unit="bucket", disable=not progress)  # fmt: skip
+        for n in bar:
+            bar.set_postfix(tokens=n, free_mem=_fmt_bytes(_free_memory(self.device)))
+            info = self._capture_bucket(n)
+            self.stats.buckets.append(info)
+            logger.debug(info.line())
+        bar.close()
+        self.stats.buckets.sort(key=lambda b: b.tokens)
+        self.stats.capture_s = time.perf_counter() - start
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.stats.graph_memory_bytes = max(0, free_before - _free_memory(self.device))
+        largest = self.stats.buckets[-1]
+        logger.info(
+            "prefill graphs (%s): %d buckets %d…%d tokens captured in %.1fs, graph memory %s; "
+            "largest bucket: %d segments, %d breaks, %d single-kernel islands",
+            self.backend, len(self.buckets), self.buckets[0], self.buckets[-1], self.stats.capture_s,
+            _fmt_bytes(self.stats.graph_memory_bytes), largest.segments, largest.breaks, largest.islands,
+        )  # fmt: skip
+
+    def _capture_bucket(self, n: int) -> BucketInfo:
+        ids, pos = self.inputs.views(n)
+        self.inputs.set_batch(ids[:0], pos[:0], n)
+        t0 = time.perf_counter()
+        with torch.inference_mode(), self.capture_context(n):
+            if self.backend == "breakable":
+                self.body(ids, pos)  # warm-up: lazy library initialisation cannot happen inside a capture
+                graph = BreakableGraph(self.device, pool=self.pool, fold_islands=self.fold_islands)
+                self._outputs[n] = graph.capture(self.body, ids, pos)
+                self._graphs[n] = graph
+                s = graph.stats
+                info = BucketInfo(n, 0.0, s.segments, s.breaks, s.single_kernel_islands, _sum(s.kernels_per_segment))
+            else:
+                assert self._pcg is not None and self._compiled is not None
+                captures = self._pcg.stats.captures
+                self._compiled(ids, pos)  # compile + warm-up
+                with self._pcg.capturing():
+                    self._outputs[n] = self._compiled(ids, pos)
+                pieces = self._pcg.stats.captures - captures
+                info = BucketInfo(n, 0.0, pieces, self._pcg.stats.split_ops // max(1, self._pcg.stats.graphs), 0, None)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        info.capture_s = time.perf_counter() - t0
+        return info
+
+    # -- run ------------------------------------------------------------------------------
+    def bucket_for(self, num_tokens: int) -> tuple[int | None, str | None]:
+        """The bucket a batch of ``num_tokens`` replays in, or ``(None, reason)`` for eager."""
+        if num_tokens > self.max_tokens:
+            return None, "tokens_above_largest_bucket"
+        bucket = self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
+        if bucket > self.max_padding_ratio * num_tokens:
+            return None, "padding_over_limit"
+        return bucket, None
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[n, D]`` for the batch (per-batch state must already be installed)."""
+        n = input_ids.shape[0]
+        bucket, reason = self.bucket_for(n)
+        if bucket is None or bucket not in self._outputs:
+            self.stats.fallbacks[reason or "bucket_not_captured"] += 1
+            return self.body(input_ids, positions)
+        self.inputs.set_batch(input_ids, positions, bucket)
+        if self.backend == "breakable":
+            out = self._graphs[bucket].replay()
+        else:
+            assert self._pcg is not None and self._compiled is not None
+            with self._pcg.replaying():
+                out = self._compiled(*self.inputs.views(bucket))
+        self.stats.replays += 1
+        self.stats.replayed_tokens += n
+        self.stats.padded_tokens += bucket - n
+        return out[:n]
+
+
+def _sum(values: list[int | None]) -> int | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def _free_memory(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+__all__ = [
+    "BACKENDS",
+    "BucketInfo",
+    "PrefillGraphInputs",
+    "PrefillGraphRunner",
+    "PrefillGraphStats",
+    "default_prefill_buckets",
+]
