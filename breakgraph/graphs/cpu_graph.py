@@ -93,6 +93,14 @@ def is_metadata_op(func: torch._ops.OpOverload) -> bool:
     return func.is_view or torch.Tag.inplace_view in func.tags or func in _NO_KERNEL_OPS
 
 
+def _copied_instead_of_viewed(func: torch._ops.OpOverload, args: tuple, out: Any) -> bool:
+    """True when a view-annotated op (``reshape``, ``flatten``…) returned fresh memory: it copied,
+    so replay must re-run it like a kernel."""
+    if not func.is_view or not isinstance(out, torch.Tensor) or not args or not isinstance(args[0], torch.Tensor):
+        return False
+    return out.untyped_storage().data_ptr() != args[0].untyped_storage().data_ptr()
+
+
 def host_sync_reason(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
     """Why ``func(*args, **kwargs)`` needs the host to read device data, or None if it does not."""
     if func in _INDEX_OPS:
@@ -235,7 +243,7 @@ class OpRecorder(TorchDispatchMode):
         if why is not None:
             _raise_host_sync(str(func), why, self.label)
         out = func(*args, **kwargs)
-        kernel = not is_metadata_op(func)
+        kernel = not is_metadata_op(func) or _copied_instead_of_viewed(func, args, out)
         if kernel:
             self.kernels += 1
             if len(self.kernel_names) < 8:
