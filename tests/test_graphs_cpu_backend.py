@@ -67,6 +67,17 @@ def test_python_values_are_frozen_at_capture_like_a_cuda_graph():
     assert out.item() == 6.0  # still three elements
 
 
+def test_a_view_op_that_copies_is_replayed_like_a_kernel():
+    # Under inference_mode aten.reshape reaches the recorder whole; on a transposed input it copies.
+    with torch.inference_mode():
+        x = torch.randn(4, 6)
+        g, out = _capture(lambda: x.t().reshape(-1))
+        assert g.kernels == 1
+        x.copy_(torch.randn(4, 6))
+        g.replay()
+        torch.testing.assert_close(out, x.t().reshape(-1))
+
+
 def test_kernel_count_ignores_views_and_allocations():
     x = torch.randn(4, 4)
 
