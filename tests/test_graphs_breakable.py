@@ -244,6 +244,25 @@ def test_break_returning_a_new_shape_at_replay_is_refused():
         g.replay()
 
 
+def test_barrier_runs_before_each_break_at_capture_only():
+    events: list[str] = []
+
+    @eager_on_graph()
+    def collective() -> None:
+        events.append("break")
+
+    def body():
+        collective()
+        force_graph_break()
+        collective()
+
+    g = BreakableGraph("cpu", barrier_fn=lambda: events.append("barrier"))
+    g.capture(body)
+    assert events == ["barrier", "break", "barrier", "break"]
+    g.replay()
+    assert events[4:] == ["break", "break"]
+
+
 def test_call_with_graph_break_records_a_one_off_break():
     x, out = torch.randn(4), torch.empty(4)
 

@@ -265,6 +265,9 @@ class BreakableGraph:
             ``BREAKGRAPH_GRAPH_DEBUG`` (then a graph captured with the ``with`` form is replayed
             unchecked, with one warning).
         stream: CUDA capture stream (default: a new side stream).
+        barrier_fn: called at capture after a segment ends and before its break runs (not at
+            replay): re-aligns tensor-parallel ranks before a break that holds a collective, so
+            every rank reaches the same break in the same order.
         rtol, atol: tolerances of the debug comparison for floating tensors.
 
     Warm up before capturing (run the body once eagerly): lazy initialisation inside a CUDA
@@ -281,6 +284,7 @@ class BreakableGraph:
         fold_islands: bool = False,
         debug: bool | None = None,
         stream: Any = None,
+        barrier_fn: Callable[[], Any] | None = None,
         rtol: float = 1e-4,
         atol: float = 1e-5,
     ) -> None:
@@ -292,6 +296,7 @@ class BreakableGraph:
         self.debug = debug_enabled(debug)
         self._debug_from_env = debug is None
         self.rtol, self.atol = rtol, atol
+        self.barrier_fn = barrier_fn
         self._capturer = make_capturer(
             self.device, pool, record_ops=fold_islands, keep_empty_warning=not drop_empty, stream=stream
         )
@@ -413,6 +418,8 @@ class BreakableGraph:
             return self._check_break(state, fn, args, kwargs)
         name = _name(fn)
         self._close_segment(name)
+        if self.barrier_fn is not None and fn is not _forced_break:
+            self.barrier_fn()
         state.in_break = True
         try:
             result = fn(*args, **kwargs)
