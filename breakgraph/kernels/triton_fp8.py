@@ -1,0 +1,389 @@
+"""FP8 (e4m3) block-scaled dense linear on the GPU: activation quantisation + block-scaled GEMM.
+
+``y = x @ dequant(W).T`` for ``W [N, K]`` float8_e4m3fn with one fp32 scale per 128×128 tile
+(``weight_scale_inv [ceil(N/128), ceil(K/128)]``, multiply to dequantise). Paths, best first:
+
+1. ``torch._scaled_mm`` (cuBLASLt, "1x128 × 128x128" blockwise recipe): the activations are
+   quantised per (token, 128-column group) by :func:`act_quant` into ``a8 [M, K]`` and a
+   column-major ``scale_a [M, K/128]`` (strides ``(1, M)``); ``scale_b`` is
+   ``weight_scale_inv.t()`` — a free view, because the checkpoint's row-major
+   ``[N/128, K/128]`` transposed *is* the column-major ``[K/128, N/128]`` that ``_scaled_mm``
+   wants. Needs ``K % 128 == N % 128 == 0`` and bf16 output; whether this torch/cuBLAS accepts
+   the recipe is probed once per device (:func:`scaled_mm_blockwise_mode`) and cached.
+2. :func:`fp8_gemm`: a Triton block-scaled GEMM (any ``M``/``N``/``K``, 128-wide k-blocks),
+   activations either quantised the same way (``W8A8``, default) or kept in bf16 with the
+   weight tile converted in registers (``W8A16``; the scale is applied to the fp32 partial sum
+   of each k-block, so it is as exact as the dequantised twin).
+3. Dequantise + matmul (:func:`breakgraph.kernels.fp8.fp8_block_linear_ref`) for other blocks.
+
+Numerics: per-token-group e4m3 activations have 3 mantissa bits, so on random data the W8A8
+result differs from the bf16-activation twin by ≈2.5% (relative Frobenius error), the price of
+the fp8 tensor cores that the DeepSeek/GLM FP8 checkpoints were trained with. Against
+:func:`fp8_gemm_ref` (the same quantised activations, dequantised, fp32 matmul) it agrees to
+fp32/bf16 rounding. No weight preparation is needed: every layout used here is a view of the
+checkpoint tensors.
+
+Kernels run under ``TRITON_INTERPRET=1`` on CPU tensors too (tests): there, bf16/fp8 dot
+operands are upcast to fp32 and fp32→e4m3 rounding is done explicitly (the interpreter's own
+conversion does not carry mantissa overflow into the exponent).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX, block_dequant, fp8_block_linear_ref
+
+QUANT_GROUP = 128
+_SCALE_EPS = 1e-12
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# --------------------------------------------------------------------------------------------
+# jit helpers shared with triton_moe
+
+
+@triton.jit
+def _round_to_e4m3_grid(v):
+    """Round fp32 ``v`` (|v| ≤ 448) to the nearest e4m3 value, ties to even, in fp32 arithmetic."""
+    bits = v.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 0xFF) - 127
+    exp = tl.maximum(exp, -6)  # e4m3 subnormals share the 2^-9 spacing of the lowest binade
+    ulp = ((exp - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    magic = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds |y| < 2^22 to an integer (RNE)
+    y = v / ulp
+    return ((y + magic) - magic) * ulp
+
+
+@triton.jit
+def to_fp8(v, INTERP: tl.constexpr):
+    """fp32 → float8e4nv with round-to-nearest-even and saturation to ±448."""
+    v = tl.clamp(v, -448.0, 448.0)
+    if INTERP:
+        v = _round_to_e4m3_grid(v)
+    return v.to(tl.float8e4nv)
+
+
+@triton.jit
+def mma(a, b, INTERP: tl.constexpr):
+    """``tl.dot(a, b)`` with an fp32 result; the interpreter cannot multiply bf16/fp8 operands."""
+    if INTERP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b)
+
+
+# --------------------------------------------------------------------------------------------
+# activation quantisation
+
+
+@triton.jit
+def _act_quant_kernel(
+    x_ptr, q_ptr, s_ptr,
+    M, M_OUT, K,
+    stride_xm, stride_qm, stride_sm, stride_sg,
+    BLOCK_M: tl.constexpr, GROUP: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    g = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = g * GROUP + tl.arange(0, GROUP)
+    col_ok = cols < K
+    x = tl.load(
+        x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :],
+        mask=(rows[:, None] < M) & col_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    # IEEE-rounded divisions, as torch does them: the codes and scales match the twin bit for bit
+    scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
+    q = to_fp8(tl.math.div_rn(x, scale[:, None] + tl.zeros_like(x)), INTERP)
+    out_ok = rows < M_OUT
+    tl.store(
+        q_ptr + rows[:, None].to(tl.int64) * stride_qm + cols[None, :],
+        q,
+        mask=out_ok[:, None] & col_ok[None, :],
+    )
+    tl.store(s_ptr + rows * stride_sm + g * stride_sg, scale, mask=out_ok)
+
+
+def act_quant(
+    x: torch.Tensor, group: int = QUANT_GROUP, *, column_major_scale: bool = True, pad_rows: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise ``x [M, K]`` to e4m3 with one fp32 scale per (row, ``group`` columns).
+
+    Returns ``(q [Mp, K] float8_e4m3fn, scale [Mp, ceil(K/group)] fp32)`` where ``Mp`` is ``M``
+    rounded up to ``pad_rows`` (extra rows are zeros with a tiny scale). ``scale = amax/448``
+    (dequantise by multiplying). ``column_major_scale`` lays the scale out with strides
+    ``(1, Mp)``, as ``torch._scaled_mm``'s 1x128 recipe requires. Graph-safe.
+    """
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(
+            f"act_quant: x must be 2-D with unit column stride, got shape {tuple(x.shape)} strides {x.stride()}"
+        )
+    m, k = x.shape
+    mp = -(-m // pad_rows) * pad_rows
+    ng = -(-k // group)
+    q = torch.empty(mp, k, dtype=FP8_DTYPE, device=x.device)
+    scale = (
+        torch.empty(ng, mp, dtype=torch.float32, device=x.device).t()
+        if column_major_scale
+        else (torch.empty(mp, ng, dtype=torch.float32, device=x.device))
+    )
+    if mp and k:
+        block_m = 16 if group >= 128 else 32
+        grid = (triton.cdiv(mp, block_m), ng)
+        _act_quant_kernel[grid](
+            x, q, scale, m, mp, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
+            BLOCK_M=block_m, GROUP=group, INTERP=interpreting(), num_warps=4,
+        )  # fmt: skip
+    return q, scale
+
+
+def act_quant_ref(x: torch.Tensor, group: int = QUANT_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-PyTorch twin of :func:`act_quant` (row-major scale, no padding)."""
+    m, k = x.shape
+    ng = -(-k // group)
+    xp = x.new_zeros((m, ng * group), dtype=torch.float32)
+    xp[:, :k] = x.float()
+    tiles = xp.view(m, ng, group)
+    scale = tiles.abs().amax(dim=-1).clamp(min=_SCALE_EPS) / FP8_MAX
+    q = (tiles / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).view(m, ng * group)[:, :k].to(FP8_DTYPE)
+    return q.contiguous(), scale
+
+
+def act_dequant(q: torch.Tensor, scale: torch.Tensor, group: int = QUANT_GROUP) -> torch.Tensor:
+    """``q [M, K]`` e4m3 × per-(row, group) ``scale`` → fp32."""
+    k = q.shape[-1]
+    return q.float() * scale.float().repeat_interleave(group, dim=-1)[..., :k]
+
+
+# --------------------------------------------------------------------------------------------
+# Triton block-scaled GEMM
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr,
+    M, N, K,
+    stride_am, stride_asm, stride_asg, stride_wn, stride_wsn, stride_wsk, stride_cm,
+    A_FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GROUP_M: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    """``c = Σ_kb (a[:, kb] · w[:, kb]ᵀ) · sa[:, kb] · sw[n // SCALE_BN, kb]``; ``a`` fp8 (with
+    ``sa``) or 16-bit (then ``w`` is converted to ``a``'s dtype and only ``sw`` applies)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # grouped order: GROUP_M row-tiles sweep the columns together so weight tiles are reused in L2
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    ws_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = rk < K - k0
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        kb = k0 // SCALE_BK
+        sw = tl.load(ws_row + kb * stride_wsk)
+        if A_FP8:
+            sa = tl.load(as_ptr + rm * stride_asm + kb * stride_asg, mask=m_ok, other=0.0)
+            acc += mma(a, tl.trans(w), INTERP) * (sa[:, None] * sw)
+        else:
+            acc += mma(a, tl.trans(w.to(a.dtype)), INTERP) * sw
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _gemm_config(m: int, n: int) -> dict:
+    if m <= 16:
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
+    if m <= 32:
+        return {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
+    if m <= 64:
+        return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+
+
+def fp8_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor | None,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    block: tuple[int, int] = (128, 128),
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Triton block-scaled GEMM: ``a [M, K] @ dequant(weight [N, K]).T`` → ``[M, N] out_dtype``.
+
+    ``a`` is either e4m3 with ``a_scale [M, ceil(K/128)]`` (any strides; :func:`act_quant`'s
+    output) or bf16/fp16/fp32 with ``a_scale=None`` (weight tiles are converted to ``a``'s
+    dtype in registers). ``weight_scale [ceil(N/bn), ceil(K/bk)]``. Needs ``block == (128, 128)``.
+    Graph-safe.
+    """
+    if tuple(block) != (128, 128):
+        raise ValueError(f"fp8_gemm supports block (128, 128), got {tuple(block)}")
+    m, k = a.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or weight.stride(1) != 1 or a.stride(1) != 1:
+        raise ValueError(
+            f"fp8_gemm: a {tuple(a.shape)} and weight {tuple(weight.shape)} must be K-contiguous with equal K"
+        )
+    a_fp8 = a.dtype == FP8_DTYPE
+    if a_fp8 != (a_scale is not None):
+        raise ValueError("fp8_gemm: a_scale must be given exactly when a is float8_e4m3fn")
+    cfg = dict(_gemm_config(m, n), BLOCK_K=128, GROUP_M=8)
+    cfg.update(config or {})
+    if 128 % cfg["BLOCK_N"] or cfg["BLOCK_K"] != 128:
+        raise ValueError(f"fp8_gemm: BLOCK_N must divide 128 and BLOCK_K must be 128, got {cfg}")
+    out = torch.empty(m, n, dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    sa = a_scale if a_fp8 else weight_scale  # placeholder pointer when unused
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    _fp8_gemm_kernel[grid](
+        a, sa, weight, weight_scale, bias if bias is not None else out, out,
+        m, n, k,
+        a.stride(0), sa.stride(0), sa.stride(1), weight.stride(0), weight_scale.stride(0), weight_scale.stride(1),
+        out.stride(0),
+        A_FP8=a_fp8, HAS_BIAS=bias is not None, SCALE_BN=block[0], SCALE_BK=block[1], INTERP=interpreting(),
+        **cfg,
+    )  # fmt: skip
+    return out
+
+
+def fp8_gemm_ref(
+    a: torch.Tensor,
+    a_scale: torch.Tensor | None,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    block: tuple[int, int] = (128, 128),
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Plain-PyTorch twin of :func:`fp8_gemm` (fp32 math on dequantised operands)."""
+    af = act_dequant(a, a_scale, block[1]) if a_scale is not None else a.float()
+    out = af @ block_dequant(weight, weight_scale, block, torch.float32).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# torch._scaled_mm blockwise probe and the dense linear
+
+
+_SCALED_MM_MODE: dict[int, str | None] = {}
+
+
+def _scaled_mm_call(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, pad_rows: int
+) -> torch.Tensor:
+    m = x.shape[0]
+    a8, sa = act_quant(x, QUANT_GROUP, column_major_scale=True, pad_rows=pad_rows)
+    out = torch._scaled_mm(a8, weight.t(), scale_a=sa, scale_b=scale.t(), out_dtype=torch.bfloat16)
+    return out if out.shape[0] == m else out[:m]
+
+
+def scaled_mm_blockwise_mode(device: torch.device) -> str | None:
+    """Whether ``torch._scaled_mm`` takes the 1x128 × 128x128 blockwise recipe on ``device``.
+
+    Returns ``"any"`` (any row count), ``"pad16"`` (only row counts padded to 16) or ``None``.
+    Probed once per device with small random problems checked against :func:`fp8_gemm_ref`;
+    never probed during CUDA-graph capture (then ``None`` is returned without caching, so the
+    caller's warm-up decides).
+    """
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx in _SCALED_MM_MODE:
+        return _SCALED_MM_MODE[idx]
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    gen = torch.Generator(device=device).manual_seed(1234)
+    k, n = 384, 256
+    w = torch.randn(n, k, device=device, generator=gen)
+    from breakgraph.kernels.fp8 import block_quant
+
+    w8, ws = block_quant(w)
+
+    def works(rows: tuple[int, ...], pad: int) -> bool:
+        for m in rows:
+            x = torch.randn(m, k, device=device, generator=gen).bfloat16()
+            try:
+                got = _scaled_mm_call(x, w8, ws, pad).float()
+            except (RuntimeError, NotImplementedError, ValueError, TypeError):
+                return False
+            a8, sa = act_quant_ref(x)
+            want = fp8_gemm_ref(a8, sa, w8, ws, out_dtype=torch.float32)
+            err = ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
+            if not err < 1e-2:
+                return False
+        return True
+
+    mode = "any" if works((1, 7, 64, 200), 1) else ("pad16" if works((1, 7, 64, 200), 16) else None)
+    _SCALED_MM_MODE[idx] = mode
+    return mode
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    bias: torch.Tensor | None = None,
+    *,
+    path: str = "auto",
+) -> torch.Tensor:
+    """GPU FP8 block-scaled linear ``x [..., K] @ dequant(weight [N, K]).T`` (+ bias).
+
+    ``path``: ``auto`` (``_scaled_mm`` when supported, else the Triton GEMM), ``scaled_mm``,
+    ``triton`` (W8A8), ``triton_w8a16`` (bf16 activations), ``dequant``.
+    """
+    lead, k = x.shape[:-1], x.shape[-1]
+    n = weight.shape[0]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    block = tuple(block)
+    if block != (128, 128) or path == "dequant" or not scale.is_contiguous():
+        return fp8_block_linear_ref(x, weight, scale, block, bias)
+    if path in ("auto", "scaled_mm") and x.dtype == torch.bfloat16 and k % 128 == 0 and n % 128 == 0:
+        mode = scaled_mm_blockwise_mode(x.device)
+        if mode is not None:
+            out = _scaled_mm_call(x2, weight, scale, 16 if mode == "pad16" else 1)
+            if bias is not None:
+                out = out + bias
+            return out.reshape(*lead, n)
+    if path == "triton_w8a16":
+        out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias)
+    else:
+        a8, sa = act_quant(x2, QUANT_GROUP, column_major_scale=False)
+        out = fp8_gemm(a8, sa, weight, scale, block, x.dtype, bias)
+    return out.reshape(*lead, n)
