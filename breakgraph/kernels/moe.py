@@ -124,9 +124,17 @@ def route(
         from breakgraph.kernels.triton_moe import route_select
 
         return route_select(
-            router_logits.sigmoid(), correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor
+            router_logits.sigmoid(),
+            correction_bias,
+            top_k,
+            n_group,
+            topk_group,
+            norm_topk_prob,
+            routed_scaling_factor,
         )
-    return route_ref(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor)
+    return route_ref(
+        router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor
+    )
 
 
 def fused_moe(

@@ -1,0 +1,361 @@
+"""MoE kernels: routing, expert-sorted permutation, grouped GEMMs (bf16 / FP8 block-scaled),
+SiLU-and-mul, weighted combine, and the ``route`` / ``fused_moe`` dispatchers.
+
+CPU: the Triton kernels run under Triton's interpreter in one subprocess against the twins
+(``route_ref``, ``fused_moe_ref``) on fresh random inputs, with empty experts and ragged
+counts. GPU (``cuda`` marker): the GLM-5 TP8-rank workload (256 experts, D=6144, I=256, top-8,
+T = 128…8192), CUDA-graph capture and replay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_kernels_fp8 import _expect, _rel, interp_main_for, run_checks
+
+from breakgraph.kernels.fp8 import block_dequant, block_quant
+from breakgraph.kernels.moe import fused_moe, fused_moe_ref, route, route_ref
+
+
+def interp_main() -> None:
+    interp_main_for(globals())
+
+
+@pytest.fixture(scope="module")
+def interp_results():
+    pytest.importorskip("triton")
+    return run_checks(Path(__file__).stem)
+
+
+def _skewed_ids(num_tokens: int, top_k: int, num_experts: int, live: int) -> torch.Tensor:
+    """Distinct experts per token drawn from the first ``live`` experts with a skew, so that
+    counts are ragged (some experts span several row blocks) and the rest get no token."""
+    weights = torch.linspace(1.0, 12.0, live) ** 2
+    ids = torch.stack([torch.multinomial(weights, top_k, replacement=False) for _ in range(num_tokens)])
+    perm = torch.randperm(num_experts)[:live]
+    return perm[ids]
+
+
+def _assert_same_selection(
+    ids: torch.Tensor, ids_ref: torch.Tensor, w: torch.Tensor, w_ref: torch.Tensor
+) -> None:
+    si, oi = ids.sort(dim=1)
+    sr, orf = ids_ref.sort(dim=1)
+    assert torch.equal(si, sr), f"{(si != sr).any(dim=1).sum().item()} tokens select different experts"
+    torch.testing.assert_close(w.gather(1, oi), w_ref.gather(1, orf), rtol=1e-5, atol=1e-6)
+
+
+def _oracle(x, w13, w2, tw, ids, w13_scale=None, w2_scale=None, quant_act=False):
+    """fp32 per-expert loop; ``quant_act`` quantises GEMM inputs per (row, 128) like W8A8."""
+    from breakgraph.kernels.triton_fp8 import act_dequant, act_quant_ref
+
+    def q(a):
+        return act_dequant(*act_quant_ref(a)) if quant_act else a
+
+    if w13_scale is not None:
+        w13 = block_dequant(w13, w13_scale, (128, 128), torch.float32)
+        w2 = block_dequant(w2, w2_scale, (128, 128), torch.float32)
+    t, k = ids.shape
+    inter = w2.shape[-1]
+    out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
+    flat = ids.reshape(-1)
+    for e in flat.unique().tolist():
+        pairs = (flat == e).nonzero().squeeze(1)
+        tok = pairs // k
+        gu = q(x[tok].float()) @ w13[e].float().t()
+        h = F.silu(gu[:, :inter]) * gu[:, inter:]
+        h = h.to(x.dtype).float()  # the kernels keep h in the activation dtype
+        y = q(h) @ w2[e].float().t()
+        out.index_add_(0, tok, y * tw.reshape(-1)[pairs, None].float())
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# interpreter checks (run in the subprocess)
+
+
+def check_route_select_matches_route_ref():
+    from breakgraph.kernels.triton_moe import route_select
+
+    cases = [  # (E, top_k, n_group, topk_group, norm, scale, bias)
+        (256, 8, 1, 1, True, 2.5, True),  # GLM-5
+        (256, 8, 8, 4, True, 2.5, True),  # DeepSeek-V3.2
+        (40, 3, 4, 2, False, 1.0, False),
+        (64, 6, 8, 3, True, 1.0, True),
+    ]
+    for e, k, ng, tg, norm, scale, has_bias in cases:
+        logits = torch.randn(45, e) * 3
+        bias = torch.randn(e) * 0.3 if has_bias else None
+        w, ids = route_select(logits.sigmoid(), bias, k, ng, tg, norm, scale)
+        w_ref, ids_ref = route_ref(logits, bias, k, ng, tg, norm, scale)
+        assert ids.dtype == torch.int64 and w.dtype == torch.float32
+        _assert_same_selection(ids, ids_ref, w, w_ref)
+
+
+def check_moe_align_invariants():
+    from breakgraph.kernels.triton_moe import max_row_blocks, moe_align
+
+    for t, k, e, live, bm in ((40, 4, 16, 6, 16), (50, 6, 32, 7, 16), (60, 8, 64, 12, 32), (40, 2, 8, 8, 1)):
+        ids = _skewed_ids(t, k, e, live)
+        lay = moe_align(ids, e, bm)
+        p = t * k
+        flat = ids.reshape(-1)
+        counts = torch.bincount(flat, minlength=e)
+        sp = lay.sorted_pairs.long()
+        real = sp[sp < p]
+        assert torch.equal(real.sort().values, torch.arange(p)), "every pair exactly once"
+        assert torch.equal(sp[lay.pair_pos.long()], torch.arange(p)), "pair_pos inverts the permutation"
+        tok = lay.sorted_tokens.long()
+        assert torch.equal(tok[sp < p], sp[sp < p] // k) and (tok[sp >= p] == t).all()
+        padded = (counts + bm - 1) // bm * bm
+        assert torch.equal(lay.expert_ends.long(), padded.cumsum(0))
+        if bm > 1:
+            nb = int(lay.num_blocks.item())
+            assert nb == int((padded // bm).sum()) and lay.max_blocks == max_row_blocks(p, e, bm) >= nb
+            for b in range(nb):
+                rows = sp[b * bm : (b + 1) * bm]
+                rows = rows[rows < p]
+                assert rows.numel() > 0, "a used block has at least one row"
+                assert (flat[rows] == lay.block_expert[b].long()).all(), f"block {b} mixes experts"
+            assert (counts == 0).sum() > 0, "the case must include empty experts"
+            assert counts.max() > bm, "the case must include an expert spanning several blocks"
+
+
+def check_fused_moe_triton_bf16_fp32_match_twin():
+    from breakgraph.kernels.triton_moe import fused_moe_triton
+
+    t, k, e, d, inter = 19, 4, 12, 256, 128
+    x = torch.randn(t, d)
+    w13 = torch.randn(e, 2 * inter, d) / d**0.5
+    w2 = torch.randn(e, d, inter) / inter**0.5
+    ids = _skewed_ids(t, k, e, 7)
+    tw = torch.rand(t, k)
+    want = fused_moe_ref(x, w13, w2, tw, ids)
+    configs = [
+        (None, None),
+        ({"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 32}, {"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 64}),
+        ({"BLOCK_M": 32, "SWAP_AB": False}, {"BLOCK_M": 32, "SWAP_AB": False}),
+        ({"BLOCK_M": 64, "SWAP_AB": False, "BLOCK_K": 64}, {"BLOCK_M": 64, "SWAP_AB": True, "BLOCK_K": 32}),
+    ]
+    for cfg in configs:
+        got = fused_moe_triton(x, w13, w2, tw, ids, configs=cfg)
+        assert _rel(got, want) < 1e-3, (cfg, _rel(got, want))
+    xb, w13b, w2b = x.bfloat16(), w13.bfloat16(), w2.bfloat16()
+    got = fused_moe_triton(xb, w13b, w2b, tw, ids)
+    assert got.dtype == torch.bfloat16
+    assert _rel(got, _oracle(xb, w13b, w2b, tw, ids)) < 2e-2
+
+
+def check_fused_moe_triton_fp8_matches_twin():
+    from breakgraph.kernels.triton_moe import fused_moe_triton
+
+    t, k, e, d, inter = 17, 4, 10, 384, 256
+    x = torch.randn(t, d)
+    w13, s13 = block_quant(torch.randn(e, 2 * inter, d) / d**0.5)
+    w2, s2 = block_quant(torch.randn(e, d, inter) / inter**0.5)
+    ids = _skewed_ids(t, k, e, 6)
+    tw = torch.rand(t, k)
+    # W8A16: bf16/fp32 activations × fp8 weight tiles
+    got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=False)
+    assert _rel(got, fused_moe_ref(x, w13, w2, tw, ids, s13, s2)) < 1e-3
+    got = fused_moe_triton(
+        x, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=({"BLOCK_M": 32, "SWAP_AB": False}, None)
+    )
+    assert _rel(got, fused_moe_ref(x, w13, w2, tw, ids, s13, s2)) < 1e-3
+    xb = x.bfloat16()
+    got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=False)
+    assert _rel(got, _oracle(xb, w13, w2, tw, ids, s13, s2)) < 2e-2
+    # W8A8: activations quantised per (row, 128) — compare with the same quantisation in fp32
+    got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True)
+    assert _rel(got, _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)) < 2e-2
+    got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=True)
+    assert _rel(got, _oracle(xb, w13, w2, tw, ids, s13, s2, quant_act=True)) < 2e-2
+
+
+def check_moe_gemm_writes_every_pair_row_and_nothing_else():
+    from breakgraph.kernels.triton_moe import gemm_config, moe_align, moe_gemm
+
+    t, k, e, d, inter = 11, 3, 9, 128, 128
+    x = torch.randn(t, d)
+    w13 = torch.randn(e, 2 * inter, d) / d**0.5
+    ids = _skewed_ids(t, k, e, 4)
+    cfg = gemm_config(t * k, e, True, False)
+    lay = moe_align(ids, e, cfg["BLOCK_M"])
+    h = torch.full((t * k + 5, inter), float("nan"))
+    moe_gemm(x, None, w13, None, lay, h, gather_top_k=k, silu=True, config=cfg)
+    assert not torch.isnan(h[: t * k]).any(), "a pair row was not written"
+    assert torch.isnan(h[t * k :]).all(), "rows past the pairs were written"
+    gu = torch.einsum("pd,pnd->pn", x[torch.arange(t * k) // k], w13[ids.reshape(-1)])
+    assert _rel(h[: t * k], F.silu(gu[:, :inter]) * gu[:, inter:]) < 1e-5
+
+
+def check_silu_mul_and_combine():
+    from breakgraph.kernels.triton_moe import moe_combine, silu_mul
+
+    gu = torch.randn(37, 2 * 200)
+    assert _rel(silu_mul(gu), F.silu(gu[:, :200]) * gu[:, 200:]) < 1e-6
+    t, k, d = 13, 4, 300
+    y = torch.randn(t * k, d)
+    w = torch.rand(t, k)
+    want = (y.view(t, k, d) * w[..., None]).sum(1)
+    assert _rel(moe_combine(y, w, torch.empty(t, d)), want) < 1e-6
+    perm = torch.randperm(t * k)
+    ys = torch.empty_like(y)
+    ys[perm] = y
+    assert _rel(moe_combine(ys, w, torch.empty(t, d), perm.int()), want) < 1e-6
+
+
+def check_grouped_mm_path_matches_twin():
+    from breakgraph.kernels.triton_moe import fused_moe_grouped_mm
+
+    t, k, e, d, inter = 23, 4, 12, 128, 64
+    x = torch.randn(t, d)
+    w13 = torch.randn(e, 2 * inter, d) / d**0.5
+    w2 = torch.randn(e, d, inter) / inter**0.5
+    ids = _skewed_ids(t, k, e, 5)
+    tw = torch.rand(t, k)
+    assert _rel(fused_moe_grouped_mm(x, w13, w2, tw, ids), fused_moe_ref(x, w13, w2, tw, ids)) < 1e-3
+
+
+# --------------------------------------------------------------------------------------------
+# CPU tests
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "check_route_select_matches_route_ref",
+        "check_moe_align_invariants",
+        "check_fused_moe_triton_bf16_fp32_match_twin",
+        "check_fused_moe_triton_fp8_matches_twin",
+        "check_moe_gemm_writes_every_pair_row_and_nothing_else",
+        "check_silu_mul_and_combine",
+        "check_grouped_mm_path_matches_twin",
+    ],
+)
+def test_triton_moe_under_interpreter(interp_results, name):
+    _expect(interp_results, name)
+
+
+def test_dispatchers_take_twins_on_cpu():
+    logits = torch.randn(9, 32)
+    bias = torch.randn(32)
+    w, ids = route(logits, bias, 4, 4, 2, True, 2.5)
+    w_ref, ids_ref = route_ref(logits, bias, 4, 4, 2, True, 2.5)
+    assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
+    x = torch.randn(9, 64)
+    w13, w2 = torch.randn(32, 64, 64), torch.randn(32, 64, 32)
+    assert torch.equal(fused_moe(x, w13, w2, w, ids), fused_moe_ref(x, w13, w2, w, ids))
+
+
+# --------------------------------------------------------------------------------------------
+# GPU tests: GLM-5 TP8 rank (256 experts, D=6144, I=256, top-8)
+
+E, D, INTER, TOP_K = 256, 6144, 256, 8
+
+
+@pytest.fixture(scope="module")
+def glm5_experts():
+    torch.manual_seed(0)
+    w13 = torch.randn(E, 2 * INTER, D, device="cuda") / D**0.5
+    w2 = torch.randn(E, D, INTER, device="cuda") / INTER**0.5
+    w13_8, s13 = block_quant(w13)
+    w2_8, s2 = block_quant(w2)
+    return {"w13": w13.bfloat16(), "w2": w2.bfloat16(), "w13_8": w13_8, "s13": s13, "w2_8": w2_8, "s2": s2}
+
+
+def _routing(t: int, skew: bool):
+    logits = torch.randn(t, E, device="cuda")
+    bias = torch.randn(E, device="cuda") * 0.1
+    if skew:  # half the experts never chosen; the rest get ragged counts
+        bias[torch.randperm(E, device="cuda")[: E // 2]] = -100.0
+    return logits, bias
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [128, 1024, 8192])
+@pytest.mark.parametrize("groups", [(1, 1), (8, 4)])
+def test_route_gpu_selection_identical(t, groups):
+    logits, bias = _routing(t, skew=False)
+    w, ids = route(logits, bias, TOP_K, *groups, True, 2.5)
+    w_ref, ids_ref = route_ref(logits, bias, TOP_K, *groups, True, 2.5)
+    _assert_same_selection(ids, ids_ref, w, w_ref)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [128, 1024, 8192])
+@pytest.mark.parametrize("variant", ["bf16_grouped_mm", "bf16_triton", "fp8_w8a16", "fp8_w8a8"])
+def test_fused_moe_gpu_glm5_shapes(glm5_experts, t, variant):
+    from breakgraph.kernels.triton_moe import fused_moe_grouped_mm, fused_moe_triton
+
+    g = glm5_experts
+    x = torch.randn(t, D, device="cuda").bfloat16()
+    logits, bias = _routing(t, skew=True)
+    tw, ids = route(logits, bias, TOP_K, 1, 1, True, 2.5)
+    counts = torch.bincount(ids.reshape(-1), minlength=E)
+    assert (counts == 0).sum() >= E // 2
+    if variant == "bf16_grouped_mm":
+        got = fused_moe_grouped_mm(x, g["w13"], g["w2"], tw, ids)
+        want = _oracle(x, g["w13"], g["w2"], tw, ids)
+    elif variant == "bf16_triton":
+        got = fused_moe_triton(x, g["w13"], g["w2"], tw, ids)
+        want = _oracle(x, g["w13"], g["w2"], tw, ids)
+    else:
+        w8a8 = variant == "fp8_w8a8"
+        got = fused_moe_triton(x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"], fp8_activations=w8a8)
+        want = _oracle(x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"], quant_act=w8a8)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    err = _rel(got, want)
+    print(f"{variant} T={t}: rel err {err:.2e}")
+    assert err < 2e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fused_moe_dispatch_gpu_matches_twin(glm5_experts, fp8):
+    g = glm5_experts
+    t = 512
+    x = torch.randn(t, D, device="cuda").bfloat16()
+    tw, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
+    if fp8:
+        args = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
+    else:
+        args = (g["w13"], g["w2"], tw, ids)
+    assert _rel(fused_moe(x, *args), fused_moe_ref(x, *args)) < 2e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fp8", [False, True])
+def test_moe_layer_cuda_graph_replay(glm5_experts, fp8):
+    """Routing + experts captured in one CUDA graph, replayed with new inputs."""
+    g = glm5_experts
+    t = 1024
+    static_x = torch.randn(t, D, device="cuda").bfloat16()
+    static_logits, bias = _routing(t, skew=True)
+
+    def layer():
+        tw, ids = route(static_logits, bias, TOP_K, 1, 1, True, 2.5)
+        if fp8:
+            return fused_moe(static_x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
+        return fused_moe(static_x, g["w13"], g["w2"], tw, ids)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            layer()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = layer()
+    for _ in range(3):
+        static_x.copy_(torch.randn_like(static_x))
+        static_logits.copy_(torch.randn_like(static_logits))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = layer()
+        assert _rel(static_out, eager) < 1e-6
