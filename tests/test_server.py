@@ -12,12 +12,24 @@ import json
 
 import httpx
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from breakgraph import Engine, SamplingParams
 from breakgraph.server.app import ServerSettings, create_app, serve_in_thread, stable_text_end
+from breakgraph.server.metrics import ServerMetrics
 
 MODEL = "tiny"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """The tiny model gains nothing from intra-op threads, and on a busy machine spinning
+    OpenMP workers slow it down many times over; restore the setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -324,3 +336,22 @@ def test_metrics_parse_and_count(client, server):
                   "breakgraph_prefill_graph_fallbacks_total"):  # fmt: skip
         assert gauge in value, gauge
     assert value["breakgraph_kv_pages_total"] > 0
+    engine = server[1].state.engine_loop.engine
+    assert value["breakgraph_prefill_graph_stats_available"] == (1 if hasattr(engine, "graph_stats") else 0)
+
+
+def test_prefill_graph_counters_come_from_the_engine_stats():
+    metrics = ServerMetrics()
+    stats = {
+        "graph": {"backend": "breakable", "replays": 7, "fallbacks": {"too_many_tokens": 2, "padding": 1}}
+    }
+    metrics.bind(lambda: stats, lambda: 3)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    assert families["breakgraph_prefill_graph_replays"].samples[0].value == 7
+    assert families["breakgraph_prefill_graph_fallbacks"].samples[0].value == 3
+    by_reason = {
+        s.labels["reason"]: s.value for s in families["breakgraph_prefill_graph_fallbacks_by_reason"].samples
+    }
+    assert by_reason == {"too_many_tokens": 2, "padding": 1}
+    assert families["breakgraph_prefill_graph_backend"].samples[0].labels == {"backend": "breakable"}
+    assert families["breakgraph_num_queued_requests"].samples[0].value == 3

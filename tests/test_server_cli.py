@@ -37,5 +37,7 @@ def test_prefill_graph_backend_is_passed_only_to_an_engine_that_takes_it():
     assert _engine_extra_kwargs(args, _NewEngine) == {"cuda_graph_backend_prefill": "piecewise"}
     with pytest.raises(SystemExit, match="no prefill graph backends"):
         _engine_extra_kwargs(args, _OldEngine)
-    default = build_parser().parse_args(["serve"])
-    assert _engine_extra_kwargs(default, _OldEngine) == {}
+    default = build_parser().parse_args(["serve"])  # the engine picks its own default
+    assert _engine_extra_kwargs(default, _OldEngine) == _engine_extra_kwargs(default, _NewEngine) == {}
+    off = build_parser().parse_args(["serve", "--cuda-graph-backend-prefill", "disabled"])
+    assert _engine_extra_kwargs(off, _OldEngine) == {}

@@ -42,27 +42,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     try:
         parser.add_argument_group("prefill graphs").add_argument(
-            "--cuda-graph-backend-prefill", default="disabled", choices=PREFILL_GRAPH_BACKENDS,
+            "--cuda-graph-backend-prefill", default=None, choices=PREFILL_GRAPH_BACKENDS,
             help="graph backend for prefill forwards: disabled (eager), piecewise (torch.compile split at the "
-                 "split ops) or breakable (breakable CUDA graphs) (default: %(default)s)",
+                 "split ops) or breakable (breakable CUDA graphs) (default: the engine's choice)",
         )  # fmt: skip
     except argparse.ArgumentError:
         pass  # already among the shared engine flags
 
 
 def _engine_extra_kwargs(args: argparse.Namespace, engine_cls) -> dict:
-    """Engine options that only some engine versions take; refuses to silently drop one that
-    was asked for."""
-    params = inspect.signature(engine_cls.__init__).parameters
-    extra = {}
-    if "cuda_graph_backend_prefill" in params:
-        extra["cuda_graph_backend_prefill"] = args.cuda_graph_backend_prefill
-    elif args.cuda_graph_backend_prefill != "disabled":
+    """Engine options that only some engine versions take. An option that was asked for but
+    that the engine cannot take is refused, never silently dropped."""
+    backend = getattr(args, "cuda_graph_backend_prefill", None)
+    if backend is None:
+        return {}
+    if "cuda_graph_backend_prefill" in inspect.signature(engine_cls.__init__).parameters:
+        return {"cuda_graph_backend_prefill": backend}
+    if backend != "disabled":
         raise SystemExit(
-            f"--cuda-graph-backend-prefill {args.cuda_graph_backend_prefill}: this build's Engine has no prefill "
-            "graph backends (it takes no cuda_graph_backend_prefill); use --cuda-graph-backend-prefill disabled"
+            f"--cuda-graph-backend-prefill {backend}: this build's Engine has no prefill graph backends "
+            "(it takes no cuda_graph_backend_prefill); use --cuda-graph-backend-prefill disabled"
         )
-    return extra
+    return {}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -74,7 +75,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.max_queued_requests < 0:
         raise SystemExit(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
-    engine = Engine(args.model_path, **engine_kwargs(args), **_engine_extra_kwargs(args, Engine))
+    kwargs = {**_engine_extra_kwargs(args, Engine), **engine_kwargs(args)}
+    engine = Engine(args.model_path, **kwargs)
     if args.disable_prefix_cache:
         engine.scheduler.set_prefix_caching(False)
     settings = ServerSettings(

@@ -109,6 +109,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._queued = 0  # accepted by submit(), not yet running or finished (guarded by _lock)
         self._stop = threading.Event()
+        self._closed = False  # set (under _lock) once the thread takes no more work
         self._thread = threading.Thread(target=self._run, name="breakgraph-engine", daemon=True)
         self._live: dict[Request, Handle] = {}  # engine thread only
         self._waiting: list[Handle] = []  # engine thread only: in the engine, not yet running
@@ -146,7 +147,9 @@ class EngineLoop:
             raise APIError(
                 503, f"the engine loop is not running{reason}", type="server_error", code="engine_unavailable"
             )
-        with self._lock:
+        with self._lock:  # held across the put, so that a closing loop cannot miss this group
+            if self._closed:
+                raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
             if bounded and self.max_queued is not None and self._queued + len(handles) > self.max_queued:
                 raise APIError(
                     503,
@@ -155,7 +158,7 @@ class EngineLoop:
                     type="server_overloaded", code="queue_full",
                 )  # fmt: skip
             self._queued += len(handles)
-        self._inbox.put(("add", handles))
+            self._inbox.put(("add", handles))
 
     def abort(self, handle: Handle) -> None:
         """Abort ``handle`` (a no-op once it has finished); its pages are freed."""
@@ -187,6 +190,8 @@ class EngineLoop:
             self._fail_all(
                 APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
             )
+            with self._lock:
+                self._closed = True
             self._fail_inbox()
 
     def _drain(self, block: bool) -> None:

@@ -97,6 +97,13 @@ class _EngineCollector:
         if isinstance(graph, dict):
             replays = int(graph.get("replays", 0) or 0)
             fallbacks = {str(k): int(v) for k, v in (graph.get("fallbacks") or {}).items()}
+        info = GaugeMetricFamily(
+            "breakgraph_prefill_graph_backend",
+            "The prefill graph backend in use (value 1)",
+            labels=["backend"],
+        )
+        info.add_metric([str(graph.get("backend", "unknown")) if isinstance(graph, dict) else "unknown"], 1)
+        yield info
         yield gauge(
             "breakgraph_prefill_graph_stats_available", "1 when the engine reports prefill graph statistics",
             1 if isinstance(graph, dict) else 0,
