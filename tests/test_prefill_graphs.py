@@ -1,0 +1,99 @@
+"""Prefill under breakable and piecewise graphs (CPU graph backend) computes what eager does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from breakgraph import Engine, SamplingParams
+from breakgraph.engine.forward_batch import forward_batch_context
+from breakgraph.engine.model_runner import BatchEntry
+from breakgraph.engine.forward_batch import ForwardMode
+from breakgraph.graphs.prefill_runner import default_prefill_buckets
+from breakgraph.layers.attention import dsa_indexer_topk, sparse_mla_attention
+
+BUCKETS = [16, 64]
+
+
+def ragged_batches(seed: int = 0) -> list[list[list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(37, 5, 20), (64,), (9, 7), (40, 3)]  # two batches share bucket 64, one bucket 16
+    return [[torch.randint(0, 128, (n,), generator=g).tolist() for n in shape] for shape in shapes]
+
+
+@pytest.fixture(scope="module", params=["glm_moe_dsa", "deepseek_v32"])
+def engines(request, hf_checkpoints):
+    folder = hf_checkpoints[request.param]
+    common = dict(device="cpu", dtype="float32", page_size=4, cuda_graph_bs_prefill=BUCKETS)
+    return {
+        "disabled": Engine(folder, device="cpu", dtype="float32", page_size=4),
+        "breakable": Engine(folder, cuda_graph_backend_prefill="breakable", **common),
+        "piecewise": Engine(folder, cuda_graph_backend_prefill="piecewise", **common),
+    }
+
+
+def test_graph_backends_equal_eager_logits_and_tokens(engines):
+    for batch in ragged_batches():
+        ref = engines["disabled"].prompt_logits(batch)
+        for name in ("breakable", "piecewise"):
+            got = engines[name].prompt_logits(batch)
+            for a, b in zip(got, ref):
+                assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), f"{name} differs from eager"
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    prompts = ragged_batches(seed=1)[0]
+    want = [c.token_ids for c in engines["disabled"].generate(prompts, params)]
+    for name in ("breakable", "piecewise"):
+        assert [c.token_ids for c in engines[name].generate(prompts, params)] == want, name
+        stats = engines[name].graph_stats()
+        assert stats["replays"] >= len(ragged_batches()) + 1, "graphs were selected but prefill ran eagerly"
+        assert stats["captured_buckets"] == BUCKETS
+
+
+def test_breakable_capture_counts(engines):
+    stats = engines["breakable"].graph_stats()
+    cfg = engines["breakable"].config
+    n_indexers = sum(cfg.has_indexer(i) for i in range(cfg.num_hidden_layers))
+    expected_breaks = cfg.num_hidden_layers + n_indexers  # one attention break per layer + indexers
+    assert stats["breaks"][64] == expected_breaks
+    # drop_empty: the code between an indexer break and its attention break holds no kernel
+    # (only the output allocation), so that segment is dropped.
+    assert stats["segments"][64] == expected_breaks + 1 - n_indexers
+
+
+def test_fallbacks_are_counted_with_their_reason(engines):
+    engine = engines["breakable"]
+    before = dict(engine.graph_stats()["fallbacks"])
+    g = torch.Generator().manual_seed(3)
+    engine.prompt_logits([torch.randint(0, 128, (5,), generator=g).tolist()])  # 5 tokens → bucket 16 > 2×5
+    engine.prompt_logits([torch.randint(0, 128, (60,), generator=g).tolist()] * 2)  # 120 tokens > 64
+    after = engine.graph_stats()["fallbacks"]
+    assert after.get("padding_over_limit", 0) == before.get("padding_over_limit", 0) + 1
+    # chunks are capped at the largest bucket, so 120 tokens run as two replayed chunks
+    assert after.get("tokens_above_largest_bucket", 0) == before.get("tokens_above_largest_bucket", 0)
+    assert engine.scheduler.chunked_prefill_size == BUCKETS[-1]
+
+
+def test_breaks_zero_padded_rows(hf_checkpoints):
+    """Rows past the batch's real tokens leave a break as zeros / -1 (garbage must not reach MoE)."""
+    engine = Engine(hf_checkpoints["glm_moe_dsa"], device="cpu", dtype="float32", page_size=4)
+    cfg, runner = engine.config, engine.runner
+    n, padded = 5, 8
+    pages = engine.kv_cache.pool.alloc(2)
+    batch = runner.make_batch([BatchEntry(list(range(n)), 0, pages)], ForwardMode.EXTEND)
+    heads, latent = cfg.num_attention_heads, cfg.latent_dim
+    with forward_batch_context(batch):
+        topk = torch.full((padded, cfg.index_topk), 7, dtype=torch.int32)
+        q = torch.randn(padded, cfg.index_n_heads, cfg.index_head_dim)
+        dsa_indexer_topk(q, torch.randn(padded, cfg.index_head_dim), torch.rand(padded, cfg.index_n_heads), topk, 0, 0.1)
+        out = torch.full((padded, heads, cfg.kv_lora_rank), float("nan"))
+        sparse_mla_attention(torch.randn(padded, heads, latent), torch.randn(padded, latent), topk, out, 0, 0.1)
+    assert (topk[n:] == -1).all() and (topk[:n, 0] >= 0).all()
+    assert (out[n:] == 0).all() and torch.isfinite(out[:n]).all()
+
+
+def test_default_bucket_ladder():
+    b = default_prefill_buckets(8192)
+    assert b[:8] == [4, 8, 12, 16, 20, 24, 28, 32]
+    assert {48, 256, 288, 512, 576, 1024, 1280, 4096, 4608, 8192} <= set(b)
+    assert b == sorted(set(b)) and b[-1] == 8192
+    assert default_prefill_buckets(100)[-1] == 100
