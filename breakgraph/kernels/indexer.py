@@ -7,8 +7,11 @@ top-``k`` key *positions* (int32, ``-1`` where fewer than ``k`` keys exist).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from breakgraph.kernels.dispatch import use_triton
 from breakgraph.kernels.paging import positions_to_slots
 
 # Bound on the elements of the gathered-key temporary per chunk of query tokens.
@@ -69,5 +72,27 @@ def indexer_topk(
     softmax_scale: float,
     topk_out: torch.Tensor,
 ) -> None:
-    """Dispatch :func:`indexer_topk_ref`'s contract to the fastest implementation available."""
+    """Dispatch :func:`indexer_topk_ref`'s contract to the fastest implementation available.
+
+    CUDA tensors with a supported layout take the Triton scores + ``torch.topk``
+    (:mod:`breakgraph.kernels.triton_indexer`); the score dot runs in bf16, or in FP8 e4m3
+    when ``BREAKGRAPH_INDEXER_FP8=1``. Everything else takes the twin.
+    """
+    if use_triton(q):
+        from breakgraph.kernels import triton_indexer
+
+        if triton_indexer.supports(q, weights, k_cache, page_table, token_req, positions):
+            triton_indexer.indexer_topk_triton(
+                q, weights, k_cache, page_table, token_req, positions, page_size, softmax_scale, topk_out,
+                fp8=indexer_fp8(),
+            )  # fmt: skip
+            return
     indexer_topk_ref(q, weights, k_cache, page_table, token_req, positions, page_size, softmax_scale, topk_out)
+
+
+def indexer_fp8() -> bool:
+    """Whether the Triton indexer scores in FP8 (``BREAKGRAPH_INDEXER_FP8=1``; default bf16)."""
+    flag = os.environ.get("BREAKGRAPH_INDEXER_FP8", "0")
+    if flag not in ("0", "1"):
+        raise ValueError(f"BREAKGRAPH_INDEXER_FP8 must be 0 or 1, got {flag!r}")
+    return flag == "1"

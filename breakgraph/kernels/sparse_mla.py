@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from breakgraph.kernels.dispatch import use_triton
 from breakgraph.kernels.paging import positions_to_slots
 
 _CHUNK_ELEMS = 1 << 25
@@ -59,5 +60,17 @@ def sparse_mla_attention(
     softmax_scale: float,
     out: torch.Tensor,
 ) -> None:
-    """Dispatch :func:`sparse_mla_attention_ref`'s contract to the fastest implementation available."""
+    """Dispatch :func:`sparse_mla_attention_ref`'s contract to the fastest implementation available.
+
+    CUDA bf16/fp16 tensors with a unit last stride take the Triton kernel
+    (:mod:`breakgraph.kernels.triton_sparse_mla`); everything else takes the twin.
+    """
+    if use_triton(q):
+        from breakgraph.kernels import triton_sparse_mla
+
+        if triton_sparse_mla.supports(q, kv_cache, topk_pos, page_table, token_req, out):
+            triton_sparse_mla.sparse_mla_attention_triton(
+                q, kv_cache, topk_pos, page_table, token_req, page_size, softmax_scale, out
+            )
+            return
     sparse_mla_attention_ref(q, kv_cache, topk_pos, page_table, token_req, page_size, softmax_scale, out)

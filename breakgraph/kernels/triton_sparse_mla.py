@@ -1,0 +1,259 @@
+"""Sparse MLA attention over the paged latent cache (Triton; twin: :func:`sparse_mla_attention_ref`).
+
+Design. Absorbed MLA is MQA: every head of a token attends to the *same* ``K`` gathered
+latent rows ``[c ‖ k_pe]``. One program owns one token and a block of ``BLOCK_H`` heads (all
+heads when ``H ≤ 64``), so each gathered row is loaded once and used by every head in the
+block. The row is split into its ``r`` part (the value, also the bulk of the key) and its
+rope part, so ``D = r + dr = 576`` needs no power-of-two padding:
+``s = q_nope·c + q_pe·k_pe`` (two dots, fp32 accumulate), online softmax in fp32 (base 2,
+``-inf`` for ``-1`` positions), ``acc += p·c`` with ``p`` cast to the cache dtype, as the twin
+does. ``-1`` positions are masked out of the loads, so they cost no memory traffic.
+
+Split-K (flash-decoding) for small batches: when ``T × head_blocks`` programs cannot fill
+the GPU (decode), the ``K`` keys are cut into ``num_splits`` ranges (grid axis 2); each split
+writes its normalised partial output and log-sum-exp to an fp32 workspace, and a second
+kernel merges them. The grid and workspace depend on shapes only: graph-safe, no host sync.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _sparse_mla_fwd_kernel(
+    Q,
+    KV,
+    TOPK,
+    PAGE_TABLE,
+    TOKEN_REQ,
+    OUT,
+    WS_O,
+    WS_LSE,
+    stride_qt,
+    stride_qh,
+    stride_kv,
+    stride_tk,
+    stride_pt,
+    stride_ot,
+    stride_oh,
+    num_heads,
+    topk,
+    rank,
+    rope_dim,
+    page_size,
+    keys_per_split,
+    num_splits,
+    qk_scale,  # softmax_scale · log2(e)
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_PE: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    split = tl.program_id(2)
+
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_pe = tl.arange(0, BLOCK_PE)
+    mask_h = offs_h < num_heads
+    mask_r = offs_r < rank
+    mask_pe = offs_pe < rope_dim
+
+    q_rows = Q + t * stride_qt + offs_h[:, None] * stride_qh
+    q_nope = tl.load(q_rows + offs_r[None, :], mask=mask_h[:, None] & mask_r[None, :], other=0.0)
+    q_pe = tl.load(q_rows + rank + offs_pe[None, :], mask=mask_h[:, None] & mask_pe[None, :], other=0.0)
+
+    req = tl.load(TOKEN_REQ + t).to(tl.int64)
+    pages = PAGE_TABLE + req * stride_pt
+    pos_row = TOPK + t * stride_tk
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
+
+    k_start = split * keys_per_split
+    k_end = tl.minimum(k_start + keys_per_split, topk)
+    for n0 in range(0, keys_per_split, BLOCK_N):
+        offs_n = k_start + n0 + tl.arange(0, BLOCK_N)
+        pos = tl.load(pos_row + offs_n, mask=offs_n < k_end, other=-1)
+        valid = pos >= 0
+        pos = tl.where(valid, pos, 0)
+        page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
+        rows = KV + (page * page_size + pos % page_size) * stride_kv
+        c = tl.load(rows[:, None] + offs_r[None, :], mask=valid[:, None] & mask_r[None, :], other=0.0)
+        k_pe = tl.load(
+            rows[:, None] + rank + offs_pe[None, :], mask=valid[:, None] & mask_pe[None, :], other=0.0
+        )
+
+        s = tl.dot(q_nope, tl.trans(c))
+        s = tl.dot(q_pe, tl.trans(k_pe), s)
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked so far: keep p = 0
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None])
+        m_i = m_new
+
+    # A row that saw no valid key has l = 0: write 0 (the twin gives NaN there; callers
+    # always pass at least the token's own position).
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc * (1.0 / l_safe)[:, None]
+    if SPLIT:
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        ws_row = (t * num_heads + offs_h) * num_splits + split
+        tl.store(WS_LSE + ws_row, lse, mask=mask_h)
+        tl.store(WS_O + ws_row[:, None] * BLOCK_R + offs_r[None, :], o, mask=mask_h[:, None])
+    else:
+        o_ptrs = OUT + t * stride_ot + offs_h[:, None] * stride_oh + offs_r[None, :]
+        tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=mask_h[:, None] & mask_r[None, :])
+
+
+@triton.jit
+def _sparse_mla_merge_kernel(
+    WS_O,
+    WS_LSE,
+    OUT,
+    stride_ot,
+    stride_oh,
+    num_heads,
+    rank,
+    num_splits,
+    BLOCK_S: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_s = offs_s < num_splits
+    ws_row = (t * num_heads + h) * num_splits + offs_s
+    lse = tl.load(WS_LSE + ws_row, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    w_sum = tl.sum(w, 0)
+    o = tl.load(WS_O + ws_row[:, None] * BLOCK_R + offs_r[None, :], mask=mask_s[:, None], other=0.0)
+    o = tl.sum(o * w[:, None], 0) / tl.where(w_sum > 0.0, w_sum, 1.0)
+    tl.store(OUT + t * stride_ot + h * stride_oh + offs_r, o.to(OUT.dtype.element_ty), mask=offs_r < rank)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # an H200; only the interpreter gets here
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def default_config(num_tokens: int, num_heads: int, topk: int, device: torch.device) -> dict:
+    """Block sizes, warps, stages and split count for a shape (tuned guesses; see the bench)."""
+    block_h = min(64, _pow2(num_heads))
+    # (BLOCK_N, warps) per BLOCK_H: the largest key block that compiles for sm_90 without
+    # register spills (ptxas: 16 → 226 regs, 32 → 195, 64 → 230 with wgmma).
+    block_n, num_warps = {16: (32, 4), 32: (32, 8), 64: (16, 8)}[block_h]
+    programs = num_tokens * triton.cdiv(num_heads, block_h)
+    splits = 1
+    sms = _num_sms(device)
+    if programs < sms:
+        splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
+    return {
+        "block_h": block_h,
+        "block_n": block_n,
+        "num_warps": num_warps,
+        "num_stages": 2,
+        "num_splits": splits,
+    }
+
+
+def supports(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    topk_pos: torch.Tensor,
+    page_table: torch.Tensor,
+    token_req: torch.Tensor,
+    out: torch.Tensor,
+) -> bool:
+    """Whether :func:`sparse_mla_attention_triton` handles these tensors (else use the twin):
+    bf16/fp16 ``q`` and cache of one dtype, ``0 < r < D``, unit last strides."""
+    return (
+        q.dtype in (torch.bfloat16, torch.float16)
+        and kv_cache.dtype == q.dtype
+        and q.dim() == 3
+        and kv_cache.dim() == 2
+        and q.shape[-1] == kv_cache.shape[-1]
+        and 0 < out.shape[-1] < q.shape[-1]
+        and all(t.stride(-1) == 1 for t in (q, kv_cache, topk_pos, page_table, token_req, out))
+    )
+
+
+def sparse_mla_attention_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    topk_pos: torch.Tensor,
+    page_table: torch.Tensor,
+    token_req: torch.Tensor,
+    page_size: int,
+    softmax_scale: float,
+    out: torch.Tensor,
+    *,
+    block_h: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    num_splits: int | None = None,
+) -> None:
+    """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
+
+    Same arguments and contract (``out [T, H, r]`` written in full). The keyword arguments
+    override :func:`default_config` (benchmarks, tests). ``topk_pos`` and ``page_table``
+    must have a unit last stride; ``token_req`` is contiguous ``[T]``.
+    """
+    num_tokens, num_heads, dim = q.shape
+    topk = topk_pos.shape[1]
+    rank = out.shape[-1]
+    if num_tokens == 0:
+        return
+    cfg = default_config(num_tokens, num_heads, topk, q.device)
+    block_h = block_h or cfg["block_h"]
+    block_n = block_n or cfg["block_n"]
+    num_warps = num_warps or cfg["num_warps"]
+    num_stages = num_stages or cfg["num_stages"]
+    splits = num_splits or cfg["num_splits"]
+    keys_per_split = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
+    splits = triton.cdiv(topk, keys_per_split)
+    block_r = _pow2(rank)
+    block_pe = _pow2(dim - rank)
+    grid = (num_tokens, triton.cdiv(num_heads, block_h), splits)
+    if splits > 1:
+        ws_o = torch.empty(num_tokens * num_heads * splits, block_r, dtype=torch.float32, device=q.device)
+        ws_lse = torch.empty(num_tokens * num_heads * splits, dtype=torch.float32, device=q.device)
+    else:
+        ws_o = ws_lse = out  # unused
+    _sparse_mla_fwd_kernel[grid](
+        q, kv_cache, topk_pos, page_table, token_req, out, ws_o, ws_lse,
+        q.stride(0), q.stride(1), kv_cache.stride(0), topk_pos.stride(0), page_table.stride(0),
+        out.stride(0), out.stride(1),
+        num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, softmax_scale * _LOG2E,
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        _sparse_mla_merge_kernel[(num_tokens, num_heads)](
+            ws_o, ws_lse, out, out.stride(0), out.stride(1), num_heads, rank, splits,
+            BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_R=block_r, num_warps=4,
+        )  # fmt: skip
