@@ -1,0 +1,319 @@
+"""Micro-benchmark of the sparse MLA attention and DSA indexer kernels on GLM-5 shapes.
+
+    python scripts/bench_kernels_attention.py             # table on the GPU
+    python scripts/bench_kernels_attention.py --sweep     # also try block configs, report the best
+    python scripts/bench_kernels_attention.py --twin      # also time the plain-PyTorch twins
+    python scripts/bench_kernels_attention.py --aot       # no GPU needed: compile for sm_90 and
+                                                          # print registers / spills / shared memory
+
+Every row prints the physical floor next to the time: ``max(bytes / 4.3 TB/s, flops / peak)``
+(H200: 4.3 TB/s copy, ~790 TFLOP/s bf16 dense, ~2× that in FP8). Bytes count each unique
+cache row once (the HBM minimum); "gathered" counts every row a kernel loads (through L2:
+keys shared by neighbouring tokens are re-read). Times are medians of CUDA-graph replays.
+"""
+
+# ruff: noqa: C408 — keyword dict() mirrors the kernels' argument names
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import re
+import subprocess
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+HBM_TBS, BF16_TFLOPS, FP8_TFLOPS = 4.3, 790.0, 1580.0
+RANK, ROPE, TOPK, IDX_HEADS, IDX_DIM, PAGE = 512, 64, 2048, 32, 128, 64
+GLM5_SCALE = (192 + 64) ** -0.5
+
+# name → (prefix_lens, extend_lens)
+LAYOUTS = {
+    "prefill 1k (+3k prefix)": ([3072], [1024]),
+    "prefill 4k": ([0], [4096]),
+    "prefill 8k (2×4k)": ([0, 0], [4096, 4096]),
+    "decode B=64 (L~4k)": ([4000 + 37 * i for i in range(64)], [1] * 64),
+    "decode B=64 (L~16k)": ([16000 + 37 * i for i in range(64)], [1] * 64),
+}
+
+
+def make_batch(prefix_lens, extend_lens, device="cuda", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    page_size = PAGE
+    seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    npages = [-(-n // page_size) for n in seq]
+    total = 1 + sum(npages)
+    perm = (torch.randperm(total - 1, generator=g) + 1).tolist()
+    table = torch.zeros(len(seq), max(npages), dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(npages):
+        table[b, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
+        used += n
+    req = torch.cat([torch.full((e,), b, dtype=torch.int64) for b, e in enumerate(extend_lens)])
+    pos = torch.cat([torch.arange(p, p + e, dtype=torch.int64) for p, e in zip(prefix_lens, extend_lens)])
+    return {
+        "page_table": table.to(device),
+        "token_req": req.to(device),
+        "positions": pos.to(device),
+        "num_slots": total * page_size,
+    }
+
+
+def random_topk(positions, topk, max_len, seed=0):
+    """Causal top-k positions (random subset, the token itself included), -1 padded."""
+    g = torch.Generator(device=positions.device).manual_seed(seed)
+    key = torch.rand(positions.shape[0], max_len, generator=g, device=positions.device)
+    j = torch.arange(max_len, device=positions.device)
+    key = key.masked_fill(j[None, :] > positions[:, None], -1.0)
+    key[torch.arange(positions.shape[0], device=positions.device), positions] = 2.0
+    vals, idx = key.topk(min(topk, max_len), dim=-1)
+    out = torch.full((positions.shape[0], topk), -1, dtype=torch.int32, device=positions.device)
+    out[:, : idx.shape[1]] = torch.where(vals < 0, -1, idx).int()
+    return out
+
+
+def bench(fn) -> float:
+    import triton.testing
+
+    fn()
+    torch.cuda.synchronize()
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    except Exception:  # noqa: BLE001 — fall back to eager timing if capture is refused
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def row(name, ms, flops, unique_bytes, gathered_bytes, peak_tflops):
+    floor_ms = max(unique_bytes / (HBM_TBS * 1e12), flops / (peak_tflops * 1e12)) * 1e3
+    tflops = flops / (ms * 1e-3) / 1e12
+    print(
+        f"{name:<46} {ms:8.3f} {floor_ms:8.3f} {floor_ms / ms:6.0%} {tflops:8.1f} {tflops / peak_tflops:6.0%}"
+        f" {unique_bytes / (ms * 1e-3) / 1e12:7.2f} {gathered_bytes / (ms * 1e-3) / 1e12:8.2f}"
+    )
+
+
+HEADER = f"{'shape':<46} {'ms':>8} {'floor':>8} {'of fl':>6} {'TFLOP/s':>8} {'of pk':>6} {'TB/s':>7} {'gath TB/s':>8}"
+
+
+def mla_case(heads, layout, seed=0):
+    batch = make_batch(*LAYOUTS[layout], seed=seed)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    num = batch["positions"].shape[0]
+    q = torch.randn(num, heads, RANK + ROPE, generator=g, device="cuda").bfloat16()
+    kv = torch.randn(batch["num_slots"], RANK + ROPE, generator=g, device="cuda").bfloat16()
+    max_len = batch["page_table"].shape[1] * PAGE
+    tk = random_topk(batch["positions"], TOPK, max_len, seed)
+    out = torch.empty(num, heads, RANK, dtype=torch.bfloat16, device="cuda")
+    valid = tk >= 0
+    n_valid = int(valid.sum())
+    from breakgraph.kernels.paging import positions_to_slots
+
+    slots = positions_to_slots(tk, batch["page_table"], batch["token_req"], PAGE)[valid]
+    n_unique = int(torch.unique(slots).numel())
+    flops = 2 * n_valid * heads * (RANK + ROPE + RANK)
+    io = q.numel() * 2 + out.numel() * 2 + tk.numel() * 4
+    return (q, kv, tk, batch, out), flops, n_unique * (RANK + ROPE) * 2 + io, n_valid * (RANK + ROPE) * 2 + io
+
+
+def run_mla(args):
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import default_config, sparse_mla_attention_triton
+
+    print("\nsparse MLA attention (bf16, r=512, dr=64, K=2048, page 64)")
+    print(HEADER)
+    for heads, layout in itertools.product((8, 64), LAYOUTS):
+        (q, kv, tk, batch, out), flops, ubytes, gbytes = mla_case(heads, layout)
+        a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
+        cfg = default_config(q.shape[0], heads, TOPK, q.device)
+        name = f"H={heads} {layout}"
+        ms = bench(partial(sparse_mla_attention_triton, *a))
+        row(f"{name} [splits {cfg['num_splits']}]", ms, flops, ubytes, gbytes, BF16_TFLOPS)
+        if args.sweep:
+            import triton
+
+            best = (ms, "default")
+            block_hs = [b for b in (16, 32, 64) if b <= max(16, triton.next_power_of_2(heads))]
+            grid = [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"])
+                    for bh, bn, nw, ns in itertools.product(block_hs, (16, 32, 64), (4, 8), (2, 3))]  # fmt: skip
+            if cfg["num_splits"] > 1:  # decode: also the split count, default blocks
+                grid += [dict(num_splits=sp) for sp in (1, 2, 4, 8, 16)]
+            for opts in grid:
+                try:
+                    t = bench(partial(sparse_mla_attention_triton, *a, **opts))
+                except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
+                    print(f"    {opts}: {type(e).__name__}")
+                    continue
+                if t < best[0]:
+                    best = (t, opts)
+            print(f"    best {best[0]:.3f} ms with {best[1]}")
+        if args.twin:
+            ms = bench(partial(sparse_mla_attention_ref, *a))
+            row(f"{name} [twin]", ms, flops, ubytes, gbytes, BF16_TFLOPS)
+
+
+def run_indexer(args):
+    from breakgraph.kernels.indexer import indexer_topk_ref
+    from breakgraph.kernels.triton_indexer import default_config, indexer_scores_triton, indexer_topk_triton
+
+    print("\nDSA indexer (Hi=32, Di=128, K=2048, page 64): scores kernel, then scores + torch.topk")
+    print(HEADER)
+    for layout, lens in LAYOUTS.items():
+        batch = make_batch(*lens, seed=1)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        num = batch["positions"].shape[0]
+        q = torch.randn(num, IDX_HEADS, IDX_DIM, generator=g, device="cuda").bfloat16()
+        w = torch.randn(num, IDX_HEADS, generator=g, device="cuda") * IDX_HEADS**-0.5
+        kc = torch.randn(batch["num_slots"], IDX_DIM, generator=g, device="cuda").bfloat16()
+        pt, req, pos = batch["page_table"], batch["token_req"], batch["positions"]
+        max_len = pt.shape[1] * PAGE
+        scores = torch.empty(num, max_len, device="cuda")
+        topk = torch.empty(num, TOPK, dtype=torch.int32, device="cuda")
+        causal = int((pos + 1).sum())
+        n_keys = int(((pos.new_zeros(pt.shape[0]).scatter_reduce(0, req, pos, "amax")) + 1).sum())
+        io = q.numel() * 2 + w.numel() * 4 + n_keys * IDX_DIM * 2
+        s_bytes = io + scores.numel() * 4
+        t_bytes = s_bytes + scores.numel() * 4 + topk.numel() * 4
+        cfg = default_config(num, pt.shape[0], IDX_HEADS)
+        a = (q, w, kc, pt, req, pos, PAGE, IDX_DIM**-0.5)
+        for fp8 in (False, True):
+            flops = 2 * causal * IDX_HEADS * IDX_DIM
+            peak = FP8_TFLOPS if fp8 else BF16_TFLOPS
+            tag = f"{layout} {'fp8' if fp8 else 'bf16'}"
+            ms = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8))
+            row(f"{tag} scores [bt {cfg['block_t']}]", ms, flops, s_bytes, s_bytes, peak)
+            ms = bench(partial(indexer_topk_triton, *a, topk, fp8=fp8))
+            row(f"{tag} scores+topk", ms, flops, t_bytes, t_bytes, peak)
+            if args.sweep:
+                best = (1e9, None)
+                bts = (1,) if num <= pt.shape[0] else (1, 2, 4, 8)
+                for bt, bl, nw, ns in itertools.product(bts, (64, 128, 256), (4, 8), (2, 3)):
+                    opts = dict(block_t=bt, block_l=bl, num_warps=nw, num_stages=ns)
+                    try:
+                        t = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8, **opts))
+                    except Exception as e:  # noqa: BLE001
+                        print(f"    {opts}: {type(e).__name__}")
+                        continue
+                    if t < best[0]:
+                        best = (t, opts)
+                print(f"    best scores {best[0]:.3f} ms with {best[1]}")
+        if args.twin:
+            ms = bench(partial(indexer_topk_ref, *a, topk))
+            row(f"{layout} [twin]", ms, 2 * causal * IDX_HEADS * IDX_DIM, t_bytes, t_bytes, BF16_TFLOPS)
+
+
+# ----------------------------------------------------------------------------------------
+# --aot: compile for sm_90 without a GPU (Triton ships ptxas) and read the resource report
+# ----------------------------------------------------------------------------------------
+
+
+def aot_report(fn, args: dict, consts: dict, num_warps: int, num_stages: int) -> dict:
+    """Compile ``fn`` for sm_90 with the JIT's usual specialisation (16-aligned pointers,
+    ints divisible by 16 marked, ints equal to 1 made constant) and return registers, spill
+    bytes, shared memory and the MMA version chosen."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, attrs, constexprs = {}, {}, dict(consts)
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        v = args[name]
+        if isinstance(v, str):
+            sig[name], attrs[(i,)] = v, [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[name] = "fp32"
+        elif v == 1:
+            sig[name], constexprs[name] = "constexpr", 1
+        else:
+            sig[name] = "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    k = triton.compile(
+        ASTSource(fn, sig, constexprs, attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+    ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(k.asm["ptx"])
+        f.flush()
+        log = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", f.name, "-o", "/dev/null"],
+                             capture_output=True, text=True, check=True).stderr  # fmt: skip
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores", log)
+    return {
+        "regs": int(regs.group(1)) if regs else -1,
+        "spill_B": int(spill.group(1)) if spill else -1,
+        "smem_B": k.metadata.shared,
+        "mma": "v" + "/".join(sorted(set(re.findall(r"versionMajor = (\d)", k.asm["ttgir"])))),
+    }
+
+
+def run_aot():
+    from breakgraph.kernels.triton_indexer import _indexer_scores_kernel
+    from breakgraph.kernels.triton_indexer import default_config as idx_cfg
+    from breakgraph.kernels.triton_sparse_mla import _sparse_mla_fwd_kernel, _sparse_mla_merge_kernel
+    from breakgraph.kernels.triton_sparse_mla import default_config as mla_cfg
+
+    cpu = torch.device("cpu")
+    print("sm_90 compile report (ptxas -v)")
+    for heads, num in ((8, 4096), (8, 64), (64, 4096), (64, 64), (128, 4096)):
+        cfg = mla_cfg(num, heads, TOPK, cpu)
+        a = dict(
+            Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", OUT="*bf16",
+            WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=576, stride_tk=TOPK,
+            stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_heads=heads, topk=TOPK, rank=RANK,
+            rope_dim=ROPE, page_size=PAGE, keys_per_split=512, num_splits=4, qk_scale=0.1,
+        )  # fmt: skip
+        consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64)
+        consts["SPLIT"] = cfg["num_splits"] > 1
+        r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"])
+        print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
+    a = dict(WS_O="*fp32", WS_LSE="*fp32", OUT="*bf16", stride_ot=8 * RANK, stride_oh=RANK, num_heads=8,
+             rank=RANK, num_splits=5)  # fmt: skip
+    print(f"  sparse_mla merge {aot_report(_sparse_mla_merge_kernel, a, dict(BLOCK_S=8, BLOCK_R=512), 4, 1)}")
+    for num, reqs in ((4096, 1), (64, 64)):
+        cfg = idx_cfg(num, reqs, IDX_HEADS)
+        for fp8 in (False, True):
+            a = dict(
+                Q="*bf16", W="*fp32", K="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
+                SCORES="*fp32", stride_qt=IDX_HEADS * IDX_DIM, stride_qh=IDX_DIM, stride_wt=IDX_HEADS,
+                stride_k=IDX_DIM, stride_pt=37, stride_st=4096, num_tokens=num, num_heads=IDX_HEADS,
+                head_dim=IDX_DIM, max_len=4096, page_size=PAGE, scale=0.088,
+            )  # fmt: skip
+            consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8)
+            r = aot_report(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"])
+            print(f"  indexer T={num:<5} B={reqs:<3} fp8={fp8!s:<5} {cfg} {r}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sweep", action="store_true", help="try block configs per shape and print the best")
+    p.add_argument("--twin", action="store_true", help="also time the plain-PyTorch twins")
+    p.add_argument("--aot", action="store_true", help="compile for sm_90 only (no GPU) and print resources")
+    p.add_argument("--only", choices=("mla", "indexer"), help="run one of the two kernels")
+    args = p.parse_args()
+    if args.aot:
+        run_aot()
+        return
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA device (or pass --aot)")
+    print(
+        f"{torch.cuda.get_device_name()}  peaks: {HBM_TBS} TB/s, {BF16_TFLOPS} TFLOP/s bf16, {FP8_TFLOPS} fp8"
+    )
+    if args.only in (None, "mla"):
+        run_mla(args)
+    if args.only in (None, "indexer"):
+        run_indexer(args)
+
+
+if __name__ == "__main__":
+    main()

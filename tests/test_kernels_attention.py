@@ -1,0 +1,515 @@
+"""Sparse MLA attention and DSA indexer: Triton kernels against their plain-PyTorch twins.
+
+CPU: every kernel runs under Triton's interpreter in a child process (``TRITON_INTERPRET=1``
+must be set before a kernel is first launched, and the CUDA tests in this file need the real
+compiler), on small ragged batches with shuffled pages and ``-1`` entries.
+GPU (``-m cuda``): GLM-5 shapes (H = 8 and 64, r = 512, dr = 64, K = 2048, Hi = 32,
+Di = 128), prefill and decode, and capture in a CUDA graph.
+
+Error bounds (‖out − ref‖ / ‖ref‖, float64):
+- same precision (fp32 in, interpreter): ≤ 1e-5;
+- sparse MLA in bf16: the twin itself rounds the logits to bf16 (its einsum runs in bf16),
+  so the reference is the twin on fp32 inputs, and the kernel must stay within 2× the error
+  of merely rounding that reference to bf16 (the output dtype);
+- indexer bf16 scores: ≤ 1e-4 of the fp32 twin; FP8 scores: ≤ 1e-3 of an exact emulation
+  of the e4m3 quantisation and ≤ 6e-2 of the unquantised scores (e4m3 keeps 3 mantissa bits:
+  ~3.5 % is the quantisation floor on Gaussian data);
+- top-k: the chosen sets are compared through their exact scores (sorted), so ties and
+  FP8 reorderings within tolerance pass and anything else fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# ---------------------------------------------------------------------------------------
+# Inputs shared by the interpreter and GPU checks
+# ---------------------------------------------------------------------------------------
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "output has NaN (unwritten or broken rows)"
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def make_batch(
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    page_size: int,
+    device="cpu",
+    spare_pages: int = 5,
+    seed: int = 0,
+) -> dict:
+    """A ragged batch laid out like the engine's: tokens of a request are contiguous; each
+    request owns shuffled pages (never page 0); the page table is padded with 0."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    pages_per_req = [-(-n // page_size) for n in seq_lens]
+    width = max(pages_per_req)
+    num_pages = 1 + sum(pages_per_req) + spare_pages
+    perm = (torch.randperm(num_pages - 1, generator=g) + 1).tolist()
+    table = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages_per_req):
+        table[b, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
+        used += n
+    token_req = torch.cat([torch.full((e,), b, dtype=torch.int64) for b, e in enumerate(extend_lens)])
+    positions = torch.cat(
+        [torch.arange(p, p + e, dtype=torch.int64) for p, e in zip(prefix_lens, extend_lens)]
+    )
+    return {
+        "page_table": table.to(device),
+        "token_req": token_req.to(device),
+        "positions": positions.to(device),
+        "page_size": page_size,
+        "num_slots": num_pages * page_size,
+    }
+
+
+def random_topk(positions: torch.Tensor, topk: int, max_len: int, seed: int = 0) -> torch.Tensor:
+    """``[T, K]`` int32: ``min(K, pos+1)`` distinct causal positions per token (always the
+    token itself) at random columns, ``-1`` elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    pos = positions.cpu()
+    num = pos.shape[0]
+    key = torch.rand(num, max_len, generator=g)
+    j = torch.arange(max_len)
+    key = key.masked_fill(j[None, :] > pos[:, None], -1.0)
+    key[torch.arange(num), pos] = 2.0  # the token's own position is always chosen
+    k_eff = min(topk, max_len)
+    vals, idx = key.topk(k_eff, dim=-1)
+    idx = torch.where(vals < 0, torch.full_like(idx, -1), idx)
+    out = torch.full((num, topk), -1, dtype=torch.int64)
+    out[:, :k_eff] = idx
+    cols = torch.rand(num, topk, generator=g).argsort(dim=-1)  # scatter -1 among the columns
+    return out.gather(1, cols).to(torch.int32).to(positions.device)
+
+
+def mla_inputs(batch: dict, heads: int, rank: int, rope: int, topk: int, dtype, device="cpu", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    num = batch["positions"].shape[0]
+    q = torch.randn(num, heads, rank + rope, generator=g).to(dtype).to(device)
+    kv = torch.randn(batch["num_slots"], rank + rope, generator=g).to(dtype).to(device)
+    max_len = batch["page_table"].shape[1] * batch["page_size"]
+    tk = random_topk(batch["positions"], topk, max_len, seed=seed + 1)
+    return q, kv, tk
+
+
+def indexer_inputs(batch: dict, heads: int, dim: int, dtype, device="cpu", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    num = batch["positions"].shape[0]
+    q = torch.randn(num, heads, dim, generator=g).to(dtype).to(device)
+    w = (torch.randn(num, heads, generator=g) * heads**-0.5).to(device)
+    k_cache = torch.randn(batch["num_slots"], dim, generator=g).to(dtype).to(device)
+    return q, w, k_cache
+
+
+def fp8_rows(x: torch.Tensor) -> torch.Tensor:
+    """Exact emulation of the kernel's e4m3 row quantisation, returned dequantised (fp32)."""
+    xf = x.float()
+    amax = xf.abs().amax(-1, keepdim=True).clamp(min=1e-12)
+    q8 = (xf * (torch.full_like(amax, 448.0) / amax)).to(torch.float8_e4m3fn)  # IEEE division, as the kernel
+    return q8.float() * (amax * (1.0 / 448.0))
+
+
+def indexer_scores_ref(q, w, k_cache, batch, scale, dtype=torch.float64, fp8=False) -> torch.Tensor:
+    """``[T, L]`` scores in ``dtype`` (``-inf`` past each position), chunked over tokens."""
+    from breakgraph.kernels.paging import positions_to_slots
+
+    if fp8:
+        q, k_cache = fp8_rows(q), fp8_rows(k_cache)
+    pt, req, pos, ps = batch["page_table"], batch["token_req"], batch["positions"], batch["page_size"]
+    num, max_len = q.shape[0], pt.shape[1] * ps
+    j = torch.arange(max_len, device=q.device)
+    out = torch.empty(num, max_len, dtype=dtype, device=q.device)
+    chunk = max(1, (1 << 25) // (max_len * k_cache.shape[-1]))
+    for s in range(0, num, chunk):
+        e = min(s + chunk, num)
+        keys = k_cache[positions_to_slots(j.expand(e - s, max_len), pt, req[s:e], ps)].to(dtype)
+        logits = torch.einsum("thd,tld->thl", q[s:e].to(dtype), keys) * scale
+        out[s:e] = torch.einsum("th,thl->tl", w[s:e].to(dtype), logits.relu())
+    return out.masked_fill(j[None, :] > pos[:, None], float("-inf"))
+
+
+def check_topk(
+    got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor, positions: torch.Tensor, tol: float
+):
+    """``got`` is a valid causal top-k (right count of ``-1``, no duplicates, causal) whose
+    exact scores equal those of ``want``'s set, sorted, within ``tol · max|score|``."""
+    topk = got.shape[1]
+    n_valid = (positions + 1).clamp(max=min(topk, exact.shape[1]))
+    assert torch.equal((got >= 0).sum(1), n_valid), "wrong number of -1 entries"
+    assert torch.equal((want >= 0).sum(1), n_valid), "twin: wrong number of -1 entries"
+    assert bool(((got < 0) | (got.long() <= positions[:, None])).all()), "non-causal position chosen"
+    srt = got.long().sort(dim=1).values
+    dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+    assert not bool(dup.any()), "duplicate positions in a row"
+
+    def chosen(idx):
+        v = exact.gather(1, idx.long().clamp(min=0))
+        return v.masked_fill(idx < 0, float("-inf")).sort(dim=1, descending=True).values
+
+    a, b = chosen(got), chosen(want)
+    fin = torch.isfinite(b)
+    assert torch.equal(torch.isfinite(a), fin)
+    scale = exact[torch.isfinite(exact)].abs().max()
+    worst = ((a[fin] - b[fin]).abs().max() / scale).item() if bool(fin.any()) else 0.0
+    assert worst <= tol, f"top-k sets differ beyond ties: worst score gap {worst:.3g} > {tol}"
+
+
+# ---------------------------------------------------------------------------------------
+# Interpreter checks (run in a child process with TRITON_INTERPRET=1)
+# ---------------------------------------------------------------------------------------
+
+_RAGGED = {"prefix_lens": [0, 9, 30, 2], "extend_lens": [7, 5, 3, 1]}  # 16 tokens, L up to 33
+_DECODE = {"prefix_lens": [4, 40, 17, 0, 25], "extend_lens": [1, 1, 1, 1, 1]}
+
+
+def _interp_sparse_mla_fp32():
+    """fp32 in, exact dots: the kernel computes the twin's function (single pass, split-K,
+    heads not a multiple of the head block, D not a power of two, several page sizes)."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+
+    cases = [
+        (_RAGGED, 4, 8, 32, 16, 24, {}),
+        (_RAGGED, 1, 20, 48, 16, 16, {"block_h": 16}),  # D = 64 with r = 48: padded r block
+        (_DECODE, 16, 4, 64, 16, 40, {}),  # D = 80
+        (_DECODE, 8, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16}),
+        (_RAGGED, 3, 16, 32, 16, 64, {"num_splits": 2, "block_n": 16}),
+    ]
+    for i, (layout, ps, heads, rank, rope, topk, opts) in enumerate(cases):
+        batch = make_batch(**layout, page_size=ps, seed=i)
+        q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, torch.float32, seed=i)
+        scale = (rank + rope) ** -0.5 * (1.0 + i)
+        args = (tk, batch["page_table"], batch["token_req"], ps, scale)
+        ref = torch.empty(q.shape[0], heads, rank)
+        sparse_mla_attention_ref(q, kv, *args, ref)
+        out = torch.full_like(ref, float("nan"))
+        sparse_mla_attention_triton(q, kv, *args, out, **opts)
+        err = rel_err(out, ref)
+        print(f"sparse_mla fp32 case {i} {opts}: {err:.2e}")
+        assert err <= 1e-5, (i, err)
+
+
+def _interp_sparse_mla_bf16():
+    """bf16 in: within 2× the bf16 rounding of the fp32 twin, with and without split-K."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+
+    for i, (layout, opts) in enumerate([(_RAGGED, {}), (_DECODE, {"num_splits": 4, "block_n": 16})]):
+        batch = make_batch(**layout, page_size=4, seed=10 + i)
+        q, kv, tk = mla_inputs(batch, 16, 64, 16, 48, torch.bfloat16, seed=10 + i)
+        args = (tk, batch["page_table"], batch["token_req"], 4, 80**-0.5)
+        ref = torch.empty(q.shape[0], 16, 64)
+        sparse_mla_attention_ref(q.float(), kv.float(), *args, ref)
+        twin = torch.empty(q.shape[0], 16, 64, dtype=torch.bfloat16)
+        sparse_mla_attention_ref(q, kv, *args, twin)
+        out = torch.full_like(twin, float("nan"))
+        sparse_mla_attention_triton(q, kv, *args, out, **opts)
+        floor, err, err_twin = rel_err(ref.bfloat16(), ref), rel_err(out, ref), rel_err(twin, ref)
+        print(f"sparse_mla bf16 {opts}: kernel {err:.2e}, bf16 floor {floor:.2e}, bf16 twin {err_twin:.2e}")
+        assert err <= 2 * floor, (err, floor)
+        assert rel_err(out, twin) <= 1e-2
+
+
+def _interp_indexer_scores():
+    """bf16 scores match the twin's fp32 math; FP8 scores match an exact emulation of the
+    quantisation; ``-inf`` exactly past each position; every element written."""
+    from breakgraph.kernels.triton_indexer import indexer_scores_triton
+
+    cases = [
+        (_RAGGED, 4, 8, 32, {}),  # 16 tokens in one block of 8 → blocks straddle requests
+        (_RAGGED, 2, 16, 64, {"block_t": 2, "block_l": 16}),
+        (_RAGGED, 8, 12, 48, {"block_t": 4, "block_l": 32}),  # Hi, Di not powers of two
+        (_DECODE, 4, 8, 32, {"block_l": 16}),  # T ≤ B: one token per block
+    ]
+    for i, (layout, ps, heads, dim, opts) in enumerate(cases):
+        batch = make_batch(**layout, page_size=ps, seed=20 + i)
+        q, w, kc = indexer_inputs(batch, heads, dim, torch.bfloat16, seed=20 + i)
+        args = (batch["page_table"], batch["token_req"], batch["positions"], ps, dim**-0.5)
+        max_len = batch["page_table"].shape[1] * ps
+        for fp8 in (False, True):
+            out = torch.full((q.shape[0], max_len), float("nan"))
+            indexer_scores_triton(q, w, kc, *args, out, fp8=fp8, **opts)
+            ref = indexer_scores_ref(q, w, kc, batch, dim**-0.5)
+            fin = torch.isfinite(ref)
+            assert torch.equal(torch.isfinite(out), fin), "causal -inf mask differs"
+            err = rel_err(out[fin], ref[fin])
+            if fp8:
+                emu = indexer_scores_ref(q, w, kc, batch, dim**-0.5, fp8=True)
+                err_emu = rel_err(out[fin], emu[fin])
+                print(f"indexer fp8 case {i}: vs emulation {err_emu:.2e}, vs exact {err:.2e}")
+                assert err_emu <= 1e-4 and err <= 6e-2, (i, err_emu, err)
+            else:
+                print(f"indexer bf16 case {i}: {err:.2e}")
+                assert err <= 1e-5, (i, err)
+
+
+def _interp_indexer_topk():
+    """Top-k sets equal the twin's (bf16), or equal within FP8 score error; ``-1`` tails
+    when fewer keys than K exist (also K > L); token chunking gives the same result."""
+    import breakgraph.kernels.triton_indexer as ti
+    from breakgraph.kernels.indexer import indexer_topk_ref
+
+    cases = [(_RAGGED, 4, 12), (_RAGGED, 2, 48), (_DECODE, 4, 20)]  # K = 48 > L = 34
+    for i, (layout, ps, topk) in enumerate(cases):
+        batch = make_batch(**layout, page_size=ps, seed=30 + i)
+        q, w, kc = indexer_inputs(batch, 8, 32, torch.bfloat16, seed=30 + i)
+        args = (batch["page_table"], batch["token_req"], batch["positions"], ps, 32**-0.5)
+        want = torch.empty(q.shape[0], topk, dtype=torch.int32)
+        indexer_topk_ref(q, w, kc, *args, want)
+        exact = indexer_scores_ref(q, w, kc, batch, 32**-0.5)
+        for fp8, tol in ((False, 1e-5), (True, 0.15)):
+            got = torch.full_like(want, -7)
+            ti.indexer_topk_triton(q, w, kc, *args, got, fp8=fp8, block_l=16)
+            check_topk(got, want, exact, batch["positions"], tol)
+            if not fp8:
+                assert torch.equal(got, want), "bf16 top-k differs from the twin"
+        saved = ti._SCORE_CHUNK_ELEMS
+        try:
+            ti._SCORE_CHUNK_ELEMS = 3 * batch["page_table"].shape[1] * ps  # 3 tokens per chunk
+            got = torch.full_like(want, -7)
+            ti.indexer_topk_triton(q, w, kc, *args, got, block_l=16)
+            assert torch.equal(got, want), "chunked top-k differs"
+        finally:
+            ti._SCORE_CHUNK_ELEMS = saved
+        print(f"indexer topk case {i}: ok")
+
+
+def _install_interpreter_fixes() -> None:
+    """Make Triton 3.6's interpreter compute what the GPU computes, for these kernels:
+    bf16/fp8 ``tl.dot`` operands are upcast to fp32 (it would multiply their raw bits as
+    integers); float down-casts round to nearest even like the GPU's ``cvt.rn`` (it
+    truncates); one-element scalars convert to ``int`` under NumPy ≥ 2."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    torch_of = {
+        tl.bfloat16: torch.bfloat16,
+        tl.float16: torch.float16,
+        tl.float32: torch.float32,
+        tl.float8e4nv: torch.float8_e4m3fn,
+        tl.float8e5: torch.float8_e5m2,
+    }
+    bits = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+
+    def to_torch(h):
+        return torch.from_numpy(np.ascontiguousarray(h.data)).view(torch_of[h.dtype.scalar])
+
+    def from_torch(x, tl_dtype):
+        return it.TensorHandle(
+            x.view(bits.get(x.dtype, x.dtype)).numpy().view(it._get_np_dtype(tl_dtype)), tl_dtype
+        )
+
+    builder = it.InterpreterBuilder
+    orig_cast, orig_dot, orig_patch = builder.cast_impl, builder.create_dot, it._patch_lang_tensor
+
+    def cast_impl(self, src, dst_type):
+        s, d = src.dtype.scalar, dst_type.scalar
+        if s in torch_of and d in torch_of:
+            x = to_torch(src).float()
+            if d == tl.float8e4nv:
+                x = x.clamp(-448.0, 448.0)  # the GPU's conversion saturates
+            return from_torch(x.to(torch_of[d]), d)
+        return orig_cast(self, src, dst_type)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar in (tl.bfloat16, tl.float8e4nv, tl.float8e5):
+            a, b = from_torch(to_torch(a).float(), tl.float32), from_torch(to_torch(b).float(), tl.float32)
+        return orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    def patch_lang_tensor(tensor, scope):
+        orig_patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    builder.cast_impl = cast_impl
+    builder.create_fp_ext = lambda self, src, dst_type: self.cast_impl(src, dst_type)
+    builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
+    builder.create_fp_to_fp = lambda self, src, dst_type, rounding_mode: self.cast_impl(src, dst_type)
+    builder.create_dot = create_dot
+    it._patch_lang_tensor = patch_lang_tensor
+
+
+def _run_interpreted(check: str) -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run(
+        [sys.executable, __file__, check], env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert r.returncode == 0, f"{check} failed under the Triton interpreter:\n{r.stdout}\n{r.stderr[-6000:]}"
+
+
+def test_sparse_mla_kernel_matches_twin_in_fp32_interpreted():
+    _run_interpreted("_interp_sparse_mla_fp32")
+
+
+def test_sparse_mla_kernel_bf16_within_output_rounding_interpreted():
+    _run_interpreted("_interp_sparse_mla_bf16")
+
+
+def test_indexer_scores_match_twin_and_fp8_emulation_interpreted():
+    _run_interpreted("_interp_indexer_scores")
+
+
+def test_indexer_topk_sets_match_twin_interpreted():
+    _run_interpreted("_interp_indexer_topk")
+
+
+def test_dispatch_uses_twin_for_cpu_tensors():
+    """CPU tensors never reach Triton: the dispatchers equal the twins bit for bit."""
+    from breakgraph.kernels.indexer import indexer_topk, indexer_topk_ref
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention, sparse_mla_attention_ref
+
+    batch = make_batch(**_RAGGED, page_size=4)
+    q, kv, tk = mla_inputs(batch, 4, 32, 16, 12, torch.float32)
+    args = (tk, batch["page_table"], batch["token_req"], 4, 0.2)
+    a, b = torch.empty(q.shape[0], 4, 32), torch.empty(q.shape[0], 4, 32)
+    sparse_mla_attention(q, kv, *args, a)
+    sparse_mla_attention_ref(q, kv, *args, b)
+    assert torch.equal(a, b)
+    q, w, kc = indexer_inputs(batch, 8, 32, torch.float32)
+    args = (batch["page_table"], batch["token_req"], batch["positions"], 4, 0.2)
+    a, b = torch.empty(q.shape[0], 8, dtype=torch.int32), torch.empty(q.shape[0], 8, dtype=torch.int32)
+    indexer_topk(q, w, kc, *args, a)
+    indexer_topk_ref(q, w, kc, *args, b)
+    assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# GPU checks: GLM-5 shapes
+# ---------------------------------------------------------------------------------------
+
+RANK, ROPE, TOPK, IDX_HEADS, IDX_DIM, PAGE = 512, 64, 2048, 32, 128, 64
+GLM5_SCALE = (192 + 64) ** -0.5  # qk_head_dim^-0.5
+
+# name → (prefix_lens, extend_lens)
+GPU_LAYOUTS = {
+    "prefill1024": ([3072], [1024]),  # 1k new tokens on a 3k prefix: top-k is sparse
+    "prefill4096": ([0, 1000], [2999, 1097]),  # two requests, 4096 tokens; a token block straddles them
+    "decode64": (
+        [int(x) for x in torch.randint(100, 8000, (64,), generator=torch.Generator().manual_seed(5))],
+        [1] * 64,
+    ),
+}
+
+
+def _gpu_batch(layout: str, seed: int = 0) -> dict:
+    return make_batch(*GPU_LAYOUTS[layout], page_size=PAGE, device="cuda", seed=seed)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("heads", [8, 64])
+@pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
+def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
+    import breakgraph.kernels.triton_sparse_mla as tsm
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention, sparse_mla_attention_ref
+
+    calls = []
+    real = tsm.sparse_mla_attention_triton
+    monkeypatch.setattr(tsm, "sparse_mla_attention_triton", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    batch = _gpu_batch(layout, seed=heads)
+    q, kv, tk = mla_inputs(batch, heads, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=heads)
+    args = (tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE)
+    out = torch.full((q.shape[0], heads, RANK), float("nan"), dtype=torch.bfloat16, device="cuda")
+    sparse_mla_attention(q, kv, *args, out)
+    assert calls, "the dispatcher did not take the Triton path on CUDA"
+    ref = torch.empty(q.shape[0], heads, RANK, device="cuda")
+    sparse_mla_attention_ref(q.float(), kv.float(), *args, ref)
+    floor, err = rel_err(ref.bfloat16(), ref), rel_err(out, ref)
+    assert err <= 2 * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
+def test_indexer_glm5_shapes_on_gpu(fp8, layout, monkeypatch):
+    import breakgraph.kernels.triton_indexer as ti
+    from breakgraph.kernels.indexer import indexer_topk, indexer_topk_ref
+    from breakgraph.kernels.triton_indexer import indexer_scores_triton
+
+    monkeypatch.setenv("BREAKGRAPH_INDEXER_FP8", "1" if fp8 else "0")
+    calls = []
+    real = ti.indexer_topk_triton
+    monkeypatch.setattr(ti, "indexer_topk_triton", lambda *a, **k: (calls.append(k["fp8"]), real(*a, **k)))
+    batch = _gpu_batch(layout, seed=7)
+    q, w, kc = indexer_inputs(batch, IDX_HEADS, IDX_DIM, torch.bfloat16, device="cuda", seed=7)
+    args = (batch["page_table"], batch["token_req"], batch["positions"], PAGE, IDX_DIM**-0.5)
+    max_len = batch["page_table"].shape[1] * PAGE
+    scores = torch.full((q.shape[0], max_len), float("nan"), device="cuda")
+    indexer_scores_triton(q, w, kc, *args, scores, fp8=fp8)
+    exact = indexer_scores_ref(q, w, kc, batch, IDX_DIM**-0.5, dtype=torch.float32)
+    fin = torch.isfinite(exact)
+    assert torch.equal(torch.isfinite(scores), fin)
+    err = rel_err(scores[fin], exact[fin])
+    if fp8:
+        emu = indexer_scores_ref(q, w, kc, batch, IDX_DIM**-0.5, dtype=torch.float32, fp8=True)
+        assert rel_err(scores[fin], emu[fin]) <= 1e-3 and err <= 6e-2
+    else:
+        assert err <= 1e-4
+    got = torch.full((q.shape[0], TOPK), -7, dtype=torch.int32, device="cuda")
+    want = torch.empty_like(got)
+    indexer_topk(q, w, kc, *args, got)
+    assert calls == [fp8], "the dispatcher did not take the Triton path with the requested precision"
+    indexer_topk_ref(q, w, kc, *args, want)
+    check_topk(got, want, exact.double(), batch["positions"], 0.15 if fp8 else 1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["prefill1024", "decode64"])
+def test_kernels_replay_in_cuda_graph_with_new_inputs(layout):
+    """Capture indexer + sparse MLA once; refill the static inputs; replay equals eager."""
+    from breakgraph.kernels.indexer import indexer_topk
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention
+
+    batch = _gpu_batch(layout, seed=3)
+    heads = 8
+    q, kv, _ = mla_inputs(batch, heads, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=3)
+    qi, w, kc = indexer_inputs(batch, IDX_HEADS, IDX_DIM, torch.bfloat16, device="cuda", seed=3)
+    pt, req, pos = batch["page_table"], batch["token_req"], batch["positions"]
+    topk = torch.empty(q.shape[0], TOPK, dtype=torch.int32, device="cuda")
+    out = torch.empty(q.shape[0], heads, RANK, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        indexer_topk(qi, w, kc, pt, req, pos, PAGE, IDX_DIM**-0.5, topk)
+        sparse_mla_attention(q, kv, topk, pt, req, PAGE, GLM5_SCALE, out)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    q2, kv2, _ = mla_inputs(batch, heads, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=11)
+    qi2, w2, kc2 = indexer_inputs(batch, IDX_HEADS, IDX_DIM, torch.bfloat16, device="cuda", seed=11)
+    for dst, src in ((q, q2), (kv, kv2), (qi, qi2), (w, w2), (kc, kc2)):
+        dst.copy_(src)
+    topk.fill_(-7)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    got_topk, got_out = topk.clone(), out.clone()
+    step()
+    torch.cuda.synchronize()
+    assert torch.equal(got_topk, topk)
+    assert torch.equal(got_out, out)
+    assert not torch.isnan(got_out).any()
+
+
+if __name__ == "__main__":  # child process of the interpreter checks
+    _install_interpreter_fixes()
+    globals()[sys.argv[1]]()
