@@ -20,6 +20,7 @@ Error bounds (‖out − ref‖ / ‖ref‖, float64):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -405,6 +406,17 @@ GPU_LAYOUTS = {
 }
 
 
+@contextlib.contextmanager
+def _fp32_reference():
+    """fp32 references must not run their matmuls in TF32 (≈1e-3 error)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def _gpu_batch(layout: str, seed: int = 0) -> dict:
     return make_batch(*GPU_LAYOUTS[layout], page_size=PAGE, device="cuda", seed=seed)
 
@@ -426,7 +438,8 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
     sparse_mla_attention(q, kv, *args, out)
     assert calls, "the dispatcher did not take the Triton path on CUDA"
     ref = torch.empty(q.shape[0], heads, RANK, device="cuda")
-    sparse_mla_attention_ref(q.float(), kv.float(), *args, ref)
+    with _fp32_reference():
+        sparse_mla_attention_ref(q.float(), kv.float(), *args, ref)
     floor, err = rel_err(ref.bfloat16(), ref), rel_err(out, ref)
     assert err <= 2 * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
 
@@ -449,12 +462,14 @@ def test_indexer_glm5_shapes_on_gpu(fp8, layout, monkeypatch):
     max_len = batch["page_table"].shape[1] * PAGE
     scores = torch.full((q.shape[0], max_len), float("nan"), device="cuda")
     indexer_scores_triton(q, w, kc, *args, scores, fp8=fp8)
-    exact = indexer_scores_ref(q, w, kc, batch, IDX_DIM**-0.5, dtype=torch.float32)
+    with _fp32_reference():
+        exact = indexer_scores_ref(q, w, kc, batch, IDX_DIM**-0.5, dtype=torch.float32)
     fin = torch.isfinite(exact)
     assert torch.equal(torch.isfinite(scores), fin)
     err = rel_err(scores[fin], exact[fin])
     if fp8:
-        emu = indexer_scores_ref(q, w, kc, batch, IDX_DIM**-0.5, dtype=torch.float32, fp8=True)
+        with _fp32_reference():
+            emu = indexer_scores_ref(q, w, kc, batch, IDX_DIM**-0.5, dtype=torch.float32, fp8=True)
         assert rel_err(scores[fin], emu[fin]) <= 1e-3 and err <= 6e-2
     else:
         assert err <= 1e-4
@@ -462,7 +477,8 @@ def test_indexer_glm5_shapes_on_gpu(fp8, layout, monkeypatch):
     want = torch.empty_like(got)
     indexer_topk(q, w, kc, *args, got)
     assert calls == [fp8], "the dispatcher did not take the Triton path with the requested precision"
-    indexer_topk_ref(q, w, kc, *args, want)
+    with _fp32_reference():
+        indexer_topk_ref(q, w, kc, *args, want)
     check_topk(got, want, exact.double(), batch["positions"], 0.15 if fp8 else 1e-4)
 
 
