@@ -97,3 +97,18 @@ def test_default_bucket_ladder():
     assert {48, 256, 288, 512, 576, 1024, 1280, 4096, 4608, 8192} <= set(b)
     assert b == sorted(set(b)) and b[-1] == 8192
     assert default_prefill_buckets(100)[-1] == 100
+
+
+@pytest.mark.parametrize("model_type", ["glm_moe_dsa", "deepseek_v32"])
+def test_full_decode_graphs_equal_eager(model_type, hf_checkpoints):
+    folder = hf_checkpoints[model_type]
+    prompts = ragged_batches(seed=2)[0]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (3, 5, 8)]
+    common = dict(device="cpu", dtype="float32", page_size=4, context_length=96)
+    want = Engine(folder, **common).generate(prompts, params)
+    engine = Engine(folder, cuda_graph_backend_decode="full", cuda_graph_max_bs=2, **common)
+    got = engine.generate(prompts, params)  # 3 running > 2: fall back until one finishes
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    decode = engine.graph_stats()["decode"]
+    assert decode["batch_sizes"] == [1, 2]
+    assert decode["replays"] > 0 and decode["fallbacks"].get("batch_above_largest_bucket", 0) > 0

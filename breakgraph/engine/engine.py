@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from breakgraph.engine.decode_graphs import DECODE_BACKENDS, DecodeGraphRunner, default_decode_buckets
 from breakgraph.engine.forward_batch import ForwardMode
 from breakgraph.engine.kv_cache import KVCache
 from breakgraph.engine.model_runner import BatchEntry, ModelRunner
@@ -74,6 +75,9 @@ class Engine:
             ``cuda_graph_max_bs_prefill``). ``cuda_graph_max_bs_prefill``: the largest bucket
             (default: ``min(chunked_prefill_size, 4096)``); prefill chunks never exceed it.
         fold_islands: fold single-kernel graph segments into the neighbouring eager step.
+        cuda_graph_backend_decode: ``full`` (one graph per batch-size bucket) or ``disabled``
+            (default: ``full`` on CUDA, ``disabled`` on CPU). ``cuda_graph_max_bs``: the largest
+            decode batch captured (default: ``min(max_running_requests, 64)``).
     """
 
     def __init__(
@@ -94,6 +98,8 @@ class Engine:
         cuda_graph_bs_prefill: list[int] | None = None,
         cuda_graph_max_bs_prefill: int | None = None,
         fold_islands: bool = False,
+        cuda_graph_backend_decode: str | None = None,
+        cuda_graph_max_bs: int | None = None,
     ) -> None:
         if model_path is None:
             from breakgraph.demo.default_model import default_model_path
@@ -121,21 +127,23 @@ class Engine:
             num_pages = self._default_num_pages(page_size, max_running_requests, mem_fraction_static)
         self.kv_cache = KVCache(self.config, num_pages, page_size, self.dtype, self.device)
         self.runner = ModelRunner(self.model, self.kv_cache, self.device)
-        backend = cuda_graph_backend_prefill or ("breakable" if self.device.type == "cuda" else "disabled")
-        if backend not in PREFILL_BACKENDS:
-            raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
-        self.prefill_backend = backend
-        if backend != "disabled":
-            max_bucket = cuda_graph_max_bs_prefill or min(chunked_prefill_size, 4096)
-            buckets = sorted(set(cuda_graph_bs_prefill)) if cuda_graph_bs_prefill else default_prefill_buckets(max_bucket)
-            if chunked_prefill_size > buckets[-1]:
-                logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
-                chunked_prefill_size = buckets[-1]
-            self.runner.prefill_graphs = PrefillGraphRunner(
-                self.model, backend=backend, device=self.device, buckets=buckets,
-                capture_context=self.runner.capture_context, fold_islands=fold_islands,
+        self.chunked_prefill_size = chunked_prefill_size
+        self.fold_islands = fold_islands
+        self.set_prefill_backend(
+            cuda_graph_backend_prefill or ("breakable" if self.device.type == "cuda" else "disabled"),
+            cuda_graph_bs_prefill, cuda_graph_max_bs_prefill,
+        )  # fmt: skip
+        chunked_prefill_size = self.chunked_prefill_size
+        decode_backend = cuda_graph_backend_decode or ("full" if self.device.type == "cuda" else "disabled")
+        if decode_backend not in DECODE_BACKENDS:
+            raise ValueError(f"--cuda-graph-backend-decode must be one of {DECODE_BACKENDS}, got {decode_backend!r}")
+        if decode_backend == "full":
+            max_bs = cuda_graph_max_bs or min(max_running_requests, 64)
+            self.runner.decode_graphs = DecodeGraphRunner(
+                self.model, self.kv_cache, self.device, default_decode_buckets(max_bs),
+                max_pages=self.kv_cache.pool.pages_for(self.context_length),
             )  # fmt: skip
-            self.runner.prefill_graphs.capture()
+            self.runner.decode_graphs.capture()
         self.scheduler = Scheduler(self.kv_cache.pool, self.context_length, max_running_requests, chunked_prefill_size)
         self.eos_ids = set(self.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -151,13 +159,44 @@ class Engine:
             budget = min(want * per_page, 2 << 30)
         return max(2, budget // per_page)
 
+    def set_prefill_backend(
+        self, backend: str, buckets: list[int] | None = None, max_bucket: int | None = None
+    ) -> None:
+        """(Re)build the prefill graphs: capture ``buckets`` (default: the ladder up to
+        ``max_bucket``, itself defaulting to ``min(chunked_prefill_size, 4096)``) for ``backend``;
+        ``disabled`` drops them. Prefill chunks are capped at the largest bucket."""
+        if backend not in PREFILL_BACKENDS:
+            raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
+        self.runner.prefill_graphs = None
+        self.prefill_backend = backend
+        if backend == "disabled":
+            return
+        max_bucket = max_bucket or min(self.chunked_prefill_size, 4096)
+        buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket)
+        if self.chunked_prefill_size > buckets[-1]:
+            logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
+            self.chunked_prefill_size = buckets[-1]
+            if hasattr(self, "scheduler"):
+                self.scheduler.chunked_prefill_size = buckets[-1]
+        graphs = PrefillGraphRunner(
+            self.model, backend=backend, device=self.device, buckets=buckets,
+            capture_context=self.runner.capture_context, fold_islands=self.fold_islands,
+        )  # fmt: skip
+        graphs.capture()
+        self.runner.prefill_graphs = graphs
+
     def graph_stats(self) -> dict:
         """What the prefill graphs did: backend, captured buckets, capture time, graph memory,
         replays, and eager fallbacks by reason (empty counters when graphs are disabled)."""
         graphs = self.runner.prefill_graphs
-        if graphs is None:
-            return {"backend": "disabled", "replays": 0, "fallbacks": {}}
-        return graphs.stats.as_dict()
+        stats = graphs.stats.as_dict() if graphs is not None else {"backend": "disabled", "replays": 0, "fallbacks": {}}
+        decode = self.runner.decode_graphs
+        stats["decode"] = (
+            {"backend": "full", "batch_sizes": decode.stats.buckets, "capture_s": round(decode.stats.capture_s, 3),
+             "replays": decode.stats.replays, "fallbacks": dict(decode.stats.fallbacks)}
+            if decode is not None else {"backend": "disabled", "replays": 0, "fallbacks": {}}
+        )  # fmt: skip
+        return stats
 
     # -- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:

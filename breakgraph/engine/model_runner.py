@@ -32,6 +32,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.prefill_graphs = None  # set by the engine when a prefill graph backend is on
+        self.decode_graphs = None  # set by the engine when decode graphs are on
 
     def make_batch(self, entries: list[BatchEntry], mode: ForwardMode) -> ForwardBatch:
         """Lay out a ragged batch (see :class:`ForwardBatch`)."""
@@ -84,6 +85,8 @@ class ModelRunner:
         with forward_batch_context(batch):
             if self.prefill_graphs is not None and batch.mode is ForwardMode.EXTEND:
                 hidden = self.prefill_graphs.run(batch.input_ids, batch.positions)
+            elif self.decode_graphs is not None and batch.mode is ForwardMode.DECODE:
+                hidden = self.decode_graphs.run(batch)
             else:
                 hidden = self.model(batch.input_ids, batch.positions)
         rows = hidden if all_logits else hidden[batch.logits_rows]

@@ -1,0 +1,294 @@
+"""``breakgraph bench prefill``: prefill latency of each graph backend beside the physical floor.
+
+One model is loaded once (dummy weights); for every backend the prefill graphs are rebuilt
+and every (input length, batch size) shape is timed: median and spread over repeats,
+tokens/s, and from one profiled run the GPU-busy ratio (kernel time ÷ wall) and the number of
+kernels. The floor is ``max(bytes moved ÷ HBM bandwidth, FLOPs ÷ peak)`` — weights read once
+plus the attention and indexer work — and is printed beside every time.
+Writes JSON, a markdown table and (with matplotlib) a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from breakgraph.bench.presets import PRESETS, preset_folder
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("disabled", "piecewise", "breakable", "torch-compile")
+HBM_BYTES_PER_S = 4.3e12  # H200, measured copy bandwidth
+PEAK_FLOPS = 790e12  # H200, measured dense bf16
+
+
+@dataclass
+class Row:
+    backend: str
+    input_len: int
+    batch_size: int
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    tokens_per_s: float
+    floor_ms: float
+    gpu_busy: float | None
+    kernels: int | None
+    segments: int | None
+    breaks: int | None
+    islands: int | None
+    capture_s: float | None
+    graph_memory_gib: float | None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="glm5-tp8-rank-4l-bf16", choices=sorted(PRESETS),
+                        help="model shape to benchmark with dummy weights (ignored with --model-path)")
+    parser.add_argument("--model-path", default=None, help="a checkpoint folder; its config.json is used with dummy weights")
+    parser.add_argument("--input-len", type=int, nargs="+", default=[128, 1024, 4096], help="prompt lengths in tokens")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1], help="requests per prefill batch")
+    parser.add_argument("--backends", nargs="+", default=["disabled", "piecewise", "breakable"], choices=BACKENDS,
+                        help="prefill backends to compare (torch-compile = torch.compile mode='reduce-overhead')")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs per shape (after 2 warm-up runs)")
+    parser.add_argument("--full-ladder", action="store_true",
+                        help="capture the whole default bucket ladder (as a server would) instead of the benchmarked shapes only")
+    parser.add_argument("--fold-islands", action="store_true", help="fold single-kernel segments into eager steps")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled run (GPU-busy ratio, kernel count)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
+    parser.add_argument("--output", default="prefill_bench", help="output prefix: writes PREFIX.json, PREFIX.md, PREFIX.png")
+
+
+def main(args: argparse.Namespace) -> int:
+    from breakgraph import Engine
+
+    folder = Path(args.model_path) if args.model_path else preset_folder(args.preset)
+    name = args.model_path or args.preset
+    tokens = [n * b for n in args.input_len for b in args.batch_size]
+    max_tokens = max(tokens)
+    page_size = 64
+    per_req = max(args.input_len) + page_size
+    engine = Engine(
+        folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page_size,
+        num_pages=2 + max(args.batch_size) * -(-per_req // page_size), context_length=per_req,
+        chunked_prefill_size=max_tokens, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled",
+    )  # fmt: skip
+    floors = {t: floor_seconds(engine, n, b) for n in args.input_len for b in args.batch_size for t in [(n, b)]}
+    rows: list[Row] = []
+    for backend in args.backends:
+        rows += bench_backend(engine, backend, args, max_tokens, floors)
+        engine.set_prefill_backend("disabled")
+        torch.cuda.empty_cache() if engine.device.type == "cuda" else None
+    write_outputs(rows, args, name)
+    return 0
+
+
+def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict) -> list[Row]:
+    compiled = None
+    capture_s = mem = None
+    if backend in ("piecewise", "breakable"):
+        shapes = sorted({n * b for n in args.input_len for b in args.batch_size})
+        engine.fold_islands = args.fold_islands
+        engine.set_prefill_backend(backend, None if args.full_ladder else shapes, max_bucket=max_tokens)
+        stats = engine.runner.prefill_graphs.stats
+        capture_s, mem = stats.capture_s, stats.graph_memory_bytes / 2**30
+    elif backend == "torch-compile":
+        t0 = time.perf_counter()
+        compiled = torch.compile(engine.model, mode="reduce-overhead", dynamic=False)
+        capture_s = 0.0
+    rows = []
+    for n in args.input_len:
+        for b in args.batch_size:
+            batch, pages = make_batch(engine, n, b)
+
+            def run() -> None:
+                if compiled is not None:
+                    from breakgraph.engine.forward_batch import forward_batch_context
+
+                    with torch.inference_mode(), forward_batch_context(batch):
+                        h = compiled(batch.input_ids, batch.positions)
+                        engine.model.compute_logits(h[batch.logits_rows])
+                else:
+                    engine.runner.forward(batch)
+
+            t_first = time.perf_counter()
+            for _ in range(2):
+                run()
+            sync(engine)
+            if backend == "torch-compile":
+                capture_s = max(capture_s or 0.0, time.perf_counter() - t_first)
+            times = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                run()
+                sync(engine)
+                times.append(time.perf_counter() - t0)
+            busy, kernels = (None, None) if args.no_profile else profile(engine, run)
+            seg = brk = isl = None
+            graphs = engine.runner.prefill_graphs
+            if graphs is not None:
+                info = {bi.tokens: bi for bi in graphs.stats.buckets}
+                bucket, _ = graphs.bucket_for(n * b)
+                if bucket in info:
+                    seg, brk, isl = info[bucket].segments, info[bucket].breaks, info[bucket].islands
+            med = statistics.median(times)
+            rows.append(Row(
+                backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
+                busy, kernels, seg, brk, isl, capture_s, mem,
+            ))  # fmt: skip
+            logger.info("%s %d×%d: %.2f ms (floor %.2f ms)", backend, b, n, med * 1e3, floors[(n, b)] * 1e3)
+            engine.kv_cache.pool.free(pages)
+    return rows
+
+
+def make_batch(engine, input_len: int, batch_size: int):
+    """A prefill batch of ``batch_size`` random prompts of ``input_len`` tokens on fresh pages."""
+    from breakgraph.engine.forward_batch import ForwardMode
+    from breakgraph.engine.model_runner import BatchEntry
+
+    pool = engine.kv_cache.pool
+    g = torch.Generator().manual_seed(input_len * 131 + batch_size)
+    entries, pages = [], []
+    for _ in range(batch_size):
+        p = pool.alloc(pool.pages_for(input_len))
+        pages += p
+        ids = torch.randint(0, engine.config.vocab_size, (input_len,), generator=g).tolist()
+        entries.append(BatchEntry(ids, 0, p))
+    return engine.runner.make_batch(entries, ForwardMode.EXTEND), pages
+
+
+def sync(engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def profile(engine, run) -> tuple[float | None, int | None]:
+    """GPU-busy ratio (union of kernel intervals ÷ wall) and kernel count of one run."""
+    if engine.device.type != "cuda":
+        return None, None
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        run()
+        sync(engine)
+        wall_us = (time.perf_counter() - t0) * 1e6
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()
+    )
+    busy, end = 0.0, None
+    for s, e in spans:
+        if end is None or s > end:
+            busy += e - s
+            end = e
+        elif e > end:
+            busy += e - end
+            end = e
+    return min(1.0, busy / wall_us), len(spans)
+
+
+def floor_seconds(engine, input_len: int, batch_size: int) -> float:
+    """max(bytes ÷ HBM bandwidth, FLOPs ÷ peak) for one prefill of ``batch_size × input_len``."""
+    cfg, model = engine.config, engine.model
+    tokens = input_len * batch_size
+    weight_bytes = 0
+    flops = 0.0
+    for name, p in model.named_parameters():
+        if name.endswith("embed_tokens.weight") or "kv_b_proj" in name:
+            continue
+        nbytes = p.numel() * p.element_size()
+        if ".experts." in name and p.dim() == 3:
+            experts_hit = min(cfg.n_routed_experts, tokens * cfg.num_experts_per_tok)
+            nbytes = nbytes * experts_hit // cfg.n_routed_experts
+            if "scale" not in name:
+                flops += 2 * tokens * cfg.num_experts_per_tok * p[0].numel()
+        elif p.dim() == 2 and "scale" not in name and not name.endswith("norm.weight"):
+            rows = batch_size if name == "lm_head.weight" else tokens
+            flops += 2 * rows * p.numel()
+        weight_bytes += nbytes
+    heads, r, dr = model.model.layers[0].self_attn.num_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    for i in range(cfg.num_hidden_layers):
+        keys = sum(min(cfg.index_topk, t + 1) for t in range(input_len)) * batch_size
+        flops += 2 * keys * heads * (r + dr + r)  # scores + weighted sum in latent space
+        flops += 2 * 2 * tokens * heads * cfg.qk_nope_head_dim * r  # absorbed w_kc / w_vc
+        if cfg.has_indexer(i):
+            flops += 2 * batch_size * input_len * (input_len + 1) / 2 * cfg.index_n_heads * cfg.index_head_dim
+    return max(weight_bytes / HBM_BYTES_PER_S, flops / PEAK_FLOPS)
+
+
+def write_outputs(rows: list[Row], args, name: str) -> None:
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    meta = {"model": name, "device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "command": "breakgraph bench prefill " + " ".join(_argv(args))}  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": [asdict(r) for r in rows]}, indent=2))
+    table = markdown_table(rows)
+    out.with_suffix(".md").write_text(f"{meta['command']}\n\n{meta['model']} on {device}, {meta['date']}\n\n{table}\n")
+    print(table)
+    try:
+        plot(rows, out.with_suffix(".png"), f"{name} prefill, {device}")
+    except ImportError:
+        logger.warning("matplotlib is not installed: no plot written")
+
+
+def _argv(args) -> list[str]:
+    parts = []
+    for key in ("preset", "model_path", "input_len", "batch_size", "backends", "repeats"):
+        value = getattr(args, key)
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        parts.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}")
+    parts += ["--full-ladder"] if args.full_ladder else []
+    return parts
+
+
+def markdown_table(rows: list[Row]) -> str:
+    head = ("| backend | batch × len | median ms | spread ms | floor ms | × floor | tok/s | GPU busy | kernels "
+            "| segments / breaks / islands | capture s | graph mem GiB |")  # fmt: skip
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        sbi = "–" if r.segments is None else f"{r.segments} / {r.breaks} / {r.islands}"
+        lines.append(
+            f"| {r.backend} | {r.batch_size} × {r.input_len} | {r.median_ms:.2f} | {r.min_ms:.2f}–{r.max_ms:.2f} "
+            f"| {r.floor_ms:.2f} | {r.median_ms / r.floor_ms:.2f} | {r.tokens_per_s:,.0f} "
+            f"| {'–' if r.gpu_busy is None else f'{100 * r.gpu_busy:.0f}%'} | {'–' if r.kernels is None else r.kernels} "
+            f"| {sbi} | {'–' if r.capture_s is None else f'{r.capture_s:.1f}'} "
+            f"| {'–' if r.graph_memory_gib is None else f'{r.graph_memory_gib:.2f}'} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for backend in dict.fromkeys(r.backend for r in rows):
+        pts = sorted((r.input_len * r.batch_size, r.median_ms) for r in rows if r.backend == backend)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=backend)
+    floor = sorted({(r.input_len * r.batch_size, r.floor_ms) for r in rows})
+    ax.plot([p[0] for p in floor], [p[1] for p in floor], "k--", label="physical floor")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prefill tokens")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
