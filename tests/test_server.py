@@ -342,9 +342,8 @@ def test_metrics_parse_and_count(client, server):
 
 def test_prefill_graph_counters_come_from_the_engine_stats():
     metrics = ServerMetrics()
-    stats = {
-        "graph": {"backend": "breakable", "replays": 7, "fallbacks": {"too_many_tokens": 2, "padding": 1}}
-    }
+    graph = {"backend": "breakable", "replays": 7, "fallbacks": {"too_many_tokens": 2, "padding": 1}}
+    stats = {"graph": {**graph, "decode": {"replays": 5, "fallbacks": {}}}}
     metrics.bind(lambda: stats, lambda: 3)
     families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
     assert families["breakgraph_prefill_graph_replays"].samples[0].value == 7
@@ -355,3 +354,4 @@ def test_prefill_graph_counters_come_from_the_engine_stats():
     assert by_reason == {"too_many_tokens": 2, "padding": 1}
     assert families["breakgraph_prefill_graph_backend"].samples[0].labels == {"backend": "breakable"}
     assert families["breakgraph_num_queued_requests"].samples[0].value == 3
+    assert families["breakgraph_decode_graph_replays"].samples[0].value == 5

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from breakgraph.engine.request import Request, RequestStatus
 from breakgraph.engine.sampling import SamplingParams
 from breakgraph.engine.scheduler import RequestTooLongError
@@ -167,6 +169,9 @@ class EngineLoop:
     # -- engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            device = getattr(self.engine, "device", None)
+            if device is not None and device.type == "cuda" and device.index is not None:
+                torch.cuda.set_device(device)  # the current device is per thread
             while not self._stop.is_set():
                 self._drain(block=not self.engine.has_unfinished())
                 if self._stop.is_set():
@@ -365,7 +370,7 @@ class EngineLoop:
 
     def _refresh_stats(self, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._stats_time < 0.05:
+        if not force and now - self._stats_time < 0.1:
             return
         self._stats_time = now
         engine = self.engine

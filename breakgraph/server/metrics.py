@@ -5,8 +5,9 @@ and the prefill-graph counters are read at scrape time from the engine loop's la
 snapshot (refreshed by the engine thread, so a scrape never touches the engine itself).
 
 Prefill-graph counters come from ``engine.graph_stats()`` when the engine has it (a dict
-``{"replays": int, "fallbacks": {reason: int}}``); otherwise they are exported as zeros and
-``breakgraph_prefill_graph_stats_available`` is 0.
+``{"backend": str, "replays": int, "fallbacks": {reason: int}, "decode": {...}}``); otherwise
+they are exported as zeros and ``breakgraph_prefill_graph_stats_available`` is 0. Decode-graph
+counters are exported when that dict has a ``decode`` entry.
 """
 
 from __future__ import annotations
@@ -123,3 +124,13 @@ class _EngineCollector:
         for reason, count in sorted(fallbacks.items()):
             by_reason.add_metric([reason], count)
         yield by_reason
+        decode = graph.get("decode") if isinstance(graph, dict) else None
+        if isinstance(decode, dict):  # decode graphs, when the engine reports them
+            yield CounterMetricFamily(
+                "breakgraph_decode_graph_replays", "Decode forwards replayed from a graph",
+                value=int(decode.get("replays", 0) or 0),
+            )  # fmt: skip
+            yield CounterMetricFamily(
+                "breakgraph_decode_graph_fallbacks", "Decode forwards run eagerly instead of from a graph",
+                value=sum(int(v) for v in (decode.get("fallbacks") or {}).values()),
+            )  # fmt: skip
