@@ -73,15 +73,18 @@ def main(args: argparse.Namespace) -> int:
     from breakgraph.cli import engine_kwargs
     from breakgraph.server.app import ServerSettings, create_app
 
-    if args.max_queued_requests < 0:
-        raise SystemExit(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
+    if args.max_queued_requests < 1:
+        raise SystemExit(
+            f"--max-queued-requests must be >= 1 (every request waits in the queue until the next step "
+            f"admits it), got {args.max_queued_requests}"
+        )
     kwargs = {**_engine_extra_kwargs(args, Engine), **engine_kwargs(args)}
     engine = Engine(args.model_path, **kwargs)
     if args.disable_prefix_cache:
         engine.scheduler.set_prefix_caching(False)
     settings = ServerSettings(
         served_model_name=args.served_model_name or engine.model_path.name,
-        api_key=args.api_key,
+        api_key=args.api_key or None,
         max_queued_requests=args.max_queued_requests,
     )
     app = create_app(engine, settings)
