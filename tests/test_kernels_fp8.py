@@ -93,6 +93,50 @@ def _expect(results: dict[str, str], name: str) -> None:
     assert results[name] == "ok", f"{name} failed under the interpreter:\n{results[name]}"
 
 
+def compile_for_sm90(
+    fn, types: dict[str, str], constexprs: dict, num_warps: int = 4, num_stages: int = 3
+) -> dict:
+    """Compile a Triton kernel for sm_90a without a GPU (Triton's bundled ptxas) and read its
+    resource use: ``{"regs", "stack", "local_insts", "mma"}`` (``mma``: the matrix instructions
+    in the SASS). Pointers, ``K``/``N`` and row strides get the 16-divisibility the JIT infers
+    for real tensors; unnamed scalars are i32."""
+    import re
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    if not (tools / "ptxas").exists() or not (tools / "cuobjdump").exists():
+        pytest.skip("this triton has no bundled ptxas/cuobjdump")
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        sig[name] = "constexpr" if name in constexprs else types.get(name, "i32")
+        aligned = name.startswith("stride") and not name.endswith(("sg", "sk"))
+        if sig[name].startswith("*") or aligned or name in ("K", "N", "UP_OFF"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+    kernel = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run(
+            [tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True
+        ).stdout
+        res = subprocess.run(
+            [tools / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True, check=True
+        ).stdout
+    return {
+        "regs": int(re.search(r"REG:(\d+)", res).group(1)),
+        "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
+        "local_insts": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+        "mma": sorted(set(re.findall(r"\b(HGMMA|QGMMA|HMMA)\b", sass))),
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # interpreter checks (run in the subprocess)
 
@@ -133,7 +177,12 @@ def check_fp8_gemm_w8a8_matches_twin():
         w8, ws = block_quant(torch.randn(n, k))
         x = torch.randn(m, k)
         bias = torch.randn(n)
-        for cfg in (None, {"BLOCK_M": 16, "BLOCK_N": 64}, {"BLOCK_M": 64, "BLOCK_N": 128}):
+        for cfg in (
+            None,
+            {"BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True},
+            {"BLOCK_M": 32, "BLOCK_N": 128, "SWAP_AB": True},
+            {"BLOCK_M": 64, "BLOCK_N": 128, "SWAP_AB": False},
+        ):
             a8, sa = act_quant(x, column_major_scale=False)
             got = fp8_gemm(a8, sa, w8, ws, out_dtype=torch.float32, bias=bias, config=cfg)
             want = fp8_gemm_ref(a8, sa, w8, ws, out_dtype=torch.float32, bias=bias)
@@ -191,6 +240,33 @@ def check_fp8_linear_triton_paths():
 )
 def test_triton_fp8_under_interpreter(interp_results, name):
     _expect(interp_results, name)
+
+
+@pytest.mark.parametrize("a_fp8", [True, False])
+@pytest.mark.parametrize("cfg", [(16, 64, True, 4), (64, 128, False, 4), (128, 128, False, 8)])
+def test_fp8_gemm_compiles_for_sm90_without_spills(a_fp8, cfg):
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_fp8
+
+    bm, bn, swap, warps = cfg
+    types = {"a_ptr": "*fp8e4nv" if a_fp8 else "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32",
+             "bias_ptr": "*bf16", "c_ptr": "*bf16"}  # fmt: skip
+    constexprs = {"A_FP8": a_fp8, "HAS_BIAS": False, "SWAP_AB": swap, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
+                  "SCALE_BN": 128, "SCALE_BK": 128, "GROUP_M": 8, "INTERP": False}  # fmt: skip
+    info = compile_for_sm90(triton_fp8._fp8_gemm_kernel, types, constexprs, warps, 3)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    assert info["mma"] == (["QGMMA"] if a_fp8 else ["HGMMA"]), info
+
+
+def test_act_quant_compiles_for_sm90():
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_fp8
+
+    types = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
+    info = compile_for_sm90(
+        triton_fp8._act_quant_kernel, types, {"BLOCK_M": 16, "GROUP": 128, "INTERP": False}
+    )
+    assert info["stack"] == 0, info
 
 
 def test_block_quant_round_trip_cpu():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_kernels_fp8 import _expect, _rel, interp_main_for, run_checks
+from test_kernels_fp8 import _expect, _rel, compile_for_sm90, interp_main_for, run_checks
 
 from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe, fused_moe_ref, route, route_ref
@@ -238,6 +238,61 @@ def check_grouped_mm_path_matches_twin():
 )
 def test_triton_moe_under_interpreter(interp_results, name):
     _expect(interp_results, name)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [  # (weights, activations, silu, swap, BLOCK_M, BLOCK_N, warps, stages)
+        ("fp8", "bf16", True, True, 16, 64, 4, 4),
+        ("fp8", "bf16", False, True, 32, 128, 4, 4),
+        ("fp8", "bf16", True, False, 128, 64, 8, 3),
+        ("fp8", "bf16", False, False, 128, 128, 8, 3),
+        ("fp8", "fp8", True, True, 16, 64, 4, 4),
+        ("fp8", "fp8", False, False, 128, 128, 8, 3),
+        ("bf16", "bf16", True, True, 16, 64, 4, 3),
+        ("bf16", "bf16", False, False, 128, 128, 8, 3),
+    ],
+)
+def test_moe_gemm_compiles_for_sm90_without_spills(variant):
+    """The interpreter does not type-check like the compiler: compile every GEMM flavour for
+    sm_90a, and require wgmma (HGMMA / QGMMA for fp8×fp8) and no local-memory spills."""
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_moe
+
+    wdt, adt, silu, swap, bm, bn, warps, stages = variant
+    ptr = {"fp8": "*fp8e4nv", "bf16": "*bf16"}
+    types = {"a_ptr": ptr[adt], "as_ptr": "*fp32", "w_ptr": ptr[wdt], "ws_ptr": "*fp32", "c_ptr": "*bf16",
+             "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "num_blocks_ptr": "*i32"}  # fmt: skip
+    fp8 = wdt == "fp8"
+    constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": fp8, "A_FP8": adt == "fp8", "SWAP_AB": swap,
+                  "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "SCALE_BN": 128 if fp8 else 1,
+                  "SCALE_BK": 128 if fp8 else 1, "INTERP": False}  # fmt: skip
+    info = compile_for_sm90(triton_moe._moe_gemm_kernel, types, constexprs, warps, stages)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    assert info["mma"] == (["QGMMA"] if adt == "fp8" else ["HGMMA"]), info
+
+
+def test_moe_small_kernels_compile_for_sm90():
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_moe as tm
+
+    i32 = "*i32"
+    cases = [
+        (tm._route_kernel, {"scores_ptr": "*fp32", "bias_ptr": "*fp32", "w_out_ptr": "*fp32", "id_out_ptr": "*i64",
+                            "scaling": "fp32"},
+         {"TOP_K": 8, "K_P2": 8, "N_GROUP": 8, "G_P2": 8, "TOPK_GROUP": 4, "HAS_BIAS": True, "NORM": True,
+          "BLOCK_T": 8, "E_P2": 256}),
+        (tm._align_count_kernel, {"ids_ptr": "*i64", "counts_ptr": i32, "sorted_ptr": i32, "tok_ptr": i32},
+         {"BLOCK": 256}),
+        (tm._align_scatter_kernel, {"ids_ptr": "*i64"} | {n: i32 for n in tm._align_scatter_kernel.arg_names if n.endswith("_ptr") and n != "ids_ptr"},
+         {"BLOCK": 256, "E_P2": 256, "BLOCK_M": 16, "BLOCKS_CHUNK": 16, "WRITE_BLOCKS": True}),
+        (tm._combine_kernel, {"y_ptr": "*bf16", "w_ptr": "*fp32", "pos_ptr": i32, "out_ptr": "*bf16"},
+         {"TOP_K": 8, "USE_POS": True, "BLOCK_D": 1024}),
+        (tm._silu_mul_kernel, {"gu_ptr": "*bf16", "h_ptr": "*bf16"}, {"BLOCK_R": 16, "BLOCK_I": 128}),
+    ]  # fmt: skip
+    for fn, types, constexprs in cases:
+        info = compile_for_sm90(fn, types, constexprs)
+        assert info["stack"] == 0, (fn.__name__, info)
 
 
 def test_dispatchers_take_twins_on_cpu():

@@ -171,16 +171,42 @@ def act_dequant(q: torch.Tensor, scale: torch.Tensor, group: int = QUANT_GROUP) 
 
 
 @triton.jit
+def scaled_update(
+    acc, a, w, sw, sa, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr, INTERP: tl.constexpr
+):
+    """``acc + a·wᵀ`` (``[BM, BN]``), or its transpose ``w·aᵀ`` (``[BN, BM]``) when ``SWAP_AB``,
+    for one k-block: fp8 weights are converted to ``a``'s dtype unless ``a`` is fp8 too; the
+    k-block's fp32 partial sum is multiplied by the weight tile's scale ``sw`` and, for fp8
+    ``a``, by the per-row activation scales ``sa [BM]``."""
+    if W_FP8 and not A_FP8:
+        w = w.to(a.dtype)
+    if SWAP_AB:
+        d = mma(w, tl.trans(a), INTERP)
+    else:
+        d = mma(a, tl.trans(w), INTERP)
+    if W_FP8:
+        if A_FP8:
+            if SWAP_AB:
+                d = d * (sa[None, :] * sw)
+            else:
+                d = d * (sa[:, None] * sw)
+        else:
+            d = d * sw
+    return acc + d
+
+
+@triton.jit
 def _fp8_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr,
     M, N, K,
     stride_am, stride_asm, stride_asg, stride_wn, stride_wsn, stride_wsk, stride_cm,
-    A_FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+    A_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GROUP_M: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """``c = Σ_kb (a[:, kb] · w[:, kb]ᵀ) · sa[:, kb] · sw[n // SCALE_BN, kb]``; ``a`` fp8 (with
-    ``sa``) or 16-bit (then ``w`` is converted to ``a``'s dtype and only ``sw`` applies)."""
+    ``sa``) or 16-bit (then ``w`` is converted to ``a``'s dtype and only ``sw`` applies).
+    ``SWAP_AB`` computes the transposed tile so that weight rows fill the 64-row MMA side."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -199,7 +225,10 @@ def _fp8_gemm_kernel(
     a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :]
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
     ws_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = rk < K - k0
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -208,25 +237,32 @@ def _fp8_gemm_kernel(
         sw = tl.load(ws_row + kb * stride_wsk)
         if A_FP8:
             sa = tl.load(as_ptr + rm * stride_asm + kb * stride_asg, mask=m_ok, other=0.0)
-            acc += mma(a, tl.trans(w), INTERP) * (sa[:, None] * sw)
         else:
-            acc += mma(a, tl.trans(w.to(a.dtype)), INTERP) * sw
+            sa = 1.0
+        acc = scaled_update(acc, a, w, sw, sa, True, A_FP8, SWAP_AB, INTERP)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    if SWAP_AB:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        c_ptrs = c_ptr + rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[None, :] & n_ok[:, None])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def _gemm_config(m: int, n: int) -> dict:
+    """Tiles from the static shape; few rows take the swapped product (wgmma needs 64 rows)."""
     if m <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True, "num_warps": 4, "num_stages": 4}
     if m <= 32:
-        return {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4}
+        return {"BLOCK_M": 32, "BLOCK_N": 64, "SWAP_AB": True, "num_warps": 4, "num_stages": 4}
     if m <= 64:
-        return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+        return {"BLOCK_M": 64, "BLOCK_N": 128, "SWAP_AB": False, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "SWAP_AB": False, "num_warps": 8, "num_stages": 3}
 
 
 def fp8_gemm(

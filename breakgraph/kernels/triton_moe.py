@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import act_quant, interpreting, mma
+from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
 
 
 def moe_fp8_activations() -> bool:
@@ -94,17 +94,13 @@ def _route_kernel(
             i1 = tl.min(tl.where(v == v1[:, None], cols[None, :], E_P2), axis=1)
             v2 = tl.max(tl.where(cols[None, :] == i1[:, None], ninf, v), axis=1)
             gscore = tl.where(gcols[None, :] == g, (v1 + v2)[:, None], gscore)
-        keep = tl.zeros((BLOCK_T, G_P2), dtype=tl.int1)
+        kept = tl.zeros((BLOCK_T, E_P2), dtype=tl.int1)
         for _ in tl.static_range(TOPK_GROUP):
             gv = tl.max(gscore, axis=1)
             gi = tl.min(tl.where(gscore == gv[:, None], gcols[None, :], G_P2), axis=1)
-            hit = gcols[None, :] == gi[:, None]
-            keep = keep | hit
-            gscore = tl.where(hit, ninf, gscore)
-        kept_expert = tl.sum(
-            tl.where(keep, 1, 0)[:, :, None] * (gcols[None, :, None] == grp[None, None, :]), axis=1
-        )
-        choice = tl.where(kept_expert > 0, choice, ninf)
+            gscore = tl.where(gcols[None, :] == gi[:, None], ninf, gscore)
+            kept = kept | (grp[None, :] == gi[:, None])
+        choice = tl.where(kept, choice, ninf)
     kcols = tl.arange(0, K_P2)
     ids = tl.zeros((BLOCK_T, K_P2), dtype=tl.int32)
     wts = tl.zeros((BLOCK_T, K_P2), dtype=tl.float32)
@@ -156,7 +152,7 @@ def route_select(
     if t == 0:
         return weights, ids
     e_p2 = _next_pow2(e)
-    block_t = max(1, min(16, 4096 // e_p2))
+    block_t = max(1, min(16, 2048 // e_p2))
     bias = correction_bias.float().contiguous() if correction_bias is not None else scores
     _route_kernel[(triton.cdiv(t, block_t),)](
         scores, bias, weights, ids, t, e, scores.stride(0), float(routed_scaling_factor),
@@ -223,7 +219,7 @@ def _align_scatter_kernel(
     ok = offs < P
     e = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
     e = tl.minimum(tl.maximum(e, 0), E - 1)
-    start_e = tl.sum(tl.where(e[:, None] == ev[None, :], starts[None, :], 0), axis=1)
+    start_e = tl.gather(starts, e, axis=0)
     rank = tl.atomic_add(cursor_ptr + e, 1, mask=ok, sem="relaxed")
     pos = start_e + rank
     tl.store(sorted_ptr + pos, offs, mask=ok)
@@ -232,12 +228,36 @@ def _align_scatter_kernel(
     if pid == 0:
         tl.store(ends_ptr + ev, ends, mask=ev < E)
         tl.store(num_blocks_ptr, tl.sum(padded, axis=0) // BLOCK_M)
-    if pid == 0 and WRITE_BLOCKS:
-        end_blocks = tl.where(ev < E, ends // BLOCK_M, 2147483647)
-        for b0 in range(0, MAX_BLOCKS, BLOCKS_CHUNK):
-            b = b0 + tl.arange(0, BLOCKS_CHUNK)
-            expert = tl.sum(tl.where(end_blocks[None, :] <= b[:, None], 1, 0), axis=1)
-            tl.store(block_expert_ptr + b, tl.minimum(expert, E - 1), mask=b < MAX_BLOCKS)
+        if WRITE_BLOCKS:
+            _write_block_experts(
+                block_expert_ptr,
+                ends,
+                ev,
+                E,
+                MAX_BLOCKS,
+                E_P2=E_P2,
+                BLOCK_M=BLOCK_M,
+                BLOCKS_CHUNK=BLOCKS_CHUNK,
+            )
+
+
+@triton.jit
+def _write_block_experts(
+    block_expert_ptr,
+    ends,
+    ev,
+    E,
+    MAX_BLOCKS,
+    E_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCKS_CHUNK: tl.constexpr,
+):
+    """Expert of row block ``b`` = number of experts whose padded segment ends at or before it."""
+    end_blocks = tl.where(ev < E, ends // BLOCK_M, 2147483647)
+    for b0 in range(0, MAX_BLOCKS, BLOCKS_CHUNK):
+        b = b0 + tl.arange(0, BLOCKS_CHUNK)
+        expert = tl.sum(tl.where(end_blocks[None, :] <= b[:, None], 1, 0), axis=1)
+        tl.store(block_expert_ptr + b, tl.minimum(expert, E - 1), mask=b < MAX_BLOCKS)
 
 
 def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -269,7 +289,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeLayo
     _align_scatter_kernel[(max(1, triton.cdiv(p, block)),)](
         ids, counters, counters[num_experts:], sorted_pairs, sorted_tokens, pair_pos, block_expert, num_blocks,
         expert_ends, p, num_experts, k, max_blocks,
-        BLOCK=block, E_P2=_next_pow2(num_experts), BLOCK_M=block_m, BLOCKS_CHUNK=64, WRITE_BLOCKS=block_m > 1,
+        BLOCK=block, E_P2=_next_pow2(num_experts), BLOCK_M=block_m, BLOCKS_CHUNK=16, WRITE_BLOCKS=block_m > 1,
         num_warps=4,
     )  # fmt: skip
     return MoeLayout(
@@ -279,28 +299,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeLayo
 
 # --------------------------------------------------------------------------------------------
 # grouped GEMM
-
-
-@triton.jit
-def _accumulate(
-    acc, a, w, sw, sa, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr, INTERP: tl.constexpr
-):
-    """``acc += (a·wᵀ)`` (or its transpose when ``SWAP_AB``) with the block scales applied."""
-    if W_FP8 and not A_FP8:
-        w = w.to(a.dtype)
-    if SWAP_AB:
-        d = mma(w, tl.trans(a), INTERP)
-    else:
-        d = mma(a, tl.trans(w), INTERP)
-    if W_FP8:
-        if A_FP8:
-            if SWAP_AB:
-                d = d * (sa[None, :] * sw)
-            else:
-                d = d * (sa[:, None] * sw)
-        else:
-            d = d * sw
-    return acc + d
 
 
 @triton.jit
@@ -343,24 +341,26 @@ def _moe_gemm_kernel(
         else:
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros_like(acc_g)
-        sw_g = 1.0
-        sw_u = 1.0
-        sa = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k_ok = offs_k < K - k0
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wg = tl.load(wg_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            # per-iteration scales (constexpr branches: nothing is carried across iterations)
+            kb = k0 // SCALE_BK
             if W_FP8:
-                kb = k0 // SCALE_BK
                 sw_g = tl.load(sg_ptr + kb * stride_wsk)
-                if SILU:
-                    sw_u = tl.load(su_ptr + kb * stride_wsk)
-                if A_FP8:
-                    sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
-            acc_g = _accumulate(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
+                sw_u = tl.load(su_ptr + kb * stride_wsk)
+            else:
+                sw_g = 1.0
+                sw_u = 1.0
+            if A_FP8:
+                sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
+            else:
+                sa = 1.0
+            acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
             if SILU:
                 wu = tl.load(wu_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                acc_u = _accumulate(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
+                acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
             a_ptrs += BLOCK_K
             wg_ptrs += BLOCK_K
             wu_ptrs += BLOCK_K
