@@ -25,7 +25,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("model_type", ["glm_moe_dsa", "deepseek_v32"])
 def test_bf16_tiny_models_graph_backends_equal_eager(model_type, hf_checkpoints):
     folder = hf_checkpoints[model_type]
-    common = dict(device="cuda", dtype="bfloat16", page_size=4, cuda_graph_backend_decode="disabled")
+    common = dict(device="cuda", dtype="bfloat16", page_size=4, num_pages=256, cuda_graph_backend_decode="disabled")
     ref = Engine(folder, cuda_graph_backend_prefill="disabled", **common)
     batches = [prompts(n, 128, s) for s, n in enumerate([(37, 5, 20), (64,), (9, 7)])]
     for backend in ("breakable", "piecewise"):
@@ -43,7 +43,7 @@ def test_decode_graphs_and_breakable_prefill_generate_like_eager(hf_checkpoints)
     folder = hf_checkpoints["glm_moe_dsa"]
     batch = prompts((30, 12, 7), 128, seed=5)
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
-    common = dict(device="cuda", dtype="float32", page_size=4, context_length=128)
+    common = dict(device="cuda", dtype="float32", page_size=4, num_pages=256, context_length=128)
     want = Engine(folder, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled", **common)
     got = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[16, 64],
                  cuda_graph_backend_decode="full", cuda_graph_max_bs=4, **common)  # fmt: skip
