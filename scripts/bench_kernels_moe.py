@@ -1,0 +1,261 @@
+"""Benchmark the MoE layer and the FP8 dense linears at GLM-5 TP8-rank shapes on one GPU.
+
+    python scripts/bench_kernels_moe.py                   # MoE T=128,1024,8192 + dense linears
+    python scripts/bench_kernels_moe.py --sweep           # + tile sweep of the Triton grouped GEMMs
+    python scripts/bench_kernels_moe.py --only moe --tokens 1024 --json $OUT/moe.json
+
+Every time is a median of CUDA-event timings (``triton.testing.do_bench``; L2 flushed between
+runs) and, for the Triton paths, of CUDA-graph replays (``do_bench_cudagraph``) where launch
+costs vanish (no L2 flush between replays: a dense weight under ~40 MB may be served from L2
+there, so trust the eager column for its bandwidth). Each row prints the physical floors next to the time: weight bytes actually read
+(experts that got at least one token) over the copy bandwidth, and FLOPs over the matrix rate;
+both ceilings are measured here first (large device copy; 8192³ bf16 ``mm`` and fp8
+``_scaled_mm``), with the H200 datasheet figures shown for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from functools import partial
+
+import torch
+import triton
+import triton.testing
+
+from breakgraph.kernels.fp8 import block_dequant, block_quant
+from breakgraph.kernels.moe import fused_moe_ref, route, route_ref
+from breakgraph.kernels.triton_fp8 import fp8_linear, scaled_mm_blockwise_mode
+from breakgraph.kernels.triton_moe import (
+    fused_moe_grouped_mm,
+    fused_moe_triton,
+    gemm_config,
+    grouped_mm_supported,
+    moe_align,
+    moe_gemm,
+)
+
+E, D, INTER, TOP_K = 256, 6144, 256, 8  # GLM-5, one TP8 rank: all experts, I = 2048 / 8
+H200_COPY_TBS = 4.3
+
+DENSE = [  # (name, K, N) per rank at TP8
+    ("q_a_proj", 6144, 2048),
+    ("kv_a_proj_with_mqa", 6144, 576),
+    ("q_b_proj", 2048, 2048),
+    ("kv_b_proj", 512, 3584),
+    ("o_proj", 2048, 6144),
+    ("indexer.wq_b", 2048, 4096),
+    ("indexer.wk", 6144, 128),
+    ("mlp.gate_up_proj", 6144, 3072),
+    ("mlp.down_proj", 1536, 6144),
+    ("shared.gate_up_proj", 6144, 512),
+    ("shared.down_proj", 256, 6144),
+]
+
+
+def bench(fn, graph: bool = False) -> float:
+    if graph:
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def measure_ceilings() -> dict[str, float]:
+    """Copy bandwidth (TB/s, read + write) and bf16 / fp8 matrix rates (TFLOP/s)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    copy_tbs = 2 * src.numel() / ms / 1e9
+    n = 8192
+    a = torch.randn(n, n, device="cuda").bfloat16()
+    b = torch.randn(n, n, device="cuda").bfloat16()
+    bf16_tf = 2 * n**3 / bench(lambda: a @ b) / 1e9
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
+    one = torch.ones((), device="cuda")
+    try:
+        fp8_tf = 2 * n**3 / bench(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)) / 1e9
+    except (RuntimeError, TypeError):
+        fp8_tf = 2 * bf16_tf
+    return {"copy_tbs": copy_tbs, "bf16_tflops": bf16_tf, "fp8_tflops": fp8_tf}
+
+
+def row(rows: list[dict], **kw) -> None:
+    rows.append(kw)
+    floor = max(kw["floor_bw_ms"], kw["floor_flop_ms"])
+    graph = f"{kw['graph_ms']:9.3f}" if kw.get("graph_ms") is not None else "        -"
+    print(
+        f"{kw['what']:<28} {kw['case']:<24} {kw['ms']:9.3f} {graph} {kw['gb']:8.3f} "
+        f"{kw['gb'] / kw['best_ms']:7.2f} {kw['gb'] / kw['best_ms'] / H200_COPY_TBS:6.0%} "
+        f"{kw['floor_bw_ms']:8.3f} {kw['floor_flop_ms']:8.3f} {kw['best_ms'] / floor:6.2f}",
+        flush=True,
+    )
+
+
+HEADER = (
+    f"{'what':<28} {'case':<24} {'ms':>9} {'graph ms':>9} {'w GB':>8} {'TB/s':>7} {'/4.3':>6} "
+    f"{'bw floor':>8} {'flop fl':>8} {'x floor':>6}"
+)
+
+
+def bench_moe(tokens: list[int], ceil: dict[str, float], rows: list[dict], with_ref: bool) -> None:
+    torch.manual_seed(0)
+    w13 = torch.randn(E, 2 * INTER, D, device="cuda") / D**0.5
+    w2 = torch.randn(E, D, INTER, device="cuda") / INTER**0.5
+    w13_8, s13 = block_quant(w13)
+    w2_8, s2 = block_quant(w2)
+    w13_b, w2_b = w13.bfloat16(), w2.bfloat16()
+    del w13, w2
+    torch.cuda.empty_cache()
+    per_expert = {"bf16": 3 * INTER * D * 2, "fp8": 3 * INTER * D}
+    print(
+        f"\nMoE layer: E={E} D={D} I={INTER} top-{TOP_K}; routed experts only (shared expert is a dense linear)"
+    )
+    print(HEADER)
+    for t in tokens:
+        x = torch.randn(t, D, device="cuda").bfloat16()
+        logits = torch.randn(t, E, device="cuda")
+        bias = torch.randn(E, device="cuda") * 0.1
+        tw, ids = route(logits, bias, TOP_K, 1, 1, True, 2.5)
+        touched = int((torch.bincount(ids.reshape(-1), minlength=E) > 0).sum())
+        flops = 6.0 * t * TOP_K * INTER * D
+        case = f"T={t} experts hit={touched}"
+
+        ms = bench(partial(route, logits, bias, TOP_K, 1, 1, True, 2.5))
+        gms = bench(partial(route, logits, bias, TOP_K, 1, 1, True, 2.5), graph=True)
+        rms = bench(partial(route_ref, logits, bias, TOP_K, 1, 1, True, 2.5))
+        row(rows, what="route (triton)", case=case, ms=ms, graph_ms=gms, gb=t * E * 4 / 1e9, best_ms=min(ms, gms),
+            floor_bw_ms=t * E * 4 / ceil["copy_tbs"] / 1e9, floor_flop_ms=0.0)  # fmt: skip
+        row(rows, what="route_ref", case=case, ms=rms, gb=t * E * 4 / 1e9, best_ms=rms,
+            floor_bw_ms=t * E * 4 / ceil["copy_tbs"] / 1e9, floor_flop_ms=0.0)  # fmt: skip
+
+        variants = []
+        if grouped_mm_supported(x, w13_b, w2_b):
+            variants.append(
+                ("bf16 _grouped_mm", "bf16", partial(fused_moe_grouped_mm, x, w13_b, w2_b, tw, ids))
+            )
+        variants += [
+            ("bf16 triton", "bf16", partial(fused_moe_triton, x, w13_b, w2_b, tw, ids)),
+            ("fp8 W8A16 triton", "fp8",
+             partial(fused_moe_triton, x, w13_8, w2_8, tw, ids, s13, s2, fp8_activations=False)),
+            ("fp8 W8A8 triton", "fp8",
+             partial(fused_moe_triton, x, w13_8, w2_8, tw, ids, s13, s2, fp8_activations=True)),
+        ]  # fmt: skip
+        if with_ref:
+            variants += [
+                ("bf16 fused_moe_ref", "bf16", partial(fused_moe_ref, x, w13_b, w2_b, tw, ids)),
+                ("fp8 fused_moe_ref", "fp8", partial(fused_moe_ref, x, w13_8, w2_8, tw, ids, s13, s2)),
+            ]
+        for name, kind, fn in variants:
+            ms = bench(fn)
+            gms = bench(fn, graph=True) if "ref" not in name else None
+            gb = touched * per_expert[kind] / 1e9
+            rate = ceil["fp8_tflops"] if "W8A8" in name else ceil["bf16_tflops"]
+            row(rows, what=name, case=case, ms=ms, graph_ms=gms, gb=gb, best_ms=min(ms, gms or ms),
+                floor_bw_ms=gb / ceil["copy_tbs"], floor_flop_ms=flops / rate / 1e9)  # fmt: skip
+    return w13_b, w2_b, w13_8, s13, w2_8, s2
+
+
+def sweep_moe(tokens: list[int], weights, ceil: dict[str, float]) -> None:
+    """Time GEMM 1 (gate/up + SiLU) and GEMM 2 (down) alone over a small tile grid."""
+    w13_b, w2_b, w13_8, s13, w2_8, s2 = weights
+    print("\nGrouped-GEMM tile sweep (best 3 per GEMM; ms are medians of one GEMM launch)")
+    for t in tokens:
+        x = torch.randn(t, D, device="cuda").bfloat16()
+        _, ids = route(torch.randn(t, E, device="cuda"), None, TOP_K, 1, 1, True, 2.5)
+        p = t * TOP_K
+        for kind, w13, s1, w2, s2_ in (("bf16", w13_b, None, w2_b, None), ("fp8", w13_8, s13, w2_8, s2)):
+            default = gemm_config(p, E, True, kind == "fp8")["BLOCK_M"]
+            bms = sorted({max(16, default // 2), default, min(128, default * 2)})
+            for gemm in (1, 2):
+                results = []
+                for bm in bms:
+                    lay = moe_align(ids, E, bm)
+                    h = torch.randn(p, INTER, device="cuda").bfloat16()
+                    out = torch.empty(p, INTER if gemm == 1 else D, device="cuda", dtype=torch.bfloat16)
+                    for swap in (True, False):
+                        for bn in (32, 64, 128) if gemm == 1 else (64, 128):
+                            for warps in (4, 8):
+                                for stages in (3, 4):
+                                    cfg = {"BLOCK_M": bm, "SWAP_AB": swap, "BLOCK_N": bn, "BLOCK_K": 128,
+                                           "num_warps": warps, "num_stages": stages}  # fmt: skip
+                                    if gemm == 1:
+                                        fn = partial(moe_gemm, x, None, w13, s1, lay, out, gather_top_k=TOP_K,
+                                                              silu=True, config=cfg)  # fmt: skip
+                                    else:
+                                        fn = partial(moe_gemm, h, None, w2, s2_, lay, out, gather_top_k=None,
+                                                              silu=False, config=cfg)  # fmt: skip
+                                    try:
+                                        ms = bench(fn)
+                                    except Exception as exc:  # noqa: BLE001 - out of resources etc.
+                                        print(f"  skip {cfg}: {type(exc).__name__}", file=sys.stderr)
+                                        continue
+                                    results.append((ms, cfg))
+                results.sort(key=lambda r: r[0])
+                for ms, cfg in results[:3]:
+                    print(f"  T={t:5d} {kind} GEMM{gemm}: {ms:8.4f} ms  {cfg}")
+
+
+def bench_dense(ms_rows: list[int], ceil: dict[str, float], rows: list[dict]) -> None:
+    mode = scaled_mm_blockwise_mode(torch.device("cuda"))
+    print(f"\nFP8 dense linears (GLM-5 TP8 rank); torch {torch.__version__}, _scaled_mm blockwise: {mode}")
+    print(HEADER)
+    torch.manual_seed(0)
+    for name, k, n in DENSE:
+        w8, ws = block_quant(torch.randn(n, k, device="cuda") / k**0.5)
+        wb = block_dequant(w8, ws, (128, 128), torch.bfloat16)
+        for m in ms_rows:
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            flops = 2.0 * m * n * k
+            for label, fn, wbytes, rate in (
+                ("fp8 auto (scaled_mm)", partial(fp8_linear, x, w8, ws, (128, 128)), n * k, "fp8_tflops"),
+                ("fp8 triton W8A8", partial(fp8_linear, x, w8, ws, (128, 128), path="triton"), n * k, "fp8_tflops"),
+                ("fp8 triton W8A16", partial(fp8_linear, x, w8, ws, (128, 128), path="triton_w8a16"), n * k,
+                 "bf16_tflops"),
+                ("bf16 F.linear", partial(torch.nn.functional.linear, x, wb), 2 * n * k, "bf16_tflops"),
+            ):  # fmt: skip
+                ms = bench(fn)
+                gms = bench(fn, graph=True)
+                gb = wbytes / 1e9
+                row(rows, what=label, case=f"{name} M={m} K={k} N={n}", ms=ms, graph_ms=gms, gb=gb,
+                    best_ms=min(ms, gms), floor_bw_ms=gb / ceil["copy_tbs"], floor_flop_ms=flops / ceil[rate] / 1e9)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 8192])
+    ap.add_argument("--dense-m", type=int, nargs="+", default=[1, 128, 1024, 8192])
+    ap.add_argument("--only", choices=["moe", "dense"], default=None)
+    ap.add_argument("--sweep", action="store_true", help="tile sweep of the Triton grouped GEMMs")
+    ap.add_argument("--no-ref", action="store_true", help="skip timing the plain-PyTorch twins")
+    ap.add_argument("--json", default=None, help="write all rows and ceilings here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    props = torch.cuda.get_device_properties(0)
+    print(
+        f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}"
+    )
+    ceil = measure_ceilings()
+    print(
+        f"measured: copy {ceil['copy_tbs']:.2f} TB/s (datasheet {H200_COPY_TBS}), bf16 mm {ceil['bf16_tflops']:.0f} "
+        f"TFLOP/s, fp8 mm {ceil['fp8_tflops']:.0f} TFLOP/s; floors below use the measured values"
+    )
+    rows: list[dict] = []
+    if args.only in (None, "moe"):
+        weights = bench_moe(args.tokens, ceil, rows, with_ref=not args.no_ref)
+        if args.sweep:
+            sweep_moe(args.tokens, weights, ceil)
+        del weights
+        torch.cuda.empty_cache()
+    if args.only in (None, "dense"):
+        bench_dense(args.dense_m, ceil, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"ceilings": ceil, "rows": rows}, f, indent=1, default=lambda v: None if math.isnan(v) else v
+            )
+
+
+if __name__ == "__main__":
+    main()
