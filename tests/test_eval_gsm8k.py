@@ -6,6 +6,8 @@ import re
 import socket
 
 import pytest
+pytest.importorskip("uvicorn")  # serving extras; absent on some GPU images
+pytest.importorskip("fastapi")  # serving extras; absent on some GPU images
 from openai_stub import MODEL_ID, make_app, serve
 
 from breakgraph.bench.openai_client import EndpointError

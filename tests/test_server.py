@@ -12,6 +12,8 @@ import json
 
 import httpx
 import pytest
+pytest.importorskip("uvicorn")  # serving extras; absent on some GPU images
+pytest.importorskip("fastapi")  # serving extras; absent on some GPU images
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
