@@ -379,4 +379,4 @@ def test_fp8_linear_cuda_graph_replay(path):
         graph.replay()
         torch.cuda.synchronize()
         eager = fp8_linear(static_x, w8, ws, (128, 128), path=path)
-        assert torch.equal(static_out, eager)
+        assert _rel(static_out, eager) < 1e-6

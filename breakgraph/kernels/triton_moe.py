@@ -16,14 +16,19 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    per 128×128 tile; for FP8 the activations are either kept in bf16 and the weight tile is
    converted in registers (``W8A16``: the default, as exact as the dequantised twin; weight bytes
    are what the small-batch regime pays for) or quantised per (row, 128 columns) to e4m3 for
-   the fp8 tensor cores (``W8A8``: twice the MMA rate for large T, ≈2.5% relative deviation
-   from the bf16-activation twin on random data). Block scales multiply each k-block's fp32
-   partial sum. Small row blocks use the swapped product ``(W·Aᵀ)ᵀ`` so that the weight rows
-   fill the 64-row MMA dimension and the few tokens the narrow one.
+   the fp8 tensor cores (``W8A8``, ``BREAKGRAPH_MOE_W8A8=1``: twice the MMA rate for large T,
+   ≈4% relative deviation from the bf16-activation twin on random data: two quantised GEMMs).
+   Block scales multiply each k-block's fp32 partial sum. Small row blocks use the swapped
+   product ``(W·Aᵀ)ᵀ`` so that the weight rows fill the 64-row MMA side and the few tokens the
+   narrow one. The tile choice depends only on static shapes (:func:`gemm_config`).
+   Row order inside an expert's segment follows atomics, but every output row is computed
+   by the same k-ordered dot whatever its position, so results do not vary between runs.
 3. :func:`moe_combine` — ``out[t] = Σ_j w[t, j] · y[t·k + j]`` in fp32, one pass, deterministic.
 
 For bf16 weights on sm90/sm100 the two GEMMs can instead be ``torch._grouped_mm`` (CUTLASS,
-no host sync) over the unpadded expert-sorted rows, with :func:`silu_mul` between them.
+no host sync; int32 offsets; 16-byte aligned row strides) over the unpadded expert-sorted rows
+(``x`` gathered once), with :func:`silu_mul` between them; :func:`moe_combine` then reads the
+rows through ``pair_pos``.
 
 Routing (:func:`route_select`) takes the sigmoid scores computed by ``torch.sigmoid`` (the same
 op as the twin, so selection is bit-identical) and does bias, group-limited top-k,
