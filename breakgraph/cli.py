@@ -35,6 +35,22 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-running-requests", type=int, default=64, help="most requests decoding at once")
     g.add_argument("--chunked-prefill-size", type=int, default=4096, help="most prompt tokens per prefill step")
     g.add_argument("--seed", type=int, default=0, help="seed for dummy weights")
+    c = parser.add_argument_group("graphs")
+    c.add_argument("--cuda-graph-backend-prefill", default=None, choices=["disabled", "breakable", "piecewise"],
+                   help="prefill under graphs: breakable (breakable CUDA graphs), piecewise (torch.compile split at "
+                        "the split ops) or disabled (eager). Default: breakable on CUDA, disabled on CPU; on CPU the "
+                        "graph backends run on the CPU graph backend")
+    c.add_argument("--cuda-graph-bs-prefill", type=int, nargs="+", default=None,
+                   help="token counts to capture prefill graphs for (default: the bucket ladder up to --cuda-graph-max-bs-prefill)")
+    c.add_argument("--cuda-graph-max-bs-prefill", type=int, default=None,
+                   help="largest prefill bucket in tokens (default: min(--chunked-prefill-size, 4096)); "
+                        "prefill chunks never exceed it")
+    c.add_argument("--cuda-graph-backend-decode", default=None, choices=["disabled", "full"],
+                   help="decode under full graphs, one per batch-size bucket (default: full on CUDA, disabled on CPU)")
+    c.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                   help="largest decode batch captured (default: min(--max-running-requests, 64))")
+    c.add_argument("--fold-islands", action="store_true",
+                   help="run single-kernel graph segments eagerly inside the neighbouring break")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -42,7 +58,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         device=args.device, dtype=args.dtype, load_format=args.load_format, context_length=args.context_length,
         page_size=args.page_size, num_pages=args.num_pages, mem_fraction_static=args.mem_fraction_static,
         max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size,
-        seed=args.seed,
+        seed=args.seed, cuda_graph_backend_prefill=args.cuda_graph_backend_prefill,
+        cuda_graph_bs_prefill=args.cuda_graph_bs_prefill, cuda_graph_max_bs_prefill=args.cuda_graph_max_bs_prefill,
+        cuda_graph_backend_decode=args.cuda_graph_backend_decode, cuda_graph_max_bs=args.cuda_graph_max_bs,
+        fold_islands=args.fold_islands,
     )  # fmt: skip
 
 

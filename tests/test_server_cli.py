@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from breakgraph.cli import build_parser
-from breakgraph.server.cli import _engine_extra_kwargs
 
 
 def test_serve_flags_parse():
@@ -24,20 +23,15 @@ def test_serve_flags_parse():
     assert build_parser().parse_args(["serve"]).port == 30000
 
 
-class _OldEngine:
-    def __init__(self, model_path=None, *, device=None): ...
+def test_graph_flags_reach_the_engine():
+    from breakgraph.cli import engine_kwargs
 
-
-class _NewEngine:
-    def __init__(self, model_path=None, *, device=None, cuda_graph_backend_prefill="disabled"): ...
-
-
-def test_prefill_graph_backend_is_passed_only_to_an_engine_that_takes_it():
-    args = build_parser().parse_args(["serve", "--cuda-graph-backend-prefill", "piecewise"])
-    assert _engine_extra_kwargs(args, _NewEngine) == {"cuda_graph_backend_prefill": "piecewise"}
-    with pytest.raises(SystemExit, match="no prefill graph backends"):
-        _engine_extra_kwargs(args, _OldEngine)
-    default = build_parser().parse_args(["serve"])  # the engine picks its own default
-    assert _engine_extra_kwargs(default, _OldEngine) == _engine_extra_kwargs(default, _NewEngine) == {}
-    off = build_parser().parse_args(["serve", "--cuda-graph-backend-prefill", "disabled"])
-    assert _engine_extra_kwargs(off, _OldEngine) == {}
+    args = build_parser().parse_args(
+        ["serve", "--cuda-graph-backend-prefill", "piecewise", "--cuda-graph-bs-prefill", "16", "64",
+         "--cuda-graph-backend-decode", "full", "--cuda-graph-max-bs", "8"]
+    )  # fmt: skip
+    kw = engine_kwargs(args)
+    assert kw["cuda_graph_backend_prefill"] == "piecewise" and kw["cuda_graph_bs_prefill"] == [16, 64]
+    assert kw["cuda_graph_backend_decode"] == "full" and kw["cuda_graph_max_bs"] == 8
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--cuda-graph-backend-prefill", "sometimes"])

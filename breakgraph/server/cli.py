@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import logging
 
 logger = logging.getLogger(__name__)
-
-PREFILL_GRAPH_BACKENDS = ("disabled", "piecewise", "breakable")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,30 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--uvicorn-log-level", default="info", help="uvicorn's log level (default: %(default)s)")
     add_engine_arguments(parser)
-    try:
-        parser.add_argument_group("prefill graphs").add_argument(
-            "--cuda-graph-backend-prefill", default=None, choices=PREFILL_GRAPH_BACKENDS,
-            help="graph backend for prefill forwards: disabled (eager), piecewise (torch.compile split at the "
-                 "split ops) or breakable (breakable CUDA graphs) (default: the engine's choice)",
-        )  # fmt: skip
-    except argparse.ArgumentError:
-        pass  # already among the shared engine flags
-
-
-def _engine_extra_kwargs(args: argparse.Namespace, engine_cls) -> dict:
-    """Engine options that only some engine versions take. An option that was asked for but
-    that the engine cannot take is refused, never silently dropped."""
-    backend = getattr(args, "cuda_graph_backend_prefill", None)
-    if backend is None:
-        return {}
-    if "cuda_graph_backend_prefill" in inspect.signature(engine_cls.__init__).parameters:
-        return {"cuda_graph_backend_prefill": backend}
-    if backend != "disabled":
-        raise SystemExit(
-            f"--cuda-graph-backend-prefill {backend}: this build's Engine has no prefill graph backends "
-            "(it takes no cuda_graph_backend_prefill); use --cuda-graph-backend-prefill disabled"
-        )
-    return {}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -78,8 +51,7 @@ def main(args: argparse.Namespace) -> int:
             f"--max-queued-requests must be >= 1 (every request waits in the queue until the next step "
             f"admits it), got {args.max_queued_requests}"
         )
-    kwargs = {**_engine_extra_kwargs(args, Engine), **engine_kwargs(args)}
-    engine = Engine(args.model_path, **kwargs)
+    engine = Engine(args.model_path, **engine_kwargs(args))
     if args.disable_prefix_cache:
         engine.scheduler.set_prefix_caching(False)
     settings = ServerSettings(
