@@ -191,12 +191,18 @@ class PrefillGraphRunner:
             torch.cuda.synchronize(self.device)
             self.stats.graph_memory_bytes = max(0, free_before - _free_memory(self.device))
         largest = self.stats.buckets[-1]
+        memory = _fmt_bytes(self.stats.graph_memory_bytes) if self.device.type == "cuda" else "n/a on CPU"
         logger.info(
             "prefill graphs (%s): %d buckets %d…%d tokens captured in %.1fs, graph memory %s; "
             "largest bucket: %d segments, %d breaks, %d single-kernel islands",
             self.backend, len(self.buckets), self.buckets[0], self.buckets[-1], self.stats.capture_s,
-            _fmt_bytes(self.stats.graph_memory_bytes), largest.segments, largest.breaks, largest.islands,
+            memory, largest.segments, largest.breaks, largest.islands,
         )  # fmt: skip
+        if self.backend == "breakable":
+            eager = Counter(line[len("eager  "):] for line in self._graphs[self.max_tokens].describe().splitlines()
+                            if line.startswith("eager"))  # fmt: skip
+            logger.info("runs eagerly at each replay (breaks: per-batch lengths and pages): %s",
+                        "; ".join(f"{name} ×{n}" for name, n in eager.items()))  # fmt: skip
 
     def _capture_bucket(self, n: int) -> BucketInfo:
         ids, pos = self.inputs.views(n)
