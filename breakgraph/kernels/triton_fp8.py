@@ -12,8 +12,8 @@
    the recipe is probed once per device (:func:`scaled_mm_blockwise_mode`) and cached.
 2. :func:`fp8_gemm`: a Triton block-scaled GEMM (any ``M``/``N``/``K``, 128-wide k-blocks),
    activations either quantised the same way (``W8A8``, default) or kept in bf16 with the
-   weight tile converted in registers (``W8A16``; the scale is applied to the fp32 partial sum
-   of each k-block, so it is as exact as the dequantised twin).
+   weight tile dequantised in registers (``W8A16``; ``bf16(w·s)`` as the dequantising twin
+   computes it, so it matches the twin to summation order).
 3. Dequantise + matmul (:func:`breakgraph.kernels.fp8.fp8_block_linear_ref`) for other blocks.
 
 Numerics: per-token-group e4m3 activations have 3 mantissa bits, so on random data the W8A8
@@ -73,12 +73,12 @@ def to_fp8(v, INTERP: tl.constexpr):
 
 
 @triton.jit
-def mma(a, b, INTERP: tl.constexpr):
-    """``tl.dot(a, b)`` with an fp32 result; the interpreter cannot multiply bf16/fp8 operands."""
+def mma(a, b, acc, INTERP: tl.constexpr):
+    """``acc + a @ b`` in fp32 (``tl.dot``); the interpreter cannot multiply bf16/fp8 operands."""
     if INTERP:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     else:
-        return tl.dot(a, b)
+        return tl.dot(a, b, acc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,24 +175,26 @@ def scaled_update(
     acc, a, w, sw, sa, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr, INTERP: tl.constexpr
 ):
     """``acc + a·wᵀ`` (``[BM, BN]``), or its transpose ``w·aᵀ`` (``[BN, BM]``) when ``SWAP_AB``,
-    for one k-block: fp8 weights are converted to ``a``'s dtype unless ``a`` is fp8 too; the
-    k-block's fp32 partial sum is multiplied by the weight tile's scale ``sw`` and, for fp8
-    ``a``, by the per-row activation scales ``sa [BM]``."""
-    if W_FP8 and not A_FP8:
-        w = w.to(a.dtype)
-    if SWAP_AB:
-        d = mma(w, tl.trans(a), INTERP)
-    else:
-        d = mma(a, tl.trans(w), INTERP)
-    if W_FP8:
-        if A_FP8:
-            if SWAP_AB:
-                d = d * (sa[None, :] * sw)
-            else:
-                d = d * (sa[:, None] * sw)
+    for one k-block with block scales.
+
+    fp8 ``w`` with 16-bit ``a``: the tile is dequantised in registers, ``(w·sw)`` rounded to
+    ``a``'s dtype exactly as the dequantising twin does, so the MMAs chain on one accumulator.
+    fp8 ``w`` and fp8 ``a``: the k-block's fp32 partial sum is multiplied by ``sw`` and the
+    per-row activation scales ``sa [BM]`` (a fresh accumulator per k-block, DeepSeek-style)."""
+    if W_FP8 and A_FP8:
+        if SWAP_AB:
+            d = mma(w, tl.trans(a), tl.zeros_like(acc), INTERP)
+            return acc + d * (sa[None, :] * sw)
         else:
-            d = d * sw
-    return acc + d
+            d = mma(a, tl.trans(w), tl.zeros_like(acc), INTERP)
+            return acc + d * (sa[:, None] * sw)
+    else:
+        if W_FP8:
+            w = (w.to(tl.float32) * sw).to(a.dtype)
+        if SWAP_AB:
+            return mma(w, tl.trans(a), acc, INTERP)
+        else:
+            return mma(a, tl.trans(w), acc, INTERP)
 
 
 @triton.jit
