@@ -207,7 +207,7 @@ def _fp8_gemm_kernel(
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GROUP_M: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """``c = Σ_kb (a[:, kb] · w[:, kb]ᵀ) · sa[:, kb] · sw[n // SCALE_BN, kb]``; ``a`` fp8 (with
-    ``sa``) or 16-bit (then ``w`` is converted to ``a``'s dtype and only ``sw`` applies).
+    ``sa``) or 16-bit (then each ``w`` tile is dequantised to ``a``'s dtype in registers).
     ``SWAP_AB`` computes the transposed tile so that weight rows fill the 64-row MMA side."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -280,7 +280,7 @@ def fp8_gemm(
     """Triton block-scaled GEMM: ``a [M, K] @ dequant(weight [N, K]).T`` → ``[M, N] out_dtype``.
 
     ``a`` is either e4m3 with ``a_scale [M, ceil(K/128)]`` (any strides; :func:`act_quant`'s
-    output) or bf16/fp16/fp32 with ``a_scale=None`` (weight tiles are converted to ``a``'s
+    output) or bf16/fp16/fp32 with ``a_scale=None`` (weight tiles are dequantised to ``a``'s
     dtype in registers). ``weight_scale [ceil(N/bn), ceil(K/bk)]``. Needs ``block == (128, 128)``.
     Graph-safe.
     """

@@ -13,12 +13,13 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    (no permuted copy of ``x``), multiplies by the expert's gate and up rows and applies
    ``silu(g)·u`` in the epilogue, writing ``h [P, I]`` by pair. GEMM 2 multiplies ``h`` by the
    expert's ``w2`` and writes ``y [P, D]`` by pair. Weights are bf16, or e4m3 with one fp32 scale
-   per 128×128 tile; for FP8 the activations are either kept in bf16 and the weight tile is
-   converted in registers (``W8A16``: the default, as exact as the dequantised twin; weight bytes
-   are what the small-batch regime pays for) or quantised per (row, 128 columns) to e4m3 for
-   the fp8 tensor cores (``W8A8``, ``BREAKGRAPH_MOE_W8A8=1``: twice the MMA rate for large T,
-   ≈4% relative deviation from the bf16-activation twin on random data: two quantised GEMMs).
-   Block scales multiply each k-block's fp32 partial sum. Small row blocks use the swapped
+   per 128×128 tile; for FP8 the activations are either kept in bf16 and each weight tile is
+   dequantised in registers to ``bf16(w·s)`` — the very values the twin's ``block_dequant``
+   makes — before a bf16 MMA (``W8A16``: the default; the small-batch regime pays for weight
+   bytes, and these are fp8) or quantised per (row, 128 columns) to e4m3 for the fp8 tensor
+   cores, each k-block's fp32 partial sum scaled by ``s_w · s_a`` (``W8A8``,
+   ``BREAKGRAPH_MOE_W8A8=1``: twice the MMA rate for large T, ≈4% relative deviation from the
+   bf16-activation twin on random data: two quantised GEMMs). Small row blocks use the swapped
    product ``(W·Aᵀ)ᵀ`` so that the weight rows fill the 64-row MMA side and the few tokens the
    narrow one. The tile choice depends only on static shapes (:func:`gemm_config`).
    Row order inside an expert's segment follows atomics, but every output row is computed
@@ -50,7 +51,7 @@ from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
 
 def moe_fp8_activations() -> bool:
     """Whether FP8 experts quantise activations to e4m3 (``BREAKGRAPH_MOE_W8A8=1``, W8A8) rather
-    than multiplying bf16 activations by converted fp8 weight tiles (default, W8A16)."""
+    than multiplying bf16 activations by fp8 weight tiles dequantised in registers (default, W8A16)."""
     flag = os.environ.get("BREAKGRAPH_MOE_W8A8", "0")
     if flag not in ("0", "1"):
         raise ValueError(f"BREAKGRAPH_MOE_W8A8 must be 0 or 1, got {flag!r}")
