@@ -1,0 +1,195 @@
+"""The demo trainer: its training forward is the inference math, it learns, and what it saves
+loads in breakgraph and transformers with the same fp32 logits (CPU, micro model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from breakgraph import Engine
+from breakgraph.demo.problems import train_split
+from breakgraph.demo.tokenizer import build_corpus, train_tokenizer
+from breakgraph.demo.train import (
+    TrainArgs,
+    encode_problems,
+    main,
+    model_config_dict,
+    new_model,
+    save_checkpoint,
+    train_demo,
+    train_forward,
+)
+from breakgraph.layers.mlp import MoE
+from breakgraph.models.config import ModelConfig
+
+INDEX_TOPK = 8
+MICRO = {
+    "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 48,
+    "qk_nope_head_dim": 16, "v_head_dim": 24, "index_topk": INDEX_TOPK, "max_position_embeddings": 256,
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Micro models gain nothing from intra-op threads, and on a busy machine extra threads
+    make these tests many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(build_corpus(1500, seed=0), vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def micro(tok):
+    """A random micro model with a non-zero router correction bias and clearly separated index
+    scores (positive head weights, so few keys tie at a score of 0), and 3 encoded problems."""
+    cfg = model_config_dict(tok.get_vocab_size(), 0, 1, "float32", **MICRO)
+    model = new_model(ModelConfig.from_dict(cfg), seed=0, std=0.1)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 2.0
+        for layer in model.model.layers:
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.gate.e_score_correction_bias.normal_(0, 0.1)
+            indexer = layer.self_attn.indexer
+            if indexer is not None:
+                indexer.wq_b.weight.mul_(4)
+                indexer.wk.weight.mul_(4)
+                indexer.weights_proj.weight[:, 0] = 1.0
+    data = encode_problems(tok, train_split(3, seed=5))
+    return cfg, model, data
+
+
+def topk_margin(scores: list[torch.Tensor], lengths: torch.Tensor) -> float:
+    """Smallest gap between the k-th and (k+1)-th causal index score, over every indexer and
+    every real query row that has more than k keys."""
+    s = scores[0].shape[-1]
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    gaps = []
+    for sc in scores:
+        top = sc.masked_fill(~causal, float("-inf")).topk(INDEX_TOPK + 1, dim=-1).values
+        for r, n in enumerate(lengths.tolist()):
+            gaps.append(
+                (top[r, INDEX_TOPK:n, INDEX_TOPK - 1] - top[r, INDEX_TOPK:n, INDEX_TOPK]).min().item()
+            )
+    return min(gaps)
+
+
+def test_training_forward_equals_engine_prompt_logits(micro, tmp_path):
+    cfg, model, data = micro
+    ids, _, valid = data.batch(torch.arange(len(data)))
+    assert int(data.lengths.min()) >= 4 * INDEX_TOPK, "sequences must be long enough for top-k to be sparse"
+    folder = save_checkpoint(model, cfg, None, tmp_path / "ckpt", "float32")
+    with torch.no_grad():
+        out = train_forward(model, ids, sparse=True, valid=valid)
+        dense = train_forward(model, ids, sparse=False, valid=valid).logits
+    assert topk_margin(out.index_scores, data.lengths) > 1e-4, (
+        "near-ties at the top-k boundary: fragile check"
+    )
+    ours = out.logits
+    engine = Engine(folder, device="cpu", dtype="float32", page_size=4)
+    rows = [ids[r, : int(data.lengths[r])].tolist() for r in range(len(data))]
+    ref = engine.prompt_logits(rows)
+    for r, want in enumerate(ref):
+        got = ours[r, : len(rows[r])]
+        err = (got - want).abs().max().item()
+        assert err <= 1e-4 * want.abs().max().item(), f"row {r}: max |Δlogit| {err:.3g}"
+        # the sparse mask matters: dense attention gives other logits
+        assert (dense[r, : len(rows[r])] - want).abs().max().item() > 1e-3
+
+
+def test_saved_folder_loads_in_breakgraph_and_transformers_with_matching_logits(micro, tok, tmp_path):
+    from transformers import GlmMoeDsaForCausalLM
+
+    cfg, model, data = micro
+    folder = save_checkpoint(model, cfg, tok, tmp_path / "ckpt", "bfloat16")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "glm_moe_dsa" and config["torch_dtype"] == "bfloat16"
+    assert config["indexer_types"] == ["full", "shared", "full", "shared"]
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
+    assert (config["eos_token_id"], config["pad_token_id"]) == (0, 1) and "bos_token_id" in config
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("model.layers.1.mlp.gate.weight").dtype == torch.float32
+        assert f.get_tensor("model.layers.1.mlp.experts.0.gate_proj.weight").dtype == torch.bfloat16
+    for name in (
+        "model.layers.1.mlp.experts.7.down_proj.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.0.self_attn.kv_b_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.2.self_attn.indexer.weights_proj.weight", "model.layers.2.self_attn.indexer.k_norm.bias",
+    ):  # fmt: skip
+        assert name in names, name
+    assert not any("layers.1.self_attn.indexer" in n for n in names), "shared layers have no indexer"
+
+    engine = Engine(folder, device="cpu", dtype="float32", page_size=4)
+    hf = GlmMoeDsaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    rows = [data.tokens[r, : int(data.lengths[r])].tolist() for r in range(len(data))]
+    for ids, ours in zip(rows, engine.prompt_logits(rows)):
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        err = (ours - ref).abs().max().item()
+        assert err <= 1e-4 * ref.abs().max().item(), f"max |Δlogit| {err:.3g}"
+    text = engine.generate("Question: Mia has 3 apples.\nAnswer:")[0]
+    assert text.prompt_tokens > 0
+
+
+def test_moe_dense_and_loop_paths_agree_and_gradients_stay_where_they_belong(micro):
+    _, model, data = micro
+    ids, labels, valid = data.batch(torch.arange(len(data)))
+    a = train_forward(model, ids, sparse=True, valid=valid, moe_impl="dense")
+    b = train_forward(model, ids, sparse=True, valid=valid, moe_impl="loop")
+    assert (a.logits - b.logits).abs().max().item() < 1e-4
+    assert torch.equal(a.expert_load, b.expert_load) and int(a.expert_load.sum()) == 3 * 2 * int(valid.sum())
+
+    indexer_params = {n for n, _ in model.named_parameters() if ".indexer." in n}
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(a.logits.flatten(0, 1), labels.flatten()).backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert all(grads[n] is None for n in indexer_params), "the LM loss must not reach the indexer"
+    assert grads["model.layers.1.mlp.gate.weight"].abs().sum() > 0, "the router learns through its weights"
+    assert grads["model.layers.1.mlp.gate.e_score_correction_bias"] is None
+
+    model.zero_grad(set_to_none=True)
+    b.index_kl.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(grads) <= indexer_params and grads, "the index KL trains the indexer only"
+    model.zero_grad(set_to_none=True)
+
+
+def test_a_few_training_steps_reduce_the_loss(tok):
+    cfg = model_config_dict(tok.get_vocab_size(), 0, 1, "float32", **MICRO)
+    model = new_model(ModelConfig.from_dict(cfg), seed=0)
+    data = encode_problems(tok, train_split(64, seed=2))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    torch.manual_seed(0)
+    for step in range(30):
+        ids, labels, valid = data.batch(torch.randperm(len(data))[:16])
+        out = train_forward(model, ids, sparse=step >= 10, valid=valid, moe_impl="loop")
+        lm = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
+        opt.zero_grad()
+        (lm + out.index_kl).backward()
+        opt.step()
+        losses.append(lm.item())
+    assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses
+
+
+def test_train_demo_cli_writes_a_loadable_checkpoint(tmp_path):
+    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
+    summary = main(
+        ["--out", str(tmp_path / "ckpt"), "--device", "cpu", "--steps", "4", "--batch-size", "4",
+         "--train-problems", "64", "--val-problems", "4", "--vocab-size", "400", "--no-tokenizer-gsm8k", "--tokenizer-problems", "500",
+         "--warmup-steps", "1", "--log-every", "2", "--no-final-eval", "--shape", shape]
+    )  # fmt: skip
+    assert summary["steps"] == 4 and summary["history"][-1]["stage"] == "sparse"
+    engine = Engine(tmp_path / "ckpt", device="cpu", dtype="float32")
+    assert engine.config.num_hidden_layers == 2 and engine.tokenizer is not None
+    assert isinstance(TrainArgs(), TrainArgs) and train_demo is not None
