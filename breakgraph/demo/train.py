@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,7 @@ from breakgraph.demo.problems import (
     extract_answer,
     format_example,
     format_prompt,
+    normalise_question,
     test_split,
     train_split,
 )
@@ -334,6 +336,29 @@ class EncodedProblems:
         return ids, labels, valid
 
 
+def make_problems(n: int, seed: int, workers: int = 1) -> list[Problem]:
+    """``n`` distinct training-split problems (never a test question). One worker:
+    ``train_split(n, seed)``. Several: each draws its own seeded stream in a separate process,
+    the streams are merged in order and duplicates dropped; the same arguments always give the
+    same list."""
+    if workers <= 1 or n < 20000:
+        return train_split(n, seed)
+    per = -(-n * 21 // 20 // workers)  # 5% spare for duplicates across streams
+    jobs = [(per, seed * 1009 + 1 + w) for w in range(workers)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        streams = pool.starmap(train_split, jobs)
+    out, seen = [], set()
+    for stream in streams:
+        for p in stream:
+            key = normalise_question(p.question)
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    if len(out) < n:
+        raise RuntimeError(f"only {len(out)} distinct problems from {workers} streams, wanted {n}")
+    return out[:n]
+
+
 def encode_problems(tok, problems: list[Problem], check: int = 2000) -> EncodedProblems:
     """Encode ``format_example(p)`` + end-of-text. The answer starts at the first token past the
     prompt's characters; for the first ``check`` problems the prompt is also encoded alone to
@@ -486,6 +511,7 @@ class TrainArgs:
     index_kl_weight: float = 1.0
     bias_update_rate: float = 1e-3
     train_problems: int = 300_000
+    data_workers: int = 1
     val_problems: int = 200
     vocab_size: int = 2048
     tokenizer_problems: int = 20000
@@ -561,7 +587,7 @@ def train_demo(
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
 
-    problems = train_split(a.train_problems + a.val_problems, seed)
+    problems = make_problems(a.train_problems + a.val_problems, seed, a.data_workers)
     train_set, val_set = problems[: a.train_problems], problems[a.train_problems :]
     corpus = build_corpus(
         a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None
@@ -636,7 +662,7 @@ def train_demo(
             run_kl = d_kl if run_kl is None else 0.95 * run_kl + 0.05 * d_kl
         step += 1
         elapsed = time.perf_counter() - t_train - eval_s
-        progress = _progress(step, elapsed, a)
+        progress = _progress(step, elapsed + eval_s, a)
         if step % a.log_every == 0 or progress >= 1.0:
             share = ""
             if out.expert_load is not None:
@@ -690,12 +716,21 @@ def train_demo(
     return summary
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show a flag's default unless it is unset (None/False) or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def main(argv: list[str] | None = None) -> dict:
     d = TrainArgs()
     p = argparse.ArgumentParser(
         description="Train the demo GLM-5-architecture model on generated word problems and save it as an "
         "HF checkpoint folder (loads with breakgraph.Engine and transformers).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="training device")
@@ -724,8 +759,8 @@ def main(argv: list[str] | None = None) -> dict:
         "--time-budget",
         type=float,
         default=None,
-        help="training seconds; the lr schedule and stages follow "
-        "steps or elapsed time, whichever is further along, and training stops at the budget",
+        help="seconds for the training loop (periodic evals included); the lr schedule and the stage "
+        "switch follow steps or elapsed time, whichever is further along, and training stops at the budget",
     )
     p.add_argument(
         "--index-kl-weight", type=float, default=d.index_kl_weight, help="weight of the indexer KL loss"
@@ -737,6 +772,12 @@ def main(argv: list[str] | None = None) -> dict:
         help="router correction-bias step per update (0: off)",
     )
     p.add_argument("--train-problems", type=int, default=d.train_problems, help="distinct training problems")
+    p.add_argument(
+        "--data-workers",
+        type=int,
+        default=d.data_workers,
+        help="processes generating problems (1: train_split)",
+    )
     p.add_argument(
         "--val-problems",
         type=int,
@@ -794,6 +835,7 @@ def main(argv: list[str] | None = None) -> dict:
         batch_size=ns.batch_size, lr=ns.lr, min_lr_ratio=ns.min_lr_ratio, warmup_steps=ns.warmup_steps,
         weight_decay=ns.weight_decay, grad_clip=ns.grad_clip, dense_frac=ns.dense_frac, time_budget=ns.time_budget,
         index_kl_weight=ns.index_kl_weight, bias_update_rate=ns.bias_update_rate, train_problems=ns.train_problems,
+        data_workers=ns.data_workers,
         val_problems=ns.val_problems, vocab_size=ns.vocab_size, tokenizer_problems=ns.tokenizer_problems,
         tokenizer_gsm8k=not ns.no_tokenizer_gsm8k,
         moe_impl=ns.moe_impl, amp={"auto": None, "on": True, "off": False}[ns.amp], log_every=ns.log_every,
