@@ -525,6 +525,8 @@ class TrainArgs:
     test_problems: int = 200
     threads: int | None = None
     save_dtype: str = "bfloat16"
+    save_every: int = 0
+    resume: bool = False
     shape: dict = field(default_factory=dict)
 
 
@@ -631,6 +633,35 @@ def train_demo(
     run_loss = run_kl = None
     t_train, eval_s, tokens_seen, step, progress = time.perf_counter(), 0.0, 0, 0, 0.0
     sparse_from = None
+    state_file = out_dir.parent / f"{out_dir.name}.train_state.pt"
+    if a.resume and state_file.is_file():
+        st = torch.load(state_file, map_location=dev, weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        gen.set_state(st["gen"])
+        order, cursor, step, tokens_seen, history = (
+            st["order"],
+            st["cursor"],
+            st["step"],
+            st["tokens"],
+            st["history"],
+        )
+        run_loss, run_kl, sparse_from = st["run_loss"], st["run_kl"], st["sparse_from"]
+        t_train -= st["train_s"] + st["eval_s"]
+        eval_s = st["eval_s"]
+        progress = _progress(step, st["train_s"] + eval_s, a)
+        _log(f"resumed from {state_file} at step {step}")
+
+    def save_state() -> None:
+        tmp = state_file.with_suffix(".tmp")
+        torch.save(
+            {"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), "order": order,
+             "cursor": cursor, "step": step, "tokens": tokens_seen, "history": history, "run_loss": run_loss,
+             "run_kl": run_kl, "sparse_from": sparse_from, "train_s": elapsed, "eval_s": eval_s},
+            tmp,
+        )  # fmt: skip
+        tmp.replace(state_file)
+
     while progress < 1.0:
         if cursor + a.batch_size > len(data):
             order, cursor = torch.randperm(len(data), generator=gen), 0
@@ -691,9 +722,12 @@ def train_demo(
                     f"| {res.seconds:.0f}s"
                 )
             eval_s += time.perf_counter() - t_eval
+        if a.save_every and step % a.save_every == 0 and progress < 1.0:
+            save_state()
 
     train_s = time.perf_counter() - t_train - eval_s
     save_checkpoint(model, cfg_dict, tok, out_dir, a.save_dtype)
+    state_file.unlink(missing_ok=True)
     size_mb = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file()) / 1e6
     summary = {
         "seed": seed, "device": str(dev), "params": n_params, "steps": step, "train_seconds": round(train_s, 1),
@@ -819,6 +853,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--test-problems", type=int, default=d.test_problems, help="held-out problems for the final accuracy"
     )
+    p.add_argument(
+        "--save-every",
+        type=int,
+        default=d.save_every,
+        help="steps between training-state saves to OUT.train_state.pt (0: never)",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue from OUT.train_state.pt when it exists (same flags)"
+    )
     p.add_argument("--no-final-eval", action="store_true", help="skip the final val/test accuracy")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument(
@@ -840,7 +883,9 @@ def main(argv: list[str] | None = None) -> dict:
         tokenizer_gsm8k=not ns.no_tokenizer_gsm8k,
         moe_impl=ns.moe_impl, amp={"auto": None, "on": True, "off": False}[ns.amp], log_every=ns.log_every,
         eval_every=ns.eval_every, eval_device=ns.eval_device, final_eval_device=ns.final_eval_device,
-        test_problems=ns.test_problems, threads=ns.threads, save_dtype=ns.save_dtype, shape=ns.shape,
+        test_problems=ns.test_problems, threads=ns.threads, save_dtype=ns.save_dtype,
+        save_every=ns.save_every,
+        resume=ns.resume, shape=ns.shape,
     )  # fmt: skip
     return train_demo(ns.out, ns.seed, ns.steps, ns.device, args=args, final_eval=not ns.no_final_eval)
 
