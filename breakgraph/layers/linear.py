@@ -1,21 +1,32 @@
 """Linear layers, bf16/fp32 or FP8 block-scaled, written for tensor parallelism.
 
 ``ColumnParallelLinear`` splits the output dim across ranks, ``RowParallelLinear`` the input
-dim (and all-reduces), ``ReplicatedLinear`` keeps the whole weight. With ``tp_size == 1``
-(the only size today) all three are plain linears. Checkpoint tensors enter through
-:meth:`LinearBase.load`, the single place that checks shapes and slices shards.
+dim (and all-reduces), ``ReplicatedLinear`` keeps the whole weight; ``VocabParallelEmbedding``
+and ``ParallelLMHead`` split the vocabulary. With ``tp_size == 1`` all of them are the plain
+single-process layers. Checkpoint tensors enter through :meth:`LinearBase.load`; the loader
+reads only this rank's piece of each tensor (:meth:`LinearBase.shard`) before copying it.
 
 FP8: ``weight`` float8_e4m3fn ``[N, K]`` + ``weight_scale_inv`` fp32 ``[ceil(N/bn), ceil(K/bk)]``.
 A merged linear (gate‖up) stays FP8 only when every part's rows are a whole number of
-blocks; otherwise its parts are dequantised on load (tiny test models).
+blocks; otherwise its parts are dequantised on load (tiny test models). Under tensor
+parallelism an FP8 weight's shards must start on block boundaries (each rank's rows or
+columns a whole number of blocks): :func:`check_fp8_shards` names the tensor otherwise.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from breakgraph.distributed import get_parallel_state
+from breakgraph.distributed import (
+    ParallelState,
+    Shard,
+    ShardingError,
+    get_parallel_state,
+    tp_all_reduce,
+    tp_gather_last_dim,
+)
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.linear import linear
 from breakgraph.models.config import Fp8Config
@@ -32,7 +43,14 @@ def check_shape(name: str, expected: tuple[int, ...], found: tuple[int, ...]) ->
 
 class LinearBase(nn.Module):
     """``y = x @ W.T (+ b)``. ``output_sizes`` lists the parts of a merged linear
-    (e.g. ``[I, I]`` for gate‖up); ``load(name, tensor, part)`` fills part ``part``."""
+    (e.g. ``[I, I]`` for gate‖up) as held by this rank; ``load(name, tensor, part)`` fills
+    part ``part``. ``fp8_parts``: the parts' full (unsharded) sizes, which decide whether a
+    merged FP8 linear stays FP8 (default: ``output_sizes``).
+
+    ``shard_dim`` (class attribute): the weight dimension split across ranks (0 = output
+    rows, 1 = input columns, None = replicated)."""
+
+    shard_dim: int | None = None
 
     def __init__(
         self,
@@ -42,16 +60,21 @@ class LinearBase(nn.Module):
         bias: bool = False,
         fp8: Fp8Config | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        fp8_parts: list[int] | None = None,
     ) -> None:
         super().__init__()
+        self.tp = get_parallel_state()
         self.in_features = in_features
         self.output_sizes = list(output_sizes)
         self.out_features = sum(output_sizes)
         self.block = fp8.block if fp8 is not None else None
-        merged_ok = fp8 is None or len(output_sizes) == 1 or all(s % fp8.block[0] == 0 for s in output_sizes)
+        parts = fp8_parts or self.output_sizes
+        merged_ok = fp8 is None or len(parts) == 1 or all(s % fp8.block[0] == 0 for s in parts)
         self.quantized = fp8 is not None and merged_ok
         wdtype = FP8_DTYPE if self.quantized else dtype
-        self.weight = nn.Parameter(torch.empty(self.out_features, in_features, dtype=wdtype), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(self.out_features, in_features, dtype=wdtype), requires_grad=False
+        )
         if self.quantized:
             bn, bk = fp8.block
             self.weight_scale_inv = nn.Parameter(
@@ -60,13 +83,22 @@ class LinearBase(nn.Module):
             )
         else:
             self.weight_scale_inv = None
-        self.bias = nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
+        self.bias = (
+            nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.weight_scale_inv, self.block, self.bias)
 
+    def shard(self, kind: str) -> Shard | None:
+        """Which piece of checkpoint tensor ``kind`` (weight/weight_scale_inv/bias) this rank holds."""
+        if self.tp.tp_size == 1 or self.shard_dim is None or (kind == "bias" and self.shard_dim != 0):
+            return None
+        return Shard(self.shard_dim, self.tp.tp_rank, self.tp.tp_size)
+
     def load(self, name: str, tensor: torch.Tensor, kind: str = "weight", part: int = 0) -> None:
-        """Copy checkpoint ``tensor`` (``kind`` in weight/weight_scale_inv/bias) into part ``part``."""
+        """Copy checkpoint ``tensor`` (``kind`` in weight/weight_scale_inv/bias; already this
+        rank's shard) into part ``part``."""
         param = getattr(self, kind)
         if param is None:
             raise WeightShapeError(f"tensor {name!r}: this layer has no {kind}")
@@ -82,7 +114,12 @@ class LinearBase(nn.Module):
 
     def extra_repr(self) -> str:
         q = f", fp8 block={self.block}" if self.quantized else ""
-        return f"in={self.in_features}, out={self.out_features}{q}"
+        t = (
+            f", tp={self.tp.tp_rank}/{self.tp.tp_size}"
+            if self.tp.tp_size > 1 and self.shard_dim is not None
+            else ""
+        )
+        return f"in={self.in_features}, out={self.out_features}{q}{t}"
 
 
 class ReplicatedLinear(LinearBase):
@@ -93,22 +130,116 @@ class ReplicatedLinear(LinearBase):
 
 
 class ColumnParallelLinear(LinearBase):
-    """Output features split across tensor-parallel ranks (``output_sizes`` are per rank)."""
+    """Output features split across tensor-parallel ranks (``output_sizes`` are the full sizes;
+    each rank holds ``size / tp_size`` rows of every part)."""
+
+    shard_dim = 0
 
     def __init__(self, in_features: int, output_sizes: list[int] | int, **kw) -> None:
         sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
-        tp = get_parallel_state().tp_size
-        for s in sizes:
-            if s % tp:
-                raise ValueError(f"output size {s} is not divisible by tp_size {tp}")
-        super().__init__(in_features, [s // tp for s in sizes], **kw)
+        tp = get_parallel_state()
+        local = [tp.split(s, "output size") for s in sizes]
+        super().__init__(in_features, local, fp8_parts=sizes, **kw)
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial sums are all-reduced (no-op at tp_size 1)."""
+    """Input features split across ranks; partial sums are all-reduced, then the bias added.
+    ``reduce_results=False`` leaves the sum to the caller (the MoE sums routed and shared
+    experts first and all-reduces once)."""
 
-    def __init__(self, in_features: int, out_features: int, **kw) -> None:
-        tp = get_parallel_state().tp_size
-        if in_features % tp:
-            raise ValueError(f"input size {in_features} is not divisible by tp_size {tp}")
-        super().__init__(in_features // tp, [out_features], **kw)
+    shard_dim = 1
+
+    def __init__(self, in_features: int, out_features: int, *, reduce_results: bool = True, **kw) -> None:
+        tp = get_parallel_state()
+        super().__init__(tp.split(in_features, "input size"), [out_features], **kw)
+        if self.bias is not None and not reduce_results and tp.tp_size > 1:
+            raise ValueError(
+                "a row-parallel linear with a bias must reduce its results (the bias is added once)"
+            )
+        self.reduce_results = reduce_results
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.tp_size == 1:
+            return linear(x, self.weight, self.weight_scale_inv, self.block, self.bias)
+        y = linear(x, self.weight, self.weight_scale_inv, self.block)
+        if self.reduce_results:
+            y = tp_all_reduce(y.contiguous())
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with the vocabulary split across ranks: rank ``r`` holds rows
+    ``[r·V/tp, (r+1)·V/tp)``; a token of another rank's range looks up zeros here, and the
+    all-reduce sums the one real row in. ``weight`` keeps the checkpoint name."""
+
+    shard_dim = 0
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.tp = get_parallel_state()
+        self.num_embeddings = num_embeddings
+        local = self.tp.split(num_embeddings, "vocab_size")
+        self.vocab_start = self.tp.tp_rank * local
+        self.weight = nn.Parameter(torch.empty(local, embedding_dim, dtype=dtype), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        h = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return tp_all_reduce(h.masked_fill_(outside.unsqueeze(-1), 0))
+
+    def shard(self, kind: str) -> Shard | None:
+        return Shard(0, self.tp.tp_rank, self.tp.tp_size) if self.tp.tp_size > 1 else None
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_embeddings}, {self.weight.shape[1]}, rows {self.vocab_start}+{self.weight.shape[0]}"
+        )
+
+
+class ParallelLMHead(nn.Module):
+    """LM head with the vocabulary split like :class:`VocabParallelEmbedding` (so it can share
+    its weight). ``forward`` returns fp32 logits ``[N, V]`` on rank 0 (gathered from every
+    rank's ``[N, V/tp]``) and None on the other ranks."""
+
+    shard_dim = 0
+
+    def __init__(self, hidden: int, vocab_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.tp = get_parallel_state()
+        local = self.tp.split(vocab_size, "vocab_size")
+        self.weight = nn.Parameter(torch.empty(local, hidden, dtype=dtype), requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        if self.tp.tp_size == 1:
+            return F.linear(hidden, self.weight).float()
+        logits = tp_gather_last_dim(F.linear(hidden, self.weight))
+        return logits.float() if logits is not None else None
+
+    def shard(self, kind: str) -> Shard | None:
+        return Shard(0, self.tp.tp_rank, self.tp.tp_size) if self.tp.tp_size > 1 else None
+
+
+def check_fp8_shards(name: str, module: LinearBase) -> None:
+    """Raise :class:`ShardingError` naming ``name``'s weight when this rank's FP8 shard does not
+    start and end on block boundaries (its scales could not be split with it)."""
+    if not module.quantized or module.shard(kind="weight") is None:
+        return
+    tp: ParallelState = module.tp
+    b = module.block[module.shard_dim]
+    if module.shard_dim == 0:
+        base = name.rsplit(".", 1)[0] if len(module.output_sizes) == 2 else None
+        names = [f"{base}.{p}.weight" for p in ("gate_proj", "up_proj")] if base else [f"{name}.weight"]
+        checks = list(zip(names, module.output_sizes))
+    else:
+        checks = [(f"{name}.weight", module.in_features)]
+    for tensor, local in checks:
+        if local % b:
+            axis = "rows" if module.shard_dim == 0 else "columns"
+            raise ShardingError(
+                f"FP8 tensor {tensor!r}: --tp-size {tp.tp_size} gives each rank {local} {axis}, not a multiple of "
+                f"the {b}-wide FP8 block, so its weight_scale_inv blocks cannot be split with it. Use a TP size "
+                f"that splits the {axis} on {b}-{axis[:-1]} block boundaries."
+            )

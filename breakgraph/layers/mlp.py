@@ -1,4 +1,10 @@
-"""Dense SwiGLU MLP and the MoE block (router + routed experts + shared expert)."""
+"""Dense SwiGLU MLP and the MoE block (router + routed experts + shared expert).
+
+Tensor parallelism: the dense MLP is column-parallel (gate‖up) then row-parallel (down, one
+all-reduce). The MoE keeps every expert on every rank and splits each expert's intermediate
+dimension (``w13`` rows, ``w2`` columns) like the shared expert's; routed and shared partial
+sums are added first and all-reduced once. The router is replicated.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from breakgraph.distributed import get_parallel_state
+from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_all_reduce
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.moe import fused_moe, route
 from breakgraph.layers.linear import ColumnParallelLinear, RowParallelLinear, WeightShapeError, check_shape
@@ -16,10 +22,12 @@ from breakgraph.models.config import Fp8Config, ModelConfig
 class MLP(nn.Module):
     """``down(silu(gate x) ⊙ up x)`` with gate‖up merged into one column-parallel linear."""
 
-    def __init__(self, hidden: int, intermediate: int, fp8: Fp8Config | None, dtype: torch.dtype) -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, fp8: Fp8Config | None, dtype: torch.dtype, reduce_results: bool = True
+    ) -> None:
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(hidden, [intermediate, intermediate], fp8=fp8, dtype=dtype)
-        self.down_proj = RowParallelLinear(intermediate, hidden, fp8=fp8, dtype=dtype)
+        self.down_proj = RowParallelLinear(intermediate, hidden, fp8=fp8, dtype=dtype, reduce_results=reduce_results)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -47,16 +55,18 @@ class Router(nn.Module):
 
 class Experts(nn.Module):
     """Routed expert weights stacked per expert: ``w13 [E, 2I, D]`` (gate rows, then up rows)
-    and ``w2 [E, D, I]``; FP8 adds ``w13_scale``/``w2_scale`` block scales."""
+    and ``w2 [E, D, I]``; FP8 adds ``w13_scale``/``w2_scale`` block scales. Under tensor
+    parallelism ``I`` is this rank's slice of ``moe_intermediate_size``."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
+        self.tp = get_parallel_state()
         e, d = config.n_routed_experts, config.hidden_size
-        i = config.moe_intermediate_size // get_parallel_state().tp_size
+        i = self.tp.split(config.moe_intermediate_size, "moe_intermediate_size")
         self.intermediate = i
         fp8 = config.fp8
         self.block = fp8.block if fp8 is not None else (128, 128)
-        self.quantized = fp8 is not None and i % fp8.block[0] == 0
+        self.quantized = fp8 is not None and config.moe_intermediate_size % fp8.block[0] == 0
         wdtype = FP8_DTYPE if self.quantized else dtype
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, d, dtype=wdtype), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e, d, i, dtype=wdtype), requires_grad=False)
@@ -70,19 +80,51 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale, self.block)
 
+    def shard(self, proj: str) -> Shard | None:
+        """This rank's piece of one expert's ``{proj}_proj`` tensor (weight or scale)."""
+        if self.tp.tp_size == 1:
+            return None
+        return Shard(1 if proj == "down" else 0, self.tp.tp_rank, self.tp.tp_size)
+
+    def check_fp8_shards(self, name: str) -> None:
+        """Raise :class:`ShardingError` when this rank's slice of the intermediate dimension does
+        not fall on FP8 block boundaries."""
+        if not self.quantized or self.tp.tp_size == 1:
+            return
+        for proj, b in (("gate_proj", self.block[0]), ("down_proj", self.block[1])):
+            if self.intermediate % b:
+                raise ShardingError(
+                    f"FP8 tensor {name}.<expert>.{proj}.weight: --tp-size {self.tp.tp_size} gives each rank "
+                    f"{self.intermediate} of moe_intermediate_size, not a multiple of the {b}-wide FP8 block, so "
+                    "its weight_scale_inv blocks cannot be split with it. Use a TP size that splits "
+                    f"moe_intermediate_size on {b}-element block boundaries."
+                )
+
     def load(self, name: str, tensor: torch.Tensor, proj: str, kind: str, expert: int | None) -> None:
-        """Load one checkpoint tensor. ``proj`` in gate/up/down (one expert) or gate_up/down
-        (all experts, ``expert=None``); ``kind`` is ``weight`` or ``weight_scale_inv``."""
+        """Load one checkpoint tensor. ``proj`` in gate/up/down (one expert, ``tensor`` already
+        this rank's shard) or gate_up/down (all experts, ``expert=None``: the full fused tensor,
+        sliced here); ``kind`` is ``weight`` or ``weight_scale_inv``."""
         scale = kind == "weight_scale_inv"
         if scale and not self.quantized:
             raise WeightShapeError(f"tensor {name!r}: experts are not FP8 here")
         param = (self.w2_scale if scale else self.w2) if proj == "down" else (self.w13_scale if scale else self.w13)
         target = param.data if expert is None else param.data[expert]
+        if expert is None and self.tp.tp_size > 1:
+            tensor = self._shard_fused(name, tensor, proj)
         if proj in ("gate", "up"):
             rows = target.shape[-2] // 2
             target = target.narrow(-2, 0 if proj == "gate" else rows, rows)
         check_shape(name, tuple(target.shape), tuple(tensor.shape))
         target.copy_(tensor)
+
+    def _shard_fused(self, name: str, tensor: torch.Tensor, proj: str) -> torch.Tensor:
+        """This rank's rows of a fused ``gate_up [E, 2I, D]`` (from each half) or columns of a
+        fused ``down [E, D, I]``."""
+        shard = Shard(-1 if proj == "down" else -2, self.tp.tp_rank, self.tp.tp_size)
+        if proj == "down":
+            return shard.take(tensor, name)
+        gate, up = tensor.chunk(2, dim=-2)
+        return torch.cat([shard.take(gate, name), shard.take(up, name)], dim=-2)
 
 
 class MoE(nn.Module):
@@ -92,15 +134,21 @@ class MoE(nn.Module):
         super().__init__()
         self.gate = Router(config)
         self.experts = Experts(config, dtype)
+        self.tp = get_parallel_state()
         self.shared_experts = (
-            MLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.fp8, dtype)
+            MLP(
+                config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.fp8, dtype,
+                reduce_results=False,
+            )
             if config.n_shared_experts
             else None
-        )
+        )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = self.gate(x)
         out = self.experts(x, topk_weights, topk_ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
+        if self.tp.tp_size > 1:
+            out = tp_all_reduce(out.contiguous())
         return out

@@ -5,6 +5,14 @@ The differences between the two live in :class:`~breakgraph.models.config.ModelC
 layers. Parameter names follow the HF checkpoints so loading is a name lookup, except for
 stacked parameters (gate‖up, per-expert tensors) which :meth:`DsaForCausalLM.checkpoint_targets`
 maps explicitly.
+
+Tensor parallelism (``tp_size`` ranks, each building the model inside
+:func:`~breakgraph.distributed.parallel_state`): MLA heads split (``q_b_proj``, ``kv_b_proj``
+column-parallel, so ``w_kc``/``w_vc`` hold this rank's heads; ``o_proj`` row-parallel);
+``q_a``/``kv_a`` projections, their norms and the whole DSA indexer replicated (every rank
+computes the same top-k); dense MLP and MoE experts split over their intermediate dimension;
+embedding and LM head split over the vocabulary. :func:`check_tensor_parallel` names the
+config field that does not divide.
 """
 
 from __future__ import annotations
@@ -13,13 +21,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from breakgraph.distributed import Shard, ShardingError, get_parallel_state
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.layers.attention import MLAttention
-from breakgraph.layers.linear import LinearBase, check_shape
-from breakgraph.layers.mlp import MLP, MoE
+from breakgraph.layers.linear import (
+    LinearBase,
+    ParallelLMHead,
+    VocabParallelEmbedding,
+    check_fp8_shards,
+    check_shape,
+)
+from breakgraph.layers.mlp import MLP, Experts, MoE
 from breakgraph.layers.norm import RMSNorm
 from breakgraph.layers.rotary import RotaryEmbedding
 from breakgraph.models.config import ModelConfig
@@ -51,8 +65,7 @@ class Backbone(nn.Module):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(DecoderLayer(config, i, dtype) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.rotary = RotaryEmbedding(config.rope, config.qk_rope_head_dim, max_positions)
@@ -60,10 +73,31 @@ class Backbone(nn.Module):
 
 @dataclass(frozen=True)
 class Target:
-    """Where one checkpoint tensor goes: ``load(tensor)`` and the dtype it is stored in."""
+    """Where one checkpoint tensor goes: ``load(tensor)``, the dtype it is stored in, and the
+    piece of it this tensor-parallel rank holds (None: all of it)."""
 
     load: Callable[[torch.Tensor], None]
     dtype: torch.dtype
+    shard: Shard | None = None
+
+
+def check_tensor_parallel(config: ModelConfig, tp_size: int) -> None:
+    """Raise :class:`~breakgraph.distributed.ShardingError` naming the first config field that
+    ``tp_size`` ranks cannot split evenly."""
+    if tp_size < 1:
+        raise ShardingError(f"--tp-size must be >= 1, got {tp_size}")
+    c = config
+    fields = [("num_attention_heads", c.num_attention_heads), ("vocab_size", c.vocab_size)]
+    if any(not c.is_moe_layer(i) for i in range(c.num_hidden_layers)):
+        fields.append(("intermediate_size", c.intermediate_size))
+    if any(c.is_moe_layer(i) for i in range(c.num_hidden_layers)):
+        fields.append(("moe_intermediate_size", c.moe_intermediate_size))
+    for field, value in fields:
+        if value % tp_size:
+            raise ShardingError(
+                f"config.json field {field!r} = {value} is not divisible by --tp-size {tp_size}; "
+                f"tensor parallelism splits it evenly across ranks"
+            )
 
 
 class DsaForCausalLM(nn.Module):
@@ -74,11 +108,18 @@ class DsaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.tp = get_parallel_state()
+        if self.tp.tp_size > 1:
+            check_tensor_parallel(config, self.tp.tp_size)
         self.model = Backbone(config, dtype, max_positions or config.max_position_embeddings)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
-        self.lm_head.weight.requires_grad_(False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, dtype=dtype)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        for name, module in self.named_modules():
+            if isinstance(module, LinearBase):
+                check_fp8_shards(name, module)
+            elif isinstance(module, Experts):
+                module.check_fp8_shards(name)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Decoder body: ``input_ids [T]``, ``positions [T]`` int64 → final-norm hidden ``[T, D]``.
@@ -93,9 +134,10 @@ class DsaForCausalLM(nn.Module):
             h, topk = layer(h, cos, sin, topk)
         return self.model.norm(h)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [N, D]`` → fp32 logits ``[N, vocab]``."""
-        return F.linear(hidden, self.lm_head.weight).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """``hidden [N, D]`` → fp32 logits ``[N, vocab]`` (under tensor parallelism: on rank 0,
+        gathered from every rank's vocabulary slice; None on the other ranks)."""
+        return self.lm_head(hidden)
 
     def process_weights_after_loading(self) -> None:
         """Derive absorbed-MLA weights; drop ``kv_b_proj`` (its halves now live in w_kc/w_vc)."""
@@ -126,7 +168,8 @@ class DsaForCausalLM(nn.Module):
                         if getattr(module, kind) is None:
                             continue
                         required[f"{prefix}.{kind}"] = Target(
-                            lambda t, m=module, n=f"{prefix}.{kind}", k=kind, p=part: m.load(n, t, k, p), dt
+                            lambda t, m=module, n=f"{prefix}.{kind}", k=kind, p=part: m.load(n, t, k, p), dt,
+                            module.shard(kind),
                         )
             elif mod_name.endswith("mlp.experts"):
                 self._expert_targets(mod_name, module, required, aliases)
@@ -136,7 +179,10 @@ class DsaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
-            required[name] = Target(lambda t, p=param, n=name: _copy_param(n, p, t), param.dtype)
+            owner_module = self.get_submodule(owner)
+            vocab_split = isinstance(owner_module, (VocabParallelEmbedding, ParallelLMHead))
+            shard = owner_module.shard("weight") if vocab_split else None
+            required[name] = Target(lambda t, p=param, n=name: _copy_param(n, p, t), param.dtype, shard)
         # kv_b_proj is consumed by absorb_kv_b; no other buffers come from the checkpoint.
         return required, aliases
 
@@ -148,7 +194,9 @@ class DsaForCausalLM(nn.Module):
             for e in range(e_count):
                 for proj in ("gate", "up", "down"):
                     name = f"{prefix}.{e}.{proj}_proj.{kind}"
-                    required[name] = Target(lambda t, n=name, p=proj, k=kind, e=e: experts.load(n, t, p, k, e), dt)
+                    required[name] = Target(
+                        lambda t, n=name, p=proj, k=kind, e=e: experts.load(n, t, p, k, e), dt, experts.shard(proj)
+                    )
         for proj in ("gate_up", "down"):
             name = f"{prefix}.{proj}_proj"
             covered = [f"{prefix}.{e}.{p}_proj.weight" for e in range(e_count) for p in proj.split("_")]

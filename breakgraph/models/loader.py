@@ -4,6 +4,12 @@ Checkpoints: ``model.safetensors`` or shards listed in ``model.safetensors.index
 bf16/fp32, or FP8 (``weight`` float8_e4m3fn + ``weight_scale_inv``). Each tensor is
 checked against the model: a missing, unexpected or mis-shaped tensor is an error that
 names it. Multi-token-prediction layers (index ≥ ``num_hidden_layers``) are skipped.
+
+Tensor parallelism: each rank builds its own shard of the model (``parallel=``) and reads only
+its piece of each sharded tensor from disk (safetensors slices), so no rank ever holds the
+whole model. FP8 weights and their ``weight_scale_inv`` are sliced alike (the model refuses
+shards that do not fall on block boundaries); a tensor dequantised on load (tiny models) is
+read whole, dequantised, then sliced.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
+from breakgraph.distributed import ParallelState, Shard, parallel_state
 from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant
+from breakgraph.layers.rotary import RotaryEmbedding
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.glm5 import DsaForCausalLM
-from breakgraph.layers.rotary import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +45,12 @@ def build_model(
     device: torch.device | str,
     dtype: torch.dtype,
     max_positions: int | None = None,
+    parallel: ParallelState | None = None,
 ) -> DsaForCausalLM:
-    """Construct the model with uninitialised weights directly on ``device`` (no CPU copy)."""
+    """Construct the model (``parallel``: this tensor-parallel rank's shard) with
+    uninitialised weights directly on ``device`` (no CPU copy)."""
     device = torch.device(device)
-    with torch.device("meta"):
+    with parallel_state(parallel), torch.device("meta"):
         model = DsaForCausalLM(config, dtype, max_positions=1)
     model.to_empty(device=device)
     if config.tie_word_embeddings:
@@ -61,11 +70,14 @@ def load_model(
     load_format: str = "auto",
     max_positions: int | None = None,
     seed: int = 0,
+    parallel: ParallelState | None = None,
 ) -> DsaForCausalLM:
     """Build the model for ``model_path`` (or ``config``) and fill its weights.
 
     ``load_format``: ``auto``/``safetensors`` read the checkpoint; ``dummy`` draws seeded
-    random weights (any config, no files needed beyond config.json).
+    random weights (any config, no files needed beyond config.json; every rank draws the same
+    values for its replicated tensors). ``parallel``: build and load this tensor-parallel
+    rank's shard only.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load-format must be one of {LOAD_FORMATS}, got {load_format!r}")
@@ -73,7 +85,7 @@ def load_model(
         if model_path is None:
             raise ValueError("give a model path or a config")
         config = ModelConfig.from_pretrained(model_path)
-    model = build_model(config, device, dtype, max_positions)
+    model = build_model(config, device, dtype, max_positions, parallel)
     if torch.device(device).type == "meta":
         return model
     if load_format == "dummy":
@@ -120,8 +132,12 @@ def load_checkpoint(model: DsaForCausalLM, folder: Path) -> None:
     with ExitStack() as stack:
         handles = {f: stack.enter_context(safe_open(f, framework="pt")) for f in set(files.values())}
 
-        def get(name: str) -> torch.Tensor:
-            return handles[files[name]].get_tensor(name)
+        def get(name: str, shard: Shard | None = None) -> torch.Tensor:
+            """The tensor, or only this rank's ``shard`` of it (read from disk as a slice)."""
+            if shard is None:
+                return handles[files[name]].get_tensor(name)
+            piece = handles[files[name]].get_slice(name)
+            return piece[shard.index(tuple(piece.get_shape()), name)]
 
         for name in tqdm(sorted(files), desc="Loading weights", unit="tensor", leave=False):
             m = _LAYER_RE.match(name)
@@ -136,13 +152,16 @@ def load_checkpoint(model: DsaForCausalLM, folder: Path) -> None:
             else:
                 unexpected.append(name)
                 continue
-            tensor = get(name)
-            if tensor.dtype == FP8_DTYPE and target.dtype != FP8_DTYPE:
+            dequantize = target.dtype != FP8_DTYPE and _stored_dtype(handles[files[name]], name) == FP8_DTYPE
+            tensor = get(name, None if dequantize else target.shard)
+            if dequantize:
                 scale_name = name[: -len("weight")] + "weight_scale_inv"
                 if scale_name not in files:
                     raise CheckpointError(f"tensor {name!r} is FP8 but {scale_name!r} is missing")
                 tensor = block_dequant(tensor, get(scale_name), block, target.dtype)
                 consumed_scales.add(scale_name)
+                if target.shard is not None:
+                    tensor = target.shard.take(tensor, name)
             target.load(tensor.to(device))
             loaded.update(covers)
     unexpected += [
@@ -157,6 +176,15 @@ def load_checkpoint(model: DsaForCausalLM, folder: Path) -> None:
     missing = sorted(set(required) - loaded)
     if missing:
         raise CheckpointError(f"checkpoint {folder} is missing {len(missing)} tensor(s), e.g. {missing[:5]}")
+
+
+def _stored_dtype(handle, name: str) -> torch.dtype | None:
+    """The dtype of ``name`` on disk, read from the header (no data)."""
+    dtype = handle.get_slice(name).get_dtype()
+    return _SAFETENSORS_DTYPES.get(dtype)
+
+
+_SAFETENSORS_DTYPES = {"F8_E4M3": FP8_DTYPE}
 
 
 def init_dummy_weights(model: DsaForCausalLM, seed: int = 0) -> None:
