@@ -9,7 +9,6 @@ import pytest
 from breakgraph.demo.default_model import ASSETS, SHIPPED_NAME, default_model_path
 
 SHIPPED = ASSETS / SHIPPED_NAME
-GATE = 0.92
 MAX_MB = 25
 
 pytestmark = pytest.mark.skipif(
