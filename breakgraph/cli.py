@@ -51,6 +51,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help="largest decode batch captured (default: min(--max-running-requests, 64))")
     c.add_argument("--fold-islands", action="store_true",
                    help="run single-kernel graph segments eagerly inside the neighbouring break")
+    add_parallel_arguments(parser)
+
+
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--tp-size`` (also for commands with their own engine flags, e.g. ``bench prefill``)."""
+    p = parser.add_argument_group("parallelism")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="tensor-parallel ranks, one process each (one GPU each on CUDA), started by breakgraph "
+                        "(or by torchrun when RANK/WORLD_SIZE are set)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -61,7 +70,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         seed=args.seed, cuda_graph_backend_prefill=args.cuda_graph_backend_prefill,
         cuda_graph_bs_prefill=args.cuda_graph_bs_prefill, cuda_graph_max_bs_prefill=args.cuda_graph_max_bs_prefill,
         cuda_graph_backend_decode=args.cuda_graph_backend_decode, cuda_graph_max_bs=args.cuda_graph_max_bs,
-        fold_islands=args.fold_islands,
+        fold_islands=args.fold_islands, tp_size=args.tp_size,
     )  # fmt: skip
 
 

@@ -78,6 +78,9 @@ class Engine:
         cuda_graph_backend_decode: ``full`` (one graph per batch-size bucket) or ``disabled``
             (default: ``full`` on CUDA, ``disabled`` on CPU). ``cuda_graph_max_bs``: the largest
             decode batch captured (default: ``min(max_running_requests, 64)``).
+        tp_size: tensor-parallel ranks (:mod:`breakgraph.engine.tp`): this process is rank 0
+            and starts the others (or joins torchrun's); one GPU per rank on CUDA. Call
+            :meth:`shutdown` (or use ``with Engine(...)``) to stop them.
     """
 
     def __init__(
@@ -100,7 +103,9 @@ class Engine:
         fold_islands: bool = False,
         cuda_graph_backend_decode: str | None = None,
         cuda_graph_max_bs: int | None = None,
+        tp_size: int = 1,
     ) -> None:
+        engine_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for TP ranks
         if model_path is None:
             from breakgraph.demo.default_model import default_model_path
 
@@ -114,19 +119,29 @@ class Engine:
             raise ValueError(f"chunked_prefill_size must be >= 1, got {chunked_prefill_size}")
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        self.tp = None  # tensor parallelism: the TPGroup of this rank
+        if tp_size != 1:
+            from breakgraph.engine import tp
+
+            self.tp = tp.start(self, tp_size, {**engine_args, "model_path": str(self.model_path)})
 
         t0 = time.perf_counter()
         self.model = load_model(
             self.model_path, config=self.config, device=self.device, dtype=self.dtype, load_format=load_format,
-            max_positions=self.context_length, seed=seed,
+            max_positions=self.context_length, seed=seed, parallel=self.tp.state if self.tp else None,
         )  # fmt: skip
         logger.info("loaded %s (%s, %s) in %.1fs", self.model_path, self.config.model_type, self.dtype, time.perf_counter() - t0)
-        self.tokenizer = _load_tokenizer(self.model_path)
+        self.tokenizer = _load_tokenizer(self.model_path) if self.tp is None or self.tp.rank == 0 else None
 
         if num_pages is None:
             num_pages = self._default_num_pages(page_size, max_running_requests, mem_fraction_static)
+        if self.tp is not None:
+            num_pages = self.tp.agree_on_num_pages(num_pages)
         self.kv_cache = KVCache(self.config, num_pages, page_size, self.dtype, self.device)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.device)
+        if self.tp is None:
+            self.runner = ModelRunner(self.model, self.kv_cache, self.device)
+        else:
+            self.runner = self.tp.make_runner(self.model, self.kv_cache, self.device)
         self.chunked_prefill_size = chunked_prefill_size
         self.fold_islands = fold_islands
         self.set_prefill_backend(
@@ -148,6 +163,8 @@ class Engine:
         self.eos_ids = set(self.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids.add(self.tokenizer.eos_token_id)
+        if self.tp is not None:
+            self.tp.ready(self)  # ranks > 0 serve rank 0's steps from here on and never return
 
     def _default_num_pages(self, page_size: int, max_running: int, mem_fraction: float) -> int:
         per_page = KVCache.bytes_per_page(self.config, page_size, self.dtype)
@@ -167,6 +184,8 @@ class Engine:
         ``disabled`` drops them. Prefill chunks are capped at the largest bucket."""
         if backend not in PREFILL_BACKENDS:
             raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
+        if self.tp is not None:
+            self.tp.on_set_prefill_backend(backend, buckets, max_bucket, self.fold_islands)
         self.runner.prefill_graphs = None
         self.prefill_backend = backend
         if backend == "disabled":
@@ -197,6 +216,17 @@ class Engine:
             if decode is not None else {"backend": "disabled", "replays": 0, "fallbacks": {}}
         )  # fmt: skip
         return stats
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do for a single-process engine)."""
+        if self.tp is not None:
+            self.tp.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     # -- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
