@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -218,6 +219,7 @@ class TPGroup:
         self.state = ParallelState(rank, world)
         self._commands = commands  # a store: rank 0 writes cmd/<n>, workers read it
         self._store: Any = None  # rank 0 (spawn): the store server, alive as long as the group
+        self._runner: weakref.ref[TPModelRunner] | None = None
         self._seq = 0
         self._procs: list[tuple[int, Any]] = []
         self._owns_group = True
@@ -340,12 +342,25 @@ class TPGroup:
     # -- used by the Engine -----------------------------------------------------------------
     def agree_on_num_pages(self, num_pages: int) -> int:
         """The smallest KV pool any rank can hold (page ids are shared, so pools must match)."""
-        t = torch.tensor([num_pages], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return int(t.item())
+
+        def agree() -> int:
+            t = torch.tensor([num_pages], dtype=torch.int64)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            return int(t.item())
+
+        return self._guarded(agree) if self.rank == 0 else agree()
 
     def make_runner(self, model: DsaForCausalLM, kv_cache: KVCache, device: torch.device) -> TPModelRunner:
-        return TPModelRunner(model, kv_cache, device, self)
+        runner = TPModelRunner(model, kv_cache, device, self)
+        self._runner = weakref.ref(runner)
+        return runner
+
+    def _drop_graphs(self) -> None:
+        """Release captured graphs before the process group: graphs holding NCCL work can make
+        the communicator's teardown hang."""
+        runner = self._runner() if self._runner is not None else None
+        if runner is not None:
+            runner.prefill_graphs = runner.decode_graphs = None
 
     def ready(self, engine: Engine) -> None:
         """End of ``Engine.__init__``: rank 0 starts driving; other ranks serve (never return)."""
@@ -433,6 +448,7 @@ class TPGroup:
             sys.stderr.flush()
         finally:
             self._closed = True
+            self._drop_graphs()
             _destroy_group()
         raise SystemExit(code)
 
@@ -444,6 +460,8 @@ class TPGroup:
             raise TensorParallelError("this tensor-parallel engine was shut down; build a new Engine")
 
     def _guarded(self, fn: Callable[[], Any]) -> Any:
+        """Rank 0: run ``fn``, which the other ranks take part in. Any failure stops every rank
+        and becomes a :class:`TensorParallelError` naming the rank that died, if one did."""
         self.check_alive()
         self._busy = True
         try:
@@ -452,6 +470,10 @@ class TPGroup:
             raise
         except Exception as exc:
             raise self._fail(exc) from exc
+        except BaseException:  # Ctrl-C half-way through a step: the ranks are out of step for good
+            self.failure = "a step was interrupted on rank 0; every rank was stopped, build a new Engine"
+            self.shutdown()
+            raise
         finally:
             self._busy = False
 
@@ -518,6 +540,7 @@ class TPGroup:
         self._closed = True
         atexit.unregister(self.shutdown)
         self._stop_processes(timeout=0.0)
+        self._drop_graphs()
         _destroy_group()
 
     def shutdown(self) -> None:
@@ -534,6 +557,7 @@ class TPGroup:
                 logger.debug("could not post shutdown: %s", exc)
         if not healthy:
             self._stop_processes(timeout=0.0)
+        self._drop_graphs()
         _destroy_group()
         self._stop_processes()
 
@@ -545,12 +569,25 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _destroy_group() -> None:
-    if dist.is_initialized():
+def _destroy_group(timeout: float = 30.0) -> None:
+    """Destroy the default process group, giving up (with a warning) after ``timeout`` seconds:
+    an NCCL teardown can hang, and shutting down must not."""
+    if not dist.is_initialized():
+        return
+
+    def destroy() -> None:
         try:
             dist.destroy_process_group()
         except Exception as exc:  # noqa: BLE001 - a group whose peers died may not tear down cleanly
             logger.debug("destroy_process_group: %s", exc)
+
+    thread = threading.Thread(target=destroy, daemon=True, name="breakgraph-tp-destroy")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        logger.warning(
+            "destroy_process_group did not return within %.0fs; leaving the process group behind", timeout
+        )
 
 
 def _abort_group() -> None:
