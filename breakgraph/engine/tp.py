@@ -176,7 +176,7 @@ def _worker_entry(launch: _Launch, engine_args: dict[str, Any]) -> None:
     _SPAWNED = launch
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
     threading.Thread(target=_watch_parent, args=(launch,), daemon=True, name="breakgraph-tp-parent").start()
-    if engine_args.get("device") in (None, "cpu") and not torch.cuda.is_available():
+    if str(engine_args.get("device") or "cpu").startswith("cpu") and not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.world))
     from breakgraph.engine.engine import Engine
 
