@@ -82,7 +82,14 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(engine):
         assert client.post("/v1/completions", json=SHORT).status_code == 200
 
 
-def test_full_waiting_queue_answers_503_and_loses_nothing(engine):
+def test_full_waiting_queue_answers_503_and_loses_nothing(engine, monkeypatch):
+    real_step = engine.step
+
+    def slow_step():  # keep A running long enough for B to queue and C to be refused, on any machine
+        time.sleep(0.02)
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
     with running(engine, max_queued_requests=1) as (client, app):
         loop = app.state.engine_loop
         results = {}
