@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
     parser.add_argument("--output", default="prefill_bench", help="output prefix: writes PREFIX.json, PREFIX.md, PREFIX.png")
+    from breakgraph.cli import add_parallel_arguments
+
+    add_parallel_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -79,7 +82,10 @@ def main(args: argparse.Namespace) -> int:
         folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page_size,
         num_pages=2 + max(args.batch_size) * -(-per_req // page_size), context_length=per_req,
         chunked_prefill_size=max_tokens, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled",
+        tp_size=args.tp_size,
     )  # fmt: skip
+    if args.tp_size > 1 and "torch-compile" in args.backends:
+        raise SystemExit("--backends torch-compile runs the model in this process only; it cannot run with --tp-size > 1")
     floors = {t: floor_seconds(engine, n, b) for n in args.input_len for b in args.batch_size for t in [(n, b)]}
     rows: list[Row] = []
     for backend in args.backends:

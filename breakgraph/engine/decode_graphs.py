@@ -103,7 +103,8 @@ class DecodeGraphRunner:
         from tqdm.auto import tqdm
 
         start = time.perf_counter()
-        for bs in tqdm(sorted(self.buckets, reverse=True), desc="Capturing decode graphs", unit="bs", disable=not progress):
+        for bs in tqdm(sorted(self.buckets, reverse=True), desc="Capturing decode graphs", unit="bs",
+                       disable=None if progress else True):  # None: TQDM_DISABLE and non-TTY rules apply
             batch = self.buffers.batch(bs, self.kv_cache)
             with torch.inference_mode(), forward_batch_context(batch):
                 self.model(batch.input_ids, batch.positions)  # warm-up

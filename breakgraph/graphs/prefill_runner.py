@@ -178,7 +178,7 @@ class PrefillGraphRunner:
         free_before = _free_memory(self.device)
         start = time.perf_counter()
         bar = tqdm(sorted(self.buckets, reverse=True), desc=f"Capturing prefill graphs ({self.backend})",
-                   unit="bucket", disable=not progress)  # fmt: skip
+                   unit="bucket", disable=None if progress else True)  # fmt: skip
         for n in bar:
             bar.set_postfix(tokens=n, free_mem=_fmt_bytes(_free_memory(self.device)))
             info = self._capture_bucket(n)
