@@ -321,8 +321,14 @@ def test_act_quant_gpu_matches_twin():
     qr, sr = act_quant_ref(x)
     assert s.stride() == (1, 1000)
     torch.testing.assert_close(s, sr, rtol=1e-6, atol=0)
-    same = (q.view(torch.uint8) == qr.view(torch.uint8)).float().mean().item()
-    assert same > 0.9999, f"only {same:.6f} of e4m3 codes match the twin"
+    codes, ref_codes = q.view(torch.uint8), qr.view(torch.uint8)
+    same = (codes == ref_codes).float().mean().item()
+    # x/scale in the twin vs x·(1/scale) in the kernel can land on the other side of a rounding
+    # boundary: such codes must be neighbours (same sign, magnitude one e4m3 step apart) and rare.
+    assert same > 0.999, f"only {same:.6f} of e4m3 codes match the twin"
+    differ = codes != ref_codes
+    step = (codes[differ].int() - ref_codes[differ].int()).abs()
+    assert (step == 1).all(), "a differing e4m3 code is more than one step from the twin's"
     assert _rel(act_dequant(q, s), x.float()) < 0.04
 
 
