@@ -6,6 +6,7 @@ import random
 import socket
 
 import pytest
+
 pytest.importorskip("uvicorn")  # serving extras; absent on some GPU images
 pytest.importorskip("fastapi")  # serving extras; absent on some GPU images
 from openai_stub import MODEL_ID, make_app, serve

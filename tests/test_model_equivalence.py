@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import INDEX_TOPK
 
 from breakgraph import Engine
 from breakgraph.kernels import indexer as indexer_kernels
 from breakgraph.kernels.fp8 import block_dequant, block_quant
-from tiny_models import INDEX_TOPK
 
 MODEL_TYPES = ("glm_moe_dsa", "deepseek_v32")
 SEQ_LENS = (4 * INDEX_TOPK + 3, 5 * INDEX_TOPK, 9)  # sparse, sparse, dense

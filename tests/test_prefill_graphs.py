@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from breakgraph import Engine, SamplingParams
-from breakgraph.engine.forward_batch import forward_batch_context
+from breakgraph.engine.forward_batch import ForwardMode, forward_batch_context
 from breakgraph.engine.model_runner import BatchEntry
-from breakgraph.engine.forward_batch import ForwardMode
 from breakgraph.graphs.prefill_runner import default_prefill_buckets
 from breakgraph.layers.attention import dsa_indexer_topk, sparse_mla_attention
 

@@ -1,8 +1,8 @@
 """The OpenAI-compatible server, end to end: a real uvicorn server on 127.0.0.1 (ephemeral
-port, in a thread) over the default tiny model, driven by a real HTTP client.
+port, in a thread) over the default model, driven by a real HTTP client.
 
-Prompts plus outputs stay under the model's index_topk (32 tokens), where the sparse
-attention selects every causal key, so greedy tokens do not depend on batch composition.
+Prompts plus outputs stay short, so greedy tokens do not depend on batch composition through
+near-ties in the sparse attention's top-k.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 
 import httpx
 import pytest
+
 pytest.importorskip("uvicorn")  # serving extras; absent on some GPU images
 pytest.importorskip("fastapi")  # serving extras; absent on some GPU images
 import torch

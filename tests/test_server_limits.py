@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+
 pytest.importorskip("uvicorn")  # serving extras; absent on some GPU images
 pytest.importorskip("fastapi")  # serving extras; absent on some GPU images
 import torch

@@ -114,7 +114,7 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict) -> 
         for b in args.batch_size:
             batch, pages = make_batch(engine, n, b)
 
-            def run() -> None:
+            def run(batch=batch) -> None:
                 if compiled is not None:
                     from breakgraph.engine.forward_batch import forward_batch_context
 

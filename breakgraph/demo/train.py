@@ -548,7 +548,7 @@ def _lr_factor(step: int, progress: float, a: TrainArgs) -> float:
 
 def _param_groups(model: DsaForCausalLM, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

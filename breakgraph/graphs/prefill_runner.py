@@ -17,8 +17,9 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 
@@ -139,7 +140,7 @@ class PrefillGraphRunner:
         backend: str,
         device: torch.device,
         buckets: list[int],
-        capture_context: Callable[[int], ContextManager[Any]],
+        capture_context: Callable[[int], AbstractContextManager[Any]],
         fold_islands: bool = False,
         max_padding_ratio: float = 2.0,
     ) -> None:

@@ -16,9 +16,9 @@ time and write into buffers the layer allocates.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from breakgraph.distributed import get_parallel_state
 from breakgraph.engine.forward_batch import get_forward_batch
 from breakgraph.graphs import graph_break_op
 from breakgraph.kernels.fp8 import block_dequant
@@ -27,7 +27,6 @@ from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_ker
 from breakgraph.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from breakgraph.layers.norm import LayerNorm, RMSNorm
 from breakgraph.layers.rotary import apply_rope
-from breakgraph.distributed import get_parallel_state
 from breakgraph.models.config import ModelConfig
 
 
