@@ -54,9 +54,9 @@ def topk_margins(monkeypatch):
             top = scores.masked_fill(~causal, float("-inf"))[rows].topk(k + 1).values
             margins.append((top[:, k - 1] - top[:, k]).min().item())
 
-    import breakgraph.layers.attention as attention
+    from breakgraph.layers import dsa
 
-    monkeypatch.setattr(attention, "indexer_topk", spy)
+    monkeypatch.setattr(dsa, "indexer_topk", spy)
     return margins
 
 

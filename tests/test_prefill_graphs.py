@@ -9,7 +9,7 @@ from breakgraph import Engine, SamplingParams
 from breakgraph.engine.forward_batch import ForwardMode, forward_batch_context
 from breakgraph.engine.model_runner import BatchEntry
 from breakgraph.graphs.prefill_runner import default_prefill_buckets
-from breakgraph.layers.attention import dsa_indexer_topk, sparse_mla_attention
+from breakgraph.layers.dsa import dsa_indexer_graph_dispatch, sparse_mla_attention
 
 BUCKETS = [16, 64]
 
@@ -83,7 +83,7 @@ def test_breaks_zero_padded_rows(hf_checkpoints):
     with forward_batch_context(batch):
         topk = torch.full((padded, cfg.index_topk), 7, dtype=torch.int32)
         q = torch.randn(padded, cfg.index_n_heads, cfg.index_head_dim)
-        dsa_indexer_topk(q, torch.randn(padded, cfg.index_head_dim), torch.rand(padded, cfg.index_n_heads), topk, 0, 0.1)
+        dsa_indexer_graph_dispatch(q, torch.randn(padded, cfg.index_head_dim), torch.rand(padded, cfg.index_n_heads), topk, 0, 0.1)
         out = torch.full((padded, heads, cfg.kv_lora_rank), float("nan"))
         sparse_mla_attention(torch.randn(padded, heads, latent), torch.randn(padded, latent), topk, out, 0, 0.1)
     assert (topk[n:] == -1).all() and (topk[:n, 0] >= 0).all()

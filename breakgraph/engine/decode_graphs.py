@@ -53,12 +53,17 @@ class DecodeGraphBuffers:
         )  # fmt: skip
 
     def batch(self, bs: int, kv_cache: KVCache) -> ForwardBatch:
-        """A ForwardBatch of views into the buffers (what the captured breaks read)."""
+        """A ForwardBatch of views into the buffers (what the captured breaks read).
+
+        Its host-side lengths are frozen into the graph, so they are the *upper bounds* (a full
+        page table): a host-side shortcut taken at capture (e.g. skipping the indexer scores for
+        short sequences) must be valid for every batch the graph replays."""
+        longest = self.page_table.shape[1] * kv_cache.page_size
         return ForwardBatch(
             mode=ForwardMode.DECODE, input_ids=self.input_ids[:bs], positions=self.positions[:bs],
             token_req=self.token_req[:bs], out_cache_loc=self.out_cache_loc[:bs], page_table=self.page_table[:bs],
-            seq_lens=self.seq_lens[:bs], seq_lens_cpu=[1] * bs, prefix_lens_cpu=[0] * bs, extend_lens_cpu=[1] * bs,
-            kv_cache=kv_cache,
+            seq_lens=self.seq_lens[:bs], seq_lens_cpu=[longest] * bs, prefix_lens_cpu=[longest - 1] * bs,
+            extend_lens_cpu=[1] * bs, kv_cache=kv_cache,
         )  # fmt: skip
 
     def load(self, batch: ForwardBatch, bs: int) -> None:

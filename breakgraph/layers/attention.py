@@ -8,9 +8,9 @@ against the latent cache entry ``[c ‖ k_pe]`` restricted to the indexer's top-
 its latent output is mapped back per head by ``w_vc`` and then ``o_proj``.
 
 The two dynamic steps — the indexer's cache store + causal top-k, and the sparse attention
-over the paged cache — are the *breaks* :func:`dsa_indexer_topk` and
-:func:`sparse_mla_attention`: they read the batch layout from the forward batch at call
-time and write into buffers the layer allocates.
+over the paged cache — are split ops (graph breaks) from :mod:`breakgraph.layers.dsa`: they
+read the batch layout from the forward batch at call time and write into buffers the layer
+allocates.
 """
 
 from __future__ import annotations
@@ -19,51 +19,20 @@ import torch
 from torch import nn
 
 from breakgraph.distributed import get_parallel_state
-from breakgraph.engine.forward_batch import get_forward_batch
-from breakgraph.graphs import graph_break_op
 from breakgraph.kernels.fp8 import block_dequant
-from breakgraph.kernels.indexer import indexer_topk
-from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
+from breakgraph.layers.dsa import (
+    _can_fuse_bmm_into_attention,
+    _make_mla_bmm_fusion_plan,
+    _split_q_nope_pe,
+    dsa_indexer_graph_dispatch,
+    logits_head_gate,
+    mla_bmm_then_unified_attention,
+    sparse_mla_attention,
+)
 from breakgraph.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from breakgraph.layers.norm import LayerNorm, RMSNorm
 from breakgraph.layers.rotary import apply_rope
 from breakgraph.models.config import ModelConfig
-
-
-@graph_break_op(mutates_args=("topk_out",))
-def dsa_indexer_topk(
-    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_out: torch.Tensor, layer_id: int, scale: float
-) -> None:
-    """Break: store indexer keys ``k [T, Di]`` in layer ``layer_id``'s key cache, then write
-    each token's causal top-k key positions into ``topk_out [T, K]`` int32 (``-1`` unused;
-    rows past the batch's real tokens are set to ``-1``). ``q [T, Hi, Di]``,
-    ``weights [T, Hi]`` fp32. Reads slots/pages/positions from the forward batch."""
-    fb = get_forward_batch()
-    n = fb.num_tokens
-    cache = fb.kv_cache.indexer_k[layer_id]
-    cache[fb.out_cache_loc] = k[:n].to(cache.dtype)
-    indexer_topk(
-        q[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale,
-        topk_out[:n],
-    )  # fmt: skip
-    topk_out[n:] = -1
-
-
-@graph_break_op(mutates_args=("out",))
-def sparse_mla_attention(
-    q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float
-) -> None:
-    """Break: store the new latent entries ``kv [T, r+dr]`` in layer ``layer_id``'s cache,
-    then attend ``q [T, H, r+dr]`` to each token's top-k positions ``topk [T, K]``, writing
-    the latent output into ``out [T, H, r]`` (rows past the real tokens are zeroed)."""
-    fb = get_forward_batch()
-    n = fb.num_tokens
-    cache = fb.kv_cache.latent[layer_id]
-    cache[fb.out_cache_loc] = kv[:n].to(cache.dtype)
-    sparse_mla_kernel(
-        q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n]
-    )
-    out[n:].zero_()
 
 
 class Indexer(nn.Module):
@@ -91,9 +60,9 @@ class Indexer(nn.Module):
         t = x.shape[0]
         q = self._rope(self.wq_b(q_resid).view(t, self.n_heads, self.head_dim), cos, sin)
         k = self._rope(self.k_norm(self.wk(x)), cos, sin)
-        weights = self.weights_proj(x.float()) * self.n_heads**-0.5
+        weights = logits_head_gate(x, self.weights_proj.weight, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
-        dsa_indexer_topk(q, k, weights, topk, self.layer_id, self.head_dim**-0.5)
+        dsa_indexer_graph_dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5)
         return topk
 
 
@@ -136,19 +105,26 @@ class MLAttention(nn.Module):
         """``x [T, D]`` → ``(out [T, D], topk [T, K])``; ``prev_topk`` feeds "shared" layers."""
         t = x.shape[0]
         q_resid = self.q_a_layernorm(self.q_a_proj(x))
-        q = self.q_b_proj(q_resid).view(t, self.num_heads, self.dn + self.dr)
-        q_nope, q_pe = q.split([self.dn, self.dr], dim=-1)
+        q_nope, q_pe = _split_q_nope_pe(self.q_b_proj(q_resid).view(t, self.num_heads, self.dn + self.dr), self.dn, self.dr)
         c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.dr], dim=-1)
         c = self.kv_a_layernorm(c)
         q_pe = apply_rope(q_pe, cos, sin, interleaved=True)
         k_pe = apply_rope(k_pe, cos, sin, interleaved=True)
-        q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_kc).transpose(0, 1)  # [T, H, r]
-        q_full = torch.cat([q_latent, q_pe], dim=-1)
         kv = torch.cat([c, k_pe], dim=-1)
+        # The plan's buffers are made before the indexer break, so the code between the
+        # indexer and attention breaks stays empty (no one-kernel segment).
+        plan = _make_mla_bmm_fusion_plan(q_nope, q_pe, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
         topk = self.indexer(x, q_resid, cos, sin) if self.indexer is not None else prev_topk
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
-        attn = torch.empty(t, self.num_heads, self.rank, dtype=x.dtype, device=x.device)
-        sparse_mla_attention(q_full, kv, topk, attn, self.layer_id, self.scale)
+        if plan is not None:
+            mla_bmm_then_unified_attention(
+                plan.q_nope_t, self.w_kc, plan.q_nope_out_buf, kv, topk, plan.attn_output_buf, self.layer_id, self.scale
+            )
+            attn = plan.attn_output_buf
+        else:
+            q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_kc).transpose(0, 1)  # [T, H, r]
+            attn = torch.empty(t, self.num_heads, self.rank, dtype=x.dtype, device=x.device)
+            sparse_mla_attention(torch.cat([q_latent, q_pe], dim=-1), kv, topk, attn, self.layer_id, self.scale)
         out = torch.bmm(attn.transpose(0, 1), self.w_vc.transpose(1, 2)).transpose(0, 1)  # [T, H, dv]
         return self.o_proj(out.reshape(t, self.num_heads * self.dv)), topk

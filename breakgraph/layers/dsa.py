@@ -1,0 +1,174 @@
+"""The DSA/MLA prefill surface: what runs eagerly at graph breaks, and how it is cut.
+
+Two split ops (``graph_break_op``: breaks under breakable graphs, split points under
+piecewise graphs, plain calls when eager) carry everything that depends on per-batch
+lengths and pages:
+
+* :func:`dsa_indexer_graph_dispatch` — the whole DSA indexer for a layer: store the new
+  indexer keys, score, write the causal top-k into a preallocated ``topk_result``. Its core
+  is :func:`k_cache_and_topk_result`; when every sequence is at most ``index_topk`` long the
+  top-k is simply every causal key and the scores are skipped
+  (:func:`_should_skip_logits_computation`).
+* :func:`mla_bmm_then_unified_attention` — the absorbed query's ``q_nope · w_kc`` BMM *and*
+  the sparse attention in one op, planned by :class:`MlaBmmFusionPlan`, so the lone BMM never
+  becomes a one-kernel graph segment; :func:`sparse_mla_attention` is the attention alone.
+
+:func:`logits_head_gate` (the indexer head-weight projection) is a custom op with a fake
+implementation, so it stays one traceable node inside a graph piece.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from breakgraph.engine.forward_batch import ForwardBatch, get_forward_batch
+from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
+from breakgraph.kernels.indexer import indexer_topk
+from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
+
+
+def is_graph_dsa_split_op_surface() -> bool:
+    """True while the model body is being captured or traced for a prefill graph backend
+    (breakable capture/replay, or the piecewise backend's torch.compile trace). Both backends
+    capture extend batches only, and breakgraph has no speculative decoding. Decode graphs are
+    full graphs (no breaks), so this is False there and in eager runs."""
+    return torch.compiler.is_compiling() or is_in_breakable_cuda_graph()
+
+
+def _logits_head_gate_impl(x: torch.Tensor, weight: torch.Tensor, scale: float) -> torch.Tensor:
+    return F.linear(x.float(), weight.float()) * scale
+
+
+def _logits_head_gate_fake(x: torch.Tensor, weight: torch.Tensor, scale: float) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=torch.float32)
+
+
+logits_head_gate = register_custom_op(
+    _logits_head_gate_impl, name="logits_head_gate", mutates_args=(), fake_impl=_logits_head_gate_fake
+)
+logits_head_gate.__doc__ = """Indexer head weights ``w = (x · W_proj^T) · scale`` in fp32: ``x [T, D]``,
+``weight [Hi, D]`` → ``[T, Hi]``. A custom op (``torch.ops.breakgraph.logits_head_gate``)."""
+
+
+def _should_skip_logits_computation(fb: ForwardBatch, index_topk: int) -> bool:
+    """When no sequence in the batch is longer than ``index_topk``, the causal top-k is every
+    key up to each token's position: the scores cannot change the selection."""
+    return fb.max_seq_len <= index_topk
+
+
+def k_cache_and_topk_result(
+    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_result: torch.Tensor, layer_id: int, scale: float
+) -> None:
+    """Core of the indexer split op for the first ``n`` (real) rows: store ``k [n, Di]`` in the
+    layer's key cache, then fill ``topk_result [n, K]`` (int32 positions, ``-1`` unused)."""
+    fb = get_forward_batch()
+    n = fb.num_tokens
+    cache = fb.kv_cache.indexer_k[layer_id]
+    cache[fb.out_cache_loc] = k[:n].to(cache.dtype)
+    top = topk_result[:n]
+    if _should_skip_logits_computation(fb, topk_result.shape[1]):
+        cols = torch.arange(topk_result.shape[1], device=top.device, dtype=torch.int32)
+        top.copy_(torch.where(cols[None, :] <= fb.positions[:, None], cols[None, :], -1))
+        return
+    indexer_topk(
+        q_fp8[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale, top
+    )
+
+
+@graph_break_op(mutates_args=("topk_result",))
+def dsa_indexer_graph_dispatch(
+    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_result: torch.Tensor, layer_id: int, scale: float
+) -> None:
+    """Split op: the DSA indexer of layer ``layer_id``. ``q_fp8 [T, Hi, Di]`` (queries; FP8 when
+    the indexer kernel quantises them), ``k [T, Di]``, ``weights [T, Hi]`` fp32; writes
+    ``topk_result [T, K]`` (rows past the real tokens set to ``-1``). ``T`` may be a padded
+    bucket: queries and head weights are sliced to the same real length."""
+    if q_fp8.shape[0] != weights.shape[0]:
+        raise ValueError(f"indexer queries ({q_fp8.shape[0]} rows) and head weights ({weights.shape[0]} rows) differ")
+    k_cache_and_topk_result(q_fp8, k, weights, topk_result, layer_id, scale)
+    topk_result[get_forward_batch().num_tokens :] = -1
+
+
+bcg_dsa_indexer_graph_dispatch = dsa_indexer_graph_dispatch.bcg
+
+
+def _attend(q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float) -> None:
+    fb = get_forward_batch()
+    n = fb.num_tokens
+    cache = fb.kv_cache.latent[layer_id]
+    cache[fb.out_cache_loc] = kv[:n].to(cache.dtype)
+    sparse_mla_kernel(q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n])
+    out[n:].zero_()
+
+
+@graph_break_op(mutates_args=("out",))
+def sparse_mla_attention(
+    q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float
+) -> None:
+    """Split op: store the new latent entries ``kv [T, r+dr]`` in layer ``layer_id``'s cache,
+    then attend ``q [T, H, r+dr]`` to each token's top-k positions ``topk [T, K]``, writing
+    the latent output into ``out [T, H, r]`` (rows past the real tokens are zeroed)."""
+    _attend(q, kv, topk, out, layer_id, scale)
+
+
+@dataclass(frozen=True)
+class MlaBmmFusionPlan:
+    """Buffers for :func:`mla_bmm_then_unified_attention`, allocated by the layer (inside the
+    graph segment, so they live in the graph pool):
+
+    ``q_nope_t [H, T, dn]`` — the non-rotary query, heads first; ``q_nope_out_buf [T, H, r+dr]``
+    — the full latent query; ``q_nope_out_view [H, T, r]`` — its first ``r`` columns, heads
+    first, where the BMM writes; ``attn_output_buf [T, H, r]`` — the latent attention output."""
+
+    q_nope_t: torch.Tensor
+    q_nope_out_buf: torch.Tensor
+    q_nope_out_view: torch.Tensor
+    attn_output_buf: torch.Tensor
+
+
+def _split_q_nope_pe(q: torch.Tensor, nope_dim: int, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [T, H, dn+dr]`` → views ``(q_nope [T, H, dn], q_pe [T, H, dr])``."""
+    return q.split([nope_dim, rope_dim], dim=-1)
+
+
+def _make_mla_bmm_fusion_plan(q_nope: torch.Tensor, q_pe: torch.Tensor, rank: int) -> MlaBmmFusionPlan:
+    t, h, _ = q_nope.shape
+    buf = q_nope.new_empty(t, h, rank + q_pe.shape[-1])
+    buf[..., rank:].copy_(q_pe)
+    return MlaBmmFusionPlan(
+        q_nope_t=q_nope.transpose(0, 1),
+        q_nope_out_buf=buf,
+        q_nope_out_view=buf[..., :rank].transpose(0, 1),
+        attn_output_buf=q_nope.new_empty(t, h, rank),
+    )
+
+
+def _can_fuse_bmm_into_attention(w_kc: torch.Tensor) -> bool:
+    """Fuse the ``q_nope · w_kc`` BMM into the attention op when a graph backend is capturing
+    this body (eager runs gain nothing) and ``w_kc`` is a plain matrix (it is always
+    dequantised at load; an FP8 BMM path would need its own kernel call)."""
+    return is_graph_dsa_split_op_surface() and w_kc.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+@graph_break_op(mutates_args=("q_nope_out_buf", "attn_output_buf"))
+def mla_bmm_then_unified_attention(
+    q_nope_t: torch.Tensor,
+    w_kc: torch.Tensor,
+    q_nope_out_buf: torch.Tensor,
+    kv: torch.Tensor,
+    topk: torch.Tensor,
+    attn_output_buf: torch.Tensor,
+    layer_id: int,
+    scale: float,
+) -> None:
+    """Split op: ``q_nope_t · w_kc`` (``[H, T, dn] × [H, dn, r]``) into the first ``r`` columns of
+    the latent query ``q_nope_out_buf [T, H, r+dr]`` (the plan's ``q_nope_out_view``), then the
+    sparse attention of that query into ``attn_output_buf [T, H, r]`` — one op, so no graph
+    segment holds the BMM alone. Only the real rows are computed."""
+    n = get_forward_batch().num_tokens
+    rank = attn_output_buf.shape[-1]
+    q_nope_out_buf[:n, :, :rank].copy_(torch.bmm(q_nope_t[:, :n], w_kc).transpose(0, 1))
+    _attend(q_nope_out_buf, kv, topk, attn_output_buf, layer_id, scale)

@@ -1,0 +1,128 @@
+"""The DSA/MLA prefill surface: each piece does what it is there for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from breakgraph import Engine
+from breakgraph.engine.forward_batch import ForwardMode, forward_batch_context
+from breakgraph.engine.model_runner import BatchEntry
+from breakgraph.graphs import split_op_names
+from breakgraph.layers import dsa, mlp
+
+
+@pytest.fixture(scope="module")
+def engine(hf_checkpoints):
+    return Engine(hf_checkpoints["glm_moe_dsa"], device="cpu", dtype="float32", page_size=4)
+
+
+def indexer_inputs(engine, n_tokens: int, rows: int, seed: int = 0):
+    cfg = engine.config
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, cfg.index_n_heads, cfg.index_head_dim, generator=g)
+    k = torch.randn(rows, cfg.index_head_dim, generator=g)
+    w = torch.rand(rows, cfg.index_n_heads, generator=g)
+    pages = engine.kv_cache.pool.alloc(engine.kv_cache.pool.pages_for(n_tokens))
+    batch = engine.runner.make_batch([BatchEntry(list(range(n_tokens)), 0, pages)], ForwardMode.EXTEND)
+    return q, k, w, batch, pages
+
+
+def test_both_split_ops_are_registered():
+    names = split_op_names()
+    for name in ("dsa_indexer_graph_dispatch", "mla_bmm_then_unified_attention", "sparse_mla_attention"):
+        assert f"breakgraph::{name}" in names
+    assert dsa.bcg_dsa_indexer_graph_dispatch is dsa.dsa_indexer_graph_dispatch.bcg
+
+
+def test_short_sequences_skip_the_scores_and_select_every_causal_key(engine, monkeypatch):
+    cfg = engine.config
+    q, k, w, batch, pages = indexer_inputs(engine, cfg.index_topk, cfg.index_topk)
+    scored = torch.empty(cfg.index_topk, cfg.index_topk, dtype=torch.int32)
+    with forward_batch_context(batch):
+        monkeypatch.setattr(dsa, "_should_skip_logits_computation", lambda fb, k: False)
+        dsa.dsa_indexer_graph_dispatch(q, k, w, scored, 0, 0.1)
+        monkeypatch.undo()
+
+        def no_scores(*args):
+            raise AssertionError("scores computed although every sequence fits in index_topk")
+
+        monkeypatch.setattr(dsa, "indexer_topk", no_scores)
+        skipped = torch.empty_like(scored)
+        dsa.dsa_indexer_graph_dispatch(q, k, w, skipped, 0, 0.1)
+    engine.kv_cache.pool.free(pages)
+    as_sets = lambda t: [sorted(x for x in row.tolist() if x >= 0) for row in t]  # noqa: E731
+    assert as_sets(skipped) == as_sets(scored)
+    assert as_sets(skipped)[3] == [0, 1, 2, 3]
+
+
+def test_long_sequences_are_scored(engine):
+    cfg = engine.config
+    n = 4 * cfg.index_topk
+    q, k, w, batch, pages = indexer_inputs(engine, n, n)
+    with forward_batch_context(batch):
+        assert not dsa._should_skip_logits_computation(batch, cfg.index_topk)
+    engine.kv_cache.pool.free(pages)
+
+
+def test_indexer_queries_and_head_weights_must_have_the_same_rows(engine):
+    q, k, w, batch, pages = indexer_inputs(engine, 5, 8)
+    with forward_batch_context(batch), pytest.raises(ValueError, match="queries .8 rows. and head weights .7 rows"):
+        dsa.dsa_indexer_graph_dispatch(q, k, w[:7], torch.empty(8, engine.config.index_topk, dtype=torch.int32), 0, 0.1)
+    engine.kv_cache.pool.free(pages)
+
+
+def test_logits_head_gate_is_a_custom_op_with_a_fake_impl():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, weight = torch.randn(5, 16), torch.randn(4, 16)
+    assert torch.allclose(torch.ops.breakgraph.logits_head_gate(x, weight, 0.5), (x @ weight.T) * 0.5, atol=1e-6)
+    mode = FakeTensorMode()
+    fake_x, fake_w = mode.from_tensor(x.bfloat16()), mode.from_tensor(weight)
+    with mode:
+        out = dsa.logits_head_gate(fake_x, fake_w, 0.5)
+    assert out.shape == (5, 4) and out.dtype == torch.float32
+
+
+def test_breakable_capture_fuses_the_q_nope_bmm_into_the_attention_op(hf_checkpoints, monkeypatch):
+    import breakgraph.layers.attention as attention
+
+    folder = hf_checkpoints["glm_moe_dsa"]
+    common = dict(device="cpu", dtype="float32", page_size=4, cuda_graph_backend_prefill="breakable",
+                  cuda_graph_bs_prefill=[32])  # fmt: skip
+
+    def segment_kernels(eng):
+        return sum(eng.runner.prefill_graphs._graphs[32].stats.kernels_per_segment)
+
+    fused = Engine(folder, **common)
+    monkeypatch.setattr(attention, "_can_fuse_bmm_into_attention", lambda w_kc: False)
+    unfused = Engine(folder, **common)
+    monkeypatch.undo()
+    layers = fused.config.num_hidden_layers
+    # The q_nope BMM (and the cat that assembled the latent query) left the graph segments.
+    assert segment_kernels(unfused) - segment_kernels(fused) >= layers
+    assert fused.graph_stats()["islands"][32] == 0
+    ids = [torch.arange(3, 33).tolist()]
+    eager = Engine(folder, device="cpu", dtype="float32", page_size=4).prompt_logits(ids)[0]
+    for eng in (fused, unfused):
+        assert torch.allclose(eng.prompt_logits(ids)[0], eager, atol=1e-5)
+
+
+def test_dual_stream_moe_is_opt_in_and_off_on_cpu(monkeypatch):
+    x = torch.randn(4, 8)
+    monkeypatch.setenv(mlp.DUAL_STREAM_ENV, "1")
+    assert not mlp._can_dual_stream_graph(x), "CPU has no streams"
+    monkeypatch.setenv(mlp.DUAL_STREAM_ENV, "0")
+    assert not mlp._can_dual_stream_graph(x)
+
+
+@pytest.mark.cuda
+def test_dual_stream_moe_equals_single_stream_inside_a_breakable_graph(hf_checkpoints, monkeypatch):
+    folder = hf_checkpoints["glm_moe_dsa"]
+    common = dict(device="cuda", dtype="float32", page_size=4, num_pages=128, cuda_graph_backend_decode="disabled",
+                  cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[64])  # fmt: skip
+    ids = [torch.arange(5, 45).tolist()]
+    want = Engine(folder, **common).prompt_logits(ids)[0]
+    monkeypatch.setenv(mlp.DUAL_STREAM_ENV, "1")
+    got = Engine(folder, **common).prompt_logits(ids)[0]
+    assert torch.allclose(got, want, atol=1e-5)
