@@ -313,7 +313,7 @@ def index_kl(group: _IndexGroup, valid: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class EncodedProblems:
-    """Tokenised examples, right-padded: ``tokens [N, L]`` int64, ``lengths [N]`` (with the
+    """Tokenised examples, right-padded: ``tokens [N, L]`` int32, ``lengths [N]`` (with the
     end-of-text token), ``answer_start [N]`` (index of the first answer token)."""
 
     tokens: torch.Tensor
@@ -327,7 +327,7 @@ class EncodedProblems:
         """``(input_ids [B, S], labels [B, S], valid [B, S])`` on the CPU, trimmed to the
         longest row; labels are ``-100`` except on answer tokens (next-token targets)."""
         s = int(self.lengths[idx].max())
-        ids = self.tokens[idx, :s]
+        ids = self.tokens[idx, :s].long()
         col = torch.arange(s)[None]
         lengths, start = self.lengths[idx, None], self.answer_start[idx, None]
         valid = col < lengths
@@ -359,26 +359,32 @@ def make_problems(n: int, seed: int, workers: int = 1) -> list[Problem]:
     return out[:n]
 
 
-def encode_problems(tok, problems: list[Problem], check: int = 2000) -> EncodedProblems:
+def encode_problems(tok, problems: list[Problem], check: int = 2000, chunk: int = 10000) -> EncodedProblems:
     """Encode ``format_example(p)`` + end-of-text. The answer starts at the first token past the
     prompt's characters; for the first ``check`` problems the prompt is also encoded alone to
     confirm its tokens are a prefix of the example's (training sees exactly the tokens the
-    zero-shot prompt gives)."""
+    zero-shot prompt gives). Works in chunks so the tokenizer's per-text objects stay few."""
     eos, pad = tok.token_to_id(EOS), tok.token_to_id(PAD)
-    full = tok.encode_batch([format_example(p) for p in problems])
-    prompts = tok.encode_batch([format_prompt(p.question) for p in problems[:check]])
-    lengths, starts = [], []
-    tokens = torch.full((len(problems), max(len(f.ids) for f in full) + 1), pad, dtype=torch.int64)
-    for i, (p, f) in enumerate(zip(problems, full)):
-        n_prompt = len(format_prompt(p.question))
-        start = next(j for j, (a, _) in enumerate(f.offsets) if a >= n_prompt)
-        if i < check and f.ids[:start] != prompts[i].ids:
-            raise ValueError(f"the prompt of {p.question!r} does not tokenise as a prefix of its example")
-        tokens[i, : len(f.ids)] = torch.as_tensor(f.ids)
-        tokens[i, len(f.ids)] = eos
-        lengths.append(len(f.ids) + 1)
-        starts.append(start)
-    return EncodedProblems(tokens, torch.tensor(lengths), torch.tensor(starts))
+    rows: list[torch.Tensor] = []
+    starts: list[int] = []
+    for c0 in range(0, len(problems), chunk):
+        part = problems[c0 : c0 + chunk]
+        full = tok.encode_batch([format_example(p) for p in part])
+        n_check = max(0, min(check - c0, len(part)))
+        prompts = tok.encode_batch([format_prompt(p.question) for p in part[:n_check]])
+        for i, (p, f) in enumerate(zip(part, full)):
+            n_prompt = len(format_prompt(p.question))
+            start = next(j for j, (a, _) in enumerate(f.offsets) if a >= n_prompt)
+            if i < n_check and f.ids[:start] != prompts[i].ids:
+                raise ValueError(f"the prompt of {p.question!r} does not tokenise as a prefix of its example")
+            rows.append(torch.tensor(f.ids + [eos], dtype=torch.int32))
+            starts.append(start)
+        del full, prompts
+    lengths = torch.tensor([len(r) for r in rows])
+    tokens = torch.full((len(rows), int(lengths.max())), pad, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    return EncodedProblems(tokens, lengths, torch.tensor(starts))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -590,12 +596,13 @@ def train_demo(
     t_start = time.perf_counter()
 
     problems = make_problems(a.train_problems + a.val_problems, seed, a.data_workers)
-    train_set, val_set = problems[: a.train_problems], problems[a.train_problems :]
+    val_set = problems[a.train_problems :]
     corpus = build_corpus(
         a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None
     )
     tok = train_tokenizer(corpus, vocab_size=a.vocab_size)
-    data = encode_problems(tok, train_set)
+    data = encode_problems(tok, problems[: a.train_problems])
+    del problems  # the token tensor is all training needs
     cfg_dict = model_config_dict(
         tok.get_vocab_size(), tok.token_to_id(EOS), tok.token_to_id(PAD), a.save_dtype, **a.shape
     )
@@ -603,7 +610,7 @@ def train_demo(
     model = new_model(config, seed, dev)
     n_params = sum(p.numel() for p in model.parameters())
     _log(
-        f"data: {len(train_set)} train / {len(val_set)} val problems, {int(data.lengths.sum())} tokens, "
+        f"data: {len(data)} train / {len(val_set)} val problems, {int(data.lengths.sum())} tokens, "
         f"max len {data.tokens.shape[1]}, vocab {tok.get_vocab_size()} ({time.perf_counter() - t_start:.1f}s)"
     )
     _log(
