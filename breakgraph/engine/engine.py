@@ -142,6 +142,7 @@ class Engine:
             self.runner = ModelRunner(self.model, self.kv_cache, self.device)
         else:
             self.runner = self.tp.make_runner(self.model, self.kv_cache, self.device)
+        self.max_prefill_chunk = chunked_prefill_size  # as asked; graphs may lower the effective chunk
         self.chunked_prefill_size = chunked_prefill_size
         self.fold_islands = fold_islands
         self.set_prefill_backend(
@@ -188,21 +189,25 @@ class Engine:
             self.tp.on_set_prefill_backend(backend, buckets, max_bucket, self.fold_islands)
         self.runner.prefill_graphs = None
         self.prefill_backend = backend
+        self._set_prefill_chunk(self.max_prefill_chunk)
         if backend == "disabled":
             return
-        max_bucket = max_bucket or min(self.chunked_prefill_size, 4096)
+        max_bucket = max_bucket or min(self.max_prefill_chunk, 4096)
         buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket)
-        if self.chunked_prefill_size > buckets[-1]:
+        if self.max_prefill_chunk > buckets[-1]:
             logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
-            self.chunked_prefill_size = buckets[-1]
-            if hasattr(self, "scheduler"):
-                self.scheduler.chunked_prefill_size = buckets[-1]
+            self._set_prefill_chunk(buckets[-1])
         graphs = PrefillGraphRunner(
             self.model, backend=backend, device=self.device, buckets=buckets,
             capture_context=self.runner.capture_context, fold_islands=self.fold_islands,
         )  # fmt: skip
         graphs.capture()
         self.runner.prefill_graphs = graphs
+
+    def _set_prefill_chunk(self, tokens: int) -> None:
+        self.chunked_prefill_size = tokens
+        if hasattr(self, "scheduler"):
+            self.scheduler.chunked_prefill_size = tokens
 
     def graph_stats(self) -> dict:
         """What the prefill graphs did: backend, captured buckets, capture time, graph memory,
@@ -260,15 +265,15 @@ class Engine:
             return []
         entries = []
         for req, n in plan.entries:
-            ids = req.all_ids
-            entries.append(BatchEntry(ids[req.num_computed : req.num_computed + n], req.num_computed, req.pages))
+            tokens = req.token_slice(req.num_computed, req.num_computed + n)
+            entries.append(BatchEntry(tokens, req.num_computed, req.pages))
         batch = self.runner.make_batch(entries, plan.mode)
-        want_all = any(getattr(req, "prompt_logits", None) is not None for req, _ in plan.entries)
+        want_all = any(req.prompt_logits is not None for req, _ in plan.entries)
         logits = self.runner.forward(batch, all_logits=want_all)
         progressed, start = [], 0
         for b, (req, n) in enumerate(plan.entries):
             row = (start + n - 1) if want_all else b
-            if getattr(req, "prompt_logits", None) is not None:
+            if req.prompt_logits is not None:
                 req.prompt_logits.append(logits[start : start + n].cpu())
             start += n
             req.num_computed += n
@@ -288,16 +293,37 @@ class Engine:
             return
         req.output_ids.append(tok)
         req.output_logprobs.append(logprob)
+        if req.top_logprobs_num:
+            values, ids = torch.log_softmax(logits.float(), -1).topk(req.top_logprobs_num)
+            req.output_top_logprobs.append(list(zip(ids.tolist(), values.tolist())))
         if self.tokenizer is not None:
-            text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
-            cut = min((i for s in p.stop if (i := text.find(s)) >= 0), default=-1)
-            if cut >= 0:
-                req.text = text[:cut]
-                self.scheduler.finish(req, "stop")
-                return
-            req.text = text
+            self._detokenize(req)
+            if p.stop:
+                # A stop string can only end inside the new text (or straddle its start).
+                window = max(len(s) for s in p.stop) - 1
+                search_from = max(0, len(req.text) - len(req.new_text) - window)
+                cut = min((i for s in p.stop if (i := req.text.find(s, search_from)) >= 0), default=-1)
+                if cut >= 0:
+                    req.text = req.text[:cut]
+                    self.scheduler.finish(req, "stop")
+                    return
         if len(req.output_ids) >= p.max_new_tokens or req.total_len >= self.context_length:
             self.scheduler.finish(req, "length")
+
+    def _detokenize(self, req: Request) -> None:
+        """Append the text of ``req``'s newest token to ``req.text`` (``req.new_text``), decoding
+        only a short window: the tokens since ``read_offset`` against the few before it, so a
+        token that completes a multi-byte character or merges with its neighbour comes out right.
+        An incomplete UTF-8 sequence (U+FFFD at the end) waits for the next token."""
+        decode = self.tokenizer.decode
+        ids = req.output_ids
+        prefix = decode(ids[req.prefix_offset : req.read_offset], skip_special_tokens=True)
+        full = decode(ids[req.prefix_offset :], skip_special_tokens=True)
+        req.new_text = ""
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            req.new_text = full[len(prefix) :]
+            req.text += req.new_text
+            req.prefix_offset, req.read_offset = req.read_offset, len(ids)
 
     # -- offline API ---------------------------------------------------------------------
     def generate(
@@ -309,26 +335,40 @@ class Engine:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
-        while any(not r.finished for r in reqs):
-            self.step()
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        requests = [Request(self.tokenize(p), sp or SamplingParams()) for p, sp in zip(prompts, params)]
+        for req in requests:  # every prompt is checked before any is queued
+            self.scheduler.check(req)
+        self._run_to_completion(requests)
         return [
             Completion(r.text, list(r.output_ids), r.finish_reason or "abort", len(r.prompt_ids), list(r.output_logprobs))
-            for r in reqs
+            for r in requests
         ]
+
+    def _run_to_completion(self, requests: list[Request]) -> None:
+        """Queue ``requests`` and step until all finish; on any error they are aborted (pages freed)."""
+        try:
+            for req in requests:
+                self.scheduler.add(req)
+            while any(not r.finished for r in requests):
+                self.step()
+        except BaseException:
+            for req in requests:
+                self.abort(req)
+            raise
 
     def prompt_logits(self, input_ids: list[list[int]]) -> list[torch.Tensor]:
         """fp32 logits ``[len, vocab]`` at every prompt position, computed by the same
         batched (chunked, ragged) prefill path ``generate`` uses."""
-        reqs = []
+        requests = []
         for ids in input_ids:
             req = Request(self.tokenize(ids), SamplingParams(max_new_tokens=1))
             req.prompt_logits = []
-            self.scheduler.add(req)
-            reqs.append(req)
-        while any(not r.finished for r in reqs):
-            self.step()
-        return [torch.cat(r.prompt_logits) for r in reqs]
+            self.scheduler.check(req)
+            requests.append(req)
+        self._run_to_completion(requests)
+        return [torch.cat(r.prompt_logits) for r in requests]
 
 
 def _load_tokenizer(folder: Path):

@@ -8,6 +8,7 @@ and the attention / indexer breaks read it with :func:`get_forward_batch` *at ca
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -73,21 +74,23 @@ class ForwardBatch:
         return rows
 
 
-_CURRENT: list[ForwardBatch] = []
+# Per thread (and per asyncio task): two engines in one process never see each other's batch.
+_CURRENT: contextvars.ContextVar[ForwardBatch | None] = contextvars.ContextVar("forward_batch", default=None)
 
 
 @contextlib.contextmanager
 def forward_batch_context(batch: ForwardBatch) -> Iterator[ForwardBatch]:
-    """Make ``batch`` the current forward batch for the duration of the block."""
-    _CURRENT.append(batch)
+    """Make ``batch`` the current forward batch (of this thread) for the duration of the block."""
+    token = _CURRENT.set(batch)
     try:
         yield batch
     finally:
-        _CURRENT.pop()
+        _CURRENT.reset(token)
 
 
 def get_forward_batch() -> ForwardBatch:
-    """The batch installed by :func:`forward_batch_context`; raises if none is."""
-    if not _CURRENT:
+    """The batch installed by :func:`forward_batch_context` in this thread; raises if none is."""
+    batch = _CURRENT.get()
+    if batch is None:
         raise RuntimeError("no ForwardBatch is installed: run the model inside forward_batch_context(batch)")
-    return _CURRENT[-1]
+    return batch

@@ -41,6 +41,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     text: str = ""
+    new_text: str = ""  # what the latest token added to ``text``
+    prefix_offset: int = 0  # incremental detokenisation window: output_ids[prefix_offset:read_offset]
+    read_offset: int = 0  # ... is the context decoded again to find the new token's text
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     generator: torch.Generator | None = None

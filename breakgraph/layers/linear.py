@@ -90,6 +90,15 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.weight_scale_inv, self.block, self.bias)
 
+    def keep_high_precision(self, dtype: torch.dtype) -> None:
+        """Hold this layer in ``dtype`` instead of FP8 (a module the checkpoint's FP8 exclusion
+        list names). Called right after construction, before any weight is loaded."""
+        if not self.quantized:
+            return
+        self.quantized = False
+        self.weight = nn.Parameter(torch.empty_like(self.weight, dtype=dtype), requires_grad=False)
+        self.weight_scale_inv = None
+
     def shard(self, kind: str) -> Shard | None:
         """Which piece of checkpoint tensor ``kind`` (weight/weight_scale_inv/bias) this rank holds."""
         if self.tp.tp_size == 1 or self.shard_dim is None or (kind == "bias" and self.shard_dim != 0):

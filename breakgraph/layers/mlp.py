@@ -79,6 +79,15 @@ class Experts(nn.Module):
         else:
             self.w13_scale = self.w2_scale = None
 
+    def keep_high_precision(self, dtype: torch.dtype) -> None:
+        """Hold the experts in ``dtype`` instead of FP8 (named by the FP8 exclusion list)."""
+        if not self.quantized:
+            return
+        self.quantized = False
+        self.w13 = nn.Parameter(torch.empty_like(self.w13, dtype=dtype), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty_like(self.w2, dtype=dtype), requires_grad=False)
+        self.w13_scale = self.w2_scale = None
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale, self.block)
 

@@ -36,7 +36,17 @@ from breakgraph.layers.linear import (
 from breakgraph.layers.mlp import MLP, Experts, MoE
 from breakgraph.layers.norm import RMSNorm
 from breakgraph.layers.rotary import RotaryEmbedding
-from breakgraph.models.config import ModelConfig
+from breakgraph.models.config import Fp8Config, ModelConfig
+
+
+def fp8_excluded(module_name: str, fp8: Fp8Config) -> bool:
+    """Whether the checkpoint's FP8 exclusion list names ``module_name`` (or a parent of it).
+    GLM-5-FP8 spells the indexer's head projection ``indexers_proj``."""
+    for entry in fp8.excluded:
+        entry = entry.replace("indexers_proj", "indexer.weights_proj").removesuffix(".weight")
+        if module_name == entry or module_name.startswith(entry + ".") or module_name.endswith("." + entry):
+            return True
+    return False
 
 
 class DecoderLayer(nn.Module):
@@ -116,6 +126,8 @@ class DsaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         for name, module in self.named_modules():
+            if isinstance(module, (LinearBase, Experts)) and config.fp8 is not None and fp8_excluded(name, config.fp8):
+                module.keep_high_precision(dtype)
             if isinstance(module, LinearBase):
                 check_fp8_shards(name, module)
             elif isinstance(module, Experts):
@@ -143,6 +155,7 @@ class DsaForCausalLM(nn.Module):
         """Derive absorbed-MLA weights; drop ``kv_b_proj`` (its halves now live in w_kc/w_vc)."""
         for layer in self.model.layers:
             layer.self_attn.absorb_kv_b()
+            layer.self_attn.kv_b_proj = None
 
     # -- checkpoint name mapping -------------------------------------------------------------
     def checkpoint_targets(self) -> tuple[dict[str, Target], dict[str, tuple[Target, list[str]]]]:

@@ -152,6 +152,13 @@ class EngineLoop:
         with self._lock:  # held across the put, so that a closing loop cannot miss this group
             if self._closed:
                 raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+            if bounded and self.max_queued is not None and len(handles) > self.max_queued:
+                raise APIError(
+                    400,
+                    f"this request makes {len(handles)} generations (prompts × n) but the queue holds "
+                    f"{self.max_queued} (--max-queued-requests); send fewer at once",
+                    param="n", code="too_many_generations",
+                )  # fmt: skip
             if bounded and self.max_queued is not None and self._queued + len(handles) > self.max_queued:
                 raise APIError(
                     503,
@@ -251,8 +258,14 @@ class EngineLoop:
             prepared = [self._prepare(h) for h in handles]
             for ids, params in prepared:  # all or none: check every member before adding any
                 self.engine.scheduler.check(Request(ids, params))
-        except (APIError, RequestTooLongError) as exc:
-            err = exc if isinstance(exc, APIError) else APIError(400, str(exc), param=handles[0].prompt_field)
+        except Exception as exc:  # noqa: BLE001 — every member of the group gets an answer, whatever failed
+            if isinstance(exc, APIError):
+                err = exc
+            elif isinstance(exc, (RequestTooLongError, ValueError)):
+                err = APIError(400, str(exc), param=handles[0].prompt_field)
+            else:
+                logger.exception("could not add a request group")
+                err = APIError(500, f"{type(exc).__name__}: {exc}", type="server_error")
             self._unqueue(len(handles))
             for h in handles:
                 h.sink(Failed(err))

@@ -91,6 +91,9 @@ def _wrong_type(name: str, want: str, value: Any) -> APIError:
     )
 
 
+SEED_RANGE = 2**63  # seeds a torch.Generator accepts
+
+
 def _int(
     body: dict, name: str, default: int | None, lo: int | None = None, hi: int | None = None
 ) -> int | None:
@@ -174,7 +177,7 @@ class GenerateRequest:
         is offset per choice so that ``n`` seeded samples differ yet reproduce."""
         kw = dict(self.sampling)
         if kw.get("seed") is not None:
-            kw["seed"] += choice
+            kw["seed"] = (kw["seed"] + choice) % SEED_RANGE
         return kw
 
 
@@ -202,7 +205,7 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
     temperature = _float(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _float(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
     top_k = _int(body, "top_k", 0, -1)
-    seed = _int(body, "seed", None)
+    seed = _int(body, "seed", None, 0, SEED_RANGE - 1)
     stop = body.get("stop")
     if stop is None:
         stop = []
