@@ -111,3 +111,16 @@ def test_full_decode_graphs_equal_eager(model_type, hf_checkpoints):
     decode = engine.graph_stats()["decode"]
     assert decode["batch_sizes"] == [1, 2]
     assert decode["replays"] > 0 and decode["fallbacks"].get("batch_above_largest_bucket", 0) > 0
+
+
+def test_chunked_prefill_under_graphs_equals_eager(engines):
+    """Prompts longer than the largest bucket are prefilled in bucket-sized chunks, each
+    attending to the chunks before it through the paged cache."""
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (150, 70)]
+    ref = engines["disabled"].prompt_logits(prompts)
+    for name in ("breakable", "piecewise"):
+        before = engines[name].graph_stats()["replays"]
+        for a, b in zip(engines[name].prompt_logits(prompts), ref):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
+        assert engines[name].graph_stats()["replays"] - before >= 3, "220 tokens take at least 3 replayed chunks of 64"

@@ -104,7 +104,7 @@ def test_greedy_completion_equals_engine_generate(client, reference):
         "max_tokens": 6,
         "temperature": 0,
         "ignore_eos": True,
-        "logprobs": 1,
+        "logprobs": 3,
     }
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
@@ -113,7 +113,10 @@ def test_greedy_completion_equals_engine_generate(client, reference):
     choice = out["choices"][0]
     assert choice["text"] == ref.text and choice["finish_reason"] == "length"
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(ref.logprobs, abs=1e-4)
-    assert all(len(top) >= 1 for top in choice["logprobs"]["top_logprobs"]), "at least the chosen token"
+    tops = choice["logprobs"]["top_logprobs"]
+    assert all(len(top) == 3 for top in tops), "the three most likely tokens at each position"
+    for top, lp in zip(tops, choice["logprobs"]["token_logprobs"]):
+        assert max(top.values()) == pytest.approx(lp, abs=1e-4), "greedy: the chosen token is the most likely"
     assert out["usage"] == {"prompt_tokens": ref.prompt_tokens, "completion_tokens": 6, "total_tokens": ref.prompt_tokens + 6,
                             "prompt_tokens_details": out["usage"]["prompt_tokens_details"]}  # fmt: skip
     by_ids = client.post("/v1/completions", json={**body, "prompt": reference.tokenize(PROMPT)}).json()
@@ -213,6 +216,7 @@ BAD = [
     ("/v1/completions", b'{"prompt": []}', 400, "prompt"),  # empty token list
     ("/v1/completions", b'{"prompt": 5}', 400, "prompt"),  # wrong type
     ("/v1/completions", b'{"prompt": [1, 99999999]}', 400, "prompt"),  # token id outside the vocabulary
+    ("/v1/completions", b'{"prompt": "hi", "seed": 18446744073709551616}', 400, "seed"),  # beyond a generator seed
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": -3}', 400, "max_tokens"),
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": 0}', 400, "max_tokens"),
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": "ten"}', 400, "max_tokens"),

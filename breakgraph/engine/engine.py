@@ -125,47 +125,52 @@ class Engine:
 
             self.tp = tp.start(self, tp_size, {**engine_args, "model_path": str(self.model_path)})
 
-        t0 = time.perf_counter()
-        self.model = load_model(
-            self.model_path, config=self.config, device=self.device, dtype=self.dtype, load_format=load_format,
-            max_positions=self.context_length, seed=seed, parallel=self.tp.state if self.tp else None,
-        )  # fmt: skip
-        logger.info("loaded %s (%s, %s) in %.1fs", self.model_path, self.config.model_type, self.dtype, time.perf_counter() - t0)
-        self.tokenizer = _load_tokenizer(self.model_path) if self.tp is None or self.tp.rank == 0 else None
-
-        if num_pages is None:
-            num_pages = self._default_num_pages(page_size, max_running_requests, mem_fraction_static)
-        if self.tp is not None:
-            num_pages = self.tp.agree_on_num_pages(num_pages)
-        self.kv_cache = KVCache(self.config, num_pages, page_size, self.dtype, self.device)
-        if self.tp is None:
-            self.runner = ModelRunner(self.model, self.kv_cache, self.device)
-        else:
-            self.runner = self.tp.make_runner(self.model, self.kv_cache, self.device)
-        self.max_prefill_chunk = chunked_prefill_size  # as asked; graphs may lower the effective chunk
-        self.chunked_prefill_size = chunked_prefill_size
-        self.fold_islands = fold_islands
-        self.set_prefill_backend(
-            cuda_graph_backend_prefill or ("breakable" if self.device.type == "cuda" else "disabled"),
-            cuda_graph_bs_prefill, cuda_graph_max_bs_prefill,
-        )  # fmt: skip
-        chunked_prefill_size = self.chunked_prefill_size
-        decode_backend = cuda_graph_backend_decode or ("full" if self.device.type == "cuda" else "disabled")
-        if decode_backend not in DECODE_BACKENDS:
-            raise ValueError(f"--cuda-graph-backend-decode must be one of {DECODE_BACKENDS}, got {decode_backend!r}")
-        if decode_backend == "full":
-            max_bs = cuda_graph_max_bs or min(max_running_requests, 64)
-            self.runner.decode_graphs = DecodeGraphRunner(
-                self.model, self.kv_cache, self.device, default_decode_buckets(max_bs),
-                max_pages=self.kv_cache.pool.pages_for(self.context_length),
+        try:
+            t0 = time.perf_counter()
+            self.model = load_model(
+                self.model_path, config=self.config, device=self.device, dtype=self.dtype, load_format=load_format,
+                max_positions=self.context_length, seed=seed, parallel=self.tp.state if self.tp else None,
             )  # fmt: skip
-            self.runner.decode_graphs.capture()
-        self.scheduler = Scheduler(self.kv_cache.pool, self.context_length, max_running_requests, chunked_prefill_size)
-        self.eos_ids = set(self.config.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            self.eos_ids.add(self.tokenizer.eos_token_id)
-        if self.tp is not None:
-            self.tp.ready(self)  # ranks > 0 serve rank 0's steps from here on and never return
+            logger.info("loaded %s (%s, %s) in %.1fs", self.model_path, self.config.model_type, self.dtype, time.perf_counter() - t0)
+            self.tokenizer = _load_tokenizer(self.model_path) if self.tp is None or self.tp.rank == 0 else None
+
+            if num_pages is None:
+                num_pages = self._default_num_pages(page_size, max_running_requests, mem_fraction_static)
+            if self.tp is not None:
+                num_pages = self.tp.agree_on_num_pages(num_pages)
+            self.kv_cache = KVCache(self.config, num_pages, page_size, self.dtype, self.device)
+            if self.tp is None:
+                self.runner = ModelRunner(self.model, self.kv_cache, self.device)
+            else:
+                self.runner = self.tp.make_runner(self.model, self.kv_cache, self.device)
+            self.max_prefill_chunk = chunked_prefill_size  # as asked; graphs may lower the effective chunk
+            self.chunked_prefill_size = chunked_prefill_size
+            self.fold_islands = fold_islands
+            self.set_prefill_backend(
+                cuda_graph_backend_prefill or ("breakable" if self.device.type == "cuda" else "disabled"),
+                cuda_graph_bs_prefill, cuda_graph_max_bs_prefill,
+            )  # fmt: skip
+            chunked_prefill_size = self.chunked_prefill_size
+            decode_backend = cuda_graph_backend_decode or ("full" if self.device.type == "cuda" else "disabled")
+            if decode_backend not in DECODE_BACKENDS:
+                raise ValueError(f"--cuda-graph-backend-decode must be one of {DECODE_BACKENDS}, got {decode_backend!r}")
+            if decode_backend == "full":
+                max_bs = cuda_graph_max_bs or min(max_running_requests, 64)
+                self.runner.decode_graphs = DecodeGraphRunner(
+                    self.model, self.kv_cache, self.device, default_decode_buckets(max_bs),
+                    max_pages=self.kv_cache.pool.pages_for(self.context_length),
+                )  # fmt: skip
+                self.runner.decode_graphs.capture()
+            self.scheduler = Scheduler(self.kv_cache.pool, self.context_length, max_running_requests, chunked_prefill_size)
+            self.eos_ids = set(self.config.eos_token_ids)
+            if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+                self.eos_ids.add(self.tokenizer.eos_token_id)
+            if self.tp is not None:
+                self.tp.ready(self)  # ranks > 0 serve rank 0's steps from here on and never return
+        except BaseException:
+            if self.tp is not None and self.tp.rank == 0:
+                self.tp._abandon()  # do not leave the other ranks waiting for a collective
+            raise
 
     def _default_num_pages(self, page_size: int, max_running: int, mem_fraction: float) -> int:
         per_page = KVCache.bytes_per_page(self.config, page_size, self.dtype)

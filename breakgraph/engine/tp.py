@@ -221,6 +221,8 @@ class TPGroup:
         self._store: Any = None  # rank 0 (spawn): the store server, alive as long as the group
         self._runner: weakref.ref[TPModelRunner] | None = None
         self._seq = 0
+        self._last_forward = 0  # rank 0: the newest forward command
+        self._deleted_through = 0  # rank 0: command keys deleted from the store so far
         self._procs: list[tuple[int, Any]] = []
         self._owns_group = True
         self._ready = False
@@ -379,8 +381,11 @@ class TPGroup:
     def _post(self, command: tuple) -> None:
         self._seq += 1
         self._commands.set(str(self._seq), pickle.dumps(command))
-        if self._seq > 2:  # every worker took part in a collective of command seq-1, so read seq-2
-            self._commands.delete_key(str(self._seq - 2))
+        # Every worker has read the commands up to the last forward: rank 0 posts again only
+        # after that forward's logits came back from all of them. Later commands may be unread.
+        while self._deleted_through < self._last_forward:
+            self._deleted_through += 1
+            self._commands.delete_key(str(self._deleted_through))
 
     def _receive(self) -> tuple:
         self._seq += 1
@@ -403,6 +408,7 @@ class TPGroup:
             else:
                 header.append((f.name, "value", value.value if isinstance(value, ForwardMode) else value))
         self._post(("forward", all_logits, header))
+        self._last_forward = self._seq
         packed = torch.cat(tensors) if tensors else torch.empty(0, dtype=torch.int64, device=self.device)
         dist.broadcast(packed, src=0)
 

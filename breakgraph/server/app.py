@@ -350,6 +350,9 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
             raise APIError(
                 503, f"the engine loop is not running{reason}", type="server_error", code="engine_unavailable"
             )
+        tp_failure = getattr(getattr(engine_loop.engine, "tp", None), "failure", None)
+        if tp_failure:
+            raise APIError(503, f"tensor parallelism failed: {tp_failure}", type="server_error", code="engine_unavailable")
         return JSONResponse({"status": "ok"})
 
     @app.get("/health_generate")
