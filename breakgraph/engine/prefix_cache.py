@@ -39,7 +39,6 @@ class PrefixCache:
         self._page_of: dict[bytes, int] = {}
         self._key_of: dict[int, bytes] = {}
         pool.on_evict = self._forget
-        self.hit_tokens = 0  # prompt tokens served from the cache, over the cache's life
 
     def __len__(self) -> int:
         return len(self._page_of)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +43,6 @@ class Request:
     new_text: str = ""  # what the latest token added to ``text``
     prefix_offset: int = 0  # incremental detokenisation window: output_ids[prefix_offset:read_offset]
     read_offset: int = 0  # ... is the context decoded again to find the new token's text
-    arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     generator: torch.Generator | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache

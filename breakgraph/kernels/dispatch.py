@@ -16,10 +16,6 @@ TRITON_ENABLED = (
 )
 
 
-def triton_available() -> bool:
-    return TRITON_ENABLED
-
-
 def use_triton(t: torch.Tensor) -> bool:
     """True when ``t`` lives on a CUDA device and Triton kernels are enabled."""
     return t.is_cuda and TRITON_ENABLED

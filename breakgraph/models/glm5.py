@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state
-from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.layers.attention import MLAttention
 from breakgraph.layers.linear import (
     LinearBase,
@@ -219,7 +218,3 @@ class DsaForCausalLM(nn.Module):
 def _copy_param(name: str, param: torch.Tensor, tensor: torch.Tensor) -> None:
     check_shape(name, tuple(param.shape), tuple(tensor.shape))
     param.data.copy_(tensor.to(param.dtype))
-
-
-def is_fp8(t: torch.Tensor) -> bool:
-    return t.dtype == FP8_DTYPE
