@@ -8,6 +8,7 @@ and a server-sent-events line parser. No engine code is imported.
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -97,3 +98,26 @@ def parse_sse_line(line: str) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         raise TypeError(f"stream chunk is not a JSON object: {payload[:200]!r}")
     return obj
+
+
+def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags every client of an OpenAI-compatible endpoint takes: ``--base-url``, ``--model``,
+    ``--api-key``, ``--timeout`` and ``--no-progress``."""
+    parser.add_argument(
+        "--base-url",
+        default=DEFAULT_BASE_URL,
+        help="root URL of the OpenAI-compatible server; /v1/completions is appended (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--model", default=None, help="model id to send; default: the first id listed by GET /v1/models"
+    )
+    parser.add_argument(
+        "--api-key", default=None, help="bearer token sent as 'Authorization: Bearer ...' (default: none)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds allowed to connect, or to wait for a response or the next streamed chunk (default: %(default)s)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from breakgraph.bench.openai_client import (
     DEFAULT_BASE_URL,
     EndpointError,
+    add_endpoint_arguments,
     auth_headers,
     fetch_model_id,
     http_error_message,
@@ -475,14 +476,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> BenchResult:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench serve`` flags to ``parser`` (used by ``breakgraph bench serve`` and ``-m``)."""
-    parser.add_argument(
-        "--base-url",
-        default=DEFAULT_BASE_URL,
-        help="root URL of the OpenAI-compatible server; /v1/completions is appended (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--model", default=None, help="model id to send; default: the first id listed by GET /v1/models"
-    )
+    add_endpoint_arguments(parser)
     parser.add_argument(
         "--num-prompts", type=int, default=200, help="requests to send (default: %(default)s)"
     )
@@ -524,9 +518,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seed for prompts, lengths and arrival gaps (default: %(default)s)",
     )
     parser.add_argument(
-        "--api-key", default=None, help="bearer token sent as 'Authorization: Bearer ...' (default: none)"
-    )
-    parser.add_argument(
         "--output",
         type=Path,
         default=None,
@@ -545,13 +536,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not send ignore_eos=true (for servers that reject unknown fields); outputs may then "
         "stop before --output-len",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        help="seconds allowed to connect or to wait for the next chunk (default: %(default)s)",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from breakgraph.bench.openai_client import (
     DEFAULT_BASE_URL,
     EndpointError,
+    add_endpoint_arguments,
     auth_headers,
     fetch_model_id,
     http_error_message,
@@ -339,14 +340,7 @@ def run_gsm8k(cfg: GSM8KConfig, progress: bool = True) -> GSM8KResult:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``gsm8k`` flags to ``parser`` (used by ``breakgraph eval gsm8k`` and ``-m``)."""
-    parser.add_argument(
-        "--base-url",
-        default=DEFAULT_BASE_URL,
-        help="root URL of the OpenAI-compatible server; /v1/completions is appended (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--model", default=None, help="model id to send; default: the first id listed by GET /v1/models"
-    )
+    add_endpoint_arguments(parser)
     parser.add_argument(
         "--num-shots",
         type=int,
@@ -373,9 +367,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the copy shipped in the package",
     )
     parser.add_argument(
-        "--api-key", default=None, help="bearer token sent as 'Authorization: Bearer ...' (default: none)"
-    )
-    parser.add_argument(
         "--output",
         type=Path,
         default=None,
@@ -388,10 +379,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sample questions and shots at random with this seed; default: the first questions "
         "and shots in file order",
     )
-    parser.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds allowed per HTTP request (default: %(default)s)"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
 
 
 def main(args: argparse.Namespace) -> int:
