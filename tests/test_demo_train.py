@@ -25,6 +25,7 @@ from breakgraph.demo.train import (
 )
 from breakgraph.layers.mlp import MoE
 from breakgraph.models.config import ModelConfig
+from breakgraph.models.loader import load_model
 
 INDEX_TOPK = 8
 MICRO = {
@@ -104,6 +105,11 @@ def test_training_forward_equals_engine_prompt_logits(micro, tmp_path):
         assert err <= 1e-4 * want.abs().max().item(), f"row {r}: max |Δlogit| {err:.3g}"
         # the sparse mask matters: dense attention gives other logits
         assert (dense[r, : len(rows[r])] - want).abs().max().item() > 1e-3
+    # the training forward also runs on a loaded inference model (absorbed w_kc/w_vc only)
+    loaded = load_model(folder, dtype=torch.float32)
+    with torch.no_grad():
+        again = train_forward(loaded, ids, sparse=True, valid=valid).logits
+    assert (again - ours).abs().max().item() <= 1e-4 * ours.abs().max().item()
 
 
 def test_saved_folder_loads_in_breakgraph_and_transformers_with_matching_logits(micro, tok, tmp_path):

@@ -182,8 +182,11 @@ def _mla(
     c = attn.kv_a_layernorm(c)
     q_pe = apply_rope(q_pe, cos, sin, interleaved=True)
     k_pe = apply_rope(k_pe, cos, sin, interleaved=True)
-    w_kv = attn.kv_b_proj.weight.view(h, dn + dv, r)
-    w_kc, w_vc = w_kv[:, :dn], w_kv[:, dn:]
+    if attn.kv_b_proj is not None:  # training: the absorbed halves are views of the trained weight
+        w_kv = attn.kv_b_proj.weight.view(h, dn + dv, r)
+        w_kc, w_vc = w_kv[:, :dn], w_kv[:, dn:]
+    else:  # a loaded inference model keeps only the absorbed halves
+        w_kc, w_vc = attn.w_kc, attn.w_vc
     q_latent = torch.einsum("bshn,hnr->bshr", q_nope, w_kc)
     q_full = torch.cat([q_latent, q_pe.to(q_latent.dtype)], dim=-1)
     kv = torch.cat([c, k_pe.to(c.dtype)], dim=-1)
