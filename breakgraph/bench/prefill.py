@@ -46,6 +46,7 @@ class Row:
     islands: int | None
     capture_s: float | None
     graph_memory_gib: float | None
+    top_kernels: list | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="capture the whole default bucket ladder (as a server would) instead of the benchmarked shapes only")
     parser.add_argument("--fold-islands", action="store_true", help="fold single-kernel segments into eager steps")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled run (GPU-busy ratio, kernel count)")
+    parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
+                        help="print (and write to the JSON) the N kernels with the most GPU time in each profiled run")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
     parser.add_argument("--output", default="prefill_bench", help="output prefix: writes PREFIX.json, PREFIX.md, PREFIX.png")
@@ -136,7 +139,11 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict) -> 
                 run()
                 sync(engine)
                 times.append(time.perf_counter() - t0)
-            busy, kernels = (None, None) if args.no_profile else profile(engine, run)
+            busy, kernels, top = (None, None, None) if args.no_profile else profile(engine, run, args.top_kernels)
+            if top:
+                print(f"top kernels, {backend} {b}×{n} (GPU ms, calls, name):")
+                for name, ms, calls in top:
+                    print(f"  {ms:9.3f} {calls:6d}  {name[:110]}")
             seg = brk = isl = None
             graphs = engine.runner.prefill_graphs
             if graphs is not None:
@@ -147,7 +154,7 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict) -> 
             med = statistics.median(times)
             rows.append(Row(
                 backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
-                busy, kernels, seg, brk, isl, capture_s, mem,
+                busy, kernels, seg, brk, isl, capture_s, mem, top,
             ))  # fmt: skip
             logger.info("%s %d×%d: %.2f ms (floor %.2f ms)", backend, b, n, med * 1e3, floors[(n, b)] * 1e3)
             engine.kv_cache.pool.free(pages)
@@ -175,10 +182,11 @@ def sync(engine) -> None:
         torch.cuda.synchronize(engine.device)
 
 
-def profile(engine, run) -> tuple[float | None, int | None]:
-    """GPU-busy ratio (union of kernel intervals ÷ wall) and kernel count of one run."""
+def profile(engine, run, top: int = 0) -> tuple[float | None, int | None, list | None]:
+    """GPU-busy ratio (union of kernel intervals ÷ wall), kernel count and the ``top`` kernels by
+    summed GPU time (``[(name, ms, calls)]``, None when ``top`` is 0) of one run."""
     if engine.device.type != "cuda":
-        return None, None
+        return None, None, None
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -187,11 +195,17 @@ def profile(engine, run) -> tuple[float | None, int | None]:
         run()
         sync(engine)
         wall_us = (time.perf_counter() - t0) * 1e6
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
+    kernels = [
+        e for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()
-    )
+    ]  # fmt: skip
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        acc = by_name.setdefault(e.name, [0.0, 0])
+        acc[0] += (e.time_range.end - e.time_range.start) / 1e3
+        acc[1] += 1
+    ranked = sorted(((n, ms, calls) for n, (ms, calls) in by_name.items()), key=lambda x: -x[1])[:top] if top else None
     busy, end = 0.0, None
     for s, e in spans:
         if end is None or s > end:
@@ -200,7 +214,7 @@ def profile(engine, run) -> tuple[float | None, int | None]:
         elif e > end:
             busy += e - end
             end = e
-    return min(1.0, busy / wall_us), len(spans)
+    return min(1.0, busy / wall_us), len(spans), ranked
 
 
 def floor_seconds(engine, input_len: int, batch_size: int) -> float:
