@@ -610,3 +610,44 @@ def test_cuda_host_sync_in_a_segment_is_explained():
     x.fill_(3.0)
     fresh.replay()
     torch.testing.assert_close(out, torch.full_like(x, 6.0))
+
+
+@eager_on_graph()
+def _double_into(src: torch.Tensor, dst: torch.Tensor) -> None:
+    dst.copy_(src * 2 + CTX.offset)
+
+
+def _deep_body(x: torch.Tensor, layers: int) -> torch.Tensor:
+    h = x
+    for _ in range(layers):
+        a = h * 0.5 + 1  # allocated inside a segment: lives in the graph pool
+        out = torch.empty_like(a)
+        _double_into(a, out)
+        h = out.tanh()
+    return h
+
+
+def _pool_bytes(pool) -> int:
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == tuple(pool))
+
+
+@pytest.mark.cuda
+def test_cuda_break_arguments_in_the_pool_do_not_pin_it_and_buckets_share_it():
+    """32 layers pass 4 MiB pool tensors through a break: held strongly they would pin 256 MiB
+    per bucket; as non-owning aliases the pool stays a few tensors big. Two buckets share the
+    pool and still replay correctly in any order."""
+    layers, mib = 32, 2**20
+    pool = new_graph_pool("cuda")
+    inputs = {n: torch.randn(n, 1024, device="cuda") for n in (1024, 512)}
+    graphs, outs = {}, {}
+    CTX.offset = 0.0
+    for n, x in inputs.items():  # largest first, as the prefill runner does
+        _deep_body(x, layers)
+        graphs[n] = BreakableGraph("cuda", pool=pool)
+        outs[n] = graphs[n].capture(_deep_body, x, layers)
+    assert _pool_bytes(pool) < 16 * 4 * mib
+    for step, n in enumerate([512, 1024, 512, 1024, 1024]):
+        inputs[n].copy_(torch.randn_like(inputs[n]))
+        CTX.offset = float(step)
+        graphs[n].replay()
+        torch.testing.assert_close(outs[n], _deep_body(inputs[n].clone(), layers))

@@ -16,9 +16,12 @@ Break contract (what a break function must do to be replayable):
 2. Per-batch data comes from a context object that the function reads when it is called
    (``get_forward_context().seq_lens``), never from values bound in a closure or default argument
    at capture time: the recorded call replays with the SAME argument objects.
-3. Every argument (and returned tensor) is held by a strong reference for the life of the graph,
-   so no later capture (another token bucket in the same pool) can reuse its memory. This costs
-   memory on purpose: weak or raw-pointer references are silent corruption waiting to happen.
+3. Returned tensors and arguments that live outside the graph's memory pool (weights, caches,
+   static input buffers) are held by strong references for the life of the graph. Arguments
+   that a segment allocated in the pool are held as non-owning aliases: replay runs in stream
+   order, so a break reads and writes such a tensor before any later segment (of this bucket
+   or of another bucket sharing the pool, never replayed concurrently) reuses its bytes. Holding
+   them would keep every layer's break arguments of every bucket alive at once.
 4. Side streams forked inside a segment are joined back before the break; otherwise
    :class:`GraphBreakError` names the break function (CUDA only).
 5. Breaks called inside a break function run inline (nested breaks add no segment).
@@ -139,7 +142,8 @@ def _refresh(kept: Any, fresh: Any, name: str) -> None:
 
 @dataclass
 class _BreakCall:
-    """A recorded break: the function, its argument objects (strong refs), its capture results."""
+    """A recorded break: the function, its arguments (pool tensors as non-owning aliases, see
+    the break contract), its capture results."""
 
     fn: Callable[..., Any]
     args: tuple
@@ -428,7 +432,8 @@ class BreakableGraph:
         if fn is _forced_break:
             self._raw.append(None)
         else:
-            call = _BreakCall(fn, args, dict(kwargs), result, name, self._segment_index)
+            kept_args, kept_kwargs = self._capturer.non_owning((args, dict(kwargs)))
+            call = _BreakCall(fn, kept_args, kept_kwargs, result, name, self._segment_index)
             self._raw.append(call)
             self._calls.append(call)
         self._segment_index += 1

@@ -22,6 +22,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from breakgraph.graphs.cpu_graph import OpRecorder
 from breakgraph.graphs.errors import GraphBreakError, GraphError
@@ -90,6 +91,16 @@ _POISONED_POOLS: set[tuple[int, tuple[int, ...]]] = set()
 def _pool_key(device: torch.device, pool: Any) -> tuple[int, tuple[int, ...]]:
     index = device.index if device.index is not None else torch.cuda.current_device()
     return index, tuple(pool)
+
+
+def pool_segments(device: torch.device, pool: Any) -> list[tuple[int, int]]:
+    """``[(start, end)]`` address ranges of the memory the allocator reserved for ``pool``."""
+    index, key = _pool_key(device, pool)
+    return [
+        (s["address"], s["address"] + s["total_size"])
+        for s in torch.cuda.memory_snapshot()
+        if s["device"] == index and tuple(s.get("segment_pool_id", ())) == key
+    ]
 
 
 def _recover_failed_capture(device: torch.device, pool: Any) -> None:
@@ -171,6 +182,8 @@ class CudaSegmentCapturer:
         self._kept_graph = False
         self._recorder: OpRecorder | None = None
         self._label = ""
+        self._pool_ranges: list[tuple[int, int]] = []
+        self._reserved_at_scan = -1
 
     def open(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -180,6 +193,41 @@ class CudaSegmentCapturer:
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         self._stream_ctx = torch.cuda.stream(self._stream)
         self._stream_ctx.__enter__()
+
+    def non_owning(self, tree: Any) -> Any:
+        """``tree`` (a pytree of break arguments) with every tensor whose memory lies in this
+        capturer's pool replaced by a non-owning alias: same address, dtype, shape and strides,
+        but the allocator may hand the memory to later captures into the pool.
+
+        Sound because every replay runs in stream order: a segment writes the tensor, the break
+        reads or writes it before any later segment (of this or another bucket, never replayed
+        concurrently) can reuse those bytes. Holding these tensors instead would keep every
+        layer's break arguments of every bucket alive at once (tens of GiB at GLM-5 sizes).
+        Tensors outside the pool (weights, caches, static inputs, break results) stay owned.
+        """
+        leaves, spec = tree_flatten(tree)
+        if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
+            return tree
+        return tree_unflatten([self._alias(t) if self._in_pool(t) else t for t in leaves], spec)
+
+    def _in_pool(self, t: Any) -> bool:
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.untyped_storage().nbytes() == 0:
+            return False
+        ptr = t.untyped_storage().data_ptr()
+        if not any(lo <= ptr < hi for lo, hi in self._pool_ranges):
+            reserved = torch.cuda.memory_reserved(self.device)
+            if reserved == self._reserved_at_scan:
+                return False
+            self._reserved_at_scan = reserved  # the pool may have grown since the last scan
+            self._pool_ranges = pool_segments(self.device, self.pool)
+        return any(lo <= ptr < hi for lo, hi in self._pool_ranges)
+
+    @staticmethod
+    def _alias(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        borrowed = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
+        alias = torch.empty((), dtype=t.dtype, device=t.device)
+        return alias.set_(borrowed, t.storage_offset(), t.shape, t.stride())
 
     def begin(self, label: str) -> None:
         self._label = label

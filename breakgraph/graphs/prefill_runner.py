@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from breakgraph.graphs.breakable import BreakableGraph
+from breakgraph.graphs.cuda_segment import pool_segments
 from breakgraph.graphs.piecewise import PiecewiseBackend
 from breakgraph.graphs.segments import new_graph_pool
 
@@ -96,7 +97,8 @@ class PrefillGraphStats:
     backend: str
     buckets: list[BucketInfo] = field(default_factory=list)
     capture_s: float = 0.0
-    graph_memory_bytes: int = 0
+    graph_memory_bytes: int = 0  # reserved by the graphs' shared memory pool
+    capture_memory_bytes: int = 0  # free device memory the capture took (pool + allocator cache)
     replays: int = 0
     replayed_tokens: int = 0
     padded_tokens: int = 0
@@ -190,9 +192,15 @@ class PrefillGraphRunner:
         self.stats.capture_s = time.perf_counter() - start
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.stats.graph_memory_bytes = max(0, free_before - _free_memory(self.device))
+            self.stats.capture_memory_bytes = max(0, free_before - _free_memory(self.device))
+            self.stats.graph_memory_bytes = sum(hi - lo for lo, hi in pool_segments(self.device, self.pool))
         largest = self.stats.buckets[-1]
-        memory = _fmt_bytes(self.stats.graph_memory_bytes) if self.device.type == "cuda" else "n/a on CPU"
+        memory = (
+            f"{_fmt_bytes(self.stats.graph_memory_bytes)} in the graph pool "
+            f"({_fmt_bytes(self.stats.capture_memory_bytes)} of free memory taken)"
+            if self.device.type == "cuda"
+            else "n/a on CPU"
+        )
         logger.info(
             "prefill graphs (%s): %d buckets %d…%d tokens captured in %.1fs, graph memory %s; "
             "largest bucket: %d segments, %d breaks, %d single-kernel islands",

@@ -44,6 +44,7 @@ class SegmentCapturer(Protocol):
     def end(self, reason: str) -> Segment: ...
     def abort(self) -> None: ...
     def close(self) -> None: ...
+    def non_owning(self, tree: Any) -> Any: ...
 
 
 def _recorded_fold(recorder: OpRecorder | None) -> Callable[[], None] | None:
@@ -69,6 +70,10 @@ class CpuSegmentCapturer:
 
     def open(self) -> None:
         pass
+
+    def non_owning(self, tree: Any) -> Any:
+        """Break arguments are kept as they are: CPU graphs hold their tensors anyway."""
+        return tree
 
     def begin(self, label: str) -> None:
         self._graph = CpuGraph()
