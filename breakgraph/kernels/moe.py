@@ -150,8 +150,9 @@ def fused_moe(
     """Dispatch :func:`fused_moe_ref`'s contract to the fastest implementation available.
 
     CUDA, 16-bit activations: FP8 block-scaled experts take the Triton grouped GEMMs
-    (bf16 activations × fp8 weight tiles; ``BREAKGRAPH_MOE_W8A8=1`` quantises activations to
-    e4m3 instead); bf16 experts take ``torch._grouped_mm`` on sm90/sm100, else the Triton
+    (activations quantised to e4m3 per 128 columns from
+    ``triton_moe.W8A8_MIN_TOKENS`` tokens, bf16 activations × fp8 weight tiles below; see
+    ``triton_moe.moe_fp8_activations``); bf16 experts take ``torch._grouped_mm`` on sm90/sm100, else the Triton
     grouped GEMMs (:mod:`breakgraph.kernels.triton_moe`). Everything else takes the twin.
     """
     if use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block):

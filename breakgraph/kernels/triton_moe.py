@@ -15,10 +15,10 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    expert's ``w2`` and writes ``y [P, D]`` by pair. Weights are bf16, or e4m3 with one fp32 scale
    per 128×128 tile; for FP8 the activations are either kept in bf16 and each weight tile is
    dequantised in registers to ``bf16(w·s)`` — the very values the twin's ``block_dequant``
-   makes — before a bf16 MMA (``W8A16``: the default; the small-batch regime pays for weight
+   makes — before a bf16 MMA (``W8A16``: the default for small batches, which pay for weight
    bytes, and these are fp8) or quantised per (row, 128 columns) to e4m3 for the fp8 tensor
-   cores, each k-block's fp32 partial sum scaled by ``s_w · s_a`` (``W8A8``,
-   ``BREAKGRAPH_MOE_W8A8=1``: twice the MMA rate for large T, ≈4% relative deviation from the
+   cores, each k-block's fp32 partial sum scaled by ``s_w · s_a`` (``W8A8``, the default from
+   ``W8A8_MIN_TOKENS`` tokens, :func:`moe_fp8_activations`): twice the MMA rate for large T, ≈4% relative deviation from the
    bf16-activation twin on random data: two quantised GEMMs). Small row blocks use the swapped
    product ``(W·Aᵀ)ᵀ`` so that the weight rows fill the 64-row MMA side and the few tokens the
    narrow one. The tile choice depends only on static shapes (:func:`gemm_config`).
@@ -48,14 +48,20 @@ import triton.language as tl
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
 
+W8A8_MIN_TOKENS = 256  # from scripts/bench_kernels_moe.py on the H200: W8A8 wins from here up
 
-def moe_fp8_activations() -> bool:
-    """Whether FP8 experts quantise activations to e4m3 (``BREAKGRAPH_MOE_W8A8=1``, W8A8) rather
-    than multiplying bf16 activations by fp8 weight tiles dequantised in registers (default, W8A16)."""
-    flag = os.environ.get("BREAKGRAPH_MOE_W8A8", "0")
-    if flag not in ("0", "1"):
-        raise ValueError(f"BREAKGRAPH_MOE_W8A8 must be 0 or 1, got {flag!r}")
-    return flag == "1"
+
+def moe_fp8_activations(num_tokens: int) -> bool:
+    """Whether FP8 experts quantise activations to e4m3 (W8A8) rather than multiply bf16
+    activations by fp8 weight tiles dequantised in registers (W8A16), for a batch of
+    ``num_tokens`` tokens. ``BREAKGRAPH_MOE_W8A8``: ``auto`` (default: W8A8 from
+    ``W8A8_MIN_TOKENS`` tokens, where the fp8 tensor cores' double rate pays for the activation
+    quantisation; W8A16 below, where weight bytes dominate), ``1`` always, ``0`` never.
+    Depends only on the shape, so a captured graph keeps one choice per bucket."""
+    flag = os.environ.get("BREAKGRAPH_MOE_W8A8", "auto")
+    if flag not in ("auto", "0", "1"):
+        raise ValueError(f"BREAKGRAPH_MOE_W8A8 must be auto, 0 or 1, got {flag!r}")
+    return num_tokens >= W8A8_MIN_TOKENS if flag == "auto" else flag == "1"
 
 
 def _next_pow2(n: int) -> int:
@@ -587,7 +593,7 @@ def fused_moe_triton(
     p = t * k
     w_fp8 = w13.dtype == FP8_DTYPE
     if fp8_activations is None:
-        fp8_activations = moe_fp8_activations()
+        fp8_activations = moe_fp8_activations(t)
     fp8_activations = fp8_activations and w_fp8
     cfg1 = gemm_config(p, num_e, True, w_fp8)
     cfg1.update(configs[0] or {})
