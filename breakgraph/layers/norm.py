@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from breakgraph.kernels.norm import fused_add_rms_norm, rms_norm
+
 
 class RMSNorm(nn.Module):
     """``weight * (x / sqrt(mean(x²) + eps)).to(x.dtype)``. Note: MLA's ``q_a_layernorm`` and
@@ -16,10 +18,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+    def forward_with_residual(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h = residual + x`` (rounded to the dtype, as a separate add would be); returns
+        ``(norm(h), h)``. One kernel on CUDA (:func:`~breakgraph.kernels.norm.fused_add_rms_norm`)."""
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class LayerNorm(nn.Module):

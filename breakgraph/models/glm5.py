@@ -64,8 +64,8 @@ class DecoderLayer(nn.Module):
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         attn, topk = self.self_attn(self.input_layernorm(h), cos, sin, prev_topk)
-        h = h + attn
-        h = h + self.mlp(self.post_attention_layernorm(h))
+        normed, h = self.post_attention_layernorm.forward_with_residual(attn, h)
+        h = h + self.mlp(normed)
         return h, topk
 
 

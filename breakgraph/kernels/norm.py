@@ -1,0 +1,65 @@
+"""RMSNorm, plain and with the residual add fused in (plain-PyTorch twins and dispatchers).
+
+The math is the reference's: statistics in fp32, ``h · rsqrt(mean(h²) + eps)`` cast back to
+the input dtype, then multiplied by the weight in that dtype. The fused form adds the residual
+first (in the input dtype, as ``h + attn`` does) and returns the sum as the new residual.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from breakgraph.kernels.dispatch import use_triton
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * (x / sqrt(mean(x²) + eps)).to(x.dtype)`` over the last dimension of ``x``."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def fused_add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = residual + x``; returns ``(rms_norm_ref(h, weight, eps), h)``."""
+    h = residual + x
+    return rms_norm_ref(h, weight, eps), h
+
+
+def _triton_ok(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
+    """CUDA tensors the Triton kernels support, outside autograd recording (they have no
+    backward: training forwards take the twin)."""
+    if not use_triton(x):
+        return False
+    tensors = (x, weight) if residual is None else (x, weight, residual)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    from breakgraph.kernels import triton_norm
+
+    return triton_norm.supports(x, weight, residual)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Dispatch :func:`rms_norm_ref`'s contract: CUDA tensors of one dtype (bf16/fp16/fp32,
+    hidden ≤ 8192, unit last stride, no autograd) take the Triton kernel
+    (:mod:`breakgraph.kernels.triton_norm`, returns a new contiguous tensor); everything else
+    takes the twin."""
+    if _triton_ok(x, weight):
+        from breakgraph.kernels.triton_norm import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps)
+    return rms_norm_ref(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch :func:`fused_add_rms_norm_ref`'s contract (``(normed, x + residual)``, both new
+    tensors) like :func:`rms_norm`: one Triton kernel on CUDA, else the twin."""
+    if _triton_ok(x, weight, residual):
+        from breakgraph.kernels.triton_norm import fused_add_rms_norm_triton
+
+        return fused_add_rms_norm_triton(x, residual, weight, eps)
+    return fused_add_rms_norm_ref(x, residual, weight, eps)
