@@ -35,6 +35,7 @@ GLM5_SCALE = (192 + 64) ** -0.5
 
 # name → (prefix_lens, extend_lens)
 LAYOUTS = {
+    "prefill 1k": ([0], [1024]),
     "prefill 1k (+3k prefix)": ([3072], [1024]),
     "prefill 4k": ([0], [4096]),
     "prefill 8k (2×4k)": ([0, 0], [4096, 4096]),
@@ -123,17 +124,24 @@ def mla_case(heads, layout, seed=0):
 
 def run_mla(args):
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
-    from breakgraph.kernels.triton_sparse_mla import default_config, sparse_mla_attention_triton
+    from breakgraph.kernels.triton_sparse_mla import default_config, dense_config, sparse_mla_attention_triton
 
     print("\nsparse MLA attention (bf16, r=512, dr=64, K=2048, page 64)")
+    print("  as the engine calls it (positions, dense_below=K: token blocks below K run dense-causal);")
+    print("  '[sparse only]' rows: the same shape without the dense path")
     print(HEADER)
     for heads, layout in itertools.product((8, 64), LAYOUTS):
         (q, kv, tk, batch, out), flops, ubytes, gbytes = mla_case(heads, layout)
         a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
+        engine = dict(positions=batch["positions"], dense_below=TOPK)
         cfg = default_config(q.shape[0], heads, TOPK, q.device)
+        has_dense = cfg["num_splits"] == 1 and bool((batch["positions"] < TOPK).any())
         name = f"H={heads} {layout}"
-        ms = bench(partial(sparse_mla_attention_triton, *a))
+        ms = bench(partial(sparse_mla_attention_triton, *a, **engine))
         row(f"{name} [splits {cfg['num_splits']}]", ms, flops, ubytes, gbytes, BF16_TFLOPS)
+        if has_dense:
+            row(f"{name} [sparse only]", bench(partial(sparse_mla_attention_triton, *a)), flops, ubytes, gbytes,
+                BF16_TFLOPS)  # fmt: skip
         if args.sweep:
             import triton
 
@@ -143,9 +151,13 @@ def run_mla(args):
                     for bh, bn, nw, ns in itertools.product(block_hs, (16, 32, 64), (4, 8), (2, 3))]  # fmt: skip
             if cfg["num_splits"] > 1:  # decode: also the split count, default blocks
                 grid += [dict(num_splits=sp) for sp in (1, 2, 4, 8, 16)]
+            if has_dense:  # the dense-causal kernel's tiles, default sparse blocks
+                bt = dense_config(heads)["block_t"]
+                grid += [dict(dense_block_t=t, dense_block_n=bn, dense_num_stages=ns)
+                         for t, bn, ns in itertools.product({bt, max(1, bt // 2)}, (16, 32, 64), (1, 2, 3))]  # fmt: skip
             for opts in grid:
                 try:
-                    t = bench(partial(sparse_mla_attention_triton, *a, **opts))
+                    t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts))
                 except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
                     print(f"    {opts}: {type(e).__name__}")
                     continue
@@ -260,23 +272,36 @@ def aot_report(fn, args: dict, consts: dict, num_warps: int, num_stages: int) ->
 def run_aot():
     from breakgraph.kernels.triton_indexer import _indexer_scores_kernel
     from breakgraph.kernels.triton_indexer import default_config as idx_cfg
-    from breakgraph.kernels.triton_sparse_mla import _sparse_mla_fwd_kernel, _sparse_mla_merge_kernel
+    from breakgraph.kernels.triton_sparse_mla import (
+        _dense_mla_fwd_kernel,
+        _pow2,
+        _sparse_mla_fwd_kernel,
+        _sparse_mla_merge_kernel,
+        dense_config,
+    )
     from breakgraph.kernels.triton_sparse_mla import default_config as mla_cfg
 
     cpu = torch.device("cpu")
     print("sm_90 compile report (ptxas -v)")
     for heads, num in ((8, 4096), (8, 64), (64, 4096), (64, 64), (128, 4096)):
         cfg = mla_cfg(num, heads, TOPK, cpu)
+        dense = dense_config(heads)
         a = dict(
-            Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", OUT="*bf16",
+            Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16",
             WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=576, stride_tk=TOPK,
-            stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_heads=heads, topk=TOPK, rank=RANK,
-            rope_dim=ROPE, page_size=PAGE, keys_per_split=512, num_splits=4, qk_scale=0.1,
+            stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_tokens=num, num_heads=heads, topk=TOPK,
+            rank=RANK, rope_dim=ROPE, page_size=PAGE, keys_per_split=512, num_splits=4, dense_below=TOPK, qk_scale=0.1,
         )  # fmt: skip
-        consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64)
-        consts["SPLIT"] = cfg["num_splits"] > 1
+        split = cfg["num_splits"] > 1
+        consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=split,
+                      DENSE_T=0 if split else dense["block_t"])  # fmt: skip
         r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
+        if not split:
+            consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
+                          BLOCK_M=_pow2(dense["block_t"] * dense["heads"]), BLOCK_N=dense["block_n"])  # fmt: skip
+            r = aot_report(_dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
+            print(f"  dense_mla  H={heads:<3} T={num:<5} {dense} {r}")
     a = dict(WS_O="*fp32", WS_LSE="*fp32", OUT="*bf16", stride_ot=8 * RANK, stride_oh=RANK, num_heads=8,
              rank=RANK, num_splits=5)  # fmt: skip
     print(f"  sparse_mla merge {aot_report(_sparse_mla_merge_kernel, a, dict(BLOCK_S=8, BLOCK_R=512), 4, 1)}")

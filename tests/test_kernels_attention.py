@@ -97,6 +97,17 @@ def random_topk(positions: torch.Tensor, topk: int, max_len: int, seed: int = 0)
     return out.gather(1, cols).to(torch.int32).to(positions.device)
 
 
+def dense_tokens(batch: dict, block_t: int, dense_below: int) -> torch.Tensor:
+    """``[T]`` bool: tokens in the blocks of ``block_t`` the dense-causal path owns (every token
+    of the block in one request, every position ``< dense_below``)."""
+    req, pos = batch["token_req"], batch["positions"]
+    pad = -req.shape[0] % block_t
+    req_b = torch.cat([req, req[-1:].expand(pad)]).view(-1, block_t)
+    pos_b = torch.cat([pos, pos.new_zeros(pad)]).view(-1, block_t)
+    owned = (req_b == req_b[:, :1]).all(1) & (pos_b.amax(1) < dense_below)
+    return owned.repeat_interleave(block_t)[: req.shape[0]]
+
+
 def mla_inputs(batch: dict, heads: int, rank: int, rope: int, topk: int, dtype, device="cpu", seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     num = batch["positions"].shape[0]
@@ -223,6 +234,55 @@ def _interp_sparse_mla_bf16():
         print(f"sparse_mla bf16 {opts}: kernel {err:.2e}, bf16 floor {floor:.2e}, bf16 twin {err_twin:.2e}")
         assert err <= 2 * floor, (err, floor)
         assert rel_err(out, twin) <= 1e-2
+
+
+# Prefixes already cached, tokens below and above K, token blocks straddling requests.
+_DENSE = {"prefix_lens": [0, 9, 3, 30, 0], "extend_lens": [11, 6, 9, 3, 4]}  # 33 tokens
+
+
+def _interp_sparse_mla_dense_path():
+    """positions + dense_below = K: the dense-causal kernel owns the token blocks below K that
+    sit in one request, the sparse kernel the rest; together they equal the twin (fp32: 1e-5;
+    bf16: 2× the output rounding). Emptying the top-k rows of the dense blocks changes nothing
+    (the dense kernel wrote them); under split-K the dense path is off."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import dense_config, sparse_mla_attention_triton
+
+    cases = [  # (heads, rank, rope, K, page size, dtype, opts)
+        (8, 32, 16, 12, 4, torch.float32, {}),  # 8 tokens × 8 heads = 64 rows
+        (8, 32, 16, 12, 3, torch.float32, {"dense_block_t": 4, "dense_block_n": 16}),
+        (2, 32, 16, 16, 1, torch.float32, {"dense_block_t": 8}),
+        (20, 48, 16, 10, 2, torch.float32, {"block_h": 16}),  # H, r not powers of two
+        (72, 32, 16, 12, 4, torch.float32, {}),  # H > 64: dense head blocks
+        (8, 32, 16, 12, 4, torch.float32, {"num_splits": 2, "block_n": 16}),  # split-K: sparse only
+        (8, 64, 16, 12, 4, torch.bfloat16, {"dense_block_t": 4}),
+    ]
+    for i, (heads, rank, rope, topk, ps, dtype, opts) in enumerate(cases):
+        batch = make_batch(**_DENSE, page_size=ps, seed=40 + i)
+        q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, dtype, seed=40 + i)
+        scale = (rank + rope) ** -0.5 * (1.0 + i / 2)
+        pos, rest = batch["positions"], (batch["page_table"], batch["token_req"], ps, scale)
+        ref = torch.empty(q.shape[0], heads, rank)
+        sparse_mla_attention_ref(q.float(), kv.float(), tk, *rest, ref)
+
+        kw = dict(positions=pos, dense_below=topk, **opts)
+        out = torch.full((q.shape[0], heads, rank), float("nan"), dtype=dtype)
+        sparse_mla_attention_triton(q, kv, tk, *rest, out, **kw)
+        err = rel_err(out, ref)
+        if dtype == torch.float32:
+            assert err <= 1e-5, (i, err)
+        else:
+            floor = rel_err(ref.to(dtype), ref)
+            assert err <= 2 * floor, (i, err, floor)
+        print(f"sparse_mla dense path case {i} H={heads} {opts}: {err:.2e}")
+        if "num_splits" in opts:
+            continue
+        block_t = opts.get("dense_block_t", dense_config(heads)["block_t"])
+        dense = dense_tokens(batch, block_t, topk)
+        assert dense.any() and (block_t == 1 or (~dense & (pos < topk)).any()), "dense/straddling mix"
+        again = torch.full_like(out, float("nan"))
+        sparse_mla_attention_triton(q, kv, tk.masked_fill(dense[:, None], -1), *rest, again, **kw)
+        assert torch.equal(again, out), "dense blocks were not written densely"
 
 
 def _interp_indexer_scores():
@@ -360,6 +420,10 @@ def test_sparse_mla_kernel_bf16_within_output_rounding_interpreted():
     _run_interpreted("_interp_sparse_mla_bf16")
 
 
+def test_sparse_mla_dense_causal_path_matches_twin_interpreted():
+    _run_interpreted("_interp_sparse_mla_dense_path")
+
+
 def test_indexer_scores_match_twin_and_fp8_emulation_interpreted():
     _run_interpreted("_interp_indexer_scores")
 
@@ -377,7 +441,7 @@ def test_dispatch_uses_twin_for_cpu_tensors():
     q, kv, tk = mla_inputs(batch, 4, 32, 16, 12, torch.float32)
     args = (tk, batch["page_table"], batch["token_req"], 4, 0.2)
     a, b = torch.empty(q.shape[0], 4, 32), torch.empty(q.shape[0], 4, 32)
-    sparse_mla_attention(q, kv, *args, a)
+    sparse_mla_attention(q, kv, *args, a, positions=batch["positions"], dense_below=12)
     sparse_mla_attention_ref(q, kv, *args, b)
     assert torch.equal(a, b)
     q, w, kc = indexer_inputs(batch, 8, 32, torch.float32)
@@ -445,6 +509,68 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("heads", [8, 64])
+@pytest.mark.parametrize("layout", ["prefill1024_fresh", "prefill4096"])
+def test_sparse_mla_dense_causal_path_glm5_shapes_on_gpu(heads, layout):
+    """The engine's call (positions, ``dense_below = K``) through the dispatcher: a fresh
+    1k prefill (every token dense) and 4096 tokens of two requests, one on a 1k prefix (tokens
+    on both sides of K, a block straddling them). Within 2× the bf16 rounding of the fp32 twin;
+    the dense blocks ignore their (emptied) top-k rows."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention, sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import dense_config
+
+    lens = ([0], [1024]) if layout == "prefill1024_fresh" else GPU_LAYOUTS[layout]
+    batch = make_batch(*lens, page_size=PAGE, device="cuda", seed=heads)
+    q, kv, tk = mla_inputs(batch, heads, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=heads)
+    pos, rest = batch["positions"], (batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE)
+
+    def run(topk_pos):
+        out = torch.full((q.shape[0], heads, RANK), float("nan"), dtype=torch.bfloat16, device="cuda")
+        sparse_mla_attention(q, kv, topk_pos, *rest, out, positions=pos, dense_below=TOPK)
+        return out
+
+    out = run(tk)
+    ref = torch.empty(q.shape[0], heads, RANK, device="cuda")
+    with _fp32_reference():
+        sparse_mla_attention_ref(q.float(), kv.float(), tk, *rest, ref)
+    floor, err = rel_err(ref.bfloat16(), ref), rel_err(out, ref)
+    assert err <= 2 * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
+    dense = dense_tokens(batch, dense_config(heads)["block_t"], TOPK)
+    assert dense.any()
+    assert torch.equal(run(tk.masked_fill(dense[:, None], -1)), out), "dense blocks were not written densely"
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
+    """ptxas for sm_90a (no GPU needed), with the engine's GLM-5 arguments specialised as the
+    JIT specialises them: the dense-causal kernel (wgmma) and the sparse kernel carrying the
+    dense-block check, both at their default configs, spill nothing."""
+    import triton
+
+    from breakgraph.kernels import triton_sparse_mla as tsm
+    from scripts.bench_kernels_attention import aot_report
+
+    if not (Path(triton.__file__).parent / "backends/nvidia/bin/ptxas").exists():
+        pytest.skip("this triton has no bundled ptxas")
+    dense = tsm.dense_config(heads)
+    sparse = tsm.default_config(4096, heads, TOPK, torch.device("cpu"))
+    a = dict(
+        Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16",
+        WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=576, stride_tk=TOPK,
+        stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_tokens=4095, num_heads=heads, topk=TOPK,
+        rank=RANK, rope_dim=ROPE, page_size=16, keys_per_split=TOPK, num_splits=1, dense_below=TOPK, qk_scale=0.1,
+    )  # fmt: skip
+    consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tsm._pow2(dense["block_t"] * dense["heads"]),
+                  BLOCK_N=dense["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE)  # fmt: skip
+    info = aot_report(tsm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
+    assert info["spill_B"] == 0 and info["mma"] == "v3", info
+    consts = dict(BLOCK_H=sparse["block_h"], BLOCK_N=sparse["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
+                  DENSE_T=dense["block_t"])  # fmt: skip
+    info = aot_report(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"])
+    assert info["spill_B"] == 0, info
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
 def test_indexer_glm5_shapes_on_gpu(fp8, layout, monkeypatch):
@@ -483,9 +609,10 @@ def test_indexer_glm5_shapes_on_gpu(fp8, layout, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("layout", ["prefill1024", "decode64"])
+@pytest.mark.parametrize("layout", ["prefill1024", "prefill4096", "decode64"])
 def test_kernels_replay_in_cuda_graph_with_new_inputs(layout):
-    """Capture indexer + sparse MLA once; refill the static inputs; replay equals eager."""
+    """Capture indexer + sparse MLA once, called as the engine calls them (positions and
+    ``dense_below = K``); refill the static inputs; replay equals eager."""
     from breakgraph.kernels.indexer import indexer_topk
     from breakgraph.kernels.sparse_mla import sparse_mla_attention
 
@@ -499,7 +626,7 @@ def test_kernels_replay_in_cuda_graph_with_new_inputs(layout):
 
     def step():
         indexer_topk(qi, w, kc, pt, req, pos, PAGE, IDX_DIM**-0.5, topk)
-        sparse_mla_attention(q, kv, topk, pt, req, PAGE, GLM5_SCALE, out)
+        sparse_mla_attention(q, kv, topk, pt, req, PAGE, GLM5_SCALE, out, positions=pos, dense_below=TOPK)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -25,6 +25,9 @@ def sparse_mla_attention_ref(
     page_size: int,
     softmax_scale: float,
     out: torch.Tensor,
+    *,
+    positions: torch.Tensor | None = None,
+    dense_below: int = 0,
 ) -> None:
     """Write ``softmax(q·kvᵀ·scale) · kv[:, :r]`` over each token's top-k keys into ``out``.
 
@@ -32,7 +35,15 @@ def sparse_mla_attention_ref(
         q: ``[T, H, D]`` latent queries (D = kv_lora_rank + rope dim).
         kv_cache: ``[num_slots, D]`` latent cache (this layer).
         topk_pos: ``[T, K]`` int32 key positions, ``-1`` = unused.
+        page_table: ``[B, P]`` int32 pages of each request; ``token_req``: ``[T]`` request row
+            of each token.
         out: ``[T, H, r]`` (r = ``out.shape[-1]``), caller-owned; written in full.
+        positions, dense_below: a hint for kernels with a dense-causal path: ``positions``
+            ``[T]`` (int32/int64) is each token's position in its request, and the caller
+            guarantees that the top-k row of every token with ``pos < dense_below`` holds
+            exactly the positions ``0…pos`` (``-1`` elsewhere), as the DSA indexer's rows do
+            for ``dense_below = K``. Attention over that row *is* dense causal attention, so
+            this twin ignores both: its result is the same either way.
     Softmax runs in fp32. Graph-safe: static shapes, no host syncs.
     """
     num_tokens, k = topk_pos.shape
@@ -59,18 +70,21 @@ def sparse_mla_attention(
     page_size: int,
     softmax_scale: float,
     out: torch.Tensor,
+    *,
+    positions: torch.Tensor | None = None,
+    dense_below: int = 0,
 ) -> None:
     """Dispatch :func:`sparse_mla_attention_ref`'s contract to the fastest implementation available.
 
     CUDA bf16/fp16 tensors with a unit last stride take the Triton kernel
-    (:mod:`breakgraph.kernels.triton_sparse_mla`); everything else takes the twin.
+    (:mod:`breakgraph.kernels.triton_sparse_mla`), which runs token blocks below
+    ``dense_below`` on its dense-causal path; everything else takes the twin.
     """
+    args = (q, kv_cache, topk_pos, page_table, token_req, page_size, softmax_scale, out)
     if use_triton(q):
         from breakgraph.kernels import triton_sparse_mla
 
-        if triton_sparse_mla.supports(q, kv_cache, topk_pos, page_table, token_req, out):
-            triton_sparse_mla.sparse_mla_attention_triton(
-                q, kv_cache, topk_pos, page_table, token_req, page_size, softmax_scale, out
-            )
+        if triton_sparse_mla.supports(q, kv_cache, topk_pos, page_table, token_req, out, positions):
+            triton_sparse_mla.sparse_mla_attention_triton(*args, positions=positions, dense_below=dense_below)
             return
-    sparse_mla_attention_ref(q, kv_cache, topk_pos, page_table, token_req, page_size, softmax_scale, out)
+    sparse_mla_attention_ref(*args, positions=positions, dense_below=dense_below)

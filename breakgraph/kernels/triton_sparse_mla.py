@@ -1,18 +1,35 @@
 """Sparse MLA attention over the paged latent cache (Triton; twin: :func:`sparse_mla_attention_ref`).
 
-Design. Absorbed MLA is MQA: every head of a token attends to the *same* ``K`` gathered
-latent rows ``[c ‖ k_pe]``. One program owns one token and a block of ``BLOCK_H`` heads (all
-heads when ``H ≤ 64``), so each gathered row is loaded once and used by every head in the
-block. The row is split into its ``r`` part (the value, also the bulk of the key) and its
-rope part, so ``D = r + dr = 576`` needs no power-of-two padding:
-``s = q_nope·c + q_pe·k_pe`` (two dots, fp32 accumulate), online softmax in fp32 (base 2,
-``-inf`` for ``-1`` positions), ``acc += p·c`` with ``p`` cast to the cache dtype, as the twin
-does. ``-1`` positions are masked out of the loads, so they cost no memory traffic.
+Absorbed MLA is MQA: every head of a token attends to the *same* latent rows ``[c ‖ k_pe]``.
+Both kernels below split a row into its ``r`` part (the value, also the bulk of the key) and
+its rope part, so ``D = r + dr = 576`` needs no power-of-two padding:
+``s = q_nope·c + q_pe·k_pe`` (two dots, fp32 accumulate), online softmax in fp32 (base 2),
+``acc += p·c`` with ``p`` cast to the cache dtype, as the twin does.
+
+Sparse path (``_sparse_mla_fwd_kernel``). One program owns one token and a block of
+``BLOCK_H`` heads (all heads when ``H ≤ 64``) and gathers that token's ``K`` top-k rows, so
+a gathered row serves one token's heads only (at 8 heads per GPU the head block is padded to
+16: half the MMA rows are idle). ``-1`` positions are masked out of the loads (no memory
+traffic), but the program still walks all ``K`` columns.
+
+Dense-causal path (``_dense_mla_fwd_kernel``; on when the caller passes ``positions`` and
+``dense_below``). The DSA indexer selects ``min(K, pos + 1)`` keys, so a token at ``pos < K``
+has every causal key ``0…pos`` in its row: its sparse attention *is* dense causal attention.
+One program owns ``BLOCK_T`` consecutive tokens × up to 64 heads (``M = BLOCK_T·H ≤ 64`` rows,
+token-major: 8 tokens at ``H = 8``) and walks the key positions ``0…max pos`` of their
+request in blocks of ``BLOCK_N``, through the page table, with a per-row causal mask: each
+key row is loaded once for up to 64 rows, and only the causal range is visited. A token
+block runs densely only when all its tokens share a request and sit below ``dense_below``;
+both kernels evaluate that predicate (``_dense_block``) and the other one exits, so each
+output row is written once. Blocks with the longest key ranges start first. The
+``[64, 512]`` fp32 accumulator takes 8 warps; Triton then computes the ``M = 64`` score dot
+on both warpgroups redundantly (as in the sparse kernel at ``BLOCK_H = 64``).
 
 Split-K (flash-decoding) for small batches: when ``T × head_blocks`` programs cannot fill
 the GPU (decode), the ``K`` keys are cut into ``num_splits`` ranges (grid axis 2); each split
 writes its normalised partial output and log-sum-exp to an fp32 workspace, and a second
-kernel merges them. The grid and workspace depend on shapes only: graph-safe, no host sync.
+kernel merges them. The dense path is off under split-K. Grids and workspace depend on
+shapes only: graph-safe, no host sync.
 """
 
 from __future__ import annotations
@@ -27,12 +44,42 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _dense_block(TOKEN_REQ, POSITIONS, block, num_tokens, dense_below, BLOCK_T: tl.constexpr):
+    """Whether token block ``block`` (tokens ``block·BLOCK_T …``) runs on the dense path: its
+    real tokens all belong to one request and all sit at positions ``< dense_below``."""
+    offs = block * BLOCK_T + tl.arange(0, BLOCK_T)
+    real = offs < num_tokens
+    req = tl.load(TOKEN_REQ + offs, mask=real, other=0)
+    pos = tl.load(POSITIONS + offs, mask=real, other=0)
+    first_req = tl.load(TOKEN_REQ + block * BLOCK_T)
+    others = tl.sum((real & (req != first_req)).to(tl.int32), 0)
+    return (others == 0) & (tl.max(pos, 0) < dense_below)
+
+
+@triton.jit
+def _softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
+    """One key block of the online softmax (base 2): ``s = q·kᵀ`` where ``keep``, else ``-inf``;
+    ``acc += p·c`` with ``p`` in the cache dtype. Returns the new ``(m_i, l_i, acc)``."""
+    s = tl.dot(q_nope, tl.trans(c))
+    s = tl.dot(q_pe, tl.trans(k_pe), s)
+    s = tl.where(keep, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked so far: keep p = 0
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _sparse_mla_fwd_kernel(
     Q,
     KV,
     TOPK,
     PAGE_TABLE,
     TOKEN_REQ,
+    POSITIONS,
     OUT,
     WS_O,
     WS_LSE,
@@ -43,6 +90,7 @@ def _sparse_mla_fwd_kernel(
     stride_pt,
     stride_ot,
     stride_oh,
+    num_tokens,
     num_heads,
     topk,
     rank,
@@ -50,16 +98,21 @@ def _sparse_mla_fwd_kernel(
     page_size,
     keys_per_split,
     num_splits,
+    dense_below,
     qk_scale,  # softmax_scale · log2(e)
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_PE: tl.constexpr,
     SPLIT: tl.constexpr,
+    DENSE_T: tl.constexpr,  # token block of the dense kernel; 0: no dense path
 ):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     split = tl.program_id(2)
+    if DENSE_T > 0:
+        if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
+            return  # written by _dense_mla_fwd_kernel
 
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, BLOCK_R)
@@ -94,17 +147,7 @@ def _sparse_mla_fwd_kernel(
             rows[:, None] + rank + offs_pe[None, :], mask=valid[:, None] & mask_pe[None, :], other=0.0
         )
 
-        s = tl.dot(q_nope, tl.trans(c))
-        s = tl.dot(q_pe, tl.trans(k_pe), s)
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked so far: keep p = 0
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None])
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
 
     # A row that saw no valid key has l = 0: write 0 (the twin gives NaN there; callers
     # always pass at least the token's own position).
@@ -118,6 +161,76 @@ def _sparse_mla_fwd_kernel(
     else:
         o_ptrs = OUT + t * stride_ot + offs_h[:, None] * stride_oh + offs_r[None, :]
         tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=mask_h[:, None] & mask_r[None, :])
+
+
+@triton.jit
+def _dense_mla_fwd_kernel(
+    Q,
+    KV,
+    PAGE_TABLE,
+    TOKEN_REQ,
+    POSITIONS,
+    OUT,
+    stride_qt,
+    stride_qh,
+    stride_kv,
+    stride_pt,
+    stride_ot,
+    stride_oh,
+    num_tokens,
+    num_heads,
+    rank,
+    rope_dim,
+    page_size,
+    dense_below,
+    qk_scale,  # softmax_scale · log2(e)
+    BLOCK_T: tl.constexpr,
+    HEADS: tl.constexpr,  # heads per program
+    BLOCK_M: tl.constexpr,  # ≥ BLOCK_T · HEADS rows, token-major
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_PE: tl.constexpr,
+):
+    block = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest key ranges start first
+    if not _dense_block(TOKEN_REQ, POSITIONS, block, num_tokens, dense_below, BLOCK_T):
+        return  # written by _sparse_mla_fwd_kernel
+    t0 = block * BLOCK_T
+    h0 = tl.program_id(1) * HEADS
+    # Row m = (token t0 + m // HEADS, head h0 + m % HEADS); 64-bit bases, 32-bit row offsets.
+    offs_m = tl.arange(0, BLOCK_M)
+    t_m, h_m = offs_m // HEADS, offs_m % HEADS
+    mask_m = (offs_m < BLOCK_T * HEADS) & (t0 + t_m < num_tokens) & (h0 + h_m < num_heads)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_pe = tl.arange(0, BLOCK_PE)
+    mask_r = offs_r < rank
+    mask_pe = offs_pe < rope_dim
+
+    q_rows = Q + t0.to(tl.int64) * stride_qt + h0 * stride_qh + (t_m * stride_qt + h_m * stride_qh)[:, None]
+    q_nope = tl.load(q_rows + offs_r[None, :], mask=mask_m[:, None] & mask_r[None, :], other=0.0)
+    q_pe = tl.load(q_rows + rank + offs_pe[None, :], mask=mask_m[:, None] & mask_pe[None, :], other=0.0)
+    row_pos = tl.load(POSITIONS + t0 + t_m, mask=mask_m, other=-1)
+    last = tl.max(row_pos, 0)
+    pages = PAGE_TABLE + tl.load(TOKEN_REQ + t0).to(tl.int64) * stride_pt
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
+    for n0 in range(0, last + 1, BLOCK_N):
+        key_pos = n0 + tl.arange(0, BLOCK_N)
+        # Keys past `last` re-read row `last` (finite, in cache; the causal mask drops them):
+        # unmasked loads keep the 576-wide gather cheap in registers.
+        kp = tl.minimum(key_pos, last)
+        page = tl.load(pages + kp // page_size).to(tl.int64)
+        rows = KV + (page * page_size + kp % page_size) * stride_kv
+        c = tl.load(rows[:, None] + offs_r[None, :], mask=mask_r[None, :], other=0.0)
+        k_pe = tl.load(rows[:, None] + rank + offs_pe[None, :], mask=mask_pe[None, :], other=0.0)
+        causal = key_pos[None, :] <= row_pos[:, None]
+        m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, causal, qk_scale, m_i, l_i, acc)
+
+    o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
+    o_rows = OUT + t0.to(tl.int64) * stride_ot + h0 * stride_oh + (t_m * stride_ot + h_m * stride_oh)[:, None]
+    o_ptrs = o_rows + offs_r[None, :]
+    tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=mask_m[:, None] & mask_r[None, :])
 
 
 @triton.jit
@@ -180,6 +293,22 @@ def default_config(num_tokens: int, num_heads: int, topk: int, device: torch.dev
     }
 
 
+def dense_config(num_heads: int) -> dict:
+    """Tiles of the dense-causal kernel: ``block_t`` tokens × ``heads`` heads per program, so
+    ``block_t · heads ≤ 64`` rows share each key block (``H = 8``: 8 tokens; ``H ≥ 64``: one
+    token, heads in blocks of 64). 8 warps hold the ``[64, 512]`` fp32 accumulator; sm_90
+    ptxas: 255 registers and no spills with ``BLOCK_N = 32`` for power-of-two head blocks
+    (some other head counts spill a few bytes there; none with 16)."""
+    heads = min(num_heads, 64)
+    return {
+        "block_t": 1 << ((64 // heads).bit_length() - 1),  # a power of two
+        "heads": heads,
+        "block_n": 32 if heads & (heads - 1) == 0 else 16,
+        "num_warps": 8,
+        "num_stages": 2,
+    }
+
+
 def supports(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -187,9 +316,11 @@ def supports(
     page_table: torch.Tensor,
     token_req: torch.Tensor,
     out: torch.Tensor,
+    positions: torch.Tensor | None = None,
 ) -> bool:
     """Whether :func:`sparse_mla_attention_triton` handles these tensors (else use the twin):
     bf16/fp16 ``q`` and cache of one dtype, ``0 < r < D``, unit last strides."""
+    tensors = (q, kv_cache, topk_pos, page_table, token_req, out, positions)
     return (
         q.dtype in (torch.bfloat16, torch.float16)
         and kv_cache.dtype == q.dtype
@@ -197,7 +328,7 @@ def supports(
         and kv_cache.dim() == 2
         and q.shape[-1] == kv_cache.shape[-1]
         and 0 < out.shape[-1] < q.shape[-1]
-        and all(t.stride(-1) == 1 for t in (q, kv_cache, topk_pos, page_table, token_req, out))
+        and all(t.stride(-1) == 1 for t in tensors if t is not None)
     )
 
 
@@ -211,23 +342,40 @@ def sparse_mla_attention_triton(
     softmax_scale: float,
     out: torch.Tensor,
     *,
+    positions: torch.Tensor | None = None,
+    dense_below: int = 0,
     block_h: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
     num_splits: int | None = None,
+    dense_block_t: int | None = None,
+    dense_block_n: int | None = None,
+    dense_num_warps: int | None = None,
+    dense_num_stages: int | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
-    Same arguments and contract (``out [T, H, r]`` written in full). The keyword arguments
-    override :func:`default_config` (benchmarks, tests). ``topk_pos`` and ``page_table``
-    must have a unit last stride; ``token_req`` is contiguous ``[T]``.
+    Same arguments and contract (``out [T, H, r]`` written in full), plus the dense-causal
+    shortcut: with ``positions`` (``[T]`` int32/int64, each token's position in its request)
+    and ``dense_below > 0``, token blocks whose tokens share a request and all sit at positions
+    ``< dense_below`` attend densely to positions ``0…pos`` of the request instead of reading
+    ``topk_pos``. The caller guarantees that for every token with ``pos < dense_below`` the
+    top-k row holds exactly the positions ``0…pos`` (in any order, ``-1`` elsewhere): the DSA
+    indexer's rows do for ``dense_below = K``. The shortcut is off under split-K (decode).
+
+    The keyword arguments after ``dense_below`` override :func:`default_config` and
+    :func:`dense_config` (benchmarks, tests; ``dense_block_t`` is a power of two).
+    ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
+    ``positions`` are contiguous ``[T]``.
     """
     num_tokens, num_heads, dim = q.shape
     topk = topk_pos.shape[1]
     rank = out.shape[-1]
     if num_tokens == 0:
         return
+    if dense_below > 0 and positions is None:
+        raise ValueError("dense_below > 0 needs the token positions")
     cfg = default_config(num_tokens, num_heads, topk, q.device)
     block_h = block_h or cfg["block_h"]
     block_n = block_n or cfg["block_n"]
@@ -238,6 +386,20 @@ def sparse_mla_attention_triton(
     splits = triton.cdiv(topk, keys_per_split)
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
+    qk_scale = softmax_scale * _LOG2E
+    dense = dense_config(num_heads)
+    dense_t = (dense_block_t or dense["block_t"]) if dense_below > 0 and splits == 1 else 0
+    if dense_t:
+        heads = dense["heads"]
+        grid = (triton.cdiv(num_tokens, dense_t), triton.cdiv(num_heads, heads))
+        _dense_mla_fwd_kernel[grid](
+            q, kv_cache, page_table, token_req, positions, out,
+            q.stride(0), q.stride(1), kv_cache.stride(0), page_table.stride(0), out.stride(0), out.stride(1),
+            num_tokens, num_heads, rank, dim - rank, page_size, dense_below, qk_scale,
+            BLOCK_T=dense_t, HEADS=heads, BLOCK_M=_pow2(dense_t * heads),
+            BLOCK_N=dense_block_n or dense["block_n"], BLOCK_R=block_r, BLOCK_PE=block_pe,
+            num_warps=dense_num_warps or dense["num_warps"], num_stages=dense_num_stages or dense["num_stages"],
+        )  # fmt: skip
     grid = (num_tokens, triton.cdiv(num_heads, block_h), splits)
     if splits > 1:
         ws_o = torch.empty(num_tokens * num_heads * splits, block_r, dtype=torch.float32, device=q.device)
@@ -245,11 +407,11 @@ def sparse_mla_attention_triton(
     else:
         ws_o = ws_lse = out  # unused
     _sparse_mla_fwd_kernel[grid](
-        q, kv_cache, topk_pos, page_table, token_req, out, ws_o, ws_lse,
+        q, kv_cache, topk_pos, page_table, token_req, positions if dense_t else token_req, out, ws_o, ws_lse,
         q.stride(0), q.stride(1), kv_cache.stride(0), topk_pos.stride(0), page_table.stride(0),
         out.stride(0), out.stride(1),
-        num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, softmax_scale * _LOG2E,
-        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1,
+        num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1, DENSE_T=dense_t,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:

@@ -96,11 +96,19 @@ bcg_dsa_indexer_graph_dispatch = dsa_indexer_graph_dispatch.bcg
 
 
 def _attend(q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float) -> None:
+    """Store the new latent entries, then attend. ``topk`` comes from the DSA indexer (this
+    layer's, or the previous layer's for shared-indexer layers: same batch, same tokens),
+    whose row for a token at ``pos < K`` is every causal position ``0…pos`` (both the score
+    skip and ``torch.topk`` over ``pos + 1 ≤ K`` finite scores pick them all), so the kernel
+    may attend densely below ``dense_below = K``."""
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.latent[layer_id]
     cache[fb.out_cache_loc] = kv[:n].to(cache.dtype)
-    sparse_mla_kernel(q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n])
+    sparse_mla_kernel(
+        q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n],
+        positions=fb.positions[:n], dense_below=topk.shape[1],
+    )  # fmt: skip
     out[n:].zero_()
 
 
