@@ -16,7 +16,9 @@ Pieces between split ops become CUDA graphs (CUDA, all in ``pool``) or CPU graph
 tensors it was captured with: when a later call passes other tensor objects with different
 memory, their values are copied into the captured ones first (a no-op for static buffers,
 parameters and outputs of earlier pieces, which keep their addresses). Returned tensors are the
-captured outputs and are rewritten by the next replay: copy what you keep.
+captured outputs and are rewritten by the next replay: copy what you keep. Inputs and outputs
+that live in the pool are kept as non-owning aliases (the last piece's outputs excepted), so the
+pool holds about one bucket's activations, not every piece's of every bucket.
 """
 
 from __future__ import annotations
@@ -144,10 +146,11 @@ class _Entry:
 class _GraphPiece(torch.nn.Module):
     """Runs one graph piece: eagerly, or through its captured graph for the call's shapes."""
 
-    def __init__(self, gm: fx.GraphModule, index: int, backend: PiecewiseBackend) -> None:
+    def __init__(self, gm: fx.GraphModule, index: int, backend: PiecewiseBackend, last: bool) -> None:
         super().__init__()
         self.gm = gm
         self.index = index
+        self.last = last
         self._backend = backend
         self._entries: dict[tuple, _Entry] = {}
         self._compiled: Callable[..., Any] | None = None
@@ -195,7 +198,11 @@ class _GraphPiece(torch.nn.Module):
             segment = capturer.end(f"end of piece {self.index}")
         finally:
             capturer.close()
-        self._entries[key] = _Entry(list(args), outputs, segment)
+        # Pool tensors are kept as non-owning aliases (as breakable graphs keep break arguments):
+        # replay runs in stream order, so later pieces and buckets may reuse those bytes. The
+        # last piece's outputs are what the caller gets back: those stay owned.
+        kept_outputs = outputs if self.last else capturer.non_owning(outputs)
+        self._entries[key] = _Entry(capturer.non_owning(list(args)), kept_outputs, segment)
         backend.stats.captures += 1
         backend.stats.empty_pieces += segment.empty
         return outputs
@@ -259,13 +266,14 @@ class PiecewiseBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         split, pieces = split_graph(gm)
+        last = max((p.index for p in pieces if not p.is_split), default=-1)
         for piece in pieces:
             if piece.is_split:
                 self.stats.split_ops += 1
                 if piece.split_op is not None and piece.split_op not in self.stats.split_op_names:
                     self.stats.split_op_names.append(piece.split_op)
                 continue
-            setattr(split, piece.name, _GraphPiece(getattr(split, piece.name), piece.index, self))
+            setattr(split, piece.name, _GraphPiece(getattr(split, piece.name), piece.index, self, piece.index == last))
             self.stats.pieces += 1
         self.stats.graphs += 1
         return split
