@@ -91,15 +91,21 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("--backends torch-compile runs the model in this process only; it cannot run with --tp-size > 1")
     floors = {t: floor_seconds(engine, n, b) for n in args.input_len for b in args.batch_size for t in [(n, b)]}
     rows: list[Row] = []
+    failures: dict[str, str] = {}
     for backend in args.backends:
-        rows += bench_backend(engine, backend, args, max_tokens, floors)
+        try:
+            bench_backend(engine, backend, args, max_tokens, floors, rows)
+        except Exception as exc:  # report the backend as failed, measure the others
+            failures[backend] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+            logger.exception("backend %s failed; going on with the next one", backend)
         engine.set_prefill_backend("disabled")
         torch.cuda.empty_cache() if engine.device.type == "cuda" else None
-    write_outputs(rows, args, name)
-    return 0
+        write_outputs(rows, args, name, failures)  # after every backend: a run cut short keeps what it measured
+    return 1 if failures else 0
 
 
-def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict) -> list[Row]:
+def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, rows: list[Row]) -> None:
+    """Time every shape under ``backend`` and append one :class:`Row` per shape to ``rows``."""
     compiled = None
     capture_s = mem = None
     if backend in ("piecewise", "breakable"):
@@ -112,7 +118,6 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict) -> 
         t0 = time.perf_counter()
         compiled = torch.compile(engine.model, mode="reduce-overhead", dynamic=False)
         capture_s = 0.0
-    rows = []
     for n in args.input_len:
         for b in args.batch_size:
             batch, pages = make_batch(engine, n, b)
@@ -158,7 +163,6 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict) -> 
             ))  # fmt: skip
             logger.info("%s %d×%d: %.2f ms (floor %.2f ms)", backend, b, n, med * 1e3, floors[(n, b)] * 1e3)
             engine.kv_cache.pool.free(pages)
-    return rows
 
 
 def make_batch(engine, input_len: int, batch_size: int):
@@ -246,14 +250,17 @@ def floor_seconds(engine, input_len: int, batch_size: int) -> float:
     return max(weight_bytes / HBM_BYTES_PER_S, flops / PEAK_FLOPS)
 
 
-def write_outputs(rows: list[Row], args, name: str) -> None:
+def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | None = None) -> None:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     meta = {"model": name, "device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "command": "breakgraph bench prefill " + " ".join(_argv(args))}  # fmt: skip
-    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": [asdict(r) for r in rows]}, indent=2))
-    table = markdown_table(rows)
+    failures = failures or {}
+    out.with_suffix(".json").write_text(
+        json.dumps({**meta, "rows": [asdict(r) for r in rows], "failures": failures}, indent=2)
+    )
+    table = markdown_table(rows) + "".join(f"\n\n**{b} failed**: {why}" for b, why in failures.items())
     out.with_suffix(".md").write_text(f"{meta['command']}\n\n{meta['model']} on {device}, {meta['date']}\n\n{table}\n")
     print(table)
     try:

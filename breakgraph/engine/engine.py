@@ -133,6 +133,10 @@ class Engine:
             )  # fmt: skip
             logger.info("loaded %s (%s, %s) in %.1fs", self.model_path, self.config.model_type, self.dtype, time.perf_counter() - t0)
             self.tokenizer = _load_tokenizer(self.model_path) if self.tp is None or self.tp.rank == 0 else None
+            if self.config.fp8 is not None and self.device.type == "cuda":
+                from breakgraph.kernels.triton_fp8 import scaled_mm_blockwise_mode
+
+                scaled_mm_blockwise_mode(self.device)  # probe now: every backend then takes the same GEMM
 
             if num_pages is None:
                 num_pages = self._default_num_pages(page_size, max_running_requests, mem_fraction_static)

@@ -360,8 +360,8 @@ def scaled_mm_blockwise_mode(device: torch.device) -> str | None:
     if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
         return None
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx in _SCALED_MM_MODE:
-        return _SCALED_MM_MODE[idx]
+    if idx in _SCALED_MM_MODE or torch.compiler.is_compiling():  # traced code reads, never probes
+        return _SCALED_MM_MODE.get(idx)
     if torch.cuda.is_current_stream_capturing():
         return None
     gen = torch.Generator(device=device).manual_seed(1234)
