@@ -314,9 +314,11 @@ def midsize_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("backend", ["disabled", "breakable"])
 @pytest.mark.parametrize("size", ["tiny-fp32", "mid-bf16"])
 def test_tp2_on_two_gpus_equals_tp1(hf_checkpoints, midsize_checkpoint, backend, size):
-    """TP2 over two GPUs against TP1: prompt logits (fp32: 1e-4; bf16: 3e-2 of the largest
-    logit — the all-reduce sums in another order) and greedy tokens (bf16: the first token of
-    every prompt, the whole continuation of most: a near-tie may flip later tokens)."""
+    """TP2 over two GPUs against TP1: prompt logits and greedy tokens. fp32: logits within 1e-4
+    of the largest, tokens identical. bf16: the all-reduce sums in another order, which can flip
+    a near-tie (an expert choice), so the yardstick is bf16 itself: TP2's distance to TP1
+    (relative Frobenius) at most twice TP1-bf16's distance to TP1-fp32; the first greedy token
+    of every prompt equal, the whole continuation of all but one."""
     fp32 = size == "tiny-fp32"
     folder = hf_checkpoints["glm_moe_dsa"] if fp32 else midsize_checkpoint
     kw = {"device": "cuda", "dtype": "float32" if fp32 else "bfloat16", "page_size": 4, "num_pages": 256,
@@ -326,8 +328,17 @@ def test_tp2_on_two_gpus_equals_tp1(hf_checkpoints, midsize_checkpoint, backend,
     del ref
     with Engine(folder, tp_size=2, **kw) as engine:
         got, got_tokens = engine.prompt_logits(prompts()), greedy(engine)
-    for a, b in zip(got, want):
-        assert ((a.float() - b.float()).abs().max() / b.float().abs().max()).item() < (1e-4 if fp32 else 3e-2)
+    if fp32:
+        for a, b in zip(got, want):
+            assert ((a - b).abs().max() / b.abs().max()).item() < 1e-4
+        assert got_tokens == want_tokens
+        return
+    exact = Engine(folder, **{**kw, "dtype": "float32"}).prompt_logits(prompts())
+
+    def dist(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    for a, b, c in zip(got, want, exact):
+        assert dist(a, b) <= 2 * dist(b, c) + 1e-3, (dist(a, b), dist(b, c))
     assert [t[0] for t in got_tokens] == [t[0] for t in want_tokens]
-    same = sum(a == b for a, b in zip(got_tokens, want_tokens))
-    assert same == len(want_tokens) if fp32 else same >= len(want_tokens) - 1, (got_tokens, want_tokens)
+    assert sum(a == b for a, b in zip(got_tokens, want_tokens)) >= len(want_tokens) - 1
