@@ -268,7 +268,7 @@ class BreakableGraph:
             arguments, e.g. KV-cache stores at fixed slots). None: read
             ``BREAKGRAPH_GRAPH_DEBUG`` (then a graph captured with the ``with`` form is replayed
             unchecked, with one warning).
-        stream: CUDA capture stream (default: a new side stream).
+        stream: CUDA capture stream (default: one side stream shared by every capture on the device).
         barrier_fn: called at capture after a segment ends and before its break runs (not at
             replay): re-aligns tensor-parallel ranks before a break that holds a collective, so
             every rank reaches the same break in the same order.

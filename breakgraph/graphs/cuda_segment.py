@@ -93,6 +93,19 @@ def _pool_key(device: torch.device, pool: Any) -> tuple[int, tuple[int, ...]]:
     return index, tuple(pool)
 
 
+@functools.cache
+def _capture_stream_for(index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(index)
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream every capture on ``device`` uses unless given another (as
+    ``torch.cuda.graph`` does). One stream matters for memory: the caching allocator reuses a
+    freed pool block only for allocations on the stream it was allocated on, so captures on
+    fresh streams (one per bucket, one per piece) could never reuse each other's pool memory."""
+    return _capture_stream_for(_pool_key(device, ())[0])
+
+
 def pool_segments(device: torch.device, pool: Any) -> list[tuple[int, int]]:
     """``[(start, end)]`` address ranges of the memory the allocator reserved for ``pool``."""
     index, key = _pool_key(device, pool)
@@ -158,7 +171,7 @@ class CudaSegmentCapturer:
     a new pool then. ``record_ops``: also record
     aten ops (for ``fold_islands``; keeps at most one kernel op per segment alive).
     ``keep_empty_warning``: let torch's empty-graph warning through and keep the empty graph.
-    ``stream``: capture stream (a new side stream when None).
+    ``stream``: capture stream (default: :func:`capture_stream`, shared by every capture on the device).
     """
 
     def __init__(
@@ -189,7 +202,7 @@ class CudaSegmentCapturer:
         torch.cuda.synchronize(self.device)
         _clear_cublas_workspaces()
         if self._stream is None:
-            self._stream = torch.cuda.Stream(self.device)
+            self._stream = capture_stream(self.device)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         self._stream_ctx = torch.cuda.stream(self._stream)
         self._stream_ctx.__enter__()

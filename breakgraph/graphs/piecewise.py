@@ -234,7 +234,7 @@ class PiecewiseBackend:
         pool: CUDA memory-pool handle shared by every piece and every bucket (default: a new one).
         piece_compiler: optional ``(piece_gm, example_args) -> callable`` applied to each graph
             piece on its first run (e.g. ``torch._inductor.compile`` on CUDA). Default: plain FX.
-        stream: CUDA capture stream (default: a new side stream per capture).
+        stream: CUDA capture stream (default: one side stream shared by every capture on the device).
         debug: after every piece replay, re-run the piece eagerly on copies and compare
             (GraphReplayMismatchError names the piece). None: read ``BREAKGRAPH_GRAPH_DEBUG``.
 
