@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import re
-import subprocess
 import sys
-import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -224,52 +221,8 @@ def run_indexer(args):
 # ----------------------------------------------------------------------------------------
 
 
-def aot_report(fn, args: dict, consts: dict, num_warps: int, num_stages: int) -> dict:
-    """Compile ``fn`` for sm_90 with the JIT's usual specialisation (16-aligned pointers,
-    ints divisible by 16 marked, ints equal to 1 made constant) and return registers, spill
-    bytes, shared memory and the MMA version chosen."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    sig, attrs, constexprs = {}, {}, dict(consts)
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-            continue
-        v = args[name]
-        if isinstance(v, str):
-            sig[name], attrs[(i,)] = v, [["tt.divisibility", 16]]
-        elif isinstance(v, float):
-            sig[name] = "fp32"
-        elif v == 1:
-            sig[name], constexprs[name] = "constexpr", 1
-        else:
-            sig[name] = "i32"
-            if v % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    k = triton.compile(
-        ASTSource(fn, sig, constexprs, attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
-    )
-    ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(k.asm["ptx"])
-        f.flush()
-        log = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", f.name, "-o", "/dev/null"],
-                             capture_output=True, text=True, check=True).stderr  # fmt: skip
-    regs = re.search(r"Used (\d+) registers", log)
-    spill = re.search(r"(\d+) bytes spill stores", log)
-    return {
-        "regs": int(regs.group(1)) if regs else -1,
-        "spill_B": int(spill.group(1)) if spill else -1,
-        "smem_B": k.metadata.shared,
-        "mma": "v" + "/".join(sorted(set(re.findall(r"versionMajor = (\d)", k.asm["ttgir"])))),
-    }
-
-
 def run_aot():
+    from breakgraph.kernels.aot import compile_for_sm90 as aot_report
     from breakgraph.kernels.triton_indexer import _indexer_scores_kernel
     from breakgraph.kernels.triton_indexer import default_config as idx_cfg
     from breakgraph.kernels.triton_sparse_mla import (
@@ -282,7 +235,7 @@ def run_aot():
     from breakgraph.kernels.triton_sparse_mla import default_config as mla_cfg
 
     cpu = torch.device("cpu")
-    print("sm_90 compile report (ptxas -v)")
+    print("sm_90 compile report (cuobjdump: registers, stack, spill instructions, MMA, shared memory)")
     for heads, num in ((8, 4096), (8, 64), (64, 4096), (64, 64), (128, 4096)):
         cfg = mla_cfg(num, heads, TOPK, cpu)
         dense = dense_config(heads)

@@ -545,13 +545,11 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     """ptxas for sm_90a (no GPU needed), with the engine's GLM-5 arguments specialised as the
     JIT specialises them: the dense-causal kernel (wgmma) and the sparse kernel carrying the
     dense-block check, both at their default configs, spill nothing."""
-    import triton
+    pytest.importorskip("triton")
+    from test_kernels_fp8 import compile_for_sm90
 
     from breakgraph.kernels import triton_sparse_mla as tsm
-    from scripts.bench_kernels_attention import aot_report
 
-    if not (Path(triton.__file__).parent / "backends/nvidia/bin/ptxas").exists():
-        pytest.skip("this triton has no bundled ptxas")
     dense = tsm.dense_config(heads)
     sparse = tsm.default_config(4096, heads, TOPK, torch.device("cpu"))
     a = dict(
@@ -562,12 +560,12 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     )  # fmt: skip
     consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tsm._pow2(dense["block_t"] * dense["heads"]),
                   BLOCK_N=dense["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE)  # fmt: skip
-    info = aot_report(tsm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
-    assert info["spill_B"] == 0 and info["mma"] == "v3", info
+    info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
+    assert info["stack"] == 0 and info["local_insts"] == 0 and info["mma"] == ["HGMMA"], info
     consts = dict(BLOCK_H=sparse["block_h"], BLOCK_N=sparse["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
                   DENSE_T=dense["block_t"])  # fmt: skip
-    info = aot_report(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"])
-    assert info["spill_B"] == 0, info
+    info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"])
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 @pytest.mark.cuda

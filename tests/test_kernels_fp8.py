@@ -93,48 +93,13 @@ def _expect(results: dict[str, str], name: str) -> None:
     assert results[name] == "ok", f"{name} failed under the interpreter:\n{results[name]}"
 
 
-def compile_for_sm90(
-    fn, types: dict[str, str], constexprs: dict, num_warps: int = 4, num_stages: int = 3
-) -> dict:
-    """Compile a Triton kernel for sm_90a without a GPU (Triton's bundled ptxas) and read its
-    resource use: ``{"regs", "stack", "local_insts", "mma"}`` (``mma``: the matrix instructions
-    in the SASS). Pointers, ``K``/``N`` and row strides get the 16-divisibility the JIT infers
-    for real tensors; unnamed scalars are i32."""
-    import re
-    import tempfile
+def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3) -> dict:
+    """:func:`breakgraph.kernels.aot.compile_for_sm90`, skipping where Triton bundles no ptxas."""
+    from breakgraph.kernels import aot
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    if not (tools / "ptxas").exists() or not (tools / "cuobjdump").exists():
+    if not aot.tools_available():
         pytest.skip("this triton has no bundled ptxas/cuobjdump")
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        sig[name] = "constexpr" if name in constexprs else types.get(name, "i32")
-        aligned = name.startswith("stride") and not name.endswith(("sg", "sk"))
-        if sig[name].startswith("*") or aligned or name in ("K", "N", "UP_OFF"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        sass = subprocess.run(
-            [tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True
-        ).stdout
-        res = subprocess.run(
-            [tools / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True, check=True
-        ).stdout
-    return {
-        "regs": int(re.search(r"REG:(\d+)", res).group(1)),
-        "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
-        "local_insts": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-        "mma": sorted(set(re.findall(r"\b(HGMMA|QGMMA|HMMA)\b", sass))),
-    }
+    return aot.compile_for_sm90(fn, args, constexprs, num_warps, num_stages)
 
 
 # --------------------------------------------------------------------------------------------

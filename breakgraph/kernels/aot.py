@@ -1,0 +1,85 @@
+"""Compile a Triton kernel for sm_90a without a GPU and read its resource use.
+
+Triton ships ``ptxas`` and ``cuobjdump``, so register counts, spills and the matrix
+instructions a kernel gets can be checked on any machine (tests, ``scripts/bench_kernels_*``).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def tools_available() -> bool:
+    """Whether the installed Triton bundles the NVIDIA tools :func:`compile_for_sm90` needs."""
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return (tools / "ptxas").exists() and (tools / "cuobjdump").exists()
+
+
+def _specialise(name: str, value: Any, constexprs: dict) -> tuple[str, bool]:
+    """(signature type, 16-divisible) of one argument, as the JIT would specialise it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"argument {name!r}: give a type string or an example int/float, got {value!r}")
+    if isinstance(value, float):
+        return "fp32", False
+    if isinstance(value, int):
+        if value == 1:
+            constexprs[name] = 1
+            return "constexpr", False
+        return "i32", value % 16 == 0
+    # A type string: pointers, and ints whose name says they are row strides or GEMM sizes,
+    # get the 16-divisibility the JIT infers for real tensors.
+    aligned = name.startswith("stride") and not name.endswith(("sg", "sk"))
+    return value, value.startswith("*") or (value == "i32" and (aligned or name in ("K", "N", "UP_OFF")))
+
+
+def compile_for_sm90(fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3) -> dict:
+    """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B"}``
+    (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma).
+
+    ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
+    or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
+    are marked divisible; a float is fp32); unnamed arguments are i32. Raises RuntimeError when
+    the installed Triton has no bundled ``ptxas``/``cuobjdump`` (:func:`tools_available`).
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if not tools_available():
+        raise RuntimeError("this triton has no bundled ptxas/cuobjdump")
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    consts = dict(constexprs)
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        sig[name], divisible = _specialise(name, args.get(name, "i32"), consts)
+        if divisible:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(
+        ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+
+        def dump(flag: str) -> str:
+            return subprocess.run([tools / "cuobjdump", flag, cubin], capture_output=True, text=True, check=True).stdout
+
+        sass, res = dump("-sass"), dump("-res-usage")
+    return {
+        "regs": int(re.search(r"REG:(\d+)", res).group(1)),
+        "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
+        "local_insts": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+        "mma": sorted(set(re.findall(r"\b(HGMMA|QGMMA|HMMA)\b", sass))),
+        "smem_B": kernel.metadata.shared,
+    }
