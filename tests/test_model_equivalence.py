@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-from tiny_models import INDEX_TOPK
+from safetensors.torch import load_file
+from tiny_models import INDEX_TOPK, write_fp8_checkpoint
 
 from breakgraph import Engine
 from breakgraph.kernels import indexer as indexer_kernels
-from breakgraph.kernels.fp8 import block_dequant, block_quant
+from breakgraph.kernels.fp8 import block_dequant
 
 MODEL_TYPES = ("glm_moe_dsa", "deepseek_v32")
 SEQ_LENS = (4 * INDEX_TOPK + 3, 5 * INDEX_TOPK, 9)  # sparse, sparse, dense
@@ -72,28 +70,6 @@ def test_fp32_prompt_logits_match_transformers(model_type, hf_models, hf_checkpo
     assert topk_margins and min(topk_margins) > 1e-5, "top-k had (near) ties; the comparison would be fragile"
 
 
-def write_fp8_checkpoint(src, dst, exclusions: list[str]) -> None:
-    """Quantise every projection matrix of ``src`` to FP8 128×128 blocks (GLM-5-FP8 style)."""
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-        "weight_block_size": [128, 128], "modules_to_not_convert": exclusions,
-    }  # fmt: skip
-    (dst / "config.json").write_text(json.dumps(config))
-    tensors = {}
-    for f in src.glob("*.safetensors"):
-        tensors.update(load_file(f))
-    out = {}
-    for name, t in tensors.items():
-        keep = any(k in name for k in ("embed_tokens", "lm_head", "norm", "weights_proj", "mlp.gate.")) or t.dim() != 2
-        keep = keep or any(name.startswith(e + ".") for e in exclusions)
-        if keep:
-            out[name] = t
-        else:
-            out[name], out[name[: -len("weight")] + "weight_scale_inv"] = block_quant(t)
-    save_file(out, dst / "model.safetensors")
-
-
 def dequantized_reference(hf_model, fp8_folder):
     """A copy of ``hf_model`` whose weights are the dequantised FP8 checkpoint's."""
     import copy
@@ -127,7 +103,7 @@ def test_fp8_checkpoint_matches_dequantized_reference(model_type, hf_models, hf_
     # excluded too, so the checkpoint holds them in high precision and the model must as well.
     excluded = ["lm_head", "indexers_proj", "model.embed_tokens", "model.layers.0.self_attn.q_a_proj",
                 "model.layers.1.self_attn.o_proj"]  # fmt: skip
-    write_fp8_checkpoint(hf_checkpoints[model_type], tmp_path, excluded)
+    write_fp8_checkpoint(hf_checkpoints[model_type], tmp_path, exclusions=excluded)
     engine = Engine(tmp_path, device="cpu", dtype="float32", page_size=4)
     layers = engine.model.model.layers
     assert layers[1].self_attn.q_a_proj.quantized, "dense projections should stay FP8"

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from tiny_models import write_fp8_checkpoint
 
 from breakgraph import Engine, SamplingParams
 from breakgraph.distributed import ParallelState, ShardingError
 from breakgraph.engine.tp import TensorParallelError
-from breakgraph.kernels.fp8 import block_quant
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.glm5 import check_tensor_parallel
 from breakgraph.models.loader import load_model
@@ -116,31 +115,6 @@ def check_shards(full, part, rank: int, tp: int) -> None:
     assert "replicated" in checked
     attn, ref = part.model.layers[0].self_attn, full.model.layers[0].self_attn
     assert torch.equal(attn.w_kc, rows(ref.w_kc)) and torch.equal(attn.w_vc, rows(ref.w_vc))
-
-
-def write_fp8_checkpoint(src: Path, dst: Path, block: int) -> Path:
-    """Quantise every projection matrix of ``src`` to FP8 ``block``×``block`` tiles."""
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [block, block],
-        "modules_to_not_convert": ["lm_head", "indexers_proj", "model.embed_tokens"],
-    }  # fmt: skip
-    dst.mkdir(parents=True, exist_ok=True)
-    (dst / "config.json").write_text(json.dumps(config))
-    tensors = {}
-    for f in src.glob("*.safetensors"):
-        tensors.update(load_file(f))
-    out = {}
-    for name, t in tensors.items():
-        if (
-            any(k in name for k in ("embed_tokens", "lm_head", "norm", "weights_proj", "mlp.gate."))
-            or t.dim() != 2
-        ):
-            out[name] = t
-        else:
-            out[name], out[name[: -len("weight")] + "weight_scale_inv"] = block_quant(t, (block, block))
-    save_file(out, dst / "model.safetensors")
-    return dst
 
 
 def test_fp8_checkpoint_shards_on_block_boundaries(hf_checkpoints, tmp_path):

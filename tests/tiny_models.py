@@ -7,6 +7,7 @@ shared-indexer layers for GLM-5, non-zero router correction bias.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -71,3 +72,35 @@ def make_hf_model(model_type: str, seed: int = 0):
 def save_hf_checkpoint(model, folder: Path) -> Path:
     model.save_pretrained(folder)
     return folder
+
+
+FP8_EXCLUDED = ("lm_head", "indexers_proj", "model.embed_tokens")  # as GLM-5-FP8 lists them
+
+
+def write_fp8_checkpoint(src: Path, dst: Path, block: int = 128, exclusions=FP8_EXCLUDED) -> Path:
+    """Quantise every projection matrix of checkpoint ``src`` to FP8 ``block``×``block`` tiles
+    (GLM-5-FP8 style, ``weight_scale_inv`` beside each weight) into ``dst``. Embeddings, the LM
+    head, norms, ``weights_proj``, the router and modules named in ``exclusions`` stay as they are."""
+    from safetensors.torch import load_file, save_file
+
+    from breakgraph.kernels.fp8 import block_quant
+
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        "weight_block_size": [block, block], "modules_to_not_convert": list(exclusions),
+    }  # fmt: skip
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(config))
+    tensors = {}
+    for f in src.glob("*.safetensors"):
+        tensors.update(load_file(f))
+    out = {}
+    for name, t in tensors.items():
+        keep = any(k in name for k in ("embed_tokens", "lm_head", "norm", "weights_proj", "mlp.gate.")) or t.dim() != 2
+        if keep or any(name.startswith(e + ".") for e in exclusions):
+            out[name] = t
+        else:
+            out[name], out[name[: -len("weight")] + "weight_scale_inv"] = block_quant(t, (block, block))
+    save_file(out, dst / "model.safetensors")
+    return dst
