@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.testing
 
+from breakgraph.bench.presets import PRESETS, dense_linear_shapes
 from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe_ref, route, route_ref
 from breakgraph.kernels.triton_fp8 import fp8_linear, scaled_mm_blockwise_mode
@@ -40,19 +41,7 @@ from breakgraph.kernels.triton_moe import (
 E, D, INTER, TOP_K = 256, 6144, 256, 8  # GLM-5, one TP8 rank: all experts, I = 2048 / 8
 H200_COPY_TBS = 4.3
 
-DENSE = [  # (name, K, N) per rank at TP8
-    ("q_a_proj", 6144, 2048),
-    ("kv_a_proj_with_mqa", 6144, 576),
-    ("q_b_proj", 2048, 2048),
-    ("kv_b_proj", 512, 3584),
-    ("o_proj", 2048, 6144),
-    ("indexer.wq_b", 2048, 4096),
-    ("indexer.wk", 6144, 128),
-    ("mlp.gate_up_proj", 6144, 3072),
-    ("mlp.down_proj", 1536, 6144),
-    ("shared.gate_up_proj", 6144, 512),
-    ("shared.down_proj", 256, 6144),
-]
+DENSE = dense_linear_shapes(PRESETS["glm5-tp8-rank"])  # (name, K, N) per rank at TP8
 
 
 def bench(fn, graph: bool = False) -> float:

@@ -54,3 +54,20 @@ def test_bench_prefill_help_names_flags(flag, capsys):
     parser = argparse.ArgumentParser()
     prefill.add_arguments(parser)
     assert flag in parser.format_help()
+
+
+def test_dense_linear_shapes_are_the_models():
+    import torch
+
+    from breakgraph.bench.presets import PRESETS, dense_linear_shapes
+    from breakgraph.models.config import ModelConfig
+    from breakgraph.models.loader import build_model
+
+    cfg = PRESETS["glm5-tp8-rank-4l-bf16"]
+    model = build_model(ModelConfig.from_dict(cfg), "meta", dtype=torch.bfloat16)
+    params = dict(model.named_parameters())
+    prefix = {"mlp": "model.layers.0.mlp", "shared": "model.layers.3.mlp.shared_experts"}
+    for name, k, n in dense_linear_shapes(cfg):
+        head, _, rest = name.partition(".")
+        where = f"{prefix[head]}.{rest}" if head in prefix else f"model.layers.3.self_attn.{name}"
+        assert params[f"{where}.weight"].shape == (n, k), name

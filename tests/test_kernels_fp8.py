@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from breakgraph.bench.presets import PRESETS, dense_linear_shapes
 from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant, block_quant, fp8_block_linear_ref
 
 
@@ -253,19 +254,7 @@ def test_linear_dispatch_takes_twin_on_cpu():
 # GPU tests
 
 # GLM-5 per-rank dense FP8 linears at TP8: (name, K, N)
-GLM5_TP8_LINEARS = [
-    ("q_a_proj", 6144, 2048),
-    ("kv_a_proj_with_mqa", 6144, 576),
-    ("q_b_proj", 2048, 2048),
-    ("kv_b_proj", 512, 3584),
-    ("o_proj", 2048, 6144),
-    ("indexer.wq_b", 2048, 4096),
-    ("indexer.wk", 6144, 128),
-    ("mlp.gate_up_proj", 6144, 3072),
-    ("mlp.down_proj", 1536, 6144),
-    ("shared.gate_up_proj", 6144, 512),
-    ("shared.down_proj", 256, 6144),
-]
+GLM5_TP8_LINEARS = dense_linear_shapes(PRESETS["glm5-tp8-rank"])
 
 
 @pytest.mark.cuda

@@ -50,6 +50,29 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def dense_linear_shapes(cfg: dict) -> list[tuple[str, int, int]]:
+    """``(name, K, N)`` of every dense linear of one decoder layer of ``cfg`` (a config.json dict,
+    per rank: heads and intermediate sizes as the preset holds them): the shapes the FP8 dense
+    GEMM runs at. ``mlp.*`` is a dense first layer, ``shared.*`` a MoE layer's shared expert."""
+    c = cfg
+    heads, nope, rope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    d, q_lora, kv_lora = c["hidden_size"], c["q_lora_rank"], c["kv_lora_rank"]
+    shared = c["moe_intermediate_size"] * c.get("n_shared_experts", 1)
+    return [
+        ("q_a_proj", d, q_lora),
+        ("kv_a_proj_with_mqa", d, kv_lora + rope),
+        ("q_b_proj", q_lora, heads * (nope + rope)),
+        ("kv_b_proj", kv_lora, heads * (nope + v)),
+        ("o_proj", heads * v, d),
+        ("indexer.wq_b", q_lora, c["index_n_heads"] * c["index_head_dim"]),
+        ("indexer.wk", d, c["index_head_dim"]),
+        ("mlp.gate_up_proj", d, 2 * c["intermediate_size"]),
+        ("mlp.down_proj", c["intermediate_size"], d),
+        ("shared.gate_up_proj", d, 2 * shared),
+        ("shared.down_proj", shared, d),
+    ]
+
+
 def preset_folder(name: str, root: Path | None = None) -> Path:
     """Write preset ``name``'s config.json to a folder (a temp dir by default) and return it."""
     if name not in PRESETS:

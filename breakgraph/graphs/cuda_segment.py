@@ -88,9 +88,12 @@ def graph_work_nodes(graph: torch.cuda.CUDAGraph) -> int | None:
 _POISONED_POOLS: set[tuple[int, tuple[int, ...]]] = set()
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _pool_key(device: torch.device, pool: Any) -> tuple[int, tuple[int, ...]]:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return index, tuple(pool)
+    return _device_index(device), tuple(pool)
 
 
 @functools.cache
@@ -103,7 +106,7 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     ``torch.cuda.graph`` does). One stream matters for memory: the caching allocator reuses a
     freed pool block only for allocations on the stream it was allocated on, so captures on
     fresh streams (one per bucket, one per piece) could never reuse each other's pool memory."""
-    return _capture_stream_for(_pool_key(device, ())[0])
+    return _capture_stream_for(_device_index(device))
 
 
 def pool_segments(device: torch.device, pool: Any) -> list[tuple[int, int]]:
