@@ -28,8 +28,9 @@ import triton.testing
 from breakgraph.bench.presets import PRESETS, dense_linear_shapes
 from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe_ref, route, route_ref
-from breakgraph.kernels.triton_fp8 import fp8_linear, scaled_mm_blockwise_mode
+from breakgraph.kernels.triton_fp8 import act_quant, fp8_linear, scaled_mm_blockwise_mode
 from breakgraph.kernels.triton_moe import (
+    W8A8_MIN_TOKENS,
     fused_moe_grouped_mm,
     fused_moe_triton,
     gemm_config,
@@ -142,47 +143,114 @@ def bench_moe(tokens: list[int], ceil: dict[str, float], rows: list[dict], with_
             rate = ceil["fp8_tflops"] if "W8A8" in name else ceil["bf16_tflops"]
             row(rows, what=name, case=case, ms=ms, graph_ms=gms, gb=gb, best_ms=min(ms, gms or ms),
                 floor_bw_ms=gb / ceil["copy_tbs"], floor_flop_ms=flops / rate / 1e9)  # fmt: skip
-    return w13_b, w2_b, w13_8, s13, w2_8, s2
 
 
-def sweep_moe(tokens: list[int], weights, ceil: dict[str, float]) -> None:
-    """Time GEMM 1 (gate/up + SiLU) and GEMM 2 (down) alone over a small tile grid."""
-    w13_b, w2_b, w13_8, s13, w2_8, s2 = weights
-    print("\nGrouped-GEMM tile sweep (best 3 per GEMM; ms are medians of one GEMM launch)")
+def _sweep_weights():
+    """GLM-5 TP8-rank expert weights for the tile sweep: random e4m3 codes (magnitudes ≤ 1.875,
+    no NaN) and constant scales, made in place (no fp32 copy: many workers share the GPU)."""
+
+    def codes(*shape):
+        c = torch.randint(0, 0x3F, shape, dtype=torch.uint8, device="cuda")
+        return c.view(torch.float8_e4m3fn)
+
+    scale = lambda n, k: torch.full((E, n // 128, k // 128), 0.01, device="cuda")  # noqa: E731
+    return codes(E, 2 * INTER, D), scale(2 * INTER, D), codes(E, D, INTER), scale(D, INTER)
+
+
+def _sweep_call(weights, kind: str, gemm: int, t: int, cfg: dict):
+    """The GEMM launch being timed: ``kind`` W8A16 (bf16 activations) or W8A8 (e4m3)."""
+    w13_8, s13, w2_8, s2 = weights
+    gen = torch.Generator(device="cuda").manual_seed(t)
+    _, ids = route(torch.randn(t, E, device="cuda", generator=gen), None, TOP_K, 1, 1, True, 2.5)
+    p = t * TOP_K
+    lay = moe_align(ids, E, cfg["BLOCK_M"])
+    if gemm == 1:
+        a = torch.randn(t, D, device="cuda", generator=gen).bfloat16()
+        w, ws, out = w13_8, s13, torch.empty(p, INTER, device="cuda", dtype=torch.bfloat16)
+    else:
+        a = torch.randn(p, INTER, device="cuda", generator=gen).bfloat16()
+        w, ws, out = w2_8, s2, torch.empty(p, D, device="cuda", dtype=torch.bfloat16)
+    a_s = None
+    if kind == "W8A8":
+        a, a_s = act_quant(a, 128, column_major_scale=False)
+    return partial(moe_gemm, a, a_s, w, ws, lay, out, gather_top_k=TOP_K if gemm == 1 else None,
+                   silu=gemm == 1, config=cfg)  # fmt: skip
+
+
+def _sweep_grid(gemm: int, default: dict) -> list[dict]:
+    bm0 = default["BLOCK_M"]
+    grid = [default]
+    for bm in sorted({max(16, bm0 // 2), bm0, min(128, bm0 * 2)}):
+        for swap in (True, False) if bm <= 64 else (False,):
+            for bn in (64, 128) if gemm == 1 else (128, 256):
+                for warps in (4, 8):
+                    for stages in (3, 4):
+                        cfg = {"BLOCK_M": bm, "SWAP_AB": swap, "BLOCK_N": bn, "BLOCK_K": 128,
+                               "num_warps": warps, "num_stages": stages}  # fmt: skip
+                        if cfg != default:
+                            grid.append(cfg)
+    return grid
+
+
+_WORKER_WEIGHTS = None
+
+
+def _precompile(task) -> tuple[tuple, str | None]:
+    """Run one sweep launch once in a worker process (fills Triton's on-disk cache)."""
+    global _WORKER_WEIGHTS
+    if _WORKER_WEIGHTS is None:
+        _WORKER_WEIGHTS = _sweep_weights()
+    kind, gemm, t, cfg = task
+    try:
+        _sweep_call(_WORKER_WEIGHTS, kind, gemm, t, cfg)()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - out of resources etc.: reported, not fatal
+        return task, type(exc).__name__
+    return task, None
+
+
+def sweep_moe(tokens: list[int], jobs: int) -> list[dict]:
+    """Time GEMM 1 (gate/up + SiLU) and GEMM 2 (down) alone over a tile grid around the
+    default (:func:`gemm_config`), W8A16 below ``W8A8_MIN_TOKENS`` tokens and W8A8 from
+    half of it up. Kernels are compiled first by ``jobs`` worker processes."""
+    import concurrent.futures
+    import multiprocessing
+
+    tasks = []
     for t in tokens:
-        x = torch.randn(t, D, device="cuda").bfloat16()
-        _, ids = route(torch.randn(t, E, device="cuda"), None, TOP_K, 1, 1, True, 2.5)
-        p = t * TOP_K
-        for kind, w13, s1, w2, s2_ in (("bf16", w13_b, None, w2_b, None), ("fp8", w13_8, s13, w2_8, s2)):
-            default = gemm_config(p, E, True, kind == "fp8")["BLOCK_M"]
-            bms = sorted({max(16, default // 2), default, min(128, default * 2)})
+        kinds = [
+            k for k, on in (("W8A16", t < 2 * W8A8_MIN_TOKENS), ("W8A8", t >= W8A8_MIN_TOKENS // 2)) if on
+        ]
+        for kind in kinds:
             for gemm in (1, 2):
-                results = []
-                for bm in bms:
-                    lay = moe_align(ids, E, bm)
-                    h = torch.randn(p, INTER, device="cuda").bfloat16()
-                    out = torch.empty(p, INTER if gemm == 1 else D, device="cuda", dtype=torch.bfloat16)
-                    for swap in (True, False):
-                        for bn in (32, 64, 128) if gemm == 1 else (64, 128):
-                            for warps in (4, 8):
-                                for stages in (3, 4):
-                                    cfg = {"BLOCK_M": bm, "SWAP_AB": swap, "BLOCK_N": bn, "BLOCK_K": 128,
-                                           "num_warps": warps, "num_stages": stages}  # fmt: skip
-                                    if gemm == 1:
-                                        fn = partial(moe_gemm, x, None, w13, s1, lay, out, gather_top_k=TOP_K,
-                                                              silu=True, config=cfg)  # fmt: skip
-                                    else:
-                                        fn = partial(moe_gemm, h, None, w2, s2_, lay, out, gather_top_k=None,
-                                                              silu=False, config=cfg)  # fmt: skip
-                                    try:
-                                        ms = bench(fn)
-                                    except Exception as exc:  # noqa: BLE001 - out of resources etc.
-                                        print(f"  skip {cfg}: {type(exc).__name__}", file=sys.stderr)
-                                        continue
-                                    results.append((ms, cfg))
-                results.sort(key=lambda r: r[0])
-                for ms, cfg in results[:3]:
-                    print(f"  T={t:5d} {kind} GEMM{gemm}: {ms:8.4f} ms  {cfg}")
+                default = gemm_config(t * TOP_K, E, gemm == 1, True)
+                tasks += [(kind, gemm, t, cfg) for cfg in _sweep_grid(gemm, default)]
+    failed: dict[str, str] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        for task, err in pool.map(_precompile, tasks, chunksize=4):
+            if err:
+                failed[repr(task)] = err
+    weights = _sweep_weights()
+    results = []
+    print(f"\nGrouped-GEMM tile sweep, {len(tasks)} launches ({len(failed)} failed to compile/run); "
+          "ms are medians of one GEMM launch; default first, then the best 4")  # fmt: skip
+    for t in tokens:
+        for kind in ("W8A16", "W8A8"):
+            for gemm in (1, 2):
+                rows = []
+                for task in tasks:
+                    if task[:3] != (kind, gemm, t) or repr(task) in failed:
+                        continue
+                    ms = bench(_sweep_call(weights, kind, gemm, t, task[3]))
+                    rows.append({"tokens": t, "kind": kind, "gemm": gemm, "ms": ms, "config": task[3]})
+                if not rows:
+                    continue
+                default, best = rows[0], sorted(rows, key=lambda r: r["ms"])
+                for label, r in [("default", default)] + [("best", r) for r in best[:4]]:
+                    print(f"  T={t:5d} {kind:5s} GEMM{gemm} {label:7s} {r['ms']:8.4f} ms  {r['config']}")
+                results += rows
+    return results
 
 
 def bench_dense(ms_rows: list[int], ceil: dict[str, float], rows: list[dict]) -> None:
@@ -215,7 +283,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 8192])
     ap.add_argument("--dense-m", type=int, nargs="+", default=[1, 128, 1024, 8192])
     ap.add_argument("--only", choices=["moe", "dense"], default=None)
-    ap.add_argument("--sweep", action="store_true", help="tile sweep of the Triton grouped GEMMs")
+    ap.add_argument(
+        "--sweep", action="store_true", help="tile sweep of the Triton grouped GEMMs (FP8 weights)"
+    )
+    ap.add_argument("--sweep-jobs", type=int, default=8, help="processes compiling the sweep's kernels")
     ap.add_argument("--no-ref", action="store_true", help="skip timing the plain-PyTorch twins")
     ap.add_argument("--json", default=None, help="write all rows and ceilings here")
     args = ap.parse_args()
@@ -232,11 +303,11 @@ def main() -> None:
     )
     rows: list[dict] = []
     if args.only in (None, "moe"):
-        weights = bench_moe(args.tokens, ceil, rows, with_ref=not args.no_ref)
-        if args.sweep:
-            sweep_moe(args.tokens, weights, ceil)
-        del weights
+        bench_moe(args.tokens, ceil, rows, with_ref=not args.no_ref)
         torch.cuda.empty_cache()
+        if args.sweep:
+            rows += sweep_moe(args.tokens, args.sweep_jobs)
+            torch.cuda.empty_cache()
     if args.only in (None, "dense"):
         bench_dense(args.dense_m, ceil, rows)
     if args.json:

@@ -8,6 +8,7 @@ import torch
 from breakgraph import Engine
 from breakgraph.engine.forward_batch import ForwardMode, forward_batch_context
 from breakgraph.engine.model_runner import BatchEntry
+from breakgraph.engine.sampling import SamplingParams
 from breakgraph.graphs import split_op_names
 from breakgraph.layers import dsa, mlp
 
@@ -63,6 +64,25 @@ def test_long_sequences_are_scored(engine):
     with forward_batch_context(batch):
         assert not dsa._should_skip_logits_computation(batch, cfg.index_topk)
     engine.kv_cache.pool.free(pages)
+
+
+def test_attention_asks_for_the_dense_causal_path_in_prefill_only(engine, monkeypatch):
+    """Prefill/extend passes ``dense_below = K`` (its short-position rows are dense causal);
+    a decode batch passes 0, so the kernel keeps split-K for it."""
+    seen: list[tuple[str, int]] = []
+    real = dsa.sparse_mla_kernel
+
+    def spy(*args, dense_below, **kw):
+        from breakgraph.engine.forward_batch import get_forward_batch
+
+        seen.append((get_forward_batch().mode.value, dense_below))
+        return real(*args, dense_below=dense_below, **kw)
+
+    monkeypatch.setattr(dsa, "sparse_mla_kernel", spy)
+    engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))
+    k = engine.config.index_topk
+    assert ("extend", k) in seen and ("decode", 0) in seen
+    assert {mode for mode, below in seen if below == 0} == {"decode"}
 
 
 def test_indexer_queries_and_head_weights_must_have_the_same_rows(engine):

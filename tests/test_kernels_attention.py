@@ -540,6 +540,19 @@ def test_sparse_mla_dense_causal_path_glm5_shapes_on_gpu(heads, layout):
     assert torch.equal(run(tk.masked_fill(dense[:, None], -1)), out), "dense blocks were not written densely"
 
 
+def test_prefill_with_the_dense_path_does_not_split_k():
+    """A 128-token prompt at 8 heads fills fewer programs than SMs: decode-style split-K would
+    switch the dense-causal path off, so with ``dense`` asked for it splits only below
+    ``DENSE_MIN_TOKENS`` tokens."""
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_sparse_mla as tsm
+
+    cpu = torch.device("cpu")
+    assert tsm.default_config(128, 8, TOPK, cpu)["num_splits"] > 1
+    assert tsm.default_config(128, 8, TOPK, cpu, dense=True)["num_splits"] == 1
+    assert tsm.default_config(tsm.DENSE_MIN_TOKENS - 1, 8, TOPK, cpu, dense=True)["num_splits"] > 1
+
+
 @pytest.mark.parametrize("heads", [8, 64])
 def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     """ptxas for sm_90a (no GPU needed), with the engine's GLM-5 arguments specialised as the

@@ -148,6 +148,8 @@ def check_fp8_gemm_w8a8_matches_twin():
             {"BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True},
             {"BLOCK_M": 32, "BLOCK_N": 128, "SWAP_AB": True},
             {"BLOCK_M": 64, "BLOCK_N": 128, "SWAP_AB": False},
+            {"BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True, "SPLIT_K": 2},
+            {"BLOCK_M": 64, "BLOCK_N": 128, "SWAP_AB": False, "SPLIT_K": 3},
         ):
             a8, sa = act_quant(x, column_major_scale=False)
             got = fp8_gemm(a8, sa, w8, ws, out_dtype=torch.float32, bias=bias, config=cfg)
@@ -167,8 +169,10 @@ def check_fp8_gemm_w8a16_matches_twin():
     for m, n, k in ((37, 200, 300), (5, 576, 256)):
         w8, ws = block_quant(torch.randn(n, k))
         x = torch.randn(m, k)
-        got = fp8_gemm(x, None, w8, ws, out_dtype=torch.float32)
-        assert _rel(got, fp8_block_linear_ref(x, w8, ws, (128, 128))) < 1e-3
+        bias = torch.randn(n)
+        for cfg in (None, {"SPLIT_K": 2}):
+            got = fp8_gemm(x, None, w8, ws, out_dtype=torch.float32, bias=bias, config=cfg)
+            assert _rel(got, fp8_block_linear_ref(x, w8, ws, (128, 128), bias)) < 1e-3, cfg
         got = fp8_gemm(x.bfloat16(), None, w8, ws, out_dtype=torch.bfloat16)
         assert _rel(got, fp8_block_linear_ref(x.bfloat16().float(), w8, ws, (128, 128))) < 2e-2
 
@@ -209,16 +213,18 @@ def test_triton_fp8_under_interpreter(interp_results, name):
 
 
 @pytest.mark.parametrize("a_fp8", [True, False])
-@pytest.mark.parametrize("cfg", [(16, 64, True, 4), (64, 128, False, 4), (128, 128, False, 8)])
+@pytest.mark.parametrize(
+    "cfg", [(16, 64, True, 4, 1), (64, 128, False, 4, 1), (128, 128, False, 8, 1), (128, 128, False, 8, 4)]
+)
 def test_fp8_gemm_compiles_for_sm90_without_spills(a_fp8, cfg):
     pytest.importorskip("triton")
     from breakgraph.kernels import triton_fp8
 
-    bm, bn, swap, warps = cfg
+    bm, bn, swap, warps, split = cfg
     types = {"a_ptr": "*fp8e4nv" if a_fp8 else "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32",
-             "bias_ptr": "*bf16", "c_ptr": "*bf16"}  # fmt: skip
+             "bias_ptr": "*bf16", "c_ptr": "*fp32" if split > 1 else "*bf16", "K_PER_SPLIT": 768}  # fmt: skip
     constexprs = {"A_FP8": a_fp8, "HAS_BIAS": False, "SWAP_AB": swap, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
-                  "SCALE_BN": 128, "SCALE_BK": 128, "GROUP_M": 8, "INTERP": False}  # fmt: skip
+                  "SCALE_BN": 128, "SCALE_BK": 128, "GROUP_M": 8, "INTERP": False, "SPLIT_K": split}  # fmt: skip
     info = compile_for_sm90(triton_fp8._fp8_gemm_kernel, types, constexprs, warps, 3)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     assert info["mma"] == (["QGMMA"] if a_fp8 else ["HGMMA"]), info

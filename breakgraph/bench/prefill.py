@@ -2,8 +2,8 @@
 
 One model is loaded once (dummy weights); for every backend the prefill graphs are rebuilt
 and every (input length, batch size) shape is timed: median and spread over repeats,
-tokens/s, and from one profiled run the GPU-busy ratio (kernel time ÷ wall) and the number of
-kernels. The floor is ``max(bytes moved ÷ HBM bandwidth, FLOPs ÷ peak)`` — weights read once
+tokens/s, and from one profiled run the GPU-busy ratio (kernel time ÷ the median wall) and the
+number of kernels. The floor is ``max(bytes moved ÷ HBM bandwidth, FLOPs ÷ peak)`` — weights read once
 plus the attention and indexer work — and is printed beside every time.
 Writes JSON, a markdown table and (with matplotlib) a PNG plot.
 """
@@ -144,7 +144,8 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
                 run()
                 sync(engine)
                 times.append(time.perf_counter() - t0)
-            busy, kernels, top = (None, None, None) if args.no_profile else profile(engine, run, args.top_kernels)
+            med = statistics.median(times)
+            busy, kernels, top = (None, None, None) if args.no_profile else profile(engine, run, med, args.top_kernels)
             if top:
                 print(f"top kernels, {backend} {b}×{n} (GPU ms, calls, name):")
                 for name, ms, calls in top:
@@ -156,7 +157,6 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
                 bucket, _ = graphs.bucket_for(n * b)
                 if bucket in info:
                     seg, brk, isl = info[bucket].segments, info[bucket].breaks, info[bucket].islands
-            med = statistics.median(times)
             rows.append(Row(
                 backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
                 busy, kernels, seg, brk, isl, capture_s, mem, top,
@@ -186,19 +186,19 @@ def sync(engine) -> None:
         torch.cuda.synchronize(engine.device)
 
 
-def profile(engine, run, top: int = 0) -> tuple[float | None, int | None, list | None]:
-    """GPU-busy ratio (union of kernel intervals ÷ wall), kernel count and the ``top`` kernels by
-    summed GPU time (``[(name, ms, calls)]``, None when ``top`` is 0) of one run."""
+def profile(engine, run, wall_s: float, top: int = 0) -> tuple[float | None, int | None, list | None]:
+    """From one profiled run: GPU-busy ratio (union of kernel intervals ÷ ``wall_s``, the timed
+    runs' median: the profiler's own host overhead stretches the profiled run's wall where the
+    host is on the critical path, kernels it does not), kernel count and the ``top`` kernels by
+    summed GPU time (``[(name, ms, calls)]``, None when ``top`` is 0)."""
     if engine.device.type != "cuda":
         return None, None, None
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
         run()
         sync(engine)
-        wall_us = (time.perf_counter() - t0) * 1e6
     kernels = [
         e for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()
@@ -218,7 +218,7 @@ def profile(engine, run, top: int = 0) -> tuple[float | None, int | None, list |
         elif e > end:
             busy += e - end
             end = e
-    return min(1.0, busy / wall_us), len(spans), ranked
+    return min(1.0, busy / (wall_s * 1e6)), len(spans), ranked
 
 
 def floor_seconds(engine, input_len: int, batch_size: int) -> float:

@@ -6,6 +6,7 @@ Decided once at import, so ``torch.compile`` sees a constant.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -19,3 +20,16 @@ TRITON_ENABLED = (
 def use_triton(t: torch.Tensor) -> bool:
     """True when ``t`` lives on a CUDA device and Triton kernels are enabled."""
     return t.is_cuda and TRITON_ENABLED
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; 132 (an H200's) off CUDA, where only Triton's
+    interpreter and the tile-choice tests ask."""
+    if device.type != "cuda":
+        return 132
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

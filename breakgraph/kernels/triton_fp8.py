@@ -13,7 +13,11 @@
 2. :func:`fp8_gemm`: a Triton block-scaled GEMM (any ``M``/``N``/``K``, 128-wide k-blocks),
    activations either quantised the same way (``W8A8``, default) or kept in bf16 with the
    weight tile dequantised in registers (``W8A16``; ``bf16(w·s)`` as the dequantising twin
-   computes it, so it matches the twin to summation order).
+   computes it, so it matches the twin to summation order). Where the output tiles cannot
+   fill the GPU (a short prompt through a projection with large ``K`` and small ``N``), the
+   K range is split over several programs that store fp32 partials, summed in a fixed order
+   by a second kernel (deterministic). On the H200 with torch 2.11 the probe of path 1
+   fails, so this is the path GLM-5's FP8 linears take there.
 3. Dequantise + matmul (:func:`breakgraph.kernels.fp8.fp8_block_linear_ref`) for other blocks.
 
 Numerics: per-token-group e4m3 activations have 3 mantissa bits, so on random data the W8A8
@@ -36,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from breakgraph.kernels.dispatch import num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX, block_dequant, fp8_block_linear_ref
 
 QUANT_GROUP = 128
@@ -200,16 +205,20 @@ def scaled_update(
 @triton.jit
 def _fp8_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr,
-    M, N, K,
+    M, N, K, K_PER_SPLIT,
     stride_am, stride_asm, stride_asg, stride_wn, stride_wsn, stride_wsk, stride_cm,
-    A_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr,
+    A_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GROUP_M: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """``c = Σ_kb (a[:, kb] · w[:, kb]ᵀ) · sa[:, kb] · sw[n // SCALE_BN, kb]``; ``a`` fp8 (with
     ``sa``) or 16-bit (then each ``w`` tile is dequantised to ``a``'s dtype in registers).
-    ``SWAP_AB`` computes the transposed tile so that weight rows fill the 64-row MMA side."""
+    ``SWAP_AB`` computes the transposed tile so that weight rows fill the 64-row MMA side.
+    ``SPLIT_K > 1``: program ``(·, s)`` sums the k-range ``[s·K_PER_SPLIT, (s+1)·K_PER_SPLIT)``
+    and stores its fp32 partial (no bias) in slice ``s`` of ``c`` (an ``[SPLIT_K, M, N]``
+    workspace); :func:`_split_k_sum_kernel` adds the slices in order."""
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     # grouped order: GROUP_M row-tiles sweep the columns together so weight tiles are reused in L2
@@ -218,6 +227,14 @@ def _fp8_gemm_kernel(
     group_rows = tl.minimum(num_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % group_rows
     pid_n = (pid % per_group) // group_rows
+
+    if SPLIT_K > 1:  # this program's k-range: move the base pointers before the tile pointers
+        k_first = split * K_PER_SPLIT
+        a_ptr += k_first
+        w_ptr += k_first
+        as_ptr += (k_first // SCALE_BK) * stride_asg
+        ws_ptr += (k_first // SCALE_BK) * stride_wsk
+        K = tl.minimum(K - k_first, K_PER_SPLIT)
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -244,27 +261,57 @@ def _fp8_gemm_kernel(
         acc = scaled_update(acc, a, w, sw, sa, True, A_FP8, SWAP_AB, INTERP)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if SPLIT_K > 1:
+        c_ptr += split.to(tl.int64) * M * stride_cm
     if SWAP_AB:
-        if HAS_BIAS:
+        if HAS_BIAS and SPLIT_K == 1:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
         c_ptrs = c_ptr + rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[None, :] & n_ok[:, None])
     else:
-        if HAS_BIAS:
+        if HAS_BIAS and SPLIT_K == 1:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _gemm_config(m: int, n: int) -> dict:
-    """Tiles from the static shape; few rows take the swapped product (wgmma needs 64 rows)."""
+@triton.jit
+def _split_k_sum_kernel(
+    ws_ptr, bias_ptr, c_ptr, MN, N,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """``c = Σ_s ws[s] (+ bias)``, slices added in order (deterministic), fp32 then cast."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.load(ws_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
+
+
+SPLIT_K_MAX = 8
+SPLIT_K_MIN_BLOCKS = 4  # k-blocks of 128 per split, at least
+
+
+def _gemm_config(m: int, n: int, k: int, num_sms: int) -> dict:
+    """Tiles and split from the static shape only (graph-safe). Few rows take the swapped
+    product (wgmma needs 64 rows). When the output tiles cannot fill the GPU — the many-``K``,
+    few-``N`` projections of a short prompt — the K range is split over up to
+    ``SPLIT_K_MAX`` programs (each at least ``SPLIT_K_MIN_BLOCKS`` k-blocks)."""
     if m <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True, "num_warps": 4, "num_stages": 4}
-    if m <= 32:
-        return {"BLOCK_M": 32, "BLOCK_N": 64, "SWAP_AB": True, "num_warps": 4, "num_stages": 4}
-    if m <= 64:
-        return {"BLOCK_M": 64, "BLOCK_N": 128, "SWAP_AB": False, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "SWAP_AB": False, "num_warps": 8, "num_stages": 3}
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True, "num_warps": 4, "num_stages": 4}
+    elif m <= 32:
+        cfg = {"BLOCK_M": 32, "BLOCK_N": 64, "SWAP_AB": True, "num_warps": 4, "num_stages": 4}
+    elif m <= 64:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "SWAP_AB": False, "num_warps": 4, "num_stages": 3}
+    else:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "SWAP_AB": False, "num_warps": 8, "num_stages": 3}
+    tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+    k_blocks = triton.cdiv(k, 128)
+    cfg["SPLIT_K"] = max(1, min(SPLIT_K_MAX, num_sms // tiles, k_blocks // SPLIT_K_MIN_BLOCKS))
+    return cfg
 
 
 def fp8_gemm(
@@ -295,23 +342,33 @@ def fp8_gemm(
     a_fp8 = a.dtype == FP8_DTYPE
     if a_fp8 != (a_scale is not None):
         raise ValueError("fp8_gemm: a_scale must be given exactly when a is float8_e4m3fn")
-    cfg = dict(_gemm_config(m, n), BLOCK_K=128, GROUP_M=8)
+    cfg = dict(_gemm_config(m, n, k, num_sms(a.device)), BLOCK_K=128, GROUP_M=8)
     cfg.update(config or {})
     if 128 % cfg["BLOCK_N"] or cfg["BLOCK_K"] != 128:
         raise ValueError(f"fp8_gemm: BLOCK_N must divide 128 and BLOCK_K must be 128, got {cfg}")
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
+    split = cfg["SPLIT_K"]
+    k_per_split = triton.cdiv(triton.cdiv(k, 128), split) * 128
+    split = triton.cdiv(k, k_per_split)  # no empty split
+    target = torch.empty(split, m, n, dtype=torch.float32, device=a.device) if split > 1 else out
     sa = a_scale if a_fp8 else weight_scale  # placeholder pointer when unused
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split)
     _fp8_gemm_kernel[grid](
-        a, sa, weight, weight_scale, bias if bias is not None else out, out,
-        m, n, k,
+        a, sa, weight, weight_scale, bias if bias is not None else out, target,
+        m, n, k, k_per_split,
         a.stride(0), sa.stride(0), sa.stride(1), weight.stride(0), weight_scale.stride(0), weight_scale.stride(1),
-        out.stride(0),
+        target.stride(-2),
         A_FP8=a_fp8, HAS_BIAS=bias is not None, SCALE_BN=block[0], SCALE_BK=block[1], INTERP=interpreting(),
-        **cfg,
+        **dict(cfg, SPLIT_K=split),
     )  # fmt: skip
+    if split > 1:
+        block_sum = 1024
+        _split_k_sum_kernel[(triton.cdiv(m * n, block_sum),)](
+            target, bias if bias is not None else out, out, m * n, n,
+            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=block_sum, num_warps=4,
+        )  # fmt: skip
     return out
 
 

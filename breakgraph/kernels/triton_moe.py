@@ -48,7 +48,7 @@ import triton.language as tl
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
 
-W8A8_MIN_TOKENS = 256  # from scripts/bench_kernels_moe.py on the H200: W8A8 wins from here up
+W8A8_MIN_TOKENS = 128  # scripts/bench_kernels_moe.py on the H200, graph replays: W8A8 wins from here up
 
 
 def moe_fp8_activations(num_tokens: int) -> bool:
@@ -391,11 +391,15 @@ def _moe_gemm_kernel(
 
 def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool) -> dict:
     """Tile choice from static shapes only (graph-safe): rows per expert on average decide
-    ``BLOCK_M``; narrow row blocks use the swapped product."""
+    ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the H200 sweep
+    (``scripts/bench_kernels_moe.py --sweep``, GLM-5 TP8 rank): 4 rows per expert (128 tokens)
+    keep 16-row swapped blocks; 32 rows per expert (1024 tokens) run fastest in 64-row blocks
+    (−8% GEMM 1, −24% GEMM 2 against 32-row swapped ones); GEMM 2 (K = I, two k-blocks) in
+    3 stages."""
     avg = num_pairs / max(1, num_experts)
     if avg <= 16:
         cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4}
-    elif avg <= 48:
+    elif avg <= 48 and not fp8:
         cfg = {"BLOCK_M": 32, "SWAP_AB": True, "num_warps": 4}
     elif avg <= 160:
         cfg = {"BLOCK_M": 64, "SWAP_AB": False, "num_warps": 4}
@@ -403,7 +407,10 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool) -> dict
         cfg = {"BLOCK_M": 128, "SWAP_AB": False, "num_warps": 8}
     cfg["BLOCK_N"] = 64 if silu else 128
     cfg["BLOCK_K"] = 128
-    cfg["num_stages"] = 4 if fp8 and cfg["BLOCK_M"] <= 32 else 3
+    if fp8 and cfg["BLOCK_M"] <= 64:
+        cfg["num_stages"] = 4 if silu else 3
+    else:
+        cfg["num_stages"] = 3
     return cfg
 
 

@@ -28,17 +28,18 @@ on both warpgroups redundantly (as in the sparse kernel at ``BLOCK_H = 64``).
 Split-K (flash-decoding) for small batches: when ``T × head_blocks`` programs cannot fill
 the GPU (decode), the ``K`` keys are cut into ``num_splits`` ranges (grid axis 2); each split
 writes its normalised partial output and log-sum-exp to an fp32 workspace, and a second
-kernel merges them. The dense path is off under split-K. Grids and workspace depend on
+kernel merges them. The dense path is off under split-K, so a prefill of at least
+``DENSE_MIN_TOKENS`` tokens (caller passes ``dense_below``) never splits. Grids and workspace depend on
 shapes only: graph-safe, no host sync.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from breakgraph.kernels.dispatch import num_sms
 
 _LOG2E = 1.4426950408889634
 
@@ -262,27 +263,30 @@ def _sparse_mla_merge_kernel(
     tl.store(OUT + t * stride_ot + h * stride_oh + offs_r, o.to(OUT.dtype.element_ty), mask=offs_r < rank)
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # an H200; only the interpreter gets here
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def default_config(num_tokens: int, num_heads: int, topk: int, device: torch.device) -> dict:
-    """Block sizes, warps, stages and split count for a shape (tuned guesses; see the bench)."""
+DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this many tokens
+
+
+def default_config(
+    num_tokens: int, num_heads: int, topk: int, device: torch.device, dense: bool = False
+) -> dict:
+    """Block sizes, warps, stages and split count for a shape (tuned guesses; see the bench).
+
+    Split-K when the programs cannot fill the GPU (decode), except where the caller asked for
+    the dense-causal path (``dense``: prefill) and there are at least ``DENSE_MIN_TOKENS``
+    tokens: split-K switches that path off, and a short prompt then walks all ``topk`` slots
+    of every token's row (mostly ``-1``) instead of its few causal keys."""
     block_h = min(64, _pow2(num_heads))
     # (BLOCK_N, warps) per BLOCK_H: the largest key block that compiles for sm_90 without
     # register spills (ptxas: 16 → 226 regs, 32 → 195, 64 → 230 with wgmma).
     block_n, num_warps = {16: (32, 4), 32: (32, 8), 64: (16, 8)}[block_h]
     programs = num_tokens * triton.cdiv(num_heads, block_h)
     splits = 1
-    sms = _num_sms(device)
-    if programs < sms:
+    sms = num_sms(device)
+    if programs < sms and not (dense and num_tokens >= DENSE_MIN_TOKENS):
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
     return {
         "block_h": block_h,
@@ -376,7 +380,7 @@ def sparse_mla_attention_triton(
         return
     if dense_below > 0 and positions is None:
         raise ValueError("dense_below > 0 needs the token positions")
-    cfg = default_config(num_tokens, num_heads, topk, q.device)
+    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0)
     block_h = block_h or cfg["block_h"]
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]

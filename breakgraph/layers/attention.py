@@ -20,6 +20,7 @@ from torch import nn
 
 from breakgraph.distributed import get_parallel_state
 from breakgraph.kernels.fp8 import block_dequant
+from breakgraph.kernels.linear import exact_bf16_weight
 from breakgraph.layers.dsa import (
     _can_fuse_bmm_into_attention,
     _make_mla_bmm_fusion_plan,
@@ -49,8 +50,16 @@ class Indexer(nn.Module):
         self.wq_b = ReplicatedLinear(config.q_lora_rank, self.n_heads * self.head_dim, fp8=config.fp8, dtype=dtype)
         self.wk = ReplicatedLinear(config.hidden_size, self.head_dim, fp8=config.fp8, dtype=dtype)
         self.k_norm = LayerNorm(self.head_dim, eps=1e-6, dtype=dtype)
-        # Kept in fp32 (the reference keeps this projection out of low precision).
+        # Kept in fp32 (the reference keeps this projection out of low precision); its exact
+        # bf16 copy, where there is one, feeds the tensor cores (prepare_bf16_gemm).
         self.weights_proj = ReplicatedLinear(config.hidden_size, self.n_heads, dtype=torch.float32)
+        self.weights_proj_bf16: torch.Tensor | None = None
+
+    def prepare_bf16_gemm(self) -> bool:
+        """After loading: keep the exact bf16 copy of ``weights_proj`` (see
+        :func:`~breakgraph.kernels.linear.exact_bf16_weight`); returns whether it is kept."""
+        self.weights_proj_bf16 = exact_bf16_weight(self.weights_proj.weight)
+        return self.weights_proj_bf16 is not None
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return torch.cat([apply_rope(x[..., : self.rope_dim], cos, sin, self.interleaved), x[..., self.rope_dim :]], -1)
@@ -60,7 +69,8 @@ class Indexer(nn.Module):
         t = x.shape[0]
         q = self._rope(self.wq_b(q_resid).view(t, self.n_heads, self.head_dim), cos, sin)
         k = self._rope(self.k_norm(self.wk(x)), cos, sin)
-        weights = logits_head_gate(x, self.weights_proj.weight, self.n_heads**-0.5)
+        w_proj = self.weights_proj_bf16 if self.weights_proj_bf16 is not None else self.weights_proj.weight
+        weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
         dsa_indexer_graph_dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5)
         return topk

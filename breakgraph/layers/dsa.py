@@ -22,11 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from breakgraph.engine.forward_batch import ForwardBatch, get_forward_batch
+from breakgraph.engine.forward_batch import ForwardBatch, ForwardMode, get_forward_batch
 from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
 from breakgraph.kernels.indexer import indexer_topk
+from breakgraph.kernels.linear import linear_fp32_out
 from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
 
 
@@ -39,7 +39,7 @@ def is_graph_dsa_split_op_surface() -> bool:
 
 
 def _logits_head_gate_impl(x: torch.Tensor, weight: torch.Tensor, scale: float) -> torch.Tensor:
-    return F.linear(x.float(), weight.float()) * scale
+    return linear_fp32_out(x, weight) * scale
 
 
 def _logits_head_gate_fake(x: torch.Tensor, weight: torch.Tensor, scale: float) -> torch.Tensor:
@@ -50,7 +50,9 @@ logits_head_gate = register_custom_op(
     _logits_head_gate_impl, name="logits_head_gate", mutates_args=(), fake_impl=_logits_head_gate_fake
 )
 logits_head_gate.__doc__ = """Indexer head weights ``w = (x · W_proj^T) · scale`` in fp32: ``x [T, D]``,
-``weight [Hi, D]`` → ``[T, Hi]``. A custom op (``torch.ops.breakgraph.logits_head_gate``)."""
+``weight [Hi, D]`` (fp32, or its exact bf16 copy for the tensor cores: see
+:func:`~breakgraph.kernels.linear.linear_fp32_out`) → ``[T, Hi]``. A custom op
+(``torch.ops.breakgraph.logits_head_gate``)."""
 
 
 def _should_skip_logits_computation(fb: ForwardBatch, index_topk: int) -> bool:
@@ -100,14 +102,15 @@ def _attend(q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Te
     layer's, or the previous layer's for shared-indexer layers: same batch, same tokens),
     whose row for a token at ``pos < K`` is every causal position ``0…pos`` (both the score
     skip and ``torch.topk`` over ``pos + 1 ≤ K`` finite scores pick them all), so the kernel
-    may attend densely below ``dense_below = K``."""
+    may attend densely below ``dense_below = K`` (in prefill/extend batches: a decode batch has
+    one token per request, which the dense path cannot share keys across)."""
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.latent[layer_id]
     cache[fb.out_cache_loc] = kv[:n].to(cache.dtype)
     sparse_mla_kernel(
         q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n],
-        positions=fb.positions[:n], dense_below=topk.shape[1],
+        positions=fb.positions[:n], dense_below=0 if fb.mode is ForwardMode.DECODE else topk.shape[1],
     )  # fmt: skip
     out[n:].zero_()
 

@@ -151,10 +151,16 @@ class DsaForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def process_weights_after_loading(self) -> None:
-        """Derive absorbed-MLA weights; drop ``kv_b_proj`` (its halves now live in w_kc/w_vc)."""
+        """Derive absorbed-MLA weights and drop ``kv_b_proj`` (its halves now live in w_kc/w_vc);
+        give the fp32 router and indexer head-weight projections their bf16 tensor-core copies
+        where those are exact."""
         for layer in self.model.layers:
             layer.self_attn.absorb_kv_b()
             layer.self_attn.kv_b_proj = None
+            if layer.self_attn.indexer is not None:
+                layer.self_attn.indexer.prepare_bf16_gemm()
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.gate.prepare_bf16_gemm()
 
     # -- checkpoint name mapping -------------------------------------------------------------
     def checkpoint_targets(self) -> tuple[dict[str, Target], dict[str, tuple[Target, list[str]]]]:

@@ -188,8 +188,9 @@ _SAFETENSORS_DTYPES = {"F8_E4M3": FP8_DTYPE}
 
 
 def init_dummy_weights(model: DsaForCausalLM, seed: int = 0) -> None:
-    """Seeded random weights: N(0, 0.02) for matrices (FP8: random e4m3 codes with a scale),
-    ones for norm weights, zeros for biases and the router correction bias."""
+    """Seeded random weights: N(0, 0.02) for matrices (FP8: random e4m3 codes with a scale; the
+    fp32 router and indexer head-weight projections rounded to bf16 values), ones for norm
+    weights, zeros for biases and the router correction bias."""
     gen = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed)
     for name, param in _unique_params(model):
         data = param.data
@@ -205,6 +206,8 @@ def init_dummy_weights(model: DsaForCausalLM, seed: int = 0) -> None:
             codes.bitwise_or_(torch.randint_like(codes, 0, 2, generator=gen) << 7)
         else:
             data.normal_(0.0, 0.02, generator=gen)
+            if name.endswith(("mlp.gate.weight", "indexer.weights_proj.weight")):
+                data.copy_(data.to(torch.bfloat16))  # as a checkpoint that stores these in bf16
 
 
 def _unique_params(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
