@@ -53,9 +53,9 @@ from breakgraph.demo.problems import (
 )
 from breakgraph.demo.tokenizer import EOS, PAD, build_corpus, save_tokenizer, train_tokenizer
 from breakgraph.kernels.moe import route_ref
+from breakgraph.kernels.rope import rope
 from breakgraph.layers.linear import LinearBase
 from breakgraph.layers.mlp import Experts, MoE
-from breakgraph.layers.rotary import apply_rope
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.glm5 import DsaForCausalLM
 
@@ -180,8 +180,8 @@ def _mla(
     q_nope, q_pe = attn.q_b_proj(q_resid).view(b, s, h, dn + dr).split([dn, dr], dim=-1)
     c, k_pe = attn.kv_a_proj_with_mqa(x).split([r, dr], dim=-1)
     c = attn.kv_a_layernorm(c)
-    q_pe = apply_rope(q_pe, cos, sin, interleaved=True)
-    k_pe = apply_rope(k_pe, cos, sin, interleaved=True)
+    q_pe = rope(q_pe, cos, sin, interleaved=True)
+    k_pe = rope(k_pe, cos, sin, interleaved=True)
     if attn.kv_b_proj is not None:  # training: the absorbed halves are views of the trained weight
         w_kv = attn.kv_b_proj.weight.view(h, dn + dv, r)
         w_kc, w_vc = w_kv[:, :dn], w_kv[:, dn:]

@@ -21,6 +21,7 @@ from torch import nn
 from breakgraph.distributed import get_parallel_state
 from breakgraph.kernels.fp8 import block_dequant
 from breakgraph.kernels.linear import exact_bf16_weight
+from breakgraph.kernels.rope import rope
 from breakgraph.layers.dsa import (
     _can_fuse_bmm_into_attention,
     _make_mla_bmm_fusion_plan,
@@ -32,7 +33,6 @@ from breakgraph.layers.dsa import (
 )
 from breakgraph.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from breakgraph.layers.norm import LayerNorm, RMSNorm
-from breakgraph.layers.rotary import apply_rope
 from breakgraph.models.config import ModelConfig
 
 
@@ -62,7 +62,7 @@ class Indexer(nn.Module):
         return self.weights_proj_bf16 is not None
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return torch.cat([apply_rope(x[..., : self.rope_dim], cos, sin, self.interleaved), x[..., self.rope_dim :]], -1)
+        return rope(x, cos, sin, self.interleaved, self.rope_dim)
 
     def forward(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32."""
@@ -118,8 +118,8 @@ class MLAttention(nn.Module):
         q_nope, q_pe = _split_q_nope_pe(self.q_b_proj(q_resid).view(t, self.num_heads, self.dn + self.dr), self.dn, self.dr)
         c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.dr], dim=-1)
         c = self.kv_a_layernorm(c)
-        q_pe = apply_rope(q_pe, cos, sin, interleaved=True)
-        k_pe = apply_rope(k_pe, cos, sin, interleaved=True)
+        q_pe = rope(q_pe, cos, sin, interleaved=True)
+        k_pe = rope(k_pe, cos, sin, interleaved=True)
         kv = torch.cat([c, k_pe], dim=-1)
         # The plan's buffers are made before the indexer break, so the code between the
         # indexer and attention breaks stays empty (no one-kernel segment).

@@ -1,10 +1,11 @@
-"""Rotary position embedding: default and YaRN frequencies; interleaved or half-split pairs.
+"""Rotary position embedding tables: default and YaRN frequencies, looked up by position.
 
 GLM-5 rotates interleaved pairs ``(x0,x1),(x2,x3)…`` in MLA and in the indexer; DeepSeek-V3.2
 rotates interleaved pairs in MLA and half-split pairs ``(x_i, x_{i+d/2})`` in the indexer.
-Both return the rotated halves concatenated ``[even' ‖ odd']`` (interleaved) or
-``[first' ‖ second']`` (half-split), exactly as the reference does; queries and keys get
-the same layout, so dot products are those of the true rotation.
+The rotation itself is :func:`breakgraph.kernels.rope.rope`: it returns the rotated halves
+concatenated ``[even' ‖ odd']`` (interleaved) or ``[first' ‖ second']`` (half-split), exactly
+as the reference does; queries and keys get the same layout, so dot products are those of the
+true rotation.
 """
 
 from __future__ import annotations
@@ -59,15 +60,3 @@ class RotaryEmbedding(nn.Module):
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin`` for ``positions [T]`` → two ``[T, dim/2]`` tensors in ``dtype``."""
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """Rotate ``x [T, ..., d]`` with ``cos/sin [T, d/2]`` (broadcast over middle dims)."""
-    while cos.dim() < x.dim():
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    if interleaved:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-    else:
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
