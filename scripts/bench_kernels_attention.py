@@ -124,15 +124,17 @@ def run_mla(args):
     from breakgraph.kernels.triton_sparse_mla import default_config, dense_config, sparse_mla_attention_triton
 
     print("\nsparse MLA attention (bf16, r=512, dr=64, K=2048, page 64)")
-    print("  as the engine calls it (positions, dense_below=K: token blocks below K run dense-causal);")
+    print("  as the engine calls it (prefill: positions, dense_below=K, token blocks below K run dense-causal;")
+    print("  decode: dense_below=0, split-K);")
     print("  '[sparse only]' rows: the same shape without the dense path")
     print(HEADER)
     for heads, layout in itertools.product((8, 64), LAYOUTS):
         (q, kv, tk, batch, out), flops, ubytes, gbytes = mla_case(heads, layout)
         a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
-        engine = dict(positions=batch["positions"], dense_below=TOPK)
-        cfg = default_config(q.shape[0], heads, TOPK, q.device)
-        has_dense = cfg["num_splits"] == 1 and bool((batch["positions"] < TOPK).any())
+        dense_below = 0 if layout.startswith("decode") else TOPK  # as layers/dsa.py passes it
+        engine = dict(positions=batch["positions"], dense_below=dense_below)
+        cfg = default_config(q.shape[0], heads, TOPK, q.device, dense=dense_below > 0)
+        has_dense = dense_below > 0 and cfg["num_splits"] == 1 and bool((batch["positions"] < TOPK).any())
         name = f"H={heads} {layout}"
         ms = bench(partial(sparse_mla_attention_triton, *a, **engine))
         row(f"{name} [splits {cfg['num_splits']}]", ms, flops, ubytes, gbytes, BF16_TFLOPS)

@@ -146,7 +146,7 @@ def bench_moe(tokens: list[int], ceil: dict[str, float], rows: list[dict], with_
 
 
 def _sweep_weights():
-    """GLM-5 TP8-rank expert weights for the tile sweep: random e4m3 codes (magnitudes ≤ 1.875,
+    """GLM-5 TP8-rank expert weights for the tile sweep: random e4m3 codes (magnitudes ≤ 1.75,
     no NaN) and constant scales, made in place (no fp32 copy: many workers share the GPU)."""
 
     def codes(*shape):
@@ -211,8 +211,8 @@ def _precompile(task) -> tuple[tuple, str | None]:
 
 def sweep_moe(tokens: list[int], jobs: int) -> list[dict]:
     """Time GEMM 1 (gate/up + SiLU) and GEMM 2 (down) alone over a tile grid around the
-    default (:func:`gemm_config`), W8A16 below ``W8A8_MIN_TOKENS`` tokens and W8A8 from
-    half of it up. Kernels are compiled first by ``jobs`` worker processes."""
+    default (:func:`gemm_config`), W8A16 below twice ``W8A8_MIN_TOKENS`` tokens and W8A8
+    from half of it up (both around the switch). Kernels are compiled first by ``jobs`` worker processes."""
     import concurrent.futures
     import multiprocessing
 

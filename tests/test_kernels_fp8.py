@@ -175,6 +175,11 @@ def check_fp8_gemm_w8a16_matches_twin():
             assert _rel(got, fp8_block_linear_ref(x, w8, ws, (128, 128), bias)) < 1e-3, cfg
         got = fp8_gemm(x.bfloat16(), None, w8, ws, out_dtype=torch.bfloat16)
         assert _rel(got, fp8_block_linear_ref(x.bfloat16().float(), w8, ws, (128, 128))) < 2e-2
+    # K = 0: the product is empty, the output is the bias
+    bias = torch.randn(5)
+    got = fp8_gemm(torch.randn(3, 0), None, torch.empty(5, 0, dtype=FP8_DTYPE), torch.ones(1, 0), bias=bias,
+                   out_dtype=torch.float32, config={"SPLIT_K": 4})  # fmt: skip
+    assert torch.equal(got, bias.expand(3, 5)), got
 
 
 def check_fp8_linear_triton_paths():
@@ -228,6 +233,17 @@ def test_fp8_gemm_compiles_for_sm90_without_spills(a_fp8, cfg):
     info = compile_for_sm90(triton_fp8._fp8_gemm_kernel, types, constexprs, warps, 3)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     assert info["mma"] == (["QGMMA"] if a_fp8 else ["HGMMA"]), info
+
+
+def test_split_k_sum_compiles_for_sm90():
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_fp8
+
+    types = {"ws_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*bf16"}
+    info = compile_for_sm90(
+        triton_fp8._split_k_sum_kernel, types, {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}, 4, 1
+    )
+    assert info["stack"] == 0, info
 
 
 def test_act_quant_compiles_for_sm90():

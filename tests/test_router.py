@@ -37,6 +37,10 @@ def test_dummy_fp32_projections_are_bf16_values_and_the_cpu_path_stays_fp32(hf_c
     x = torch.randn(5, routers[0].weight.shape[1]).bfloat16()
     torch.testing.assert_close(routers[0].logits(x), F.linear(x.float(), routers[0].weight), rtol=0, atol=0)
     torch.testing.assert_close(linear_fp32_out(x, routers[0].weight.bfloat16()), F.linear(x.float(), routers[0].weight))
+    # the copies are non-persistent buffers: they move with the module, checkpoints never see them
+    routers[0].weight_bf16 = routers[0].weight.detach().bfloat16()
+    assert "weight_bf16" in dict(routers[0].named_buffers())
+    assert not any(k.endswith(("weight_bf16", "weights_proj_bf16")) for k in model.state_dict())
 
 
 @pytest.mark.cuda

@@ -69,5 +69,6 @@ def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     bf16 rounding of the activations is 4e-3). Otherwise both are upcast and multiplied in
     fp32 (CPU, fp32 activations)."""
     if weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and x.is_cuda:
-        return torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32).view(*x.shape[:-1], -1)
+        out = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
+        return out.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x.float(), weight.float())

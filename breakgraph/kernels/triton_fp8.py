@@ -285,7 +285,7 @@ def _split_k_sum_kernel(
     ok = offs < MN
     acc = tl.load(ws_ptr + offs, mask=ok, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(ws_ptr + s * MN + offs, mask=ok, other=0.0)
+        acc += tl.load(ws_ptr + s * MN.to(tl.int64) + offs, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
@@ -299,7 +299,8 @@ def _gemm_config(m: int, n: int, k: int, num_sms: int) -> dict:
     """Tiles and split from the static shape only (graph-safe). Few rows take the swapped
     product (wgmma needs 64 rows). When the output tiles cannot fill the GPU — the many-``K``,
     few-``N`` projections of a short prompt — the K range is split over up to
-    ``SPLIT_K_MAX`` programs (each at least ``SPLIT_K_MIN_BLOCKS`` k-blocks)."""
+    ``SPLIT_K_MAX`` programs, no more than ``k-blocks // SPLIT_K_MIN_BLOCKS`` of them (the
+    last split may hold fewer blocks)."""
     if m <= 16:
         cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True, "num_warps": 4, "num_stages": 4}
     elif m <= 32:
@@ -349,9 +350,9 @@ def fp8_gemm(
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
-    split = cfg["SPLIT_K"]
-    k_per_split = triton.cdiv(triton.cdiv(k, 128), split) * 128
-    split = triton.cdiv(k, k_per_split)  # no empty split
+    split = cfg["SPLIT_K"] if k else 1
+    k_per_split = max(128, triton.cdiv(triton.cdiv(k, 128), split) * 128)
+    split = max(1, triton.cdiv(k, k_per_split))  # no empty split
     target = torch.empty(split, m, n, dtype=torch.float32, device=a.device) if split > 1 else out
     sa = a_scale if a_fp8 else weight_scale  # placeholder pointer when unused
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split)

@@ -53,11 +53,12 @@ class Indexer(nn.Module):
         # Kept in fp32 (the reference keeps this projection out of low precision); its exact
         # bf16 copy, where there is one, feeds the tensor cores (prepare_bf16_gemm).
         self.weights_proj = ReplicatedLinear(config.hidden_size, self.n_heads, dtype=torch.float32)
-        self.weights_proj_bf16: torch.Tensor | None = None
+        self.register_buffer("weights_proj_bf16", None, persistent=False)
 
     def prepare_bf16_gemm(self) -> bool:
-        """After loading: keep the exact bf16 copy of ``weights_proj`` (see
-        :func:`~breakgraph.kernels.linear.exact_bf16_weight`); returns whether it is kept."""
+        """After loading (and after any later change of ``weights_proj``): keep its exact bf16
+        copy (see :func:`~breakgraph.kernels.linear.exact_bf16_weight`) as a non-persistent
+        buffer that moves with the module; returns whether it is kept."""
         self.weights_proj_bf16 = exact_bf16_weight(self.weights_proj.weight)
         return self.weights_proj_bf16 is not None
 

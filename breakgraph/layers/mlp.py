@@ -53,11 +53,12 @@ class Router(nn.Module):
         e = config.n_routed_experts
         self.weight = nn.Parameter(torch.empty(e, config.hidden_size, dtype=torch.float32), requires_grad=False)
         self.e_score_correction_bias = nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
-        self.weight_bf16: torch.Tensor | None = None  # set by prepare_bf16_gemm
+        self.register_buffer("weight_bf16", None, persistent=False)  # set by prepare_bf16_gemm
 
     def prepare_bf16_gemm(self) -> bool:
-        """After loading: keep the bf16 copy of the weight where it is exact (see
-        :func:`~breakgraph.kernels.linear.exact_bf16_weight`); returns whether it is kept."""
+        """After loading (and after any later change of ``weight``): keep the bf16 copy of the
+        weight where it is exact (see :func:`~breakgraph.kernels.linear.exact_bf16_weight`), as
+        a non-persistent buffer that moves with the module; returns whether it is kept."""
         self.weight_bf16 = exact_bf16_weight(self.weight)
         return self.weight_bf16 is not None
 

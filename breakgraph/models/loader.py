@@ -199,10 +199,10 @@ def init_dummy_weights(model: DsaForCausalLM, seed: int = 0) -> None:
         elif name.endswith(("bias", "e_score_correction_bias")):
             data.zero_()
         elif name.endswith(("weight_scale_inv", "_scale")):
-            data.fill_(0.02 / 0.6)  # mean |e4m3 code| drawn below is ~0.6
+            data.fill_(0.02 / 0.6)  # the e4m3 codes drawn below have an RMS of ~0.55
         elif data.dtype == FP8_DTYPE:
             codes = data.view(torch.uint8)
-            codes.random_(0, 0x3F, generator=gen)  # magnitudes 0 … 1.875
+            codes.random_(0, 0x3F, generator=gen)  # magnitudes 0 … 1.75
             codes.bitwise_or_(torch.randint_like(codes, 0, 2, generator=gen) << 7)
         else:
             data.normal_(0.0, 0.02, generator=gen)
