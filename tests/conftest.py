@@ -53,3 +53,14 @@ def hf_checkpoints(hf_models, tmp_path_factory):
         model.save_pretrained(folder, max_shard_size="100KB")
         out[mt] = folder
     return out
+
+
+@pytest.fixture(scope="module")
+def interp_results(request):
+    """``{check name: "ok" | traceback}``: every ``check_*`` function of the requesting test
+    module, run once under Triton's interpreter in a subprocess (skipped without triton)."""
+    pytest.importorskip("triton")
+    from test_kernels_fp8 import run_checks
+
+    return run_checks(Path(request.module.__file__).stem)
+

@@ -53,7 +53,7 @@ def run_checks(module_name: str) -> dict[str, str]:
     returns ``{name: "ok" | traceback}``."""
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
-    code = f"import {module_name} as m; m.interp_main()"
+    code = f"import {module_name} as m, test_kernels_fp8 as h; h.interp_main_for(vars(m))"
     proc = subprocess.run(
         [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=1800
     )
@@ -77,16 +77,6 @@ def interp_main_for(namespace: dict) -> None:
             except Exception:  # noqa: BLE001 - reported back to the parent test
                 results[name] = traceback.format_exc()
     print("CHECKS " + json.dumps(results), flush=True)
-
-
-def interp_main() -> None:
-    interp_main_for(globals())
-
-
-@pytest.fixture(scope="module")
-def interp_results():
-    pytest.importorskip("triton")
-    return run_checks(Path(__file__).stem)
 
 
 def _expect(results: dict[str, str], name: str) -> None:

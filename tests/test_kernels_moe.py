@@ -9,25 +9,13 @@ T = 128…8192), CUDA-graph capture and replay.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-from test_kernels_fp8 import _expect, _rel, compile_for_sm90, interp_main_for, run_checks
+from test_kernels_fp8 import _expect, _rel, compile_for_sm90
 
 from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe, fused_moe_ref, route, route_ref
-
-
-def interp_main() -> None:
-    interp_main_for(globals())
-
-
-@pytest.fixture(scope="module")
-def interp_results():
-    pytest.importorskip("triton")
-    return run_checks(Path(__file__).stem)
 
 
 def _skewed_ids(num_tokens: int, top_k: int, num_experts: int, live: int) -> torch.Tensor:

@@ -11,25 +11,13 @@ replay, and the twin under autograd.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from test_kernels_fp8 import _expect, compile_for_sm90, interp_main_for, run_checks
+from test_kernels_fp8 import _expect, compile_for_sm90
 
 from breakgraph.kernels.norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
 
 EPS = 1e-6
-
-
-def interp_main() -> None:
-    interp_main_for(globals())
-
-
-@pytest.fixture(scope="module")
-def interp_results():
-    pytest.importorskip("triton")
-    return run_checks(Path(__file__).stem)
 
 
 def _small_multiples(*shape: int, dtype: torch.dtype) -> torch.Tensor:

@@ -10,23 +10,11 @@ to the twin, inside a CUDA graph too, and the twin under autograd.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from test_kernels_fp8 import _expect, compile_for_sm90, interp_main_for, run_checks
+from test_kernels_fp8 import _expect, compile_for_sm90
 
 from breakgraph.kernels.rope import rope, rope_ref
-
-
-def interp_main() -> None:
-    interp_main_for(globals())
-
-
-@pytest.fixture(scope="module")
-def interp_results():
-    pytest.importorskip("triton")
-    return run_checks(Path(__file__).stem)
 
 
 def _tables(t: int, half: int, dtype: torch.dtype, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
