@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.testing
 
-from breakgraph.bench.presets import PRESETS, dense_linear_shapes
+from breakgraph.bench.presets import PRESETS, dense_linear_shapes, moe_shape
 from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe_ref, route, route_ref
 from breakgraph.kernels.triton_fp8 import act_quant, fp8_linear, scaled_mm_blockwise_mode
@@ -39,7 +39,7 @@ from breakgraph.kernels.triton_moe import (
     moe_gemm,
 )
 
-E, D, INTER, TOP_K = 256, 6144, 256, 8  # GLM-5, one TP8 rank: all experts, I = 2048 / 8
+E, D, INTER, TOP_K = moe_shape(PRESETS["glm5-tp8-rank"])  # GLM-5, one TP8 rank: all experts, I = 2048 / 8
 H200_COPY_TBS = 4.3
 
 DENSE = dense_linear_shapes(PRESETS["glm5-tp8-rank"])  # (name, K, N) per rank at TP8

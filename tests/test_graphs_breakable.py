@@ -628,7 +628,9 @@ def _deep_body(x: torch.Tensor, layers: int) -> torch.Tensor:
 
 
 def _pool_bytes(pool) -> int:
-    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == tuple(pool))
+    from breakgraph.graphs.cuda_segment import pool_segments
+
+    return sum(end - start for start, end in pool_segments(torch.device("cuda"), pool))
 
 
 @pytest.mark.cuda

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from test_kernels_fp8 import _expect, _rel, compile_for_sm90
 
+from breakgraph.bench.presets import PRESETS, moe_shape
 from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe, fused_moe_ref, route, route_ref
 
@@ -300,7 +301,7 @@ def test_dispatchers_take_twins_on_cpu():
 # --------------------------------------------------------------------------------------------
 # GPU tests: GLM-5 TP8 rank (256 experts, D=6144, I=256, top-8)
 
-E, D, INTER, TOP_K = 256, 6144, 256, 8
+E, D, INTER, TOP_K = moe_shape(PRESETS["glm5-tp8-rank"])  # GLM-5, one TP8 rank
 
 
 @pytest.fixture(scope="module")

@@ -204,12 +204,14 @@ def profile(engine, run, wall_s: float, top: int = 0) -> tuple[float | None, int
         if e.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()
     ]  # fmt: skip
     spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    by_name: dict[str, list[float]] = {}
-    for e in kernels:
-        acc = by_name.setdefault(e.name, [0.0, 0])
-        acc[0] += (e.time_range.end - e.time_range.start) / 1e3
-        acc[1] += 1
-    ranked = sorted(((n, ms, calls) for n, (ms, calls) in by_name.items()), key=lambda x: -x[1])[:top] if top else None
+    ranked = None
+    if top:
+        by_name: dict[str, list[float]] = {}
+        for e in kernels:
+            acc = by_name.setdefault(e.name, [0.0, 0])
+            acc[0] += (e.time_range.end - e.time_range.start) / 1e3
+            acc[1] += 1
+        ranked = sorted(((n, ms, calls) for n, (ms, calls) in by_name.items()), key=lambda x: -x[1])[:top]
     busy, end = 0.0, None
     for s, e in spans:
         if end is None or s > end:

@@ -50,10 +50,17 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def moe_shape(cfg: dict) -> tuple[int, int, int, int]:
+    """``(experts, hidden, expert intermediate, top-k)`` of ``cfg``'s routed experts (per rank)."""
+    return cfg["n_routed_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"]
+
+
 def dense_linear_shapes(cfg: dict) -> list[tuple[str, int, int]]:
     """``(name, K, N)`` of every dense linear of one decoder layer of ``cfg`` (a config.json dict,
-    per rank: heads and intermediate sizes as the preset holds them): the shapes the FP8 dense
-    GEMM runs at. ``mlp.*`` is a dense first layer, ``shared.*`` a MoE layer's shared expert."""
+    per rank: heads and intermediate sizes as the preset holds them), as the checkpoint holds
+    them. ``mlp.*`` is a dense first layer, ``shared.*`` a MoE layer's shared expert.
+    ``kv_b_proj`` is absorbed into the attention after loading: the engine never runs it as a
+    GEMM (listed for the kernel tests and bench, which cover it as one more FP8 shape)."""
     c = cfg
     heads, nope, rope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
     d, q_lora, kv_lora = c["hidden_size"], c["q_lora_rank"], c["kv_lora_rank"]

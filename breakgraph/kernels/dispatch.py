@@ -22,6 +22,14 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and TRITON_ENABLED
 
 
+def use_triton_inference(*tensors: torch.Tensor | None) -> bool:
+    """:func:`use_triton` for the first tensor, and no autograd recording through any of them:
+    for kernels without a backward (training forwards take the twin)."""
+    if not use_triton(tensors[0]):
+        return False
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``; 132 (an H200's) off CUDA, where only Triton's
     interpreter and the tile-choice tests ask."""

@@ -3,6 +3,8 @@ bf16 activations (router and indexer head weights) on the tensor cores."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -33,20 +35,15 @@ def linear(
     return fp8_block_linear_ref(x, weight, scale, block, bias)
 
 
-_BF16_MM_FP32_OUT: dict[torch.device, bool] = {}
-
-
+@functools.cache
 def _bf16_mm_fp32_out_available(device: torch.device) -> bool:
     """Whether ``torch.mm(bf16, bf16, out_dtype=torch.float32)`` runs on ``device`` (probed once
     per device, after loading, outside any capture)."""
-    if device not in _BF16_MM_FP32_OUT:
-        a = torch.ones(16, 16, dtype=torch.bfloat16, device=device)
-        try:
-            ok = bool(torch.mm(a, a, out_dtype=torch.float32).eq(16).all())
-        except (RuntimeError, TypeError, NotImplementedError):
-            ok = False
-        _BF16_MM_FP32_OUT[device] = ok
-    return _BF16_MM_FP32_OUT[device]
+    a = torch.ones(16, 16, dtype=torch.bfloat16, device=device)
+    try:
+        return bool(torch.mm(a, a, out_dtype=torch.float32).eq(16).all())
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def exact_bf16_weight(weight: torch.Tensor) -> torch.Tensor | None:

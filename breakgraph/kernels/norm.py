@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.dispatch import use_triton_inference
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -31,10 +31,7 @@ def fused_add_rms_norm_ref(
 def _triton_ok(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
     """CUDA tensors the Triton kernels support, outside autograd recording (they have no
     backward: training forwards take the twin)."""
-    if not use_triton(x):
-        return False
-    tensors = (x, weight) if residual is None else (x, weight, residual)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if not use_triton_inference(x, weight, residual):
         return False
     from breakgraph.kernels import triton_norm
 

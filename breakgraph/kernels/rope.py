@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.dispatch import use_triton_inference
 
 
 def rope_ref(
@@ -36,8 +36,7 @@ def rope(
     """Dispatch :func:`rope_ref`'s contract (a new tensor of ``x``'s shape): CUDA tensors of one
     dtype outside autograd recording take one Triton kernel
     (:mod:`breakgraph.kernels.triton_rope`), everything else the twin."""
-    tensors = (x, cos, sin)
-    if use_triton(x) and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+    if use_triton_inference(x, cos, sin):
         from breakgraph.kernels import triton_rope
 
         if triton_rope.supports(x, cos, sin, rope_dim):

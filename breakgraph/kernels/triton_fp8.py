@@ -350,7 +350,7 @@ def fp8_gemm(
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
-    split = cfg["SPLIT_K"] if k else 1
+    split = cfg["SPLIT_K"]
     k_per_split = max(128, triton.cdiv(triton.cdiv(k, 128), split) * 128)
     split = max(1, triton.cdiv(k, k_per_split))  # no empty split
     target = torch.empty(split, m, n, dtype=torch.float32, device=a.device) if split > 1 else out

@@ -407,10 +407,7 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool) -> dict
         cfg = {"BLOCK_M": 128, "SWAP_AB": False, "num_warps": 8}
     cfg["BLOCK_N"] = 64 if silu else 128
     cfg["BLOCK_K"] = 128
-    if fp8 and cfg["BLOCK_M"] <= 64:
-        cfg["num_stages"] = 4 if silu else 3
-    else:
-        cfg["num_stages"] = 3
+    cfg["num_stages"] = 4 if fp8 and silu and cfg["BLOCK_M"] <= 64 else 3
     return cfg
 
 

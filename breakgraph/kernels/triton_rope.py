@@ -14,9 +14,7 @@ import triton
 import triton.language as tl
 
 from breakgraph.kernels.triton_fp8 import interpreting
-from breakgraph.kernels.triton_norm import _mul_rn, _round_to
-
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from breakgraph.kernels.triton_norm import _DTYPES, _mul_rn, _round_to
 
 
 @triton.jit

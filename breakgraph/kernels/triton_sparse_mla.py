@@ -391,8 +391,8 @@ def sparse_mla_attention_triton(
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
-    dense = dense_config(num_heads)
-    dense_t = (dense_block_t or dense["block_t"]) if dense_below > 0 and splits == 1 else 0
+    dense = dense_config(num_heads) if dense_below > 0 and splits == 1 else None
+    dense_t = (dense_block_t or dense["block_t"]) if dense else 0
     if dense_t:
         heads = dense["heads"]
         grid = (triton.cdiv(num_tokens, dense_t), triton.cdiv(num_heads, heads))
