@@ -283,9 +283,11 @@ def _split_k_sum_kernel(
     """``c = Σ_s ws[s] (+ bias)``, slices added in order (deterministic), fp32 then cast."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
-    acc = tl.load(ws_ptr + offs, mask=ok, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(ws_ptr + s * MN.to(tl.int64) + offs, mask=ok, other=0.0)
+    slice_ptrs = ws_ptr + offs
+    acc = tl.load(slice_ptrs, mask=ok, other=0.0)
+    for _ in tl.static_range(1, SPLIT_K):
+        slice_ptrs += MN  # pointer steps: no 32-bit product of slice index and slice size
+        acc += tl.load(slice_ptrs, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
