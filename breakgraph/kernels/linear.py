@@ -8,7 +8,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.dispatch import opaque_to_compile, use_triton
 from breakgraph.kernels.fp8 import FP8_DTYPE, fp8_block_linear_ref
 
 
@@ -29,10 +29,23 @@ def linear(
     if scale is None:
         return F.linear(x, weight, bias)
     if use_triton(x) and weight.dtype == FP8_DTYPE and block is not None:
-        from breakgraph.kernels.triton_fp8 import fp8_linear
-
-        return fp8_linear(x, weight, scale, block, bias)
+        return _fp8_linear_cuda(x, weight, scale, list(block), bias)
     return fp8_block_linear_ref(x, weight, scale, block, bias)
+
+
+def _fp8_linear_shape(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None
+) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@opaque_to_compile("fp8_linear", _fp8_linear_shape)
+def _fp8_linear_cuda(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None
+) -> torch.Tensor:
+    from breakgraph.kernels.triton_fp8 import fp8_linear
+
+    return fp8_linear(x, weight, scale, tuple(block), bias)
 
 
 @functools.cache

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.dispatch import opaque_to_compile, use_triton
 from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant
 
 
@@ -156,12 +156,27 @@ def fused_moe(
     grouped GEMMs (:mod:`breakgraph.kernels.triton_moe`). Everything else takes the twin.
     """
     if use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block):
-        from breakgraph.kernels import triton_moe
-
-        if w13_scale is None and triton_moe.grouped_mm_supported(x, w13, w2):
-            return triton_moe.fused_moe_grouped_mm(x, w13, w2, topk_weights, topk_ids)
-        return triton_moe.fused_moe_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)
+        return _fused_moe_cuda(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, list(block))
     return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)
+
+
+def _fused_moe_shape(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, block: list[int],
+) -> torch.Tensor:  # fmt: skip
+    return torch.empty_like(x)
+
+
+@opaque_to_compile("fused_moe", _fused_moe_shape)
+def _fused_moe_cuda(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, block: list[int],
+) -> torch.Tensor:  # fmt: skip
+    from breakgraph.kernels import triton_moe
+
+    if w13_scale is None and triton_moe.grouped_mm_supported(x, w13, w2):
+        return triton_moe.fused_moe_grouped_mm(x, w13, w2, topk_weights, topk_ids)
+    return triton_moe.fused_moe_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, tuple(block))
 
 
 def _triton_moe_supported(
