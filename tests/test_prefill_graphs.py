@@ -46,6 +46,7 @@ def test_graph_backends_equal_eager_logits_and_tokens(engines):
         stats = engines[name].graph_stats()
         assert stats["replays"] >= len(ragged_batches()) + 1, "graphs were selected but prefill ran eagerly"
         assert stats["captured_buckets"] == BUCKETS
+    assert engines["piecewise"].graph_stats()["traces"] == 1, "one symbolic-length trace serves both buckets"
 
 
 def test_breakable_capture_counts(engines):

@@ -97,6 +97,7 @@ class PrefillGraphStats:
     backend: str
     buckets: list[BucketInfo] = field(default_factory=list)
     capture_s: float = 0.0
+    traces: int = 0  # piecewise: torch.compile traces of the body (one serves many buckets)
     graph_memory_bytes: int = 0  # reserved by the graphs' shared memory pool
     capture_memory_bytes: int = 0  # free device memory the capture took (pool + allocator cache)
     replays: int = 0
@@ -109,6 +110,7 @@ class PrefillGraphStats:
             "backend": self.backend,
             "captured_buckets": [b.tokens for b in self.buckets],
             "capture_s": round(self.capture_s, 3),
+            "traces": self.traces,
             "graph_memory_bytes": self.graph_memory_bytes,
             "replays": self.replays,
             "replayed_tokens": self.replayed_tokens,
@@ -167,7 +169,9 @@ class PrefillGraphRunner:
         if backend == "piecewise":
             self._pcg = PiecewiseBackend(self.device, pool=self.pool)
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(buckets) + 8)
-            self._compiled = torch.compile(body, backend=self._pcg, dynamic=False, fullgraph=True)
+            # The token dimension is traced symbolically (maybe_mark_dynamic in _capture_bucket): one
+            # trace serves every bucket unless the body branches on the token count.
+            self._compiled = torch.compile(body, backend=self._pcg, dynamic=None, fullgraph=True)
 
     @property
     def max_tokens(self) -> int:
@@ -190,6 +194,10 @@ class PrefillGraphRunner:
         bar.close()
         self.stats.buckets.sort(key=lambda b: b.tokens)
         self.stats.capture_s = time.perf_counter() - start
+        if self._pcg is not None:
+            self.stats.traces = self._pcg.stats.graphs
+            logger.info("piecewise: %d torch.compile trace(s) of the body for %d buckets", self.stats.traces,
+                        len(self.buckets))  # fmt: skip
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.stats.capture_memory_bytes = max(0, free_before - _free_memory(self.device))
@@ -228,9 +236,14 @@ class PrefillGraphRunner:
             else:
                 assert self._pcg is not None and self._compiled is not None
                 captures = self._pcg.stats.captures
-                self._compiled(ids, pos)  # compile + warm-up
-                with self._pcg.capturing():
-                    self._outputs[n] = self._compiled(ids, pos)
+                torch._dynamo.maybe_mark_dynamic(ids, 0)
+                torch._dynamo.maybe_mark_dynamic(pos, 0)
+                # Only the token dimension is symbolic: no automatic dynamic for the rest (a float
+                # that differs between two models would become a host read of a tensor).
+                with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+                    self._compiled(ids, pos)  # compile (first bucket, or one the trace does not cover) + warm-up
+                    with self._pcg.capturing():
+                        self._outputs[n] = self._compiled(ids, pos)
                 pieces = self._pcg.stats.captures - captures
                 info = BucketInfo(n, 0.0, pieces, self._pcg.stats.split_ops // max(1, self._pcg.stats.graphs), 0, None)
         if self.device.type == "cuda":
