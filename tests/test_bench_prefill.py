@@ -71,3 +71,40 @@ def test_dense_linear_shapes_are_the_models():
         head, _, rest = name.partition(".")
         where = f"{prefix[head]}.{rest}" if head in prefix else f"model.layers.3.self_attn.{name}"
         assert params[f"{where}.weight"].shape == (n, k), name
+
+
+def test_regional_compile_shares_code_across_layers_and_matches_eager(tmp_path):
+    """The torch-compile backend compiles each decoder layer; one traced graph must serve every
+    layer of a kind (not one per layer) and give eager's hidden states."""
+    import torch
+    from tiny_models import dsv32_config
+    from torch._dynamo.utils import counters
+
+    from breakgraph import Engine
+    from breakgraph.engine.forward_batch import forward_batch_context
+
+    layers = 10
+    cfg = dsv32_config(num_hidden_layers=layers).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    engine = Engine(tmp_path, device="cpu", dtype="float32", load_format="dummy", page_size=4, num_pages=64)
+
+    def hidden(model, n: int) -> torch.Tensor:
+        batch, pages = prefill.make_batch(engine, n, 1)
+        with torch.inference_mode(), forward_batch_context(batch):
+            out = model(batch.input_ids, batch.positions).clone()
+        engine.kv_cache.pool.free(pages)
+        return out
+
+    lengths = (24, 40, 56)
+    want = [hidden(engine.model, n) for n in lengths]
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    with prefill.compiled_decoder_layers(engine.model, backend="eager") as compiled:
+        got = [hidden(compiled, n) for n in lengths]
+    graphs = counters["stats"]["unique_graphs"] - before
+    for n, a, b in zip(lengths, got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"{n} tokens")
+    # first length: layer 0 with its index baked in, then dense and MoE with a symbolic index;
+    # the second length makes the token count symbolic (dense, MoE); the third reuses those.
+    assert graphs <= 6 < layers * len(lengths), f"{graphs} graphs for {layers} layers × {len(lengths)} lengths"
+    assert all(layer._compiled_call_impl is None for layer in engine.model.model.layers), "layers not restored"

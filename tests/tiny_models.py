@@ -33,11 +33,11 @@ def glm5_config():
     )  # fmt: skip
 
 
-def dsv32_config():
+def dsv32_config(**changes):
     from transformers import DeepseekV32Config
 
     return DeepseekV32Config(
-        **{**COMMON, "max_position_embeddings": 2560}, n_group=4, topk_group=2, rms_norm_eps=1e-6,
+        **{**COMMON, "max_position_embeddings": 2560, **changes}, n_group=4, topk_group=2, rms_norm_eps=1e-6,
         rope_parameters={
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 64,
             "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
