@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=int, nargs="+", default=[128, 1024, 4096], help="prompt lengths in tokens")
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1], help="requests per prefill batch")
     parser.add_argument("--backends", nargs="+", default=["disabled", "piecewise", "breakable"], choices=BACKENDS,
-                        help="prefill backends to compare (torch-compile = torch.compile mode='reduce-overhead')")
+                        help="prefill backends to compare (torch-compile = torch.compile(mode='reduce-overhead') of each "
+                             "decoder layer, CUDA graphs partitioned at the split ops; see compiled_decoder_layers)")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per shape (after 2 warm-up runs)")
     parser.add_argument("--full-ladder", action="store_true",
                         help="capture the whole default bucket ladder (as a server would) instead of the benchmarked shapes only")
