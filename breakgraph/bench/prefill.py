@@ -186,9 +186,10 @@ def compiled_decoder_layers(model, **compile_kwargs):
     backends. Fused bf16 arithmetic is rounded where eager rounds it
     (``emulate_precision_casts``): without it Inductor keeps fp32 intermediates and its hidden
     states differ from eager's by ≈1e-2 relative after one GLM-5 layer; with it the dense
-    layers are bit-identical on the H200. The step mark is needed because every layer call is its own compiled
-    invocation, which CUDA graph trees would otherwise take for a new iteration (freeing the
-    previous layer's output). On exit the layers are restored and the compiled code is dropped.
+    layers are bit-identical on the H200. The step mark is needed because every layer call is
+    its own compiled invocation, which CUDA graph trees would otherwise take for a new
+    iteration (freeing the previous layer's output). On exit the layers are restored and the
+    compiled code is dropped.
     """
     import torch._inductor.config as inductor_config
 
