@@ -352,3 +352,22 @@ def test_fp8_linear_cuda_graph_replay(path):
         torch.cuda.synchronize()
         eager = fp8_linear(static_x, w8, ws, (128, 128), path=path)
         assert _rel(static_out, eager) < 1e-6
+
+
+# opcheck's schema test does arithmetic on every input to see what the op mutated, which fp8
+# tensors do not support ("mul_cuda" not implemented for Float8_e4m3fn); the other checks run.
+OPCHECK_FP8 = ("test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,with_bias", [(77, False), (1024, True)])
+def test_fp8_linear_custom_op_passes_opcheck(m, with_bias):
+    """``breakgraph::fp8_linear``, what torch.compile sees: schema, fake implementation and the
+    kernel agree (torch.library.opcheck), split-K (77 rows) and not (1024 rows)."""
+    import breakgraph.kernels.linear  # noqa: F401  (registers the op)
+
+    k, n = 6144, 2048
+    w8, ws = block_quant(torch.randn(n, k, device="cuda") / k**0.5)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    bias = torch.randn(n, device="cuda").bfloat16() if with_bias else None
+    torch.library.opcheck(torch.ops.breakgraph.fp8_linear.default, (x, w8, ws, [128, 128], bias), test_utils=OPCHECK_FP8)

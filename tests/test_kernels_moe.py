@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_kernels_fp8 import _expect, _rel, compile_for_sm90
+from test_kernels_fp8 import OPCHECK_FP8, _expect, _rel, compile_for_sm90
 
 from breakgraph.bench.presets import PRESETS, moe_shape
 from breakgraph.kernels.fp8 import block_dequant, block_quant
@@ -412,3 +412,19 @@ def test_moe_layer_cuda_graph_replay(glm5_experts, fp8):
         torch.cuda.synchronize()
         eager = layer()
         assert _rel(static_out, eager) < 1e-6
+
+
+OPCHECK_ALL = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fused_moe_custom_op_passes_opcheck(glm5_experts, fp8):
+    """``breakgraph::fused_moe``, what torch.compile sees: schema, fake implementation and the
+    kernel agree (torch.library.opcheck)."""
+    g = glm5_experts
+    t = 200
+    x = torch.randn(t, D, device="cuda").bfloat16()
+    tw, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
+    weights = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"]) if fp8 else (g["w13"], g["w2"], tw, ids, None, None)
+    torch.library.opcheck(torch.ops.breakgraph.fused_moe.default, (x, *weights, [128, 128]), test_utils=OPCHECK_FP8 if fp8 else OPCHECK_ALL)

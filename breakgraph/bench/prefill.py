@@ -188,8 +188,9 @@ def compiled_decoder_layers(model, **compile_kwargs):
     states differ from eager's by ≈1e-2 relative after one GLM-5 layer; with it the dense
     layers are bit-identical on the H200. The step mark is needed because every layer call is
     its own compiled invocation, which CUDA graph trees would otherwise take for a new
-    iteration (freeing the previous layer's output). On exit the layers are restored and the
-    compiled code is dropped.
+    iteration (freeing the previous layer's output). On exit the layers are restored and
+    ``torch._dynamo.reset()`` drops every compiled frame of the process: enter it with no other
+    compiled code live (the bench turns the prefill graphs off before each backend).
     """
     import torch._inductor.config as inductor_config
 
@@ -209,18 +210,19 @@ def compiled_decoder_layers(model, **compile_kwargs):
         stack.enter_context(inductor_config.patch(
             graph_partition=True, custom_should_partition_ops=sorted(split_op_names()), emulate_precision_casts=True,
         ))  # fmt: skip
-        for layer in layers:
-            layer.compile(**compile_kwargs)
+        previous = [layer._compiled_call_impl for layer in layers]
 
         def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             torch.compiler.cudagraph_mark_step_begin()
             return model(input_ids, positions)
 
         try:
+            for layer in layers:
+                layer.compile(**compile_kwargs)
             yield forward
         finally:
-            for layer in layers:
-                layer._compiled_call_impl = None
+            for layer, impl in zip(layers, previous):
+                layer._compiled_call_impl = impl
             torch._dynamo.reset()
 
 

@@ -286,7 +286,7 @@ def _split_k_sum_kernel(
     slice_ptrs = ws_ptr + offs
     acc = tl.load(slice_ptrs, mask=ok, other=0.0)
     for _ in tl.static_range(1, SPLIT_K):
-        slice_ptrs += MN  # pointer steps: no 32-bit product of slice index and slice size
+        slice_ptrs += MN  # pointer steps, no cast of MN (torch.compile may pass it as a Python int)
         acc += tl.load(slice_ptrs, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
