@@ -7,7 +7,7 @@ from torch._dynamo.utils import counters
 
 import breakgraph.kernels.linear  # noqa: F401  (registers breakgraph::fp8_linear)
 import breakgraph.kernels.moe  # noqa: F401  (registers breakgraph::fused_moe)
-from breakgraph.kernels.dispatch import opaque_to_compile
+from breakgraph.graphs import opaque_op
 
 
 def _same_shape(x: torch.Tensor) -> torch.Tensor:
@@ -18,7 +18,7 @@ def _tile_choice(x: torch.Tensor) -> torch.Tensor:
     return x * 2 if x.shape[0] < 32 else x * 3  # a kernel choice read from the size
 
 
-_opaque_tile_choice = opaque_to_compile("test_tile_choice", _same_shape)(_tile_choice)
+_opaque_tile_choice = opaque_op(name="test_tile_choice", fake_impl=_same_shape)(_tile_choice)
 
 
 def _graphs_for_sizes(fn, sizes) -> int:

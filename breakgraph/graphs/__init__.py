@@ -26,6 +26,7 @@ from breakgraph.graphs.segments import new_graph_pool
 from breakgraph.graphs.split_ops import (
     graph_break_op,
     is_split_op,
+    opaque_op,
     register_custom_op,
     register_split_op,
     split_op_names,
@@ -53,6 +54,7 @@ __all__ = [
     "is_in_breakable_cuda_graph",
     "is_split_op",
     "new_graph_pool",
+    "opaque_op",
     "register_custom_op",
     "register_split_op",
     "split_graph",

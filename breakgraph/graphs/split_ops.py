@@ -6,6 +6,8 @@
 * :func:`graph_break_op` does both and returns one callable that works under every backend:
   ``torch.compile`` tracing sees the op (so the piecewise backend splits there), a breakable-graph
   capture sees a break (``eager_on_graph(True)(fn)``), and plain eager code calls ``fn``.
+* :func:`opaque_op` registers ``fn`` as a custom op that ``torch.compile`` traces as one opaque
+  call (not a split): for kernel dispatchers whose choices read their input sizes.
 
 Split ops return nothing: they write into the buffers named in ``mutates_args``. Custom-op
 arguments are limited to what a torch schema holds (tensors, numbers, bools, strings, lists of
@@ -150,14 +152,7 @@ def graph_break_op(
         op = register_custom_op(fn, name=name, mutates_args=mutates_args, fake_impl=fake_impl)
         register_split_op(op)
         bcg = eager_on_graph(True)(fn)
-
-        @functools.wraps(fn)
-        def dispatch(*args: Any, **kwargs: Any) -> Any:
-            if torch.compiler.is_compiling():
-                return op(*args, **kwargs)
-            return bcg(*args, **kwargs)
-
-        dispatch.op = op  # type: ignore[attr-defined]
+        dispatch = _op_when_compiling(fn, op, bcg)
         dispatch.bcg = bcg  # type: ignore[attr-defined]
         dispatch.eager = fn  # type: ignore[attr-defined]
         return dispatch
@@ -165,3 +160,34 @@ def graph_break_op(
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def opaque_op(*, name: str, fake_impl: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: make ``fn`` the custom op ``torch.ops.breakgraph.<name>`` and return a callable
+    that calls the op under ``torch.compile`` tracing and ``fn`` directly otherwise (no
+    op-dispatch cost in eager code and breakable capture). Not a split op: the piecewise backend
+    keeps it inside a piece, Inductor calls it as an extern kernel.
+
+    For kernel dispatchers whose tile choices read their input sizes: traced as one opaque call
+    (``fake_impl``, same signature, returns an empty output of the right shape), those choices
+    neither specialise a trace with a symbolic token count nor make it recompile per size.
+    ``fn`` returns a new tensor (never an alias of an input) and type-hints every argument.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return _op_when_compiling(fn, register_custom_op(fn, name=name, fake_impl=fake_impl), fn)
+
+    return decorate
+
+
+def _op_when_compiling(fn: Callable[..., Any], op: Any, otherwise: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``'s stand-in: ``op`` while torch.compile traces, ``otherwise`` at run time; ``.op`` is the op."""
+
+    @functools.wraps(fn)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return op(*args, **kwargs)
+        return otherwise(*args, **kwargs)
+
+    dispatch.op = op  # type: ignore[attr-defined]
+    return dispatch

@@ -9,12 +9,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import torch
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 TRITON_ENABLED = (
     importlib.util.find_spec("triton") is not None and os.environ.get("BREAKGRAPH_KERNELS", "auto") != "torch"
@@ -46,30 +42,3 @@ def num_sms(device: torch.device) -> int:
 def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
-
-def opaque_to_compile(name: str, fake_impl: Callable[..., torch.Tensor]) -> Callable[[F], F]:
-    """Decorator for a CUDA kernel dispatcher whose tile choices read its input sizes.
-
-    Under ``torch.compile`` tracing the decorated function is called as the opaque custom op
-    ``torch.ops.breakgraph.<name>`` (``fake_impl``, same signature, returns an empty output of
-    the right shape), so the trace neither specialises on those sizes nor recompiles per size:
-    one trace with a symbolic token count serves every bucket. Elsewhere ``fn`` is called
-    directly (no op-dispatch cost in eager and breakable capture). ``fn`` must return a new
-    tensor (no alias of an input) and type-hint every argument (the op schema is inferred).
-    """
-
-    def decorate(fn: F) -> F:
-        from breakgraph.graphs import register_custom_op
-
-        op = register_custom_op(fn, name=name, fake_impl=fake_impl)
-
-        @functools.wraps(fn)
-        def dispatch(*args: Any) -> Any:
-            if torch.compiler.is_compiling():
-                return op(*args)
-            return fn(*args)
-
-        dispatch.op = op  # type: ignore[attr-defined]
-        return dispatch  # type: ignore[return-value]
-
-    return decorate

@@ -8,7 +8,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from breakgraph.kernels.dispatch import opaque_to_compile, use_triton
+from breakgraph.graphs import opaque_op
+from breakgraph.kernels.dispatch import use_triton
 from breakgraph.kernels.fp8 import FP8_DTYPE, fp8_block_linear_ref
 
 
@@ -39,7 +40,7 @@ def _fp8_linear_shape(
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-@opaque_to_compile("fp8_linear", _fp8_linear_shape)
+@opaque_op(name="fp8_linear", fake_impl=_fp8_linear_shape)
 def _fp8_linear_cuda(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None
 ) -> torch.Tensor:

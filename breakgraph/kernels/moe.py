@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from breakgraph.kernels.dispatch import opaque_to_compile, use_triton
+from breakgraph.graphs import opaque_op
+from breakgraph.kernels.dispatch import use_triton
 from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant
 
 
@@ -167,7 +168,7 @@ def _fused_moe_shape(
     return torch.empty_like(x)
 
 
-@opaque_to_compile("fused_moe", _fused_moe_shape)
+@opaque_op(name="fused_moe", fake_impl=_fused_moe_shape)
 def _fused_moe_cuda(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, block: list[int],
