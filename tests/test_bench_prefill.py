@@ -50,7 +50,7 @@ def test_bench_prefill_reports_a_failing_backend_and_measures_the_others(hf_chec
 
 
 @pytest.mark.parametrize("flag", ["--top-kernels", "--backends", "--input-len"])
-def test_bench_prefill_help_names_flags(flag, capsys):
+def test_bench_prefill_help_names_flags(flag):
     parser = argparse.ArgumentParser()
     prefill.add_arguments(parser)
     assert flag in parser.format_help()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import logging
 import statistics
@@ -94,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
     floors = {t: floor_seconds(engine, n, b) for n in args.input_len for b in args.batch_size for t in [(n, b)]}
     rows: list[Row] = []
     failures: dict[str, str] = {}
+    table = ""
     for backend in args.backends:
         try:
             bench_backend(engine, backend, args, max_tokens, floors, rows)
@@ -102,7 +104,8 @@ def main(args: argparse.Namespace) -> int:
             logger.exception("backend %s failed; going on with the next one", backend)
         engine.set_prefill_backend("disabled")
         torch.cuda.empty_cache() if engine.device.type == "cuda" else None
-        write_outputs(rows, args, name, failures)  # after every backend: a run cut short keeps what it measured
+        table = write_outputs(rows, args, name, failures)  # after every backend: a run cut short keeps what it measured
+    print(table)
     return 1 if failures else 0
 
 
@@ -119,12 +122,7 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
     if backend == "torch-compile":
         regional = compiled_decoder_layers(engine.model, mode="reduce-overhead")
     with regional as compiled:
-        _time_shapes(engine, backend, args, floors, rows, compiled, capture_s, mem)
-
-
-def _time_shapes(engine, backend, args, floors, rows, compiled, capture_s, mem) -> None:
-    for n in args.input_len:
-        for b in args.batch_size:
+        for n, b in itertools.product(args.input_len, args.batch_size):
             batch, pages = make_batch(engine, n, b)
 
             def run(batch=batch) -> None:
@@ -313,7 +311,8 @@ def floor_seconds(engine, input_len: int, batch_size: int) -> float:
     return max(weight_bytes / HBM_BYTES_PER_S, flops / PEAK_FLOPS)
 
 
-def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | None = None) -> None:
+def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | None = None) -> str:
+    """Write PREFIX.json, PREFIX.md and PREFIX.png for ``rows``; returns the markdown table."""
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -325,11 +324,11 @@ def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | N
     )
     table = markdown_table(rows) + "".join(f"\n\n**{b} failed**: {why}" for b, why in failures.items())
     out.with_suffix(".md").write_text(f"{meta['command']}\n\n{meta['model']} on {device}, {meta['date']}\n\n{table}\n")
-    print(table)
     try:
         plot(rows, out.with_suffix(".png"), f"{name} prefill, {device}")
     except ImportError:
         logger.warning("matplotlib is not installed: no plot written")
+    return table
 
 
 def _argv(args) -> list[str]:

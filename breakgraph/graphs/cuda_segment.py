@@ -88,12 +88,13 @@ def graph_work_nodes(graph: torch.cuda.CUDAGraph) -> int | None:
 _POISONED_POOLS: set[tuple[int, tuple[int, ...]]] = set()
 
 
-def _device_index(device: torch.device) -> int:
+def device_index(device: torch.device) -> int:
+    """``device``'s CUDA index (the current device for a bare ``"cuda"``)."""
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _pool_key(device: torch.device, pool: Any) -> tuple[int, tuple[int, ...]]:
-    return _device_index(device), tuple(pool)
+    return device_index(device), tuple(pool)
 
 
 @functools.cache
@@ -106,7 +107,7 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     ``torch.cuda.graph`` does). One stream matters for memory: the caching allocator reuses a
     freed pool block only for allocations on the stream it was allocated on, so captures on
     fresh streams (one per bucket, one per piece) could never reuse each other's pool memory."""
-    return _capture_stream_for(_device_index(device))
+    return _capture_stream_for(device_index(device))
 
 
 def pool_segments(device: torch.device, pool: Any) -> list[tuple[int, int]]:

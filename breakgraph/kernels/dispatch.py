@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from breakgraph.graphs.cuda_segment import device_index
+
 TRITON_ENABLED = (
     importlib.util.find_spec("triton") is not None and os.environ.get("BREAKGRAPH_KERNELS", "auto") != "torch"
 )
@@ -35,10 +37,9 @@ def num_sms(device: torch.device) -> int:
     interpreter and the tile-choice tests ask."""
     if device.type != "cuda":
         return 132
-    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return _cuda_sms(device_index(device))
 
 
 @functools.cache
 def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
-

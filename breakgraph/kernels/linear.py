@@ -72,6 +72,13 @@ def exact_bf16_weight(weight: torch.Tensor) -> torch.Tensor | None:
     return w_bf16 if torch.equal(w_bf16.to(w.dtype), w) else None
 
 
+def fp32_out_operand(x: torch.Tensor, weight: torch.Tensor, bf16_copy: torch.Tensor | None) -> torch.Tensor:
+    """The weight :func:`linear_fp32_out` should multiply ``x`` with: the exact bf16 copy (from
+    :func:`exact_bf16_weight`) where it feeds the tensor-core path (bf16 ``x``), else the fp32
+    ``weight`` itself (no per-call upcast of the copy for fp32 activations)."""
+    return bf16_copy if bf16_copy is not None and x.dtype == torch.bfloat16 else weight
+
+
 def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """fp32 ``x [..., K] @ weight [N, K]ᵀ`` → ``[..., N]``. A bf16 ``weight`` with bf16 CUDA
     ``x`` runs as one bf16 GEMM with fp32 accumulation and output: the operands are the exact

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from breakgraph.kernels.dispatch import num_sms
+from breakgraph.kernels.dispatch import device_index, num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX, block_dequant, fp8_block_linear_ref
 
 QUANT_GROUP = 128
@@ -286,7 +286,7 @@ def _split_k_sum_kernel(
     slice_ptrs = ws_ptr + offs
     acc = tl.load(slice_ptrs, mask=ok, other=0.0)
     for _ in tl.static_range(1, SPLIT_K):
-        slice_ptrs += MN  # pointer steps, no cast of MN (torch.compile may pass it as a Python int)
+        slice_ptrs += MN  # step the pointer: MN needs no int64 cast (nor, as a specialised Python int, has one)
         acc += tl.load(slice_ptrs, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
@@ -419,9 +419,9 @@ def scaled_mm_blockwise_mode(device: torch.device) -> str | None:
     """
     if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
         return None
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx in _SCALED_MM_MODE or torch.compiler.is_compiling():  # traced code reads, never probes
-        return _SCALED_MM_MODE.get(idx)
+    idx = device_index(device)
+    if idx in _SCALED_MM_MODE:
+        return _SCALED_MM_MODE[idx]
     if torch.cuda.is_current_stream_capturing():
         return None
     gen = torch.Generator(device=device).manual_seed(1234)

@@ -355,7 +355,6 @@ def sparse_mla_attention_triton(
     num_splits: int | None = None,
     dense_block_t: int | None = None,
     dense_block_n: int | None = None,
-    dense_num_warps: int | None = None,
     dense_num_stages: int | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
@@ -402,7 +401,7 @@ def sparse_mla_attention_triton(
             num_tokens, num_heads, rank, dim - rank, page_size, dense_below, qk_scale,
             BLOCK_T=dense_t, HEADS=heads, BLOCK_M=_pow2(dense_t * heads),
             BLOCK_N=dense_block_n or dense["block_n"], BLOCK_R=block_r, BLOCK_PE=block_pe,
-            num_warps=dense_num_warps or dense["num_warps"], num_stages=dense_num_stages or dense["num_stages"],
+            num_warps=dense["num_warps"], num_stages=dense_num_stages or dense["num_stages"],
         )  # fmt: skip
     grid = (num_tokens, triton.cdiv(num_heads, block_h), splits)
     if splits > 1:

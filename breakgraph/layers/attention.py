@@ -20,7 +20,7 @@ from torch import nn
 
 from breakgraph.distributed import get_parallel_state
 from breakgraph.kernels.fp8 import block_dequant
-from breakgraph.kernels.linear import exact_bf16_weight
+from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand
 from breakgraph.kernels.rope import rope
 from breakgraph.layers.dsa import (
     _can_fuse_bmm_into_attention,
@@ -70,7 +70,7 @@ class Indexer(nn.Module):
         t = x.shape[0]
         q = self._rope(self.wq_b(q_resid).view(t, self.n_heads, self.head_dim), cos, sin)
         k = self._rope(self.k_norm(self.wk(x)), cos, sin)
-        w_proj = self.weights_proj_bf16 if self.weights_proj_bf16 is not None else self.weights_proj.weight
+        w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
         weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
         dsa_indexer_graph_dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5)

@@ -16,7 +16,7 @@ from torch import nn
 
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_all_reduce
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.linear import exact_bf16_weight, linear_fp32_out
+from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand, linear_fp32_out
 from breakgraph.kernels.moe import fused_moe, route
 from breakgraph.layers.linear import ColumnParallelLinear, RowParallelLinear, WeightShapeError, check_shape
 from breakgraph.models.config import Fp8Config, ModelConfig
@@ -64,7 +64,7 @@ class Router(nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """``x [T, D]`` → fp32 ``[T, E]``."""
-        return linear_fp32_out(x, self.weight_bf16 if self.weight_bf16 is not None else self.weight)
+        return linear_fp32_out(x, fp32_out_operand(x, self.weight, self.weight_bf16))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
