@@ -69,7 +69,8 @@ def parse_generate(body: dict[str, Any]) -> tuple[GenerateRequest, bool]:
     field = "text" if has_text else "input_ids"
     prompt = body[field]
     batch = isinstance(prompt, list) and bool(prompt) and (isinstance(prompt[0], str | list))
-    sp = body.get("sampling_params") or {}
+    sp = body.get("sampling_params")
+    sp = {} if sp is None else sp
     if not isinstance(sp, dict):
         raise _wrong_type("sampling_params", "an object", sp)
     oai: dict[str, Any] = {
@@ -91,6 +92,7 @@ def parse_generate(body: dict[str, Any]) -> tuple[GenerateRequest, bool]:
         spec = parse_completion(oai)
     except APIError as exc:
         raise _renamed(exc, field) from None
+    spec.prompt_field = field
     if spec.stream and (batch or spec.n > 1):
         raise invalid("stream", "'stream' is supported for one prompt and n = 1")
     return spec, batch or spec.n > 1
