@@ -284,6 +284,22 @@ def test_server_errors_carry_a_request_id_and_no_exception_text(own_engine, monk
         assert client.post("/v1/completions", json=GOOD).status_code == 200
 
 
+def test_an_unexpected_exception_is_a_500_with_a_request_id_counted(own_engine, monkeypatch):
+    with running(own_engine) as (client, app):
+
+        def bug() -> None:
+            raise KeyError("internal table name")
+
+        monkeypatch.setattr(app.state.engine_loop, "health", bug)
+        r = client.get("/health")
+        assert r.status_code == 500 and "internal table" not in r.text and "KeyError" not in r.text
+        assert r.json()["error"]["message"].endswith(f"(request id {r.headers['x-request-id']})")
+        assert errors(app)["internal_error"] == 1
+        monkeypatch.undo()
+        assert client.post("/v1/completions", json=GOOD).status_code == 200
+        assert client.get("/health").status_code == 200
+
+
 def test_every_error_is_counted_under_a_closed_set_of_reasons(own_engine):
     with running(own_engine, api_key="k") as (client, app):
         auth = {"Authorization": "Bearer k"}

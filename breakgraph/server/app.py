@@ -331,14 +331,15 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
     def answer(request: Request, exc: APIError) -> JSONResponse:
         """The JSON error answer for ``exc``; 5xx details are logged, never sent."""
         rid = request_id(request)
-        request.state.error_reason = reason_of(exc.status, exc.code)
+        metrics.count_error(reason_of(exc.status, exc.code))
+        request.state.error_counted = True
         if exc.status >= 500:
             logger.warning("request %s: %d %s: %s", rid, exc.status, exc.code, exc.message)
         shown = client_error(exc, rid)
-        headers = dict(shown.headers or {})
+        headers = {**(shown.headers or {}), "X-Request-Id": rid}
         if shown.status == 503:
             headers.setdefault("Retry-After", str(RETRY_AFTER_S.get(shown.code or "", DEFAULT_RETRY_AFTER_S)))
-        return JSONResponse(shown.body(), status_code=shown.status, headers=headers or None)
+        return JSONResponse(shown.body(), status_code=shown.status, headers=headers)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -349,11 +350,6 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
         err = APIError(exc.status_code, f"{request.method} {request.url.path[:200]}: {exc.detail}",
                        type="invalid_request_error" if exc.status_code < 500 else "server_error")  # fmt: skip
         return answer(request, err)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("request %s: unhandled error in %s %s", request_id(request), request.method, request.url.path)
-        return answer(request, APIError(500, "unhandled error", type="server_error", code="internal_error"))
 
     def authorize(request: Request) -> None:
         if settings.api_key is None:

@@ -8,10 +8,14 @@ values are the closed set :data:`REASONS`; every 503 carries ``Retry-After``.
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 from collections.abc import Callable
 
 from breakgraph.server.protocol import APIError
+
+logger = logging.getLogger(__name__)
 
 # The label values of breakgraph_errors_total: how a request failed.
 REASONS = (
@@ -79,9 +83,11 @@ def client_error(exc: APIError, request_id: str) -> APIError:
 
 class ErrorAccounting:
     """ASGI middleware: assigns the request id (``scope["state"]["request_id"]``), adds
-    ``X-Request-Id`` to every response and ``Retry-After`` to every 503, and counts every
-    4xx/5xx with ``count(reason)``. A handler may set ``scope["state"]["error_reason"]``;
-    otherwise the reason follows from the status."""
+    ``X-Request-Id`` to every response and ``Retry-After`` to every 503 that lack them, and
+    counts with ``count(reason)`` every 4xx/5xx that its handler has not counted (the handler
+    sets ``scope["state"]["error_counted"]``; the reason then follows from the status). An
+    exception no handler took becomes a 500 with a fixed message (logged with the request id);
+    answered here, inside Starlette's outermost error middleware, the connection stays usable."""
 
     def __init__(self, app, count: Callable[[str], None]) -> None:
         self.app = app
@@ -97,12 +103,36 @@ class ErrorAccounting:
         async def send_counted(message) -> None:
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
-                if status >= 400:
-                    self.count(state.get("error_reason") or reason_of(status, None))
-                if status == 503 and not any(k.lower() == b"retry-after" for k, _ in headers):
+                headers = list(message.get("headers", []))
+                names = {k.lower() for k, _ in headers}
+                if b"x-request-id" not in names:
+                    headers.append((b"x-request-id", request_id.encode()))
+                if status >= 400 and not state.get("error_counted"):
+                    self.count(reason_of(status, None))
+                if status == 503 and b"retry-after" not in names:
                     headers.append((b"retry-after", str(DEFAULT_RETRY_AFTER_S).encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
-        await self.app(scope, receive, send_counted)
+        started = False
+
+        async def send_tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send_counted(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception:
+            logger.exception(
+                "request %s: unhandled error in %s %s", request_id, scope.get("method"), scope.get("path")
+            )
+            if started:
+                raise  # a stream broke mid-way: the server closes the connection
+            err = client_error(
+                APIError(500, "unhandled", type="server_error", code="internal_error"), request_id
+            )
+            body = json.dumps(err.body()).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send_counted({"type": "http.response.start", "status": 500, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
