@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from typing import Any
 
+import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -107,7 +108,9 @@ class _Choice:
         self.cached_tokens = ev.cached_tokens
         if ev.echo is not None:
             self.echo = ev.echo
-        self.text = (self.text + ev.text_delta)[: ev.text_len]
+        self.text += ev.text_delta
+        if ev.text_len < len(self.text):  # the engine cut a stop string off the end
+            self.text = self.text[: ev.text_len]
         if ev.finish_reason is not None:
             self.finish_reason = ev.finish_reason
             end = len(self.text)
@@ -127,7 +130,7 @@ class _Run:
     per choice: a reader that falls further behind is cut off (:attr:`failed` with code
     ``stream_backlog``) and its requests are aborted, so their pages are freed."""
 
-    def __init__(self, engine_loop: EngineLoop, spec: GenerateRequest, max_pending: int = 1024) -> None:
+    def __init__(self, engine_loop: EngineLoop, spec: GenerateRequest, max_pending: int) -> None:
         self.engine_loop = engine_loop
         self.spec = spec
         self.loop = asyncio.get_running_loop()
@@ -272,7 +275,6 @@ def _chat_logprobs(c: _Choice, start: int, end: int, top: int) -> dict[str, Any]
     return {"content": content}
 
 
-
 def _completion_choice(c: _Choice, spec: GenerateRequest) -> dict[str, Any]:
     """One ``/v1/completions`` choice; with ``echo`` the prompt (and its log-probabilities)
     comes first."""
@@ -395,8 +397,6 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
                 spec.messages, tokenize=False, add_generation_prompt=True, **spec.template_kwargs
             )
         except Exception as exc:
-            import jinja2
-
             if type(exc) is jinja2.TemplateError:  # raise_exception() in the template: written for users
                 raise invalid("messages", f"the chat template rejected the messages: {str(exc)[:300]}") from exc
             logger.warning("request %s: the chat template failed: %s: %s", rid, type(exc).__name__, exc)
@@ -606,7 +606,7 @@ def uvicorn_config(app: FastAPI, **kwargs: Any):
     import uvicorn
 
     timeout = app.state.settings.header_timeout_s
-    return uvicorn.Config(app, http=guarded_h11_protocol(timeout), timeout_keep_alive=5, **kwargs)
+    return uvicorn.Config(app, http=guarded_h11_protocol(timeout), **kwargs)
 
 
 @contextlib.contextmanager
