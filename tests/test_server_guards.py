@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import select
 import socket
 import threading
 import time
@@ -164,10 +165,10 @@ def test_body_trickled_slowly_gets_408(client):
         s.settimeout(3)
         s.sendall(head)
         got = b""
-        with contextlib.suppress(OSError):
-            for byte in body:
-                s.sendall(bytes([byte]))
-                time.sleep(0.1)
+        for byte in body:
+            if select.select([s], [], [], 0.1)[0]:  # the answer has come: stop sending
+                break
+            s.sendall(bytes([byte]))
         with contextlib.suppress(TimeoutError, ConnectionResetError):
             while chunk := s.recv(65536):
                 got += chunk

@@ -38,6 +38,7 @@ from breakgraph.engine.scheduler import RequestTooLongError
 from breakgraph.server.metrics import ServerMetrics
 from breakgraph.server.prompt_logprobs import PromptLogprobs
 from breakgraph.server.protocol import APIError
+from breakgraph.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +136,8 @@ class EngineLoop:
         metrics: ServerMetrics | None = None,
         max_queued: int | None = None,
         *,
-        max_step_failures: int = 3,
-        stall_timeout_s: float = 60.0,
+        max_step_failures: int = ServerSettings.max_step_failures,
+        stall_timeout_s: float = ServerSettings.stall_timeout_s,
     ) -> None:
         self.engine = engine
         self.metrics = metrics or ServerMetrics()
