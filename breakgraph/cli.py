@@ -1,4 +1,4 @@
-"""``breakgraph`` command line: generate | serve | bench {prefill,serve} | eval gsm8k."""
+"""``breakgraph`` command line: generate | serve | bench {prefill,decode,ttft,serve} | eval gsm8k."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ _MOUNTED = {
     ("serve",): ("breakgraph.server.cli", "start the OpenAI-compatible HTTP server"),
     ("bench", "serve"): ("breakgraph.bench.serve", "load-test an OpenAI-compatible server (TTFT, TPOT, ITL)"),
     ("bench", "prefill"): ("breakgraph.bench.prefill", "prefill latency per graph backend vs the physical floor"),
+    ("bench", "decode"): ("breakgraph.bench.decode", "decode-step latency through the engine per context length vs its floor"),
+    ("bench", "ttft"): ("breakgraph.bench.ttft", "time to first token of long prompts through the engine's chunked prefill"),
     ("eval", "gsm8k"): ("breakgraph.eval.gsm8k", "few-shot GSM8K accuracy against a /v1/completions endpoint"),
 }
 
