@@ -19,7 +19,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from breakgraph import Engine, SamplingParams
-from breakgraph.server.app import ServerSettings, create_app, serve_in_thread, stable_text_end
+from breakgraph.server.app import ServerSettings, create_app, serve_in_thread
 from breakgraph.server.metrics import ServerMetrics
 
 MODEL = "tiny"
@@ -181,12 +181,6 @@ def test_stop_strings_cut_the_text_in_both_modes(client, reference):
     assert whole["text"] == cut and whole["finish_reason"] == "stop"
     events = stream(client, "/v1/completions", body)
     assert "".join(ch["text"] for ev in events[:-1] for ch in ev["choices"]) == cut
-
-
-def test_stream_holds_back_incomplete_characters_and_stop_prefixes():
-    assert stable_text_end("abc\ufffd", []) == 3
-    assert stable_text_end("hello wo", ["world"]) == len("hello ")
-    assert stable_text_end("hello", ["xyz"]) == 5
 
 
 def test_seeded_sampling_is_reproducible(client):
