@@ -214,3 +214,33 @@ def test_a_decode_step_copies_to_the_host_once(glm, monkeypatch):
         steps += 1
         assert calls == ["tolist"], calls
     assert steps == 4
+
+
+def test_seeded_generation_alone_equals_it_in_a_batch(glm):
+    engine = Engine(glm, device="cpu", dtype="float32", page_size=4)
+    prompts = [torch.randint(0, 128, (n,)).tolist() for n in (9, 14, 5, 11)]
+    seeded = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.95, seed=1234, ignore_eos=True)
+    others = [SamplingParams(max_new_tokens=6, ignore_eos=True),
+              SamplingParams(max_new_tokens=10, temperature=0.7, seed=9, presence_penalty=0.4, ignore_eos=True),
+              SamplingParams(max_new_tokens=3, temperature=1.2, top_k=5, ignore_eos=True)]  # fmt: skip
+    alone = engine.generate(prompts[0], seeded)[0].token_ids
+    assert engine.generate(prompts[0], seeded)[0].token_ids == alone, "run to run"
+    batched = engine.generate(prompts, [seeded, *others])[0].token_ids
+    assert batched == alone
+    other_seed = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.95, seed=4321, ignore_eos=True)
+    assert engine.generate(prompts[0], other_seed)[0].token_ids != alone
+
+
+def test_generate_cli_takes_the_sampling_flags(capsys):
+    from breakgraph.cli import main
+
+    assert main(["generate", "--device", "cpu", "--logit-bias", "7"]) == 2
+    assert "--logit-bias takes TOKEN_ID=BIAS" in capsys.readouterr().err
+    assert main(["generate", "--device", "cpu", "--min-tokens", "9", "--max-new-tokens", "4"]) == 2
+    assert "min_tokens" in capsys.readouterr().err
+    engine = Engine(None, device="cpu", dtype="float32")
+    token = engine.tokenizer.encode(" 7", add_special_tokens=False)[0]
+    argv = ["generate", "--device", "cpu", "--max-new-tokens", "3", "--logit-bias", f"{token}=100", "--min-tokens", "3",
+            "--presence-penalty", "-1", "--frequency-penalty", "0.5", "--repetition-penalty", "1.1", "--min-p", "0.1"]  # fmt: skip
+    assert main(argv) == 0
+    assert engine.tokenizer.decode([token] * 3) + "\n--- 3 tokens" in capsys.readouterr().out
