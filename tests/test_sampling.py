@@ -244,3 +244,41 @@ def test_generate_cli_takes_the_sampling_flags(capsys):
             "--presence-penalty", "-1", "--frequency-penalty", "0.5", "--repetition-penalty", "1.1", "--min-p", "0.1"]  # fmt: skip
     assert main(argv) == 0
     assert engine.tokenizer.decode([token] * 3) + "\n--- 3 tokens" in capsys.readouterr().out
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_sampler_synchronizes_once_and_draws_what_the_cpu_draws():
+    """CUDA's sync debug mode warns at every synchronizing call: the sampler makes as many as
+    one copy to the host does. Integer hashing makes the noise the same on both devices (up to
+    the last bits of the logs)."""
+    import warnings
+
+    reqs = [request(), request(temperature=0.9, top_k=10, top_p=0.9, min_p=0.01, seed=1),
+            request(outputs=[4, 4], temperature=1.0, presence_penalty=0.5, frequency_penalty=0.3,
+                    repetition_penalty=1.2, logit_bias={5: 2.0}, min_tokens=4, seed=2)]  # fmt: skip
+    for r in reqs:
+        r.top_logprobs_num = 2
+    logits = random_logits(3)
+    cpu = Sampler(EOS)(logits, reqs)
+    for r in reqs:
+        r.penalty_state = None
+    sampler, gpu_logits = Sampler(EOS), logits.cuda()
+    sampler(gpu_logits, reqs)  # warm up
+    for r in reqs:
+        r.penalty_state = None
+    def syncs_of(fn):
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                result = fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return result, [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+    _, one_copy = syncs_of(lambda: gpu_logits[:, :4].tolist())
+    gpu, syncs = syncs_of(lambda: sampler(gpu_logits, reqs))
+    assert one_copy and len(syncs) == len(one_copy), syncs
+    assert [s.token for s in gpu] == [s.token for s in cpu]
+    assert [s.logprob for s in gpu] == pytest.approx([s.logprob for s in cpu], abs=1e-4)

@@ -244,7 +244,8 @@ class Sampler:
                 to_device(bias_values, torch.float32, dev), accumulate=True,
             )  # fmt: skip
         if ban_rows:
-            out = out.index_put(tuple(to_device([ban_rows, ban_ids], torch.int64, dev)), torch.tensor(float("-inf"), device=dev))
+            ban = tuple(to_device([ban_rows, ban_ids], torch.int64, dev))
+            out = out.index_put(ban, out.new_full((), float("-inf")))  # a fill on the device, not a copy
         if any(r.params.penalized for r in reqs):
             out = self._penalize(out, reqs, dev)
         return out
@@ -280,7 +281,7 @@ class Sampler:
     def _new_state(r: SamplingInput, V: int, dev: torch.device) -> PenaltyState:
         counts = torch.zeros(V, device=dev)
         if r.output_ids:
-            counts.index_put_((to_device(r.output_ids, torch.int64, dev),), torch.tensor(1.0, device=dev), accumulate=True)
+            counts.index_put_((to_device(r.output_ids, torch.int64, dev),), counts.new_ones(()), accumulate=True)
         in_prompt = torch.zeros(V, dtype=torch.bool, device=dev)
         if r.params.repetition_penalty != 1 and r.prompt_ids:
             in_prompt[to_device(r.prompt_ids, torch.int64, dev)] = True
