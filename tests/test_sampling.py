@@ -51,7 +51,7 @@ def test_bias_min_tokens_and_penalties_equal_the_reference_per_row():
     reqs = [
         request(logit_bias={1: 5.0, 7: -2.5, 49: 100.0}),
         request(outputs=[4, 4, 9], min_tokens=5, stop_token_ids=[11, 12]),
-        request(outputs=[4, 4, 9], min_tokens=2, stop_token_ids=[11]),  # past min_tokens: nothing banned
+        request(outputs=[4, 4, 9], min_tokens=3, stop_token_ids=[11]),  # min_tokens reached: nothing banned
         request(outputs=[5, 5, 5, 8], presence_penalty=0.7, frequency_penalty=-0.3),
         request(outputs=[2, 2, 30], repetition_penalty=1.8),
         request(outputs=[2, 6], repetition_penalty=0.6, presence_penalty=-1.5, frequency_penalty=1.1,
@@ -75,8 +75,8 @@ def test_penalty_counts_grow_on_the_device_step_by_step():
         for r, s in zip(reqs, sampler(logits, reqs)):
             r.output_ids.append(s.token)
     counts = torch.bincount(torch.tensor(reqs[0].output_ids), minlength=V).float()
-    assert torch.equal(reqs[0].penalty_state.counts, counts)
-    assert reqs[3].penalty_state is None
+    assert torch.equal(reqs[0].sampler_state.counts, counts)
+    assert reqs[3].sampler_state is None
 
 
 def reference_keep(logits: torch.Tensor, p: SamplingParams) -> set[int]:
@@ -261,11 +261,11 @@ def test_on_cuda_the_sampler_synchronizes_once_and_draws_what_the_cpu_draws():
     logits = random_logits(3)
     cpu = Sampler(EOS)(logits, reqs)
     for r in reqs:
-        r.penalty_state = None
+        r.sampler_state = None
     sampler, gpu_logits = Sampler(EOS), logits.cuda()
     sampler(gpu_logits, reqs)  # warm up
     for r in reqs:
-        r.penalty_state = None
+        r.sampler_state = None
     def syncs_of(fn):
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as caught:

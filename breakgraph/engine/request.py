@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from breakgraph.engine.detokenizer import IncrementalDetokenizer
-from breakgraph.engine.sampling import PenaltyState, SamplingParams
+from breakgraph.engine.sampling import SamplerState, SamplingParams
 
 _ids = itertools.count()
 
@@ -32,7 +32,7 @@ class Request:
     ``top_logprobs_num`` asks for the most likely alternatives at each generated position;
     the post-processing step appends ``[(token_id, logprob), ...]`` to ``output_top_logprobs``.
     ``seed`` seeds the sampler's noise (``params.seed``, else a random one); ``detokenizer``
-    holds the output text; ``penalty_state`` the sampler's device-side token counts."""
+    holds the output text; ``sampler_state`` what the sampler keeps of it on the device."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -52,7 +52,7 @@ class Request:
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     seed: int = -1
     detokenizer: IncrementalDetokenizer = field(init=False)
-    penalty_state: PenaltyState | None = None
+    sampler_state: SamplerState | None = None
 
     def __post_init__(self) -> None:
         if self.seed < 0:

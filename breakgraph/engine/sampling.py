@@ -117,16 +117,21 @@ class SamplingInput(Protocol):
     prompt_ids: list[int]
     output_ids: list[int]
     top_logprobs_num: int
-    penalty_state: PenaltyState | None
+    sampler_state: SamplerState | None
 
 
 @dataclass
-class PenaltyState:
-    """A request's token counts on the device, kept by the sampler: ``counts [vocab]`` (fp32) of
-    each generated token, ``in_prompt [vocab]`` (bool) marking the prompt's tokens."""
+class SamplerState:
+    """What the sampler keeps of a request on the device, made at its first sample:
+    ``bias_ids``/``bias_values`` (its logit bias), ``banned`` (the ids ``min_tokens`` holds off),
+    and for a penalized request ``counts [vocab]`` (fp32) of each generated token and
+    ``in_prompt [vocab]`` (bool) marking the prompt's tokens. ``None`` where not asked for."""
 
-    counts: torch.Tensor
-    in_prompt: torch.Tensor
+    bias_ids: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
+    banned: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+    in_prompt: torch.Tensor | None = None
 
 
 @dataclass
@@ -181,7 +186,7 @@ class Sampler:
 
     Per call the host builds a few small per-row tensors (copied to the device without a
     wait) and reads the results back in one device→host copy; the penalty counts stay on the
-    device (:class:`PenaltyState` on each penalized request). Nothing is read back before the
+    device (a :class:`SamplerState` on each request that needs one). Nothing is read back before the
     final copy, and no shape depends on device values.
     """
 
@@ -223,76 +228,64 @@ class Sampler:
 
     def process(self, logits: torch.Tensor, reqs: list[SamplingInput]) -> torch.Tensor:
         """``logits [B, vocab]`` (fp32) after each row's logit bias, ``min_tokens`` ban and
-        penalties, in vLLM's order; ``logits`` itself when no row asks for any. Creates the
-        penalty state of a penalized request that has none (from its ``output_ids``)."""
-        dev = logits.device
-        bias_rows, bias_ids, bias_values, ban_rows, ban_ids = [], [], [], [], []
-        for b, r in enumerate(reqs):
-            p = r.params
-            for t, v in p.logit_bias.items():
-                bias_rows.append(b)
-                bias_ids.append(t)
-                bias_values.append(v)
-            if len(r.output_ids) < p.min_tokens:
-                banned = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
-                ban_rows += [b] * len(banned)
-                ban_ids += sorted(banned)
-        out = logits
-        if bias_rows:
-            out = out.index_put(
-                tuple(to_device([bias_rows, bias_ids], torch.int64, dev)),
-                to_device(bias_values, torch.float32, dev), accumulate=True,
-            )  # fmt: skip
-        if ban_rows:
-            ban = tuple(to_device([ban_rows, ban_ids], torch.int64, dev))
-            out = out.index_put(ban, out.new_full((), float("-inf")))  # a fill on the device, not a copy
-        if any(r.params.penalized for r in reqs):
-            out = self._penalize(out, reqs, dev)
+        penalties, in vLLM's order; ``logits`` itself when no row asks for any. Makes the
+        :class:`SamplerState` of a request that needs one and has none (counts from its
+        ``output_ids``)."""
+        states = [self._state(r, logits.shape[1], logits.device) for r in reqs]
+        biased = [(b, st) for b, st in enumerate(states) if st is not None and st.bias_ids is not None]
+        banned = [(b, st) for b, (r, st) in enumerate(zip(reqs, states))
+                  if st is not None and st.banned is not None and len(r.output_ids) < r.params.min_tokens]  # fmt: skip
+        out = logits.clone() if biased or banned else logits
+        for b, st in biased:
+            out[b].index_add_(0, st.bias_ids, st.bias_values)
+        for b, st in banned:
+            out[b].index_fill_(0, st.banned, float("-inf"))
+        if any(st is not None and st.counts is not None for st in states):
+            out = self._penalize(out, reqs, states)
         return out
 
-    def _penalize(self, logits: torch.Tensor, reqs: list[SamplingInput], dev: torch.device) -> torch.Tensor:
-        V = logits.shape[1]
-        no_counts = not_in_prompt = None
-        counts, in_prompt = [], []
-        for r in reqs:
-            if not r.params.penalized:
-                if no_counts is None:
-                    no_counts = torch.zeros(V, device=dev)
-                    not_in_prompt = torch.zeros(V, dtype=torch.bool, device=dev)
-                counts.append(no_counts)
-                in_prompt.append(not_in_prompt)
-                continue
-            if r.penalty_state is None:
-                r.penalty_state = self._new_state(r, V, dev)
-            counts.append(r.penalty_state.counts)
-            in_prompt.append(r.penalty_state.in_prompt)
-        counts_t = torch.stack(counts)
-        seen = counts_t > 0
+    def _state(self, r: SamplingInput, V: int, dev: torch.device) -> SamplerState | None:
+        p = r.params
+        if r.sampler_state is None and (p.logit_bias or p.min_tokens or p.penalized):
+            st = r.sampler_state = SamplerState()
+            if p.logit_bias:
+                st.bias_ids = to_device(list(p.logit_bias), torch.int64, dev)
+                st.bias_values = to_device(list(p.logit_bias.values()), torch.float32, dev)
+            if p.min_tokens:
+                st.banned = to_device(sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)), torch.int64, dev)
+            if p.penalized:
+                st.counts = torch.zeros(V, device=dev)
+                if r.output_ids:
+                    st.counts.index_put_((to_device(r.output_ids, torch.int64, dev),), st.counts.new_ones(()), accumulate=True)
+                st.in_prompt = torch.zeros(V, dtype=torch.bool, device=dev)
+                if p.repetition_penalty != 1 and r.prompt_ids:
+                    st.in_prompt[to_device(r.prompt_ids, torch.int64, dev)] = True
+        return r.sampler_state
+
+    @staticmethod
+    def _penalize(logits: torch.Tensor, reqs: list[SamplingInput], states: list[SamplerState | None]) -> torch.Tensor:
+        V, dev = logits.shape[1], logits.device
+        no_counts = torch.zeros(V, device=dev)
+        not_in_prompt = torch.zeros(V, dtype=torch.bool, device=dev)
+        penalized = [st is not None and st.counts is not None for st in states]
+        counts = torch.stack([st.counts if pen else no_counts for st, pen in zip(states, penalized)])
+        in_prompt = torch.stack([st.in_prompt if pen else not_in_prompt for st, pen in zip(states, penalized)])
         pen = to_device(
             [[r.params.repetition_penalty, r.params.frequency_penalty, r.params.presence_penalty] for r in reqs],
             torch.float32, dev,
         )  # fmt: skip
         rep, freq, pres = pen[:, 0:1], pen[:, 1:2], pen[:, 2:3]
-        repeated = seen | torch.stack(in_prompt)
-        logits = torch.where(repeated, torch.where(logits > 0, logits / rep, logits * rep), logits)
-        return logits - freq * counts_t - pres * seen.float()
-
-    @staticmethod
-    def _new_state(r: SamplingInput, V: int, dev: torch.device) -> PenaltyState:
-        counts = torch.zeros(V, device=dev)
-        if r.output_ids:
-            counts.index_put_((to_device(r.output_ids, torch.int64, dev),), counts.new_ones(()), accumulate=True)
-        in_prompt = torch.zeros(V, dtype=torch.bool, device=dev)
-        if r.params.repetition_penalty != 1 and r.prompt_ids:
-            in_prompt[to_device(r.prompt_ids, torch.int64, dev)] = True
-        return PenaltyState(counts, in_prompt)
+        seen = counts > 0
+        logits = torch.where(seen | in_prompt, torch.where(logits > 0, logits / rep, logits * rep), logits)
+        return logits - freq * counts - pres * seen.float()
 
     @staticmethod
     def _count(tokens: torch.Tensor, reqs: list[SamplingInput]) -> None:
         """Add each penalized row's new token to its counts, on the device."""
         for b, r in enumerate(reqs):
-            if r.penalty_state is not None:
-                r.penalty_state.counts.index_add_(0, tokens[b : b + 1], torch.ones(1, device=tokens.device))
+            st = r.sampler_state
+            if st is not None and st.counts is not None:
+                st.counts.index_add_(0, tokens[b : b + 1], torch.ones(1, device=tokens.device))
 
     @staticmethod
     def filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
