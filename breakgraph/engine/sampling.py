@@ -185,9 +185,9 @@ class Sampler:
     """Samples one token per row of a batch of fp32 logits, on the logits' device.
 
     Per call the host builds a few small per-row tensors (copied to the device without a
-    wait) and reads the results back in one device→host copy; the penalty counts stay on the
-    device (a :class:`SamplerState` on each request that needs one). Nothing is read back before the
-    final copy, and no shape depends on device values.
+    wait) and reads the results back in one device→host copy; what a request needs across
+    steps (bias, banned ids, penalty counts) stays on the device in its :class:`SamplerState`.
+    Nothing is read back before the final copy, and no shape depends on device values.
     """
 
     def __init__(self, eos_ids: set[int]) -> None:
