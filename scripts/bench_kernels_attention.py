@@ -156,8 +156,8 @@ def run_mla(args):
 
             best = (ms, "default")
             block_hs = [b for b in (16, 32, 64) if b <= max(16, triton.next_power_of_2(heads))]
-            grid = [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"])
-                    for bh, bn, nw, ns in itertools.product(block_hs, (16, 32, 64), (4, 8), (1, 2, 3, 4))]  # fmt: skip
+            grid = [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"], maxnreg=mr)
+                    for bh, bn, nw, ns, mr in itertools.product(block_hs, (16, 32), (4,), (2, 3), (None, 168, 128))]  # fmt: skip
             want = out.clone()
             if cfg["num_splits"] > 1:  # decode: also the split count, default blocks
                 grid += [dict(num_splits=sp) for sp in (1, 2, 4, 8, 16)]
@@ -225,11 +225,9 @@ def run_indexer(args):
             row(f"{tag} scores+select", ms, flops, t_bytes, t_bytes, peak)
             if args.sweep and not fp8 and (layout.startswith("prefill 16k") or args.layouts):
                 best = (1e9, None)
-                bts = (1,) if num <= pt.shape[0] else (2, 4)
-                for bt, bl, nw, ns, st in itertools.product(bts, (64, 128), (4, 8), (2,), (False, True)):
-                    if st and bt == 1:
-                        continue
-                    opts = dict(block_t=bt, block_l=bl, num_warps=nw, num_stages=ns, stacked=st)
+                bts = (1,) if num <= pt.shape[0] else (4,)
+                for bt, bl, nw, ns, st, mr in itertools.product(bts, (64, 128), (4, 8), (2, 3), (True,), (None, 168, 128)):
+                    opts = dict(block_t=bt, block_l=bl, num_warps=nw, num_stages=ns, stacked=st, maxnreg=mr)
                     try:
                         t = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8, skip_below=TOPK, **opts))
                     except Exception as e:  # noqa: BLE001
@@ -279,7 +277,7 @@ def run_aot():
         split = cfg["num_splits"] > 1
         consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=split,
                       DENSE_T=0 if split else dense["block_t"])  # fmt: skip
-        r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"])
+        r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
         if not split:
             consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
@@ -298,8 +296,9 @@ def run_aot():
                 stride_k=IDX_DIM, stride_pt=37, stride_st=4096, num_tokens=num, num_heads=IDX_HEADS,
                 head_dim=IDX_DIM, page_size=PAGE, skip_below=TOPK, scale=0.088,
             )  # fmt: skip
-            consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8)
-            r = aot_report(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"])
+            consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8,
+                          STACKED=cfg["stacked"])  # fmt: skip
+            r = aot_report(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
             print(f"  indexer T={num:<5} B={reqs:<3} fp8={fp8!s:<5} {cfg} {r}")
 
 

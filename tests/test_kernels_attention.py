@@ -408,6 +408,20 @@ def _interp_indexer_topk():
         print(f"indexer topk case {i}: ok")
 
 
+def _interp_gather_rows_sum():
+    """The gather-only kernel the bench's floor uses sums exactly the rows it is given."""
+    from breakgraph.kernels.triton_gather import gather_rows_sum, gather_rows_sum_ref
+
+    g = torch.Generator().manual_seed(50)
+    for width, keys in ((80, 40), (64, 33)):
+        cache = torch.randn(300, width, generator=g)
+        idx = torch.randint(0, 300, (7, keys), generator=g, dtype=torch.int32)
+        out, want = torch.full((7, width), float("nan")), torch.empty(7, width)
+        gather_rows_sum(cache, idx, out, block_n=16)
+        gather_rows_sum_ref(cache, idx, want)
+        assert rel_err(out, want) <= 1e-6, (width, keys)
+
+
 def _install_interpreter_fixes() -> None:
     """Make Triton 3.6's interpreter compute what the GPU computes, for these kernels:
     bf16/fp8 ``tl.dot`` operands are upcast to fp32 (it would multiply their raw bits as
@@ -493,6 +507,10 @@ def test_indexer_topk_sets_match_twin_interpreted():
 
 def test_topk_select_is_exact_and_length_true_interpreted():
     _run_interpreted("_interp_topk_select")
+
+
+def test_gather_rows_sum_matches_twin_interpreted():
+    _run_interpreted("_interp_gather_rows_sum")
 
 
 def test_dispatch_uses_twin_for_cpu_tensors():
@@ -620,7 +638,8 @@ def test_prefill_with_the_dense_path_does_not_split_k():
 def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     """ptxas for sm_90a (no GPU needed), with the engine's GLM-5 arguments specialised as the
     JIT specialises them: the dense-causal kernel (wgmma) and the sparse kernel carrying the
-    dense-block check, both at their default configs, spill nothing."""
+    dense-block check, both at their default configs, spill nothing — except where the default
+    caps the sparse kernel's registers (few heads), which may spill at most 128 bytes."""
     pytest.importorskip("triton")
     from test_kernels_fp8 import compile_for_sm90
 
@@ -640,8 +659,12 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     assert info["stack"] == 0 and info["local_insts"] == 0 and info["mma"] == ["HGMMA"], info
     consts = dict(BLOCK_H=sparse["block_h"], BLOCK_N=sparse["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
                   DENSE_T=dense["block_t"])  # fmt: skip
-    info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"])
-    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"],
+                            sparse["maxnreg"])  # fmt: skip
+    if sparse["maxnreg"]:
+        assert info["regs"] <= sparse["maxnreg"] and info["stack"] <= 128, info
+    else:
+        assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 @pytest.mark.cuda

@@ -279,12 +279,15 @@ def default_config(num_tokens: int, num_requests: int, num_heads: int, row_len: 
     """Tiles of the score kernel for a shape: ``block_t`` tokens per program (1 for decode-like
     batches), key blocks of ``block_l``, and ``key_programs`` per token block — enough programs
     to fill the GPU, capped at 64 so the grid does not grow with the configured context."""
-    block_t = 1 if num_tokens <= num_requests else 4
-    block_l = 128
+    stacked = num_tokens > num_requests
+    block_t = 4 if stacked else 1
+    block_l = 64 if stacked else 128
     token_blocks = triton.cdiv(num_tokens, block_t)
     key_programs = max(1, min(triton.cdiv(row_len, block_l), triton.cdiv(4 * num_sms(device), token_blocks), 64))
-    return {"block_t": block_t, "block_l": block_l, "key_programs": key_programs, "num_warps": 4 if block_t > 1 else 8,
-            "num_stages": 2, "stacked": block_t > 1}  # fmt: skip
+    # Stacked tiles from the H200 sweep (scripts/bench_kernels_attention.py --sweep): 4 warps with
+    # registers capped at 168 (two programs per SM) beat every uncapped tile at 16K tokens.
+    return {"block_t": block_t, "block_l": block_l, "key_programs": key_programs, "num_warps": 4 if stacked else 8,
+            "num_stages": 2, "stacked": stacked, "maxnreg": 168 if stacked else None}  # fmt: skip
 
 
 def supports(
@@ -328,6 +331,7 @@ def indexer_scores_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     stacked: bool | None = None,
+    maxnreg: int | None = None,
 ) -> None:
     """Write the indexer scores of each token ``t`` at positions ``0…positions[t]`` into row
     ``t`` of ``scores`` (fp32, unit last stride, at least ``positions[t] + 1`` wide); nothing
@@ -351,8 +355,9 @@ def indexer_scores_triton(
         num_tokens, num_heads, head_dim, page_size, skip_below, softmax_scale,
         BLOCK_T=block_t, BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
         BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"], FP8=fp8,
-        STACKED=stacked if stacked is not None else cfg["stacked"] and block_t > 1,
+        STACKED=(cfg["stacked"] if stacked is None else stacked) and block_t > 1,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
+        maxnreg=maxnreg or cfg["maxnreg"],
     )  # fmt: skip
 
 
