@@ -153,7 +153,7 @@ def add_sglang_routes(
                 async for c, ev, delta in run.events():
                     if delta or ev.finish_reason is not None:
                         final = ev.finish_reason is not None
-                        yield sse({"text": c.sent, "meta_info": meta(c, rid, started, final)})
+                        yield sse({"text": c.text, "meta_info": meta(c, rid, started, final)})
                 if run.disconnected:
                     return
                 if run.failed is not None:
