@@ -124,48 +124,50 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
     with regional as compiled:
         for n, b in itertools.product(args.input_len, args.batch_size):
             batch, pages = make_batch(engine, n, b)
+            try:
 
-            def run(batch=batch) -> None:
-                if compiled is not None:
-                    from breakgraph.engine.forward_batch import forward_batch_context
+                def run(batch=batch) -> None:
+                    if compiled is not None:
+                        from breakgraph.engine.forward_batch import forward_batch_context
 
-                    with torch.inference_mode(), forward_batch_context(batch):
-                        h = compiled(batch.input_ids, batch.positions)
-                        engine.model.compute_logits(h[batch.logits_rows])
-                else:
-                    engine.runner.forward(batch)
+                        with torch.inference_mode(), forward_batch_context(batch):
+                            h = compiled(batch.input_ids, batch.positions)
+                            engine.model.compute_logits(h[batch.logits_rows])
+                    else:
+                        engine.runner.forward(batch)
 
-            t_first = time.perf_counter()
-            for _ in range(2):
-                run()
-            sync(engine)
-            if backend == "torch-compile":  # compile (a new length regime) + CUDA graph recording
-                capture_s = time.perf_counter() - t_first
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                run()
+                t_first = time.perf_counter()
+                for _ in range(2):
+                    run()
                 sync(engine)
-                times.append(time.perf_counter() - t0)
-            med = statistics.median(times)
-            busy, kernels, top = (None, None, None) if args.no_profile else profile(engine, run, med, args.top_kernels)
-            if top:
-                print(f"top kernels, {backend} {b}×{n} (GPU ms, calls, name):")
-                for name, ms, calls in top:
-                    print(f"  {ms:9.3f} {calls:6d}  {name[:110]}")
-            seg = brk = isl = None
-            graphs = engine.runner.prefill_graphs
-            if graphs is not None:
-                info = {bi.tokens: bi for bi in graphs.stats.buckets}
-                bucket, _ = graphs.bucket_for(n * b)
-                if bucket in info:
-                    seg, brk, isl = info[bucket].segments, info[bucket].breaks, info[bucket].islands
-            rows.append(Row(
-                backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
-                busy, kernels, seg, brk, isl, capture_s, mem, top,
-            ))  # fmt: skip
-            logger.info("%s %d×%d: %.2f ms (floor %.2f ms)", backend, b, n, med * 1e3, floors[(n, b)] * 1e3)
-            engine.kv_cache.pool.free(pages)
+                if backend == "torch-compile":  # compile (a new length regime) + CUDA graph recording
+                    capture_s = time.perf_counter() - t_first
+                times = []
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    run()
+                    sync(engine)
+                    times.append(time.perf_counter() - t0)
+                med = statistics.median(times)
+                busy, kernels, top = (None, None, None) if args.no_profile else profile(engine, run, med, args.top_kernels)
+                if top:
+                    print(f"top kernels, {backend} {b}×{n} (GPU ms, calls, name):")
+                    for name, ms, calls in top:
+                        print(f"  {ms:9.3f} {calls:6d}  {name[:110]}")
+                seg = brk = isl = None
+                graphs = engine.runner.prefill_graphs
+                if graphs is not None:
+                    info = {bi.tokens: bi for bi in graphs.stats.buckets}
+                    bucket, _ = graphs.bucket_for(n * b)
+                    if bucket in info:
+                        seg, brk, isl = info[bucket].segments, info[bucket].breaks, info[bucket].islands
+                rows.append(Row(
+                    backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
+                    busy, kernels, seg, brk, isl, capture_s, mem, top,
+                ))  # fmt: skip
+                logger.info("%s %d×%d: %.2f ms (floor %.2f ms)", backend, b, n, med * 1e3, floors[(n, b)] * 1e3)
+            finally:  # a failed shape must not hold pages the next backends need
+                engine.kv_cache.pool.free(pages)
 
 
 @contextlib.contextmanager
@@ -225,19 +227,24 @@ def compiled_decoder_layers(model, **compile_kwargs):
 
 
 def make_batch(engine, input_len: int, batch_size: int):
-    """A prefill batch of ``batch_size`` random prompts of ``input_len`` tokens on fresh pages."""
+    """A prefill batch of ``batch_size`` random prompts of ``input_len`` tokens on fresh pages;
+    returns ``(batch, pages)``, the caller frees ``pages``. On failure nothing stays allocated."""
     from breakgraph.engine.forward_batch import ForwardMode
     from breakgraph.engine.model_runner import BatchEntry
 
     pool = engine.kv_cache.pool
     g = torch.Generator().manual_seed(input_len * 131 + batch_size)
     entries, pages = [], []
-    for _ in range(batch_size):
-        p = pool.alloc(pool.pages_for(input_len))
-        pages += p
-        ids = torch.randint(0, engine.config.vocab_size, (input_len,), generator=g).tolist()
-        entries.append(BatchEntry(ids, 0, p))
-    return engine.runner.make_batch(entries, ForwardMode.EXTEND), pages
+    try:
+        for _ in range(batch_size):
+            p = pool.alloc(pool.pages_for(input_len))
+            pages += p
+            ids = torch.randint(0, engine.config.vocab_size, (input_len,), generator=g).tolist()
+            entries.append(BatchEntry(ids, 0, p))
+        return engine.runner.make_batch(entries, ForwardMode.EXTEND), pages
+    except BaseException:
+        pool.free(pages)
+        raise
 
 
 def sync(engine) -> None:
