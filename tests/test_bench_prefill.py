@@ -78,6 +78,24 @@ def test_bench_prefill_frees_the_pages_of_a_failing_shape(hf_checkpoints, tmp_pa
     assert pool.num_used == 0, f"{pool.num_used} pages still allocated after the run"
 
 
+def test_recorded_command_line_repeats_the_run():
+    """The command written into the outputs parses back to the same value of every flag."""
+    import shlex
+
+    parser = argparse.ArgumentParser()
+    prefill.add_arguments(parser)
+    argv = ["--model-path", "/ckpt/my model", "--input-len", "128", "4096", "--batch-size", "1", "4",
+            "--backends", "breakable", "torch-compile", "--repeats", "3", "--full-ladder", "--fold-islands",
+            "--no-profile", "--top-kernels", "5", "--device", "cuda", "--dtype", "bfloat16", "--output", "out/x",
+            "--tp-size", "2"]  # fmt: skip
+    args = parser.parse_args(argv)
+    words = shlex.split(prefill.command_line(args))
+    assert words[:3] == ["breakgraph", "bench", "prefill"]
+    assert vars(parser.parse_args(words[3:])) == vars(args)
+    defaults = parser.parse_args([])
+    assert vars(parser.parse_args(shlex.split(prefill.command_line(defaults))[3:])) == vars(defaults)
+
+
 @pytest.mark.parametrize("flag", ["--top-kernels", "--backends", "--input-len"])
 def test_bench_prefill_help_names_flags(flag):
     parser = argparse.ArgumentParser()

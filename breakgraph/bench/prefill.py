@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import logging
+import shlex
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -324,7 +325,7 @@ def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | N
     out.parent.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     meta = {"model": name, "device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "command": "breakgraph bench prefill " + " ".join(_argv(args))}  # fmt: skip
+            "command": command_line(args)}  # fmt: skip
     failures = failures or {}
     out.with_suffix(".json").write_text(
         json.dumps({**meta, "rows": [asdict(r) for r in rows], "failures": failures}, indent=2)
@@ -338,16 +339,22 @@ def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | N
     return table
 
 
-def _argv(args) -> list[str]:
-    parts = []
-    for key in ("preset", "model_path", "input_len", "batch_size", "backends", "repeats"):
-        value = getattr(args, key)
-        if value is None:
+def command_line(args: argparse.Namespace) -> str:
+    """``breakgraph bench prefill`` followed by every flag of the command at its value in ``args``
+    (defaults spelled out too, so the line repeats the run whatever the defaults become)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parts = ["breakgraph", "bench", "prefill"]
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
             continue
-        flag = "--" + key.replace("_", "-")
-        parts.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}")
-    parts += ["--full-ladder"] if args.full_ladder else []
-    return parts
+        value = getattr(args, action.dest, action.default)
+        flag = action.option_strings[0]
+        if action.nargs == 0:  # a switch: given or not
+            parts += [flag] if value else []
+        elif value is not None:
+            parts += [flag, *map(str, value if isinstance(value, list) else [value])]
+    return shlex.join(parts)
 
 
 def markdown_table(rows: list[Row]) -> str:
