@@ -49,6 +49,53 @@ def test_bench_prefill_reports_a_failing_backend_and_measures_the_others(hf_chec
     assert "**piecewise failed**" in (tmp_path / "bench.md").read_text()
 
 
+def test_bench_prefill_frees_the_pages_of_a_failing_shape(hf_checkpoints, tmp_path, monkeypatch):
+    """A shape that fails mid-run gives its KV pages back: the pool holds one 200-token prompt
+    (4 pages of 64) plus 3 spare pages, so a leaked batch would make the next backend's 200-token
+    shape fail for want of pages."""
+    from breakgraph.engine.model_runner import ModelRunner
+
+    real = ModelRunner.forward
+    calls = {"failed": 0}
+    runners = []
+
+    def forward_failing_once_at_200(self, batch, *rest, **kw):
+        runners.append(self)
+        if batch.input_ids.numel() == 200 and not calls["failed"]:
+            calls["failed"] += 1
+            raise RuntimeError("kernel launch failed at 200 tokens")
+        return real(self, batch, *rest, **kw)
+
+    monkeypatch.setattr(ModelRunner, "forward", forward_failing_once_at_200)
+    args = _args(hf_checkpoints["glm_moe_dsa"], tmp_path, ["disabled", "breakable"])
+    args.input_len = [8, 200]
+    assert prefill.main(args) == 1
+    out = json.loads((tmp_path / "bench.json").read_text())
+    assert calls["failed"] == 1 and list(out["failures"]) == ["disabled"]
+    assert "200 tokens" in out["failures"]["disabled"]
+    assert {(r["backend"], r["input_len"]) for r in out["rows"]} == {("disabled", 8), ("breakable", 8), ("breakable", 200)}
+    pool = runners[-1].kv_cache.pool
+    assert pool.num_used == 0, f"{pool.num_used} pages still allocated after the run"
+
+
+def test_recorded_command_line_repeats_the_run():
+    """The command written into the outputs parses back to the same value of every flag."""
+    import shlex
+
+    parser = argparse.ArgumentParser()
+    prefill.add_arguments(parser)
+    argv = ["--model-path", "/ckpt/my model", "--input-len", "128", "4096", "--batch-size", "1", "4",
+            "--backends", "breakable", "torch-compile", "--repeats", "3", "--full-ladder", "--fold-islands",
+            "--no-profile", "--top-kernels", "5", "--device", "cuda", "--dtype", "bfloat16", "--output", "out/x",
+            "--tp-size", "2"]  # fmt: skip
+    args = parser.parse_args(argv)
+    words = shlex.split(prefill.command_line(args))
+    assert words[:3] == ["breakgraph", "bench", "prefill"]
+    assert vars(parser.parse_args(words[3:])) == vars(args)
+    defaults = parser.parse_args([])
+    assert vars(parser.parse_args(shlex.split(prefill.command_line(defaults))[3:])) == vars(defaults)
+
+
 @pytest.mark.parametrize("flag", ["--top-kernels", "--backends", "--input-len"])
 def test_bench_prefill_help_names_flags(flag):
     parser = argparse.ArgumentParser()

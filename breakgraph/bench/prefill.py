@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import logging
+import shlex
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -124,48 +125,50 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
     with regional as compiled:
         for n, b in itertools.product(args.input_len, args.batch_size):
             batch, pages = make_batch(engine, n, b)
+            try:
 
-            def run(batch=batch) -> None:
-                if compiled is not None:
-                    from breakgraph.engine.forward_batch import forward_batch_context
+                def run(batch=batch) -> None:
+                    if compiled is not None:
+                        from breakgraph.engine.forward_batch import forward_batch_context
 
-                    with torch.inference_mode(), forward_batch_context(batch):
-                        h = compiled(batch.input_ids, batch.positions)
-                        engine.model.compute_logits(h[batch.logits_rows])
-                else:
-                    engine.runner.forward(batch)
+                        with torch.inference_mode(), forward_batch_context(batch):
+                            h = compiled(batch.input_ids, batch.positions)
+                            engine.model.compute_logits(h[batch.logits_rows])
+                    else:
+                        engine.runner.forward(batch)
 
-            t_first = time.perf_counter()
-            for _ in range(2):
-                run()
-            sync(engine)
-            if backend == "torch-compile":  # compile (a new length regime) + CUDA graph recording
-                capture_s = time.perf_counter() - t_first
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                run()
+                t_first = time.perf_counter()
+                for _ in range(2):
+                    run()
                 sync(engine)
-                times.append(time.perf_counter() - t0)
-            med = statistics.median(times)
-            busy, kernels, top = (None, None, None) if args.no_profile else profile(engine, run, med, args.top_kernels)
-            if top:
-                print(f"top kernels, {backend} {b}×{n} (GPU ms, calls, name):")
-                for name, ms, calls in top:
-                    print(f"  {ms:9.3f} {calls:6d}  {name[:110]}")
-            seg = brk = isl = None
-            graphs = engine.runner.prefill_graphs
-            if graphs is not None:
-                info = {bi.tokens: bi for bi in graphs.stats.buckets}
-                bucket, _ = graphs.bucket_for(n * b)
-                if bucket in info:
-                    seg, brk, isl = info[bucket].segments, info[bucket].breaks, info[bucket].islands
-            rows.append(Row(
-                backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
-                busy, kernels, seg, brk, isl, capture_s, mem, top,
-            ))  # fmt: skip
-            logger.info("%s %d×%d: %.2f ms (floor %.2f ms)", backend, b, n, med * 1e3, floors[(n, b)] * 1e3)
-            engine.kv_cache.pool.free(pages)
+                if backend == "torch-compile":  # compile (a new length regime) + CUDA graph recording
+                    capture_s = time.perf_counter() - t_first
+                times = []
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    run()
+                    sync(engine)
+                    times.append(time.perf_counter() - t0)
+                med = statistics.median(times)
+                busy, kernels, top = (None, None, None) if args.no_profile else profile(engine, run, med, args.top_kernels)
+                if top:
+                    print(f"top kernels, {backend} {b}×{n} (GPU ms, calls, name):")
+                    for name, ms, calls in top:
+                        print(f"  {ms:9.3f} {calls:6d}  {name[:110]}")
+                seg = brk = isl = None
+                graphs = engine.runner.prefill_graphs
+                if graphs is not None:
+                    info = {bi.tokens: bi for bi in graphs.stats.buckets}
+                    bucket, _ = graphs.bucket_for(n * b)
+                    if bucket in info:
+                        seg, brk, isl = info[bucket].segments, info[bucket].breaks, info[bucket].islands
+                rows.append(Row(
+                    backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
+                    busy, kernels, seg, brk, isl, capture_s, mem, top,
+                ))  # fmt: skip
+                logger.info("%s %d×%d: %.2f ms (floor %.2f ms)", backend, b, n, med * 1e3, floors[(n, b)] * 1e3)
+            finally:  # a failed shape must not hold pages the next backends need
+                engine.kv_cache.pool.free(pages)
 
 
 @contextlib.contextmanager
@@ -225,19 +228,24 @@ def compiled_decoder_layers(model, **compile_kwargs):
 
 
 def make_batch(engine, input_len: int, batch_size: int):
-    """A prefill batch of ``batch_size`` random prompts of ``input_len`` tokens on fresh pages."""
+    """A prefill batch of ``batch_size`` random prompts of ``input_len`` tokens on fresh pages;
+    returns ``(batch, pages)``, the caller frees ``pages``. On failure nothing stays allocated."""
     from breakgraph.engine.forward_batch import ForwardMode
     from breakgraph.engine.model_runner import BatchEntry
 
     pool = engine.kv_cache.pool
     g = torch.Generator().manual_seed(input_len * 131 + batch_size)
     entries, pages = [], []
-    for _ in range(batch_size):
-        p = pool.alloc(pool.pages_for(input_len))
-        pages += p
-        ids = torch.randint(0, engine.config.vocab_size, (input_len,), generator=g).tolist()
-        entries.append(BatchEntry(ids, 0, p))
-    return engine.runner.make_batch(entries, ForwardMode.EXTEND), pages
+    try:
+        for _ in range(batch_size):
+            p = pool.alloc(pool.pages_for(input_len))
+            pages += p
+            ids = torch.randint(0, engine.config.vocab_size, (input_len,), generator=g).tolist()
+            entries.append(BatchEntry(ids, 0, p))
+        return engine.runner.make_batch(entries, ForwardMode.EXTEND), pages
+    except BaseException:
+        pool.free(pages)
+        raise
 
 
 def sync(engine) -> None:
@@ -317,7 +325,7 @@ def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | N
     out.parent.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     meta = {"model": name, "device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "command": "breakgraph bench prefill " + " ".join(_argv(args))}  # fmt: skip
+            "command": command_line(args)}  # fmt: skip
     failures = failures or {}
     out.with_suffix(".json").write_text(
         json.dumps({**meta, "rows": [asdict(r) for r in rows], "failures": failures}, indent=2)
@@ -331,16 +339,22 @@ def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | N
     return table
 
 
-def _argv(args) -> list[str]:
-    parts = []
-    for key in ("preset", "model_path", "input_len", "batch_size", "backends", "repeats"):
-        value = getattr(args, key)
-        if value is None:
+def command_line(args: argparse.Namespace) -> str:
+    """``breakgraph bench prefill`` followed by every flag of the command at its value in ``args``
+    (defaults spelled out too, so the line repeats the run whatever the defaults become)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parts = ["breakgraph", "bench", "prefill"]
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
             continue
-        flag = "--" + key.replace("_", "-")
-        parts.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}")
-    parts += ["--full-ladder"] if args.full_ladder else []
-    return parts
+        value = getattr(args, action.dest, action.default)
+        flag = action.option_strings[0]
+        if action.nargs == 0:  # a switch: given or not
+            parts += [flag] if value else []
+        elif value is not None:
+            parts += [flag, *map(str, value if isinstance(value, list) else [value])]
+    return shlex.join(parts)
 
 
 def markdown_table(rows: list[Row]) -> str:
