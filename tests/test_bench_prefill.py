@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 
@@ -26,10 +27,34 @@ def test_bench_prefill_times_every_backend_and_shape(hf_checkpoints, tmp_path):
     got = {(r["backend"], r["input_len"]) for r in out["rows"]}
     assert got == {(b, n) for b in ("disabled", "breakable") for n in (8, 24)}
     for r in out["rows"]:
-        assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["floor_ms"] > 0
+        assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+        assert math.isnan(r["floor_ms"]), "off CUDA no rate is measured: the floor must say so, not guess"
         assert (r["segments"] is not None) == (r["backend"] == "breakable")
     assert out["failures"] == {} and "breakgraph bench prefill" in out["command"]
+    assert all(math.isnan(v) for v in out["peaks"].values())
     assert "| breakable | 1 × 24 |" in (tmp_path / "bench.md").read_text()
+
+
+def test_prefill_floor_follows_the_measured_rates(hf_checkpoints):
+    """Each phase of the floor scales with the rate that bounds it: the GEMM phase with the copy
+    bandwidth (weights-bound at a short prompt), the attention phase with the gather bandwidth
+    (past index_topk only), the indexer phase with the bf16 or FP8 rate."""
+    from breakgraph import Engine
+    from breakgraph.bench.floor import prefill_floor
+    from breakgraph.bench.peaks import Peaks
+
+    engine = Engine(hf_checkpoints["glm_moe_dsa"], device="cpu", dtype="float32", cuda_graph_backend_prefill="disabled")
+    k = engine.config.index_topk
+    slow, fast = Peaks(1e9, 1e15, 2e15), Peaks(2e9, 1e15, 2e15)
+    a, b = prefill_floor(engine, 4, 1, slow, 1e9, False), prefill_floor(engine, 4, 1, fast, 1e9, False)
+    assert a.gemm_s == pytest.approx(2 * b.gemm_s)
+    assert prefill_floor(engine, k, 1, slow, 1e3, False).attention_s < 1e-6  # nothing gathered below K
+    g1, g2 = prefill_floor(engine, k + 10, 1, slow, 1e3, False), prefill_floor(engine, k + 20, 1, slow, 1e3, False)
+    assert g2.attention_s == pytest.approx(2 * g1.attention_s)
+    assert prefill_floor(engine, k, 1, slow, 1e9, False).indexer_s == 0  # no token past K is scored
+    bf16, fp8 = prefill_floor(engine, 3 * k, 1, slow, 1e9, False), prefill_floor(engine, 3 * k, 1, slow, 1e9, True)
+    assert bf16.indexer_s == pytest.approx(2 * fp8.indexer_s) and bf16.indexer_s > 0
+    assert bf16.total_s == pytest.approx(bf16.gemm_s + bf16.attention_s + bf16.indexer_s)
 
 
 def test_bench_prefill_reports_a_failing_backend_and_measures_the_others(hf_checkpoints, tmp_path, monkeypatch):
