@@ -70,7 +70,8 @@ def _cuda_peaks(device_index: int) -> Peaks:
 def gather_bandwidth(device: torch.device, cache_rows: int, row_width: int = 576, keys: int = 2048) -> float:
     """Bytes/s of gathered rows for a kernel that, for each of 2048 tokens, reads ``keys`` random
     rows of a bf16 ``[cache_rows, row_width]`` cache on ``device`` and only sums them (the gather
-    limit of sparse attention at few heads: no arithmetic to hide behind). NaN off CUDA."""
+    limit of sparse attention at few heads: no arithmetic to hide behind; the best of a few tile
+    shapes). NaN off CUDA."""
     if device.type != "cuda":
         return float("nan")
     return _cuda_gather(device.index if device.index is not None else torch.cuda.current_device(), cache_rows,
@@ -87,5 +88,6 @@ def _cuda_gather(device_index: int, cache_rows: int, row_width: int, keys: int) 
     cache = torch.randn(cache_rows, row_width, device=dev, dtype=torch.bfloat16, generator=g)
     idx = torch.randint(0, cache_rows, (tokens, keys), device=dev, generator=g, dtype=torch.int32)
     out = torch.empty(tokens, row_width, device=dev, dtype=torch.float32)
-    seconds = _median_seconds(lambda: gather_rows_sum(cache, idx, out))
+    configs = [(8, 4), (16, 4), (16, 8), (32, 8)]  # (rows per load, warps): the ceiling is the best of them
+    seconds = min(_median_seconds(lambda c=c: gather_rows_sum(cache, idx, out, *c)) for c in configs)
     return tokens * keys * row_width * cache.element_size() / seconds
