@@ -7,16 +7,27 @@ import importlib
 import logging
 import sys
 
-# Subcommands living in their own modules: name → (module, help). Each module provides
-# add_arguments(parser) and main(args) -> int.
+# Subcommands living in their own modules: name → (module, extra it needs or None, help). Each
+# module provides add_arguments(parser) and main(args) -> int, and imports its extra's packages
+# only inside main, so every --help works on the base install.
 _MOUNTED = {
-    ("serve",): ("breakgraph.server.cli", "start the OpenAI-compatible HTTP server"),
-    ("bench", "serve"): ("breakgraph.bench.serve", "load-test an OpenAI-compatible server (TTFT, TPOT, ITL)"),
-    ("bench", "prefill"): ("breakgraph.bench.prefill", "prefill latency per graph backend vs the physical floor"),
-    ("bench", "decode"): ("breakgraph.bench.decode", "decode-step latency through the engine per context length vs its floor"),
-    ("bench", "ttft"): ("breakgraph.bench.ttft", "time to first token of long prompts through the engine's chunked prefill"),
-    ("eval", "gsm8k"): ("breakgraph.eval.gsm8k", "few-shot GSM8K accuracy against a /v1/completions endpoint"),
+    ("serve",): ("breakgraph.server.cli", "serve", "start the OpenAI-compatible HTTP server"),
+    ("bench", "serve"): ("breakgraph.bench.serve", "bench", "load-test an OpenAI-compatible server (TTFT, TPOT, ITL)"),
+    ("bench", "prefill"): ("breakgraph.bench.prefill", None, "prefill latency per graph backend vs the physical floor"),
+    ("bench", "decode"): ("breakgraph.bench.decode", None,
+                          "decode-step latency through the engine per context length vs its floor"),
+    ("bench", "ttft"): ("breakgraph.bench.ttft", None,
+                        "time to first token of long prompts through the engine's chunked prefill"),
+    ("eval", "gsm8k"): ("breakgraph.eval.gsm8k", "eval", "few-shot GSM8K accuracy against a /v1/completions endpoint"),
 }
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: …)`` to every flag's help that does not already say ``default:``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        return help_text if "default:" in help_text.lower() else super()._get_help_string(action)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +88,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="generate text for one or more prompts", description="Generate text offline.")
+    p = sub.add_parser("generate", help="generate text for one or more prompts", description="Generate text offline.",
+                       formatter_class=_HelpFormatter)
     p.add_argument("--prompt", action="append", required=False,
                    help="prompt text (repeat the flag for a batch); default: a sample arithmetic question")
     s = p.add_argument_group("sampling")
@@ -148,15 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     groups: dict[str, argparse._SubParsersAction] = {}
-    for path, (module, help_text) in _MOUNTED.items():
+    for path, (module, extra, help_text) in _MOUNTED.items():
         parent = sub
         if len(path) == 2:
             if path[0] not in groups:
                 g = sub.add_parser(path[0], help=f"{path[0]} tools")
                 groups[path[0]] = g.add_subparsers(dest=f"{path[0]}_command", required=True)
             parent = groups[path[0]]
-        p = parent.add_parser(path[-1], help=help_text, description=help_text)
-        p.set_defaults(module=module)
+        p = parent.add_parser(path[-1], help=help_text, description=help_text, formatter_class=_HelpFormatter)
+        p.set_defaults(module=module, extra=extra, command_name=" ".join(path))
         try:
             importlib.import_module(module).add_arguments(p)
         except ModuleNotFoundError as exc:
@@ -175,7 +187,36 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if hasattr(args, "func"):
         return args.func(args)
+    missing = missing_extra_packages(args.extra) if args.extra else []
+    if missing:
+        print(f"breakgraph {args.command_name} needs the {args.extra} extra: pip install 'breakgraph[{args.extra}]' "
+              f"(not installed: {', '.join(missing)})", file=sys.stderr)  # fmt: skip
+        return 2
     return importlib.import_module(args.module).main(args)
+
+
+def missing_extra_packages(extra: str) -> list[str]:
+    """The distributions that breakgraph's optional-dependency group ``extra`` lists and that are
+    not installed, in breakgraph's metadata order; ``[]`` when breakgraph itself is not installed
+    (a source tree on ``sys.path``: the imports then say what is missing)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    try:
+        requires = metadata.requires("breakgraph") or []
+    except metadata.PackageNotFoundError:
+        return []
+    missing = []
+    for line in requires:
+        req = Requirement(line)
+        if req.marker is None or not req.marker.evaluate({"extra": extra}):
+            continue
+        try:
+            metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            missing.append(req.name)
+    return missing
 
 
 if __name__ == "__main__":

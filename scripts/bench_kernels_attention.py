@@ -178,6 +178,16 @@ def run_mla(args):
             row(f"{name} [twin]", ms, flops, ubytes, gbytes, BF16_TFLOPS)
 
 
+def selection_overlap(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> float:
+    """Mean over ``rows`` of |a ∩ b| / |a| for two top-k position tables (``-1`` unused)."""
+    a, b = a[rows].long(), b[rows].long()
+    width = int(max(a.max(), b.max())) + 2
+    hit = torch.zeros(rows.numel(), width, dtype=torch.bool, device=a.device)
+    hit.scatter_(1, a.clamp(min=-1) + 1, True)
+    common = hit.gather(1, b.clamp(min=-1) + 1) & (b >= 0)
+    return float((common.sum(1).float() / (a >= 0).sum(1).clamp(min=1)).mean())
+
+
 def run_indexer(args):
     from breakgraph.kernels.indexer import indexer_topk_ref
     from breakgraph.kernels.triton_indexer import (
@@ -210,6 +220,7 @@ def run_indexer(args):
         cfg = default_config(num, pt.shape[0], IDX_HEADS, row_len, q.device)
         a = (q, w, kc, pt, req, pos, PAGE, IDX_DIM**-0.5)
         flops = 2 * causal * IDX_HEADS * IDX_DIM
+        chosen = {}
         for fp8 in (False, True):
             peak = FP8_TFLOPS if fp8 else BF16_TFLOPS
             tag = f"{layout} {'fp8' if fp8 else 'bf16'}"
@@ -223,6 +234,7 @@ def run_indexer(args):
                     row(f"{layout} torch.topk (full width)", ms, 0, scores.numel() * 4, scores.numel() * 4, peak)
             ms = bench(partial(indexer_topk_triton, *a, topk, fp8=fp8))
             row(f"{tag} scores+select", ms, flops, t_bytes, t_bytes, peak)
+            chosen[fp8] = topk.clone()
             if args.sweep and not fp8 and (layout.startswith("prefill 16k") or args.layouts):
                 best = (1e9, None)
                 bts = (1,) if num <= pt.shape[0] else (4,)
@@ -240,6 +252,10 @@ def run_indexer(args):
                 for blk, nw in itertools.product((512, 1024, 2048), (4, 8, 16)):
                     t = bench(partial(topk_select_triton, scores, pos, topk, block=blk, num_warps=nw))
                     print(f"    select {t:8.3f} ms  block {blk} warps {nw}", flush=True)
+        sparse_rows = (pos >= TOPK).nonzero().flatten()[::16]
+        if sparse_rows.numel():
+            print(f"    {layout}: FP8 selection keeps {selection_overlap(chosen[False], chosen[True], sparse_rows):.2%} "
+                  f"of the bf16 selection (rows past K, every 16th)")  # fmt: skip
         if args.twin:
             ms = bench(partial(indexer_topk_ref, *a, topk))
             row(f"{layout} [twin]", ms, 2 * causal * IDX_HEADS * IDX_DIM, t_bytes, t_bytes, BF16_TFLOPS)

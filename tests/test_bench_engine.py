@@ -4,6 +4,7 @@ they time what they say, record a command that reproduces the run, and write the
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_bench_decode_times_every_context_and_batch(demo, tmp_path, monkeypatch)
     assert set(rows) == {(128, 1), (128, 2), (256, 1), (256, 2)}
     assert all(r["steps"] == 6 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] for r in rows.values())
     assert steps_seen == [(1, 20), (2, 20)] * 4, "rounds must alternate the context lengths"
-    recorded = build_parser().parse_args(data["command"].split()[1:])
+    recorded = build_parser().parse_args(shlex.split(data["command"])[1:])
     assert recorded.context_length == [128, 256] and recorded.batch_size == [1, 2] and recorded.rounds == 2
 
 

@@ -33,7 +33,29 @@ def test_both_split_ops_are_registered():
     names = split_op_names()
     for name in ("dsa_indexer_graph_dispatch", "mla_bmm_then_unified_attention", "sparse_mla_attention"):
         assert f"breakgraph::{name}" in names
-    assert dsa.bcg_dsa_indexer_graph_dispatch is dsa.dsa_indexer_graph_dispatch.bcg
+
+
+def test_the_indexer_dispatch_is_one_break_under_breakable_capture(engine):
+    """``bcg_dsa_indexer_graph_dispatch`` (and the dispatch itself, outside torch.compile) ends the
+    graph segment and runs eagerly: one recorded eager call, which replays on new inputs."""
+    from breakgraph.graphs import BreakableGraph
+
+    cfg = engine.config
+    n = 2 * cfg.index_topk  # longer than index_topk: the indexer scores
+    q, k, w, batch, pages = indexer_inputs(engine, n, n)
+    for fn in (dsa.bcg_dsa_indexer_graph_dispatch, dsa.dsa_indexer_graph_dispatch):
+        out = torch.empty(n, cfg.index_topk, dtype=torch.int32)
+        g = BreakableGraph("cpu")
+        with forward_batch_context(batch):
+            with g.capture():
+                fn(q, k, w, out, 0, 0.1)
+            assert g.stats.eager_calls == 1 and "dsa_indexer_graph_dispatch" in g.describe()
+            q.copy_(torch.randn_like(q))
+            g.replay()
+            want = torch.empty_like(out)
+            dsa.dsa_indexer_graph_dispatch.eager(q, k, w, want, 0, 0.1)
+        assert torch.equal(out, want)
+    engine.kv_cache.pool.free(pages)
 
 
 def test_short_sequences_skip_the_scores_and_select_every_causal_key(engine, monkeypatch):
@@ -129,11 +151,18 @@ def test_breakable_capture_fuses_the_q_nope_bmm_into_the_attention_op(hf_checkpo
 
 
 def test_dual_stream_moe_is_opt_in_and_off_on_cpu(monkeypatch):
-    x = torch.randn(4, 8)
-    monkeypatch.setenv(mlp.DUAL_STREAM_ENV, "1")
-    assert not mlp._can_dual_stream_graph(x), "CPU has no streams"
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        on_cuda = torch.empty(4, 8, device="cuda")  # a CUDA tensor's metadata, no GPU needed
+    on_cpu = torch.randn(4, 8)
+    monkeypatch.delenv(mlp.DUAL_STREAM_ENV, raising=False)
+    assert not mlp._can_dual_stream_graph(on_cuda), "on without the opt-in"
     monkeypatch.setenv(mlp.DUAL_STREAM_ENV, "0")
-    assert not mlp._can_dual_stream_graph(x)
+    assert not mlp._can_dual_stream_graph(on_cuda)
+    monkeypatch.setenv(mlp.DUAL_STREAM_ENV, "1")
+    assert mlp._can_dual_stream_graph(on_cuda), "opted in on CUDA but off"
+    assert not mlp._can_dual_stream_graph(on_cpu), "CPU has no streams"
 
 
 @pytest.mark.cuda

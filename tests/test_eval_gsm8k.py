@@ -186,3 +186,26 @@ def test_server_error_prints_status_and_body(capsys) -> None:
 def test_bad_flag_value_names_the_flag(capsys) -> None:
     assert gsm8k.main(_parse(["--parallel", "0"])) == 2
     assert "--parallel" in capsys.readouterr().err
+
+
+def test_readme_eval_example_fits_the_default_model() -> None:
+    """README's ``eval gsm8k`` command against a server of the default model: every prompt it sends
+    plus its ``max_tokens`` fits the model's context (else the server answers 400 and the run
+    stops at the first question)."""
+    import shlex
+    from pathlib import Path
+
+    from breakgraph import Engine
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("breakgraph eval gsm8k"))
+    args = _parse(shlex.split(line.split("#")[0])[3:])
+    cfg = GSM8KConfig(num_shots=args.num_shots, num_questions=args.num_questions, max_tokens=args.max_tokens,
+                      data_dir=args.data, seed=args.seed)  # fmt: skip
+    shots, questions = gsm8k.select_examples(
+        cfg, load_jsonl(DEFAULT_DATA_DIR / "train.jsonl"), load_jsonl(DEFAULT_DATA_DIR / "test.jsonl")
+    )
+    engine = Engine(None, device="cpu")
+    prefix = build_fewshot_prefix(shots)
+    longest = max(len(engine.tokenize(build_prompt(prefix, ex["question"]))) for _, ex in questions)
+    assert longest + cfg.max_tokens <= engine.context_length, (longest, cfg.max_tokens, engine.context_length)

@@ -153,6 +153,12 @@ def test_graph_safe_forms_of_those_ops_are_accepted():
 
 def test_recording_stops_after_capture_end():
     x = torch.randn(4)
-    g, _ = _capture(lambda: x + 1)
-    assert x.sum().item() == pytest.approx(float(x.sum()))  # no longer guarded
+    g, out = _capture(lambda: x + 1)
+    (x * 2).sum().item()  # a host sync: raises HostSyncInGraphError while the guard is on
+    after = x * 3  # run after the capture: not recorded
+    before = after.clone()
+    x.copy_(torch.randn(4))
+    g.replay()
+    torch.testing.assert_close(out, x + 1)
+    assert torch.equal(after, before), "an op run after the capture was replayed"
     assert g.kernels == 1

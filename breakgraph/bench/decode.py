@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from breakgraph.bench import record
 from breakgraph.bench.presets import PRESETS, preset_folder
 
 logger = logging.getLogger(__name__)
@@ -152,12 +153,7 @@ def main(args: argparse.Namespace) -> int:
             "floor_ms": 1e3 * floor_s, "tokens_per_s": bs / statistics.median(times),
             "capture_s": statistics.median(captures[ctx]) if ctx in captures else None,
         })  # fmt: skip
-    command = "breakgraph bench decode " + " ".join(
-        f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in vars(args).items() if k in (
-            "preset", "model_path", "input_len", "batch_size", "context_length", "steps", "rounds", "device", "dtype")
-        and v is not None and not (k == "preset" and args.model_path)
-    )  # fmt: skip
+    command = record.command_line(["breakgraph", "bench", "decode"], add_arguments, args)
     table = [f"`{command}`", "", f"copy bandwidth measured: {bandwidth / 1e12:.2f} TB/s", "",
              "| context | batch | median ms | min–max ms | floor ms | × floor | tok/s |", "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    import httpx  # imported where used: httpx comes with the bench, eval and serve extras
 
 DEFAULT_BASE_URL = "http://127.0.0.1:30000"
 
@@ -51,6 +52,8 @@ def http_error_message(url: str, status: int, body: str, limit: int = 2000) -> s
 
 def transport_error_message(url: str, exc: BaseException) -> str:
     """One readable line for a failure below HTTP (refused connection, DNS, timeout)."""
+    import httpx
+
     if isinstance(exc, httpx.ConnectError):
         return f"cannot connect to {url} ({exc}); is the server running and is --base-url right?"
     if isinstance(exc, httpx.TimeoutException):
@@ -64,6 +67,8 @@ async def fetch_model_id(client: httpx.AsyncClient, base_url: str) -> str:
     Raises ``EndpointError`` naming the URL when the server is unreachable, answers with an
     error status, or lists no models (then pass ``--model`` explicitly).
     """
+    import httpx
+
     url = f"{base_url}/v1/models"
     try:
         resp = await client.get(url)

@@ -3,8 +3,9 @@
 One model is loaded once (dummy weights); for every backend the prefill graphs are rebuilt
 and every (input length, batch size) shape is timed: median and spread over repeats,
 tokens/s, and from one profiled run the GPU-busy ratio (kernel time ÷ the median wall) and the
-number of kernels. The floor is ``max(bytes moved ÷ HBM bandwidth, FLOPs ÷ peak)`` — weights read once
-plus the attention and indexer work — and is printed beside every time.
+number of kernels. The floor (:mod:`breakgraph.bench.floor`: GEMMs, latent attention and indexer,
+each ``max(bytes ÷ bandwidth, FLOPs ÷ rate)``, with the rates this command measures at start by
+:mod:`breakgraph.bench.peaks`) is printed beside every time.
 Writes JSON, a markdown table and (with matplotlib) a PNG plot.
 """
 
@@ -22,13 +23,15 @@ from pathlib import Path
 
 import torch
 
+from breakgraph.bench import record
+from breakgraph.bench.floor import prefill_floor
+from breakgraph.bench.peaks import gather_bandwidth, measure_peaks
 from breakgraph.bench.presets import PRESETS, preset_folder
+from breakgraph.kernels.indexer import indexer_fp8
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("disabled", "piecewise", "breakable", "torch-compile")
-HBM_BYTES_PER_S = 4.3e12  # H200, measured copy bandwidth
-PEAK_FLOPS = 790e12  # H200, measured dense bf16
 
 
 @dataclass
@@ -92,7 +95,16 @@ def main(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.tp_size > 1 and "torch-compile" in args.backends:
         raise SystemExit("--backends torch-compile runs the model in this process only; it cannot run with --tp-size > 1")
-    floors = {t: floor_seconds(engine, n, b) for n in args.input_len for b in args.batch_size for t in [(n, b)]}
+    peaks = measure_peaks(engine.device)
+    floors = {}
+    for n, b in itertools.product(args.input_len, args.batch_size):
+        gather = gather_bandwidth(engine.device, n * b)
+        floor = prefill_floor(engine, n, b, peaks, gather, indexer_fp8())
+        floors[(n, b)] = floor.total_s
+        logger.info("floor %d×%d: %.2f ms = GEMMs %.2f + latent attention %.2f (gather %.2f TB/s) + indexer %.2f",
+                    b, n, 1e3 * floor.total_s, 1e3 * floor.gemm_s, 1e3 * floor.attention_s, gather / 1e12,
+                    1e3 * floor.indexer_s)  # fmt: skip
+    logger.info("measured peaks: %s", {k: round(v, 1) for k, v in peaks.as_dict().items()})
     rows: list[Row] = []
     failures: dict[str, str] = {}
     table = ""
@@ -104,7 +116,8 @@ def main(args: argparse.Namespace) -> int:
             logger.exception("backend %s failed; going on with the next one", backend)
         engine.set_prefill_backend("disabled")
         torch.cuda.empty_cache() if engine.device.type == "cuda" else None
-        table = write_outputs(rows, args, name, failures)  # after every backend: a run cut short keeps what it measured
+        # after every backend: a run cut short keeps what it measured
+        table = write_outputs(rows, args, name, failures, peaks=peaks.as_dict())
     print(table)
     return 1 if failures else 0
 
@@ -124,48 +137,50 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
     with regional as compiled:
         for n, b in itertools.product(args.input_len, args.batch_size):
             batch, pages = make_batch(engine, n, b)
+            try:
 
-            def run(batch=batch) -> None:
-                if compiled is not None:
-                    from breakgraph.engine.forward_batch import forward_batch_context
+                def run(batch=batch) -> None:
+                    if compiled is not None:
+                        from breakgraph.engine.forward_batch import forward_batch_context
 
-                    with torch.inference_mode(), forward_batch_context(batch):
-                        h = compiled(batch.input_ids, batch.positions)
-                        engine.model.compute_logits(h[batch.logits_rows])
-                else:
-                    engine.runner.forward(batch)
+                        with torch.inference_mode(), forward_batch_context(batch):
+                            h = compiled(batch.input_ids, batch.positions)
+                            engine.model.compute_logits(h[batch.logits_rows])
+                    else:
+                        engine.runner.forward(batch)
 
-            t_first = time.perf_counter()
-            for _ in range(2):
-                run()
-            sync(engine)
-            if backend == "torch-compile":  # compile (a new length regime) + CUDA graph recording
-                capture_s = time.perf_counter() - t_first
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                run()
+                t_first = time.perf_counter()
+                for _ in range(2):
+                    run()
                 sync(engine)
-                times.append(time.perf_counter() - t0)
-            med = statistics.median(times)
-            busy, kernels, top = (None, None, None) if args.no_profile else profile(engine, run, med, args.top_kernels)
-            if top:
-                print(f"top kernels, {backend} {b}×{n} (GPU ms, calls, name):")
-                for name, ms, calls in top:
-                    print(f"  {ms:9.3f} {calls:6d}  {name[:110]}")
-            seg = brk = isl = None
-            graphs = engine.runner.prefill_graphs
-            if graphs is not None:
-                info = {bi.tokens: bi for bi in graphs.stats.buckets}
-                bucket, _ = graphs.bucket_for(n * b)
-                if bucket in info:
-                    seg, brk, isl = info[bucket].segments, info[bucket].breaks, info[bucket].islands
-            rows.append(Row(
-                backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
-                busy, kernels, seg, brk, isl, capture_s, mem, top,
-            ))  # fmt: skip
-            logger.info("%s %d×%d: %.2f ms (floor %.2f ms)", backend, b, n, med * 1e3, floors[(n, b)] * 1e3)
-            engine.kv_cache.pool.free(pages)
+                if backend == "torch-compile":  # compile (a new length regime) + CUDA graph recording
+                    capture_s = time.perf_counter() - t_first
+                times = []
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    run()
+                    sync(engine)
+                    times.append(time.perf_counter() - t0)
+                med = statistics.median(times)
+                busy, kernels, top = (None, None, None) if args.no_profile else profile(engine, run, med, args.top_kernels)
+                if top:
+                    print(f"top kernels, {backend} {b}×{n} (GPU ms, calls, name):")
+                    for name, ms, calls in top:
+                        print(f"  {ms:9.3f} {calls:6d}  {name[:110]}")
+                seg = brk = isl = None
+                graphs = engine.runner.prefill_graphs
+                if graphs is not None:
+                    info = {bi.tokens: bi for bi in graphs.stats.buckets}
+                    bucket, _ = graphs.bucket_for(n * b)
+                    if bucket in info:
+                        seg, brk, isl = info[bucket].segments, info[bucket].breaks, info[bucket].islands
+                rows.append(Row(
+                    backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
+                    busy, kernels, seg, brk, isl, capture_s, mem, top,
+                ))  # fmt: skip
+                logger.info("%s %d×%d: %.2f ms (floor %.2f ms)", backend, b, n, med * 1e3, floors[(n, b)] * 1e3)
+            finally:  # a failed shape must not hold pages the next backends need
+                engine.kv_cache.pool.free(pages)
 
 
 @contextlib.contextmanager
@@ -225,19 +240,24 @@ def compiled_decoder_layers(model, **compile_kwargs):
 
 
 def make_batch(engine, input_len: int, batch_size: int):
-    """A prefill batch of ``batch_size`` random prompts of ``input_len`` tokens on fresh pages."""
+    """A prefill batch of ``batch_size`` random prompts of ``input_len`` tokens on fresh pages;
+    returns ``(batch, pages)``, the caller frees ``pages``. On failure nothing stays allocated."""
     from breakgraph.engine.forward_batch import ForwardMode
     from breakgraph.engine.model_runner import BatchEntry
 
     pool = engine.kv_cache.pool
     g = torch.Generator().manual_seed(input_len * 131 + batch_size)
     entries, pages = [], []
-    for _ in range(batch_size):
-        p = pool.alloc(pool.pages_for(input_len))
-        pages += p
-        ids = torch.randint(0, engine.config.vocab_size, (input_len,), generator=g).tolist()
-        entries.append(BatchEntry(ids, 0, p))
-    return engine.runner.make_batch(entries, ForwardMode.EXTEND), pages
+    try:
+        for _ in range(batch_size):
+            p = pool.alloc(pool.pages_for(input_len))
+            pages += p
+            ids = torch.randint(0, engine.config.vocab_size, (input_len,), generator=g).tolist()
+            entries.append(BatchEntry(ids, 0, p))
+        return engine.runner.make_batch(entries, ForwardMode.EXTEND), pages
+    except BaseException:
+        pool.free(pages)
+        raise
 
 
 def sync(engine) -> None:
@@ -279,45 +299,19 @@ def profile(engine, run, wall_s: float, top: int = 0) -> tuple[float | None, int
         elif e > end:
             busy += e - end
             end = e
-    return min(1.0, busy / (wall_s * 1e6)), len(spans), ranked
+    return busy / (wall_s * 1e6), len(spans), ranked
 
 
-def floor_seconds(engine, input_len: int, batch_size: int) -> float:
-    """max(bytes ÷ HBM bandwidth, FLOPs ÷ peak) for one prefill of ``batch_size × input_len``."""
-    cfg, model = engine.config, engine.model
-    tokens = input_len * batch_size
-    weight_bytes = 0
-    flops = 0.0
-    for name, p in model.named_parameters():
-        if name.endswith("embed_tokens.weight") or "kv_b_proj" in name:
-            continue
-        nbytes = p.numel() * p.element_size()
-        if ".experts." in name and p.dim() == 3:
-            experts_hit = min(cfg.n_routed_experts, tokens * cfg.num_experts_per_tok)
-            nbytes = nbytes * experts_hit // cfg.n_routed_experts
-            if "scale" not in name:
-                flops += 2 * tokens * cfg.num_experts_per_tok * p[0].numel()
-        elif p.dim() == 2 and "scale" not in name and not name.endswith("norm.weight"):
-            rows = batch_size if name == "lm_head.weight" else tokens
-            flops += 2 * rows * p.numel()
-        weight_bytes += nbytes
-    heads, r, dr = model.model.layers[0].self_attn.num_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    for i in range(cfg.num_hidden_layers):
-        keys = sum(min(cfg.index_topk, t + 1) for t in range(input_len)) * batch_size
-        flops += 2 * keys * heads * (r + dr + r)  # scores + weighted sum in latent space
-        flops += 2 * 2 * tokens * heads * cfg.qk_nope_head_dim * r  # absorbed w_kc / w_vc
-        if cfg.has_indexer(i):
-            flops += 2 * batch_size * input_len * (input_len + 1) / 2 * cfg.index_n_heads * cfg.index_head_dim
-    return max(weight_bytes / HBM_BYTES_PER_S, flops / PEAK_FLOPS)
-
-
-def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | None = None) -> str:
-    """Write PREFIX.json, PREFIX.md and PREFIX.png for ``rows``; returns the markdown table."""
+def write_outputs(
+    rows: list[Row], args, name: str, failures: dict[str, str] | None = None, peaks: dict | None = None
+) -> str:
+    """Write PREFIX.json, PREFIX.md and PREFIX.png for ``rows`` (``peaks``: the measured rates the
+    floors used, recorded in the JSON); returns the markdown table."""
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     meta = {"model": name, "device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "command": "breakgraph bench prefill " + " ".join(_argv(args))}  # fmt: skip
+            "command": command_line(args), "peaks": peaks}  # fmt: skip
     failures = failures or {}
     out.with_suffix(".json").write_text(
         json.dumps({**meta, "rows": [asdict(r) for r in rows], "failures": failures}, indent=2)
@@ -331,16 +325,9 @@ def write_outputs(rows: list[Row], args, name: str, failures: dict[str, str] | N
     return table
 
 
-def _argv(args) -> list[str]:
-    parts = []
-    for key in ("preset", "model_path", "input_len", "batch_size", "backends", "repeats"):
-        value = getattr(args, key)
-        if value is None:
-            continue
-        flag = "--" + key.replace("_", "-")
-        parts.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}")
-    parts += ["--full-ladder"] if args.full_ladder else []
-    return parts
+def command_line(args: argparse.Namespace) -> str:
+    """``breakgraph bench prefill`` with every flag at its value in ``args``."""
+    return record.command_line(["breakgraph", "bench", "prefill"], add_arguments, args)
 
 
 def markdown_table(rows: list[Row]) -> str:

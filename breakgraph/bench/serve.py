@@ -35,9 +35,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -52,6 +51,9 @@ from breakgraph.bench.openai_client import (
     parse_sse_line,
     transport_error_message,
 )
+
+if TYPE_CHECKING:
+    import httpx  # imported where used: httpx comes with the bench, eval and serve extras
 
 # Common English words; with a leading space nearly every BPE vocabulary holds each as one token.
 _WORD_TEXT = (
@@ -232,6 +234,8 @@ async def send_request(
 ) -> RequestRecord:
     """Send one streaming completion and time it. Never raises for server or transport
     failures: they come back as ``success=False`` with ``error`` set."""
+    import httpx
+
     rec = RequestRecord(index=index, input_len=spec.input_len, output_len=spec.output_len)
     body: dict[str, Any] = {
         "model": model,
@@ -420,6 +424,8 @@ def summarize(
 
 async def run_bench_async(cfg: BenchConfig, progress: bool = True) -> BenchResult:
     """Run the load test; see ``run_bench``."""
+    import httpx
+
     base_url = normalize_base_url(cfg.base_url)
     specs = build_requests(cfg)
     arrivals = random.Random(cfg.seed + 1)

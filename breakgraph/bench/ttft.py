@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from breakgraph.bench import record
 from breakgraph.bench.presets import PRESETS, preset_folder
 
 
@@ -79,12 +80,7 @@ def main(args: argparse.Namespace) -> int:
                      "repeats": len(times), "chunk": engine.chunked_prefill_size, "prefill_peak_gib": peak})  # fmt: skip
         print(f"{n} tokens: TTFT {statistics.median(times):.3f} s (chunks of {engine.chunked_prefill_size}), "
               f"prefill peak {peak if peak is None else round(peak, 2)} GiB", flush=True)  # fmt: skip
-    command = "breakgraph bench ttft " + " ".join(
-        f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in vars(args).items()
-        if k in ("preset", "model_path", "input_len", "repeats", "chunked_prefill_size", "cuda_graph_backend_prefill",
-                 "device", "dtype") and v is not None and not (k == "preset" and args.model_path)
-    )  # fmt: skip
+    command = record.command_line(["breakgraph", "bench", "ttft"], add_arguments, args)
     table = [f"`{command}`", "", "| prompt tokens | TTFT s (median) | min–max s | chunk | prefill peak GiB |",
              "|---|---|---|---|---|"]
     for r in rows:

@@ -30,9 +30,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from tqdm.auto import tqdm
 
 from breakgraph.bench.openai_client import (
@@ -45,6 +44,9 @@ from breakgraph.bench.openai_client import (
     normalize_base_url,
     transport_error_message,
 )
+
+if TYPE_CHECKING:
+    import httpx  # imported where used: httpx comes with the bench, eval and serve extras
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "data" / "gsm8k"
 STOP = ["Question", "</s>", "<|im_end|>"]
@@ -231,6 +233,8 @@ def select_examples(
 async def _ask(
     client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int
 ) -> tuple[str, int | None, float]:
+    import httpx
+
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stop": STOP}
     t0 = time.perf_counter()
     try:
@@ -252,6 +256,8 @@ async def _ask(
 
 async def run_gsm8k_async(cfg: GSM8KConfig, progress: bool = True) -> GSM8KResult:
     """Run the evaluation; see ``run_gsm8k``."""
+    import httpx
+
     base_url = normalize_base_url(cfg.base_url)
     data_dir = Path(cfg.data_dir)
     test = load_jsonl(data_dir / "test.jsonl")
