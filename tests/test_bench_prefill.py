@@ -83,7 +83,7 @@ def test_regional_compile_shares_code_across_layers_and_matches_eager(tmp_path):
     from torch._dynamo.utils import counters
 
     from breakgraph import Engine
-    from breakgraph.engine.forward_batch import forward_batch_context
+    from breakgraph.forward_context import forward_batch_context
 
     layers = 10
     cfg = dsv32_config(num_hidden_layers=layers).to_dict()

@@ -77,7 +77,7 @@ def test_regional_torch_compile_matches_eager(tmp_path):
 
     from breakgraph.bench import prefill
     from breakgraph.bench.presets import GLM5_TP8_RANK, _variant
-    from breakgraph.engine.forward_batch import forward_batch_context
+    from breakgraph.forward_context import forward_batch_context
 
     (tmp_path / "config.json").write_text(json.dumps(_variant(GLM5_TP8_RANK, num_hidden_layers=4)))
     eng = Engine(tmp_path, device="cuda", load_format="dummy", page_size=64, num_pages=40, context_length=1100,

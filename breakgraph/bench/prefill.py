@@ -127,7 +127,7 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
 
             def run(batch=batch) -> None:
                 if compiled is not None:
-                    from breakgraph.engine.forward_batch import forward_batch_context
+                    from breakgraph.forward_context import forward_batch_context
 
                     with torch.inference_mode(), forward_batch_context(batch):
                         h = compiled(batch.input_ids, batch.positions)
@@ -226,8 +226,8 @@ def compiled_decoder_layers(model, **compile_kwargs):
 
 def make_batch(engine, input_len: int, batch_size: int):
     """A prefill batch of ``batch_size`` random prompts of ``input_len`` tokens on fresh pages."""
-    from breakgraph.engine.forward_batch import ForwardMode
     from breakgraph.engine.model_runner import BatchEntry
+    from breakgraph.forward_context import ForwardMode
 
     pool = engine.kv_cache.pool
     g = torch.Generator().manual_seed(input_len * 131 + batch_size)

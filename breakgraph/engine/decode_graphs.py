@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from breakgraph.engine.forward_batch import ForwardBatch, ForwardMode, forward_batch_context
 from breakgraph.engine.kv_cache import KVCache
-from breakgraph.graphs.segments import Segment, make_capturer, new_graph_pool
+from breakgraph.forward_context import ForwardBatch, ForwardMode, forward_batch_context
+from breakgraph.graphs.capture import make_capturer
+from breakgraph.graphs.segments import Segment, new_graph_pool
 
 logger = logging.getLogger(__name__)
 

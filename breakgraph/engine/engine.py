@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 
 from breakgraph.engine.decode_graphs import DECODE_BACKENDS, DecodeGraphRunner, default_decode_buckets
-from breakgraph.engine.forward_batch import ForwardMode
 from breakgraph.engine.kv_cache import KVCache
 from breakgraph.engine.model_runner import BatchEntry, ModelRunner
 from breakgraph.engine.request import Request
 from breakgraph.engine.sampling import SamplingParams, sample
 from breakgraph.engine.scheduler import Scheduler
+from breakgraph.forward_context import ForwardMode
 from breakgraph.graphs.prefill_runner import PrefillGraphRunner, default_prefill_buckets
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.loader import load_model

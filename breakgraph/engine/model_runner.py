@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from breakgraph.engine.forward_batch import ForwardBatch, ForwardMode, forward_batch_context
 from breakgraph.engine.kv_cache import KVCache
+from breakgraph.forward_context import ForwardBatch, ForwardMode, forward_batch_context
 from breakgraph.models.glm5 import DsaForCausalLM
 
 

@@ -53,8 +53,8 @@ import torch
 import torch.distributed as dist
 
 from breakgraph.distributed import ParallelState
-from breakgraph.engine.forward_batch import ForwardBatch, ForwardMode
 from breakgraph.engine.model_runner import ModelRunner
+from breakgraph.forward_context import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
     from breakgraph.engine.engine import Engine
