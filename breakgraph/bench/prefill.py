@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
         folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page_size,
         num_pages=2 + max(args.batch_size) * -(-per_req // page_size), context_length=per_req,
         chunked_prefill_size=max_tokens, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled",
-        tp_size=args.tp_size,
+        fold_islands=args.fold_islands, tp_size=args.tp_size,
     )  # fmt: skip
     if args.tp_size > 1 and "torch-compile" in args.backends:
         raise SystemExit("--backends torch-compile runs the model in this process only; it cannot run with --tp-size > 1")
@@ -114,7 +114,6 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
     capture_s = mem = None
     if backend in ("piecewise", "breakable"):
         shapes = sorted({n * b for n in args.input_len for b in args.batch_size})
-        engine.fold_islands = args.fold_islands
         engine.set_prefill_backend(backend, None if args.full_ladder else shapes, max_bucket=max_tokens)
         stats = engine.runner.prefill_graphs.stats
         capture_s, mem = stats.capture_s, stats.graph_memory_bytes / 2**30

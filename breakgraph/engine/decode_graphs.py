@@ -24,9 +24,6 @@ from breakgraph.graphs.segments import Segment, new_graph_pool
 
 logger = logging.getLogger(__name__)
 
-DECODE_BACKENDS = ("disabled", "full")
-
-
 def default_decode_buckets(max_bs: int) -> list[int]:
     """1, 2, 4, 8, then every 8 up to ``max_bs`` (included)."""
     return sorted({b for b in [1, 2, 4, 8, *range(16, max_bs + 1, 8)] if b <= max_bs} | {max_bs})

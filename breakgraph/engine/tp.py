@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from breakgraph.distributed import ParallelState
+from breakgraph.engine.config import EngineConfig
 from breakgraph.engine.model_runner import ModelRunner
 from breakgraph.forward_context import ForwardBatch, ForwardMode
 
@@ -63,17 +64,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TIMEOUT_ENV = "BREAKGRAPH_TP_TIMEOUT_S"
-GRACE_ENV = "BREAKGRAPH_TP_GRACE_S"
 _FOREVER = datetime.timedelta(days=365)
 
 
 class TensorParallelError(RuntimeError):
     """A tensor-parallel rank failed or could not start; the engine cannot continue."""
-
-
-def _timeout() -> datetime.timedelta:
-    return datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
 
 
 @dataclass(frozen=True)
@@ -103,12 +98,13 @@ def _describe_exit(code: int | None) -> str:
 
 
 # -- start-up ----------------------------------------------------------------------------------
-def start(engine: Engine, tp_size: int, engine_args: dict[str, Any]) -> TPGroup:
+def start(engine: Engine, config: EngineConfig) -> TPGroup:
     """Check the configuration, start (or join) the other ranks and the process group.
 
     Called from ``Engine.__init__`` after the config is read; sets ``engine.device`` to this
-    rank's device. ``engine_args`` are the Engine's arguments, passed on to spawned ranks.
+    rank's device. Spawned ranks are sent ``config``.
     """
+    tp_size = config.tp_size
     from breakgraph.models.glm5 import check_tensor_parallel
     from breakgraph.models.loader import build_model
 
@@ -123,7 +119,7 @@ def start(engine: Engine, tp_size: int, engine_args: dict[str, Any]) -> TPGroup:
             f"--tp-size {tp_size} needs {tp_size} CUDA devices (one per rank) but {torch.cuda.device_count()} "
             "are visible; lower --tp-size or set CUDA_VISIBLE_DEVICES"
         )
-    if device.type == "cpu" and engine_args.get("cuda_graph_backend_decode") == "full":
+    if device.type == "cpu" and config.cuda_graph_backend_decode == "full":
         raise ValueError(
             "--cuda-graph-backend-decode full cannot run with --tp-size > 1 on CPU: the CPU graph backend cannot "
             "record gloo collectives inside a full graph; use 'disabled'"
@@ -136,11 +132,11 @@ def start(engine: Engine, tp_size: int, engine_args: dict[str, Any]) -> TPGroup:
             )
         _CURRENT._abandon()  # an Engine(...) that failed half-way left its ranks behind
     if _SPAWNED is not None:
-        group = TPGroup._join_spawned(_SPAWNED, device)
+        group = TPGroup._join_spawned(_SPAWNED, device, config)
     elif "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        group = TPGroup._join_torchrun(tp_size, device)
+        group = TPGroup._join_torchrun(device, config)
     else:
-        group = TPGroup._spawn(tp_size, device, engine_args)
+        group = TPGroup._spawn(device, config)
     _CURRENT = group
     engine.device = group.device
     return group
@@ -170,18 +166,18 @@ def _spawn_environment() -> Iterator[None]:
             os.environ["TQDM_DISABLE"] = tqdm_env
 
 
-def _worker_entry(launch: _Launch, engine_args: dict[str, Any]) -> None:
+def _worker_entry(launch: _Launch, config: dict[str, Any]) -> None:
     """Body of a spawned rank: build the Engine as rank ``launch.rank`` (which then serves)."""
     global _SPAWNED
     _SPAWNED = launch
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
     threading.Thread(target=_watch_parent, args=(launch,), daemon=True, name="breakgraph-tp-parent").start()
-    if str(engine_args.get("device") or "cpu").startswith("cpu") and not torch.cuda.is_available():
+    if str(config.get("device") or "cpu").startswith("cpu") and not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.world))
     from breakgraph.engine.engine import Engine
 
     try:
-        Engine(**engine_args)
+        Engine(EngineConfig.from_dict(config))
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:  # noqa: BLE001 - reported, then the rank exits
@@ -211,8 +207,11 @@ class TPGroup:
     """This process's view of the tensor-parallel job: rank, device, the command channel, and
     (rank 0, spawn) the worker processes and their watchdog."""
 
-    def __init__(self, rank: int, world: int, local_rank: int, device: torch.device, commands: Any) -> None:
+    def __init__(
+        self, rank: int, world: int, local_rank: int, device: torch.device, commands: Any, config: EngineConfig
+    ) -> None:
         self.rank = rank
+        self.config = config
         self.world = world
         self.local_rank = local_rank
         self.device = device
@@ -256,10 +255,12 @@ class TPGroup:
             )
 
     @classmethod
-    def _init_process_group(cls, device: torch.device, rank: int, world: int, store: Any = None) -> None:
+    def _init_process_group(
+        cls, device: torch.device, rank: int, world: int, timeout: datetime.timedelta, store: Any = None
+    ) -> None:
         cls._check_no_group()
         kwargs: dict[str, Any] = {"backend": cls._backend(device), "rank": rank, "world_size": world}
-        kwargs["timeout"] = _timeout()
+        kwargs["timeout"] = timeout
         if store is not None:
             kwargs["store"] = store
         else:
@@ -269,26 +270,25 @@ class TPGroup:
         dist.init_process_group(**kwargs)
 
     @classmethod
-    def _spawn(cls, world: int, device: torch.device, engine_args: dict[str, Any]) -> TPGroup:
+    def _spawn(cls, device: torch.device, config: EngineConfig) -> TPGroup:
         cls._check_no_group()
+        world, timeout = config.tp_size, _timeout(config)
         device = cls._rank_device(device, 0)
-        store = dist.TCPStore(
-            "127.0.0.1", 0, world, is_master=True, timeout=_timeout(), wait_for_workers=False
-        )
-        group = cls(0, world, 0, device, dist.PrefixStore("cmd/", store))
+        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+        group = cls(0, world, 0, device, dist.PrefixStore("cmd/", store), config)
         group._store = store
         ctx = torch.multiprocessing.get_context("spawn")
         launches = [_Launch(r, world, "127.0.0.1", store.port, os.getpid()) for r in range(1, world)]
         try:
             for launch in launches:
                 proc = ctx.Process(
-                    target=_worker_entry, args=(launch, engine_args), name=f"breakgraph-tp{launch.rank}"
+                    target=_worker_entry, args=(launch, config.to_dict()), name=f"breakgraph-tp{launch.rank}"
                 )
                 with _spawn_environment():
                     proc.start()
                 group._procs.append((launch.rank, proc))
             group._wait_for_hellos(store)
-            cls._init_process_group(device, 0, world, dist.PrefixStore("pg/", store))
+            cls._init_process_group(device, 0, world, timeout, dist.PrefixStore("pg/", store))
         except BaseException:
             group._stop_processes()
             raise
@@ -300,17 +300,19 @@ class TPGroup:
         return group
 
     @classmethod
-    def _join_spawned(cls, launch: _Launch, device: torch.device) -> TPGroup:
+    def _join_spawned(cls, launch: _Launch, device: torch.device, config: EngineConfig) -> TPGroup:
         device = cls._rank_device(device, launch.rank)
-        store = dist.TCPStore(launch.host, launch.port, launch.world, is_master=False, timeout=_timeout())
+        timeout = _timeout(config)
+        store = dist.TCPStore(launch.host, launch.port, launch.world, is_master=False, timeout=timeout)
         commands = dist.TCPStore(launch.host, launch.port, is_master=False, timeout=_FOREVER)
-        group = cls(launch.rank, launch.world, launch.rank, device, dist.PrefixStore("cmd/", commands))
+        group = cls(launch.rank, launch.world, launch.rank, device, dist.PrefixStore("cmd/", commands), config)
         store.set(f"hello/{launch.rank}", "1")
-        cls._init_process_group(device, launch.rank, launch.world, dist.PrefixStore("pg/", store))
+        cls._init_process_group(device, launch.rank, launch.world, timeout, dist.PrefixStore("pg/", store))
         return group
 
     @classmethod
-    def _join_torchrun(cls, tp_size: int, device: torch.device) -> TPGroup:
+    def _join_torchrun(cls, device: torch.device, config: EngineConfig) -> TPGroup:
+        tp_size = config.tp_size
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         if world != tp_size:
@@ -318,10 +320,10 @@ class TPGroup:
                 f"torchrun started WORLD_SIZE={world} processes but --tp-size is {tp_size}; make them equal"
             )
         device = cls._rank_device(device, local_rank)
-        cls._init_process_group(device, rank, world)
+        cls._init_process_group(device, rank, world, _timeout(config))
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         commands = dist.TCPStore(host, port, is_master=False, timeout=_FOREVER)
-        group = cls(rank, world, local_rank, device, dist.PrefixStore("breakgraph/tp/cmd/", commands))
+        group = cls(rank, world, local_rank, device, dist.PrefixStore("breakgraph/tp/cmd/", commands), config)
         if rank == 0:
             atexit.register(group.shutdown)
         return group
@@ -329,7 +331,7 @@ class TPGroup:
     def _wait_for_hellos(self, store: Any) -> None:
         """Wait until every spawned rank has started (imports done), or report the one that died."""
         keys = [f"hello/{r}" for r, _ in self._procs]
-        deadline = time.monotonic() + _timeout().total_seconds()
+        deadline = time.monotonic() + self.config.tp_timeout_s
         while not store.check(keys):
             for r, p in self._procs:
                 if p.exitcode is not None:
@@ -338,7 +340,7 @@ class TPGroup:
                         "its error is printed above"
                     )
             if time.monotonic() > deadline:
-                raise TensorParallelError(f"tensor-parallel ranks did not start within {_timeout()}")
+                raise TensorParallelError(f"tensor-parallel ranks did not start within {_timeout(self.config)}")
             time.sleep(0.05)
 
     # -- used by the Engine -----------------------------------------------------------------
@@ -371,11 +373,11 @@ class TPGroup:
             self.serve(engine)
 
     def on_set_prefill_backend(
-        self, backend: str, buckets: list[int] | None, max_bucket: int | None, fold: bool
+        self, backend: str, buckets: list[int] | tuple[int, ...] | None, max_bucket: int | None
     ) -> None:
         """Rank 0, after start-up: make every worker rebuild its prefill graphs the same way."""
         if self.rank == 0 and self._ready:
-            self._guarded(lambda: self._post(("set_prefill_backend", backend, buckets, max_bucket, fold)))
+            self._guarded(lambda: self._post(("set_prefill_backend", backend, buckets, max_bucket)))
 
     # -- commands -------------------------------------------------------------------------
     def _post(self, command: tuple) -> None:
@@ -439,8 +441,7 @@ class TPGroup:
                     batch = self._receive_batch(header, engine.kv_cache)
                     engine.runner.forward(batch, all_logits=all_logits)
                 elif command[0] == "set_prefill_backend":
-                    _, backend, buckets, max_bucket, fold = command
-                    engine.fold_islands = fold
+                    _, backend, buckets, max_bucket = command
                     engine.set_prefill_backend(backend, buckets, max_bucket)
                 else:
                     raise TensorParallelError(f"unknown command {command[0]!r} from rank 0")
@@ -513,8 +514,7 @@ class TPGroup:
                 self._stop_processes(timeout=0.0)
                 if self.device.type == "cuda":
                     _abort_group()
-                    grace = float(os.environ.get(GRACE_ENV, "30"))
-                    deadline = time.monotonic() + grace
+                    deadline = time.monotonic() + self.config.tp_grace_s
                     while self._busy and time.monotonic() < deadline:
                         time.sleep(0.1)
                     if self._busy:
@@ -566,6 +566,10 @@ class TPGroup:
         self._drop_graphs()
         _destroy_group()
         self._stop_processes()
+
+
+def _timeout(config: EngineConfig) -> datetime.timedelta:
+    return datetime.timedelta(seconds=config.tp_timeout_s)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
