@@ -132,7 +132,7 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
                         h = compiled(batch.input_ids, batch.positions)
                         engine.model.compute_logits(h[batch.logits_rows])
                 else:
-                    engine.runner.forward(batch)
+                    engine.executor.forward(batch)
 
             t_first = time.perf_counter()
             for _ in range(2):

@@ -1,7 +1,9 @@
 """The offline engine: tokenizer → scheduler → model runner → sampler → detokenizer.
 
-Life of an engine, top to bottom in ``__init__``: read the config, load the model, size the
-paged KV cache, set up the scheduler (and, with a graph backend, capture prefill graphs).
+Life of an engine, top to bottom in ``__init__``: settle the config, build the model runner
+through its executor (load the model, size the paged KV cache, capture graphs: see
+:mod:`breakgraph.engine.model_runner`; under tensor parallelism on every rank), then the
+tokenizer and the scheduler.
 ``generate`` and ``prompt_logits`` drive :meth:`Engine.step` until their requests finish.
 """
 
@@ -15,21 +17,15 @@ from typing import Any
 
 import torch
 
-from breakgraph.engine.config import PREFILL_BACKENDS, EngineConfig
-from breakgraph.engine.decode_graphs import DecodeGraphRunner, default_decode_buckets
-from breakgraph.engine.kv_cache import KVCache
-from breakgraph.engine.model_runner import BatchEntry, ModelRunner
+from breakgraph.engine.config import EngineConfig
+from breakgraph.engine.executor import make_executor
+from breakgraph.engine.model_runner import BatchEntry, ModelSpec
 from breakgraph.engine.request import Request
 from breakgraph.engine.sampling import SamplingParams, sample
 from breakgraph.engine.scheduler import Scheduler
 from breakgraph.forward_context import ForwardMode
-from breakgraph.graphs.prefill_runner import PrefillGraphRunner, default_prefill_buckets
-from breakgraph.models.config import ModelConfig
-from breakgraph.models.loader import load_model
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -42,16 +38,6 @@ class Completion:
     finish_reason: str
     prompt_tokens: int
     logprobs: list[float]
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {['auto', *DTYPES]}, got {dtype!r}")
-    return DTYPES[dtype]
 
 
 class Engine:
@@ -76,102 +62,40 @@ class Engine:
 
             config = config.replace(model_path=str(default_model_path()))
         self.engine_config = cfg = config
+        spec = ModelSpec.resolve(cfg)
         self.model_path = Path(cfg.model_path)
-        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
-        self.config = ModelConfig.from_pretrained(self.model_path)
-        self.context_length = min(cfg.context_length or self.config.max_position_embeddings, self.config.max_position_embeddings)
-        self.tp = None  # tensor parallelism: the TPGroup of this rank
-        if cfg.tp_size != 1:
-            from breakgraph.engine import tp
-
-            self.tp = tp.start(self, cfg)
-
+        self.config = spec.model_config
+        self.context_length = spec.context_length
+        self.dtype = spec.dtype
+        self.executor = make_executor(cfg, spec)  # under TP: starts (or joins) the other ranks first
+        self.tp = self.executor.tp  # the tensor-parallel group (None at TP 1)
+        self.runner = self.executor.runner
+        self.device, self.model, self.kv_cache = self.runner.device, self.runner.model, self.runner.kv_cache
         try:
-            t0 = time.perf_counter()
-            self.model = load_model(
-                self.model_path, config=self.config, device=self.device, dtype=self.dtype, load_format=cfg.load_format,
-                max_positions=self.context_length, seed=cfg.seed, parallel=self.tp.state if self.tp else None,
-            )  # fmt: skip
-            logger.info("loaded %s (%s, %s) in %.1fs", self.model_path, self.config.model_type, self.dtype, time.perf_counter() - t0)
-            self.tokenizer = _load_tokenizer(self.model_path) if self.tp is None or self.tp.rank == 0 else None
-            if self.config.fp8 is not None and self.device.type == "cuda":
-                from breakgraph.kernels.triton_fp8 import scaled_mm_blockwise_mode
-
-                scaled_mm_blockwise_mode(self.device)  # probe now: every backend then takes the same GEMM
-
-            num_pages = cfg.num_pages
-            if num_pages is None:
-                num_pages = self._default_num_pages(cfg.page_size, cfg.max_running_requests, cfg.mem_fraction_static)
-            if self.tp is not None:
-                num_pages = self.tp.agree_on_num_pages(num_pages)
-            self.kv_cache = KVCache(self.config, num_pages, cfg.page_size, self.dtype, self.device)
-            if self.tp is None:
-                self.runner = ModelRunner(self.model, self.kv_cache, self.device)
-            else:
-                self.runner = self.tp.make_runner(self.model, self.kv_cache, self.device)
+            self.tokenizer = _load_tokenizer(self.model_path)
             self.scheduler = Scheduler(
-                self.kv_cache.pool, self.context_length, cfg.max_running_requests, cfg.chunked_prefill_size
+                self.kv_cache.pool, self.context_length, cfg.max_running_requests, self.runner.max_prefill_tokens
             )
-            self.set_prefill_backend(
-                cfg.cuda_graph_backend_prefill or ("breakable" if self.device.type == "cuda" else "disabled"),
-                cfg.cuda_graph_bs_prefill, cfg.cuda_graph_max_bs_prefill,
-            )  # fmt: skip
-            decode_backend = cfg.cuda_graph_backend_decode or ("full" if self.device.type == "cuda" else "disabled")
-            if decode_backend == "full":
-                max_bs = cfg.cuda_graph_max_bs or min(cfg.max_running_requests, 64)
-                self.runner.decode_graphs = DecodeGraphRunner(
-                    self.model, self.kv_cache, self.device, default_decode_buckets(max_bs),
-                    max_pages=self.kv_cache.pool.pages_for(self.context_length),
-                )  # fmt: skip
-                self.runner.decode_graphs.capture()
             self.eos_ids = set(self.config.eos_token_ids)
             if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 self.eos_ids.add(self.tokenizer.eos_token_id)
-            if self.tp is not None:
-                self.tp.ready(self)  # ranks > 0 serve rank 0's steps from here on and never return
         except BaseException:
-            if self.tp is not None and self.tp.rank == 0:
-                self.tp._abandon()  # do not leave the other ranks waiting for a collective
+            self.executor.shutdown()
             raise
 
-    def _default_num_pages(self, page_size: int, max_running: int, mem_fraction: float) -> int:
-        per_page = KVCache.bytes_per_page(self.config, page_size, self.dtype)
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * mem_fraction)
-        else:
-            want = -(-self.context_length // page_size) * min(max_running, 8) + 1
-            budget = min(want * per_page, 2 << 30)
-        return max(2, budget // per_page)
+    @property
+    def prefill_backend(self) -> str:
+        """The prefill graph backend in use (``disabled``: eager)."""
+        return self.runner.prefill_backend
 
     def set_prefill_backend(
         self, backend: str, buckets: list[int] | tuple[int, ...] | None = None, max_bucket: int | None = None
     ) -> None:
-        """(Re)build the prefill graphs: capture ``buckets`` (default: the ladder up to
-        ``max_bucket``, itself defaulting to ``min(chunked_prefill_size, 4096)``) for ``backend``;
-        ``disabled`` drops them. Prefill chunks are capped at the largest bucket."""
-        if backend not in PREFILL_BACKENDS:
-            raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
-        if self.tp is not None:
-            self.tp.on_set_prefill_backend(backend, buckets, max_bucket)
-        self.runner.prefill_graphs = None
-        self.prefill_backend = backend
-        asked = self.engine_config.chunked_prefill_size  # graphs may lower the effective chunk
-        self.scheduler.chunked_prefill_size = asked
-        if backend == "disabled":
-            return
-        max_bucket = max_bucket or min(asked, 4096)
-        buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket)
-        if asked > buckets[-1]:
-            logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
-            self.scheduler.chunked_prefill_size = buckets[-1]
-        graphs = PrefillGraphRunner(
-            self.model, backend=backend, device=self.device, buckets=buckets,
-            capture_context=self.runner.capture_context, fold_islands=self.engine_config.fold_islands,
-        )  # fmt: skip
-        graphs.capture()
-        self.runner.prefill_graphs = graphs
+        """(Re)build the prefill graphs on every rank: capture ``buckets`` (default: the ladder up
+        to ``max_bucket``, itself defaulting to ``min(chunked_prefill_size, 4096)``) for
+        ``backend``; ``disabled`` drops them. Prefill chunks are capped at the largest bucket."""
+        self.executor.set_prefill_backend(backend, buckets, max_bucket)
+        self.scheduler.chunked_prefill_size = self.runner.max_prefill_tokens
 
     def graph_stats(self) -> dict:
         """What the prefill graphs did: backend, captured buckets, capture time, graph memory,
@@ -188,8 +112,7 @@ class Engine:
 
     def shutdown(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do for a single-process engine)."""
-        if self.tp is not None:
-            self.tp.shutdown()
+        self.executor.shutdown()
 
     def __enter__(self) -> Engine:
         return self
@@ -233,7 +156,7 @@ class Engine:
             entries.append(BatchEntry(tokens, req.num_computed, req.pages))
         batch = self.runner.make_batch(entries, plan.mode)
         want_all = any(req.prompt_logits is not None for req, _ in plan.entries)
-        logits = self.runner.forward(batch, all_logits=want_all)
+        logits = self.executor.forward(batch, all_logits=want_all)
         progressed, start = [], 0
         for b, (req, n) in enumerate(plan.entries):
             row = (start + n - 1) if want_all else b
