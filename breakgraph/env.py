@@ -47,7 +47,3 @@ def read(name: str) -> str:
         raise ValueError(f"{name} must be one of {', '.join(knob.choices)}, got {value!r}")
     return value
 
-
-def describe() -> str:
-    """One line per knob (name, default, help), for ``--help`` epilogs."""
-    return "\n".join(f"  {name} (default {k.default}): {k.help}" for name, k in KNOBS.items())
