@@ -4,8 +4,11 @@ and the environment knobs all come from its fields."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from breakgraph import Engine, env
 from breakgraph.cli import build_parser, engine_config
@@ -42,6 +45,12 @@ def test_env_knobs_are_read_once_when_the_config_is_built(monkeypatch):
     monkeypatch.delenv("BREAKGRAPH_TP_GRACE_S", raising=False)
     assert cfg.tp_grace_s == float(env.KNOBS["BREAKGRAPH_TP_GRACE_S"].default)
     assert EngineConfig.from_dict(cfg.to_dict()) == cfg  # what a TP rank is sent round-trips
+
+
+def test_paths_devices_and_dtypes_are_kept_as_plain_values():
+    cfg = EngineConfig(model_path=Path("/m"), device=torch.device("cpu"), dtype=torch.bfloat16)
+    assert (cfg.model_path, cfg.device, cfg.dtype) == ("/m", "cpu", "bfloat16")
+    assert json.loads(json.dumps(cfg.to_dict())) == cfg.to_dict()
 
 
 def test_bad_settings_name_the_flag_or_variable(monkeypatch):

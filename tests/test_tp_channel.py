@@ -118,6 +118,9 @@ def test_tp_listens_on_loopback_only_and_refuses_a_forged_command(hf_checkpoints
     try:
         params = SamplingParams(max_new_tokens=2, ignore_eos=True)
         assert engine.generate([[1, 2, 3]], params)[0].token_ids
+        with pytest.raises(ValueError, match="argument 'buckets'"):  # refused on rank 0, nothing posted
+            engine.set_prefill_backend("breakable", [16.5])
+        assert engine.generate([[1, 2, 3]], params)[0].token_ids
         (pid,) = engine.tp.worker_pids
         port = engine.tp.store_port
         for p in (os.getpid(), pid):

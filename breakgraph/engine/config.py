@@ -104,8 +104,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.dtype, str):  # a torch.dtype: kept by name, so the config stays plain data
             object.__setattr__(self, "dtype", str(self.dtype).removeprefix("torch."))
-        if self.model_path is not None:
-            object.__setattr__(self, "model_path", str(self.model_path))
+        for name in ("model_path", "device"):  # a Path or torch.device: kept as its string
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, str(getattr(self, name)))
         if self.cuda_graph_bs_prefill is not None:
             object.__setattr__(self, "cuda_graph_bs_prefill", tuple(self.cuda_graph_bs_prefill))
         for f in dataclasses.fields(self):

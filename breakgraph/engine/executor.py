@@ -20,7 +20,7 @@ import torch.distributed as dist
 from breakgraph.engine import tp_launch
 from breakgraph.engine.config import PREFILL_BACKENDS, EngineConfig
 from breakgraph.engine.model_runner import ModelRunner, ModelSpec
-from breakgraph.engine.tp_channel import CommandRefused, batch_from_header, batch_header, tensor_sizes
+from breakgraph.engine.tp_channel import CommandRefused, batch_from_header, batch_header, check, tensor_sizes
 from breakgraph.engine.tp_launch import TensorParallelError, TPGroup
 from breakgraph.forward_context import ForwardBatch
 
@@ -76,6 +76,10 @@ class TPExecutor:
         if backend not in PREFILL_BACKENDS:  # refused here, before any rank starts on it
             raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
         args = {"backend": backend, "buckets": list(buckets) if buckets else None, "max_bucket": max_bucket}
+        try:
+            check("set_prefill_backend", args)
+        except CommandRefused as exc:
+            raise ValueError(f"set_prefill_backend: {exc} (buckets and max_bucket are token counts)") from None
 
         def rebuild() -> None:
             self.tp.channel.post("set_prefill_backend", args)

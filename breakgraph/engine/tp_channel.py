@@ -87,16 +87,20 @@ def verify(key: bytes, value: bytes, seq: int) -> tuple[str, dict[str, Any]]:
         raise CommandRefused("command must be an object with exactly seq, method and args")
     if message["seq"] != seq:
         raise CommandRefused(f"command number {message['seq']!r} where {seq} was due")
-    method, args = message["method"], message["args"]
+    check(message["method"], message["args"])
+    return message["method"], message["args"]
+
+
+def check(method: Any, args: Any) -> None:
+    """Raise :class:`CommandRefused` unless ``method(**args)`` fits :data:`METHODS`."""
     if method not in METHODS:
         raise CommandRefused(f"unknown method {method!r} (known: {sorted(METHODS)})")
     schema = METHODS[method]
     if not isinstance(args, dict) or set(args) != set(schema):
         raise CommandRefused(f"{method} takes exactly the arguments {sorted(schema)}")
-    for name, check in schema.items():
-        if not check(args[name]):
+    for name, fits in schema.items():
+        if not fits(args[name]):
             raise CommandRefused(f"{method}: argument {name!r} has the wrong type or value")
-    return method, args
 
 
 # -- ForwardBatch over the wire ------------------------------------------------------------------
@@ -211,10 +215,9 @@ class CommandChannel:
     def post(self, method: str, args: dict[str, Any]) -> None:
         """Rank 0: post ``method(**args)`` (checked against :data:`METHODS` first, so rank 0
         never sends what a worker would refuse)."""
+        check(method, args)
         self._seq += 1
-        value = sign(self._key, self._seq, method, args)
-        verify(self._key, value, self._seq)
-        self._store.set(str(self._seq), value)
+        self._store.set(str(self._seq), sign(self._key, self._seq, method, args))
         # Commands up to the last sync point were read by every worker; later ones may be unread.
         while self._deleted_through < self._last_sync:
             self._deleted_through += 1
