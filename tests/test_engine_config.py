@@ -72,6 +72,9 @@ def test_keywords_and_config_build_the_same_engine(hf_checkpoints):
     kw = dict(device="cpu", dtype="float32", page_size=4, cuda_graph_backend_prefill="breakable",
               cuda_graph_bs_prefill=[16], fold_islands=True)  # fmt: skip
     by_keywords = Engine(folder, **kw)
+    import breakgraph
+
+    assert breakgraph.EngineConfig is EngineConfig  # exported at the package root
     by_config = Engine(EngineConfig(model_path=folder, **kw))
     assert by_keywords.engine_config == by_config.engine_config
     assert by_config.runner.prefill_graphs.fold_islands is True  # the setting reached the graphs
