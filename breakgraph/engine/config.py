@@ -22,7 +22,8 @@ PARALLEL = "parallelism"
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-PREFILL_BACKENDS = ("disabled", "breakable", "piecewise")
+# The graph backends' names, the one list each (implementations: graphs/ and engine/decode_graphs.py).
+PREFILL_BACKENDS = ("disabled", "breakable", "piecewise", "torch-compile")
 DECODE_BACKENDS = ("disabled", "full")
 
 
@@ -73,8 +74,9 @@ class EngineConfig:
     seed: int = setting(0, "seed for dummy weights", type=int)
     cuda_graph_backend_prefill: str | None = setting(
         None, "prefill under graphs: breakable (breakable CUDA graphs), piecewise (torch.compile split at the split "
-        "ops) or disabled (eager). Default: breakable on CUDA, disabled on CPU; on CPU the graph backends run on "
-        "the CPU graph backend", group=GRAPHS, choices=PREFILL_BACKENDS,
+        "ops), torch-compile (regional torch.compile of each decoder layer, mode reduce-overhead; also runs decode, "
+        "so decode graphs stay off; TP 1 only) or disabled (eager). Default: breakable on CUDA, disabled on CPU; "
+        "on CPU the graph backends run on the CPU graph backend", group=GRAPHS, choices=PREFILL_BACKENDS,
     )  # fmt: skip
     cuda_graph_bs_prefill: tuple[int, ...] | None = setting(
         None, "token counts to capture prefill graphs for (default: the bucket ladder up to "
@@ -85,7 +87,8 @@ class EngineConfig:
         "exceed it", group=GRAPHS, type=int,
     )  # fmt: skip
     cuda_graph_backend_decode: str | None = setting(
-        None, "decode under full graphs, one per batch-size bucket (default: full on CUDA, disabled on CPU)",
+        None, "decode under full graphs, one per batch-size bucket (default: full on CUDA, disabled on CPU and "
+        "with --cuda-graph-backend-prefill torch-compile)",
         group=GRAPHS, choices=DECODE_BACKENDS,
     )  # fmt: skip
     cuda_graph_max_bs: int | None = setting(
@@ -114,6 +117,14 @@ class EngineConfig:
             value = getattr(self, f.name)
             if choices and value is not None and value not in choices:
                 raise ValueError(f"--{flag_name(f.name)} must be one of {list(choices)}, got {value!r}")
+        if self.cuda_graph_backend_prefill == "torch-compile":
+            if self.tp_size > 1:
+                raise ValueError("--cuda-graph-backend-prefill torch-compile runs in one process: it cannot run with --tp-size > 1")
+            if self.cuda_graph_backend_decode == "full":
+                raise ValueError(
+                    "--cuda-graph-backend-prefill torch-compile compiles the layers decode runs too: "
+                    "use --cuda-graph-backend-decode disabled"
+                )
         for name in ("chunked_prefill_size", "max_running_requests", "page_size", "tp_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -75,6 +75,8 @@ class TPExecutor:
         """:meth:`ModelRunner.set_prefill_backend` on every rank (capture runs the collectives)."""
         if backend not in PREFILL_BACKENDS:  # refused here, before any rank starts on it
             raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
+        if backend == "torch-compile":
+            raise ValueError("the torch-compile backend runs in one process: it cannot run with --tp-size > 1")
         args = {"backend": backend, "buckets": list(buckets) if buckets else None, "max_bucket": max_bucket}
         try:
             check("set_prefill_backend", args)

@@ -24,6 +24,7 @@ from breakgraph.engine.decode_graphs import DecodeGraphRunner, default_decode_bu
 from breakgraph.engine.kv_cache import KVCache
 from breakgraph.forward_context import ForwardBatch, ForwardMode, forward_batch_context
 from breakgraph.graphs.prefill_runner import PrefillGraphRunner, default_prefill_buckets
+from breakgraph.graphs.regional import RegionalCompileRunner
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.loader import load_model
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_COMPILE_KWARGS: dict = {"mode": "reduce-overhead"}  # the torch-compile backend's torch.compile options
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -106,15 +108,14 @@ class ModelRunner:
         if tp is not None:
             num_pages = tp.agree_on_num_pages(num_pages)
         self.kv_cache = KVCache(spec.model_config, num_pages, config.page_size, spec.dtype, spec.device)
-        self.prefill_graphs: PrefillGraphRunner | None = None
+        self.prefill_graphs: PrefillGraphRunner | RegionalCompileRunner | None = None
         self.decode_graphs: DecodeGraphRunner | None = None
         self.prefill_backend = "disabled"
         on_cuda = spec.device.type == "cuda"
-        self.set_prefill_backend(
-            config.cuda_graph_backend_prefill or ("breakable" if on_cuda else "disabled"),
-            config.cuda_graph_bs_prefill, config.cuda_graph_max_bs_prefill,
-        )  # fmt: skip
-        if (config.cuda_graph_backend_decode or ("full" if on_cuda else "disabled")) == "full":
+        prefill = config.cuda_graph_backend_prefill or ("breakable" if on_cuda else "disabled")
+        self.set_prefill_backend(prefill, config.cuda_graph_bs_prefill, config.cuda_graph_max_bs_prefill)
+        decode_default = "full" if on_cuda and prefill != "torch-compile" else "disabled"
+        if (config.cuda_graph_backend_decode or decode_default) == "full":
             max_bs = config.cuda_graph_max_bs or min(config.max_running_requests, 64)
             self.decode_graphs = DecodeGraphRunner(
                 self.model, self.kv_cache, spec.device, default_decode_buckets(max_bs),
@@ -138,19 +139,26 @@ class ModelRunner:
         """The most prompt tokens one prefill step may take: the config's chunk, capped by the
         largest prefill graph bucket."""
         chunk = self.config.chunked_prefill_size
-        return min(chunk, self.prefill_graphs.buckets[-1]) if self.prefill_graphs is not None else chunk
+        graphs = self.prefill_graphs
+        return min(chunk, graphs.buckets[-1]) if isinstance(graphs, PrefillGraphRunner) else chunk
 
     def set_prefill_backend(
         self, backend: str, buckets: list[int] | tuple[int, ...] | None = None, max_bucket: int | None = None
     ) -> None:
         """(Re)build the prefill graphs: capture ``buckets`` (default: the ladder up to
         ``max_bucket``, itself defaulting to ``min(chunked_prefill_size, 4096)``) for ``backend``;
-        ``disabled`` drops them."""
+        ``disabled`` drops them. ``torch-compile`` compiles the model's regions in place instead
+        (no buckets; every forward, decode too, runs them), in one process without decode graphs."""
         if backend not in PREFILL_BACKENDS:
             raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
-        self.prefill_graphs = None
+        if backend == "torch-compile" and (self.decode_graphs is not None or self.config.tp_size > 1):
+            raise ValueError("the torch-compile backend runs at --tp-size 1 without decode graphs")
+        self._close_prefill_graphs()
         self.prefill_backend = backend
         if backend == "disabled":
+            return
+        if backend == "torch-compile":
+            self.prefill_graphs = RegionalCompileRunner(self.model, **TORCH_COMPILE_KWARGS)
             return
         max_bucket = max_bucket or min(self.config.chunked_prefill_size, 4096)
         buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket)
@@ -163,9 +171,15 @@ class ModelRunner:
         graphs.capture()
         self.prefill_graphs = graphs
 
+    def _close_prefill_graphs(self) -> None:
+        if isinstance(self.prefill_graphs, RegionalCompileRunner):
+            self.prefill_graphs.close()
+        self.prefill_graphs = None
+
     def drop_graphs(self) -> None:
         """Release the captured graphs (before a process group they may hold work of goes away)."""
-        self.prefill_graphs = self.decode_graphs = None
+        self._close_prefill_graphs()
+        self.decode_graphs = None
 
     def make_batch(self, entries: list[BatchEntry], mode: ForwardMode) -> ForwardBatch:
         """Lay out a ragged batch (see :class:`ForwardBatch`)."""
@@ -216,7 +230,9 @@ class ModelRunner:
         """Run the body and the LM head. Returns fp32 logits for each request's last token
         ``[B, vocab]``, or for every token ``[T, vocab]`` when ``all_logits``."""
         with forward_batch_context(batch):
-            if self.prefill_graphs is not None and batch.mode is ForwardMode.EXTEND:
+            if isinstance(self.prefill_graphs, RegionalCompileRunner):  # compiled in place: decode too
+                hidden = self.prefill_graphs.run(batch.input_ids, batch.positions)
+            elif self.prefill_graphs is not None and batch.mode is ForwardMode.EXTEND:
                 hidden = self.prefill_graphs.run(batch.input_ids, batch.positions)
             elif self.decode_graphs is not None and batch.mode is ForwardMode.DECODE:
                 hidden = self.decode_graphs.run(batch)
