@@ -1,4 +1,4 @@
-"""``breakgraph`` command line: generate | serve | bench {prefill,serve} | eval gsm8k."""
+"""``breakgraph`` command line: generate | serve | bench {prefill,decode,ttft,serve} | eval gsm8k."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ _MOUNTED = {
     ("serve",): ("breakgraph.server.cli", "start the OpenAI-compatible HTTP server"),
     ("bench", "serve"): ("breakgraph.bench.serve", "load-test an OpenAI-compatible server (TTFT, TPOT, ITL)"),
     ("bench", "prefill"): ("breakgraph.bench.prefill", "prefill latency per graph backend vs the physical floor"),
+    ("bench", "decode"): ("breakgraph.bench.decode", "decode-step latency through the engine per context length vs its floor"),
+    ("bench", "ttft"): ("breakgraph.bench.ttft", "time to first token of long prompts through the engine's chunked prefill"),
     ("eval", "gsm8k"): ("breakgraph.eval.gsm8k", "few-shot GSM8K accuracy against a /v1/completions endpoint"),
 }
 
@@ -64,7 +66,17 @@ def _add_generate(sub) -> None:
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     s.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    s.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens at least this fraction as likely as the most likely one (0 = off)")
     s.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    s.add_argument("--min-tokens", type=int, default=0, help="tokens to generate before EOS or a stop id may end it")
+    s.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted from the logit of each generated token")
+    s.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted from a token's logit once per time it was generated")
+    s.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divides positive / multiplies negative logits of tokens in the prompt or output (1 = off)")
+    s.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN_ID=BIAS",
+                   help="add BIAS to the logit of TOKEN_ID (repeatable)")
     s.add_argument("--sampling-seed", type=int, default=None, help="seed for reproducible sampling")
     add_engine_arguments(p)
     p.set_defaults(func=_run_generate)
@@ -76,16 +88,39 @@ DEFAULT_PROMPT = "Question: Lena has 12 apples and buys 7 more. How many apples 
 def _run_generate(args: argparse.Namespace) -> int:
     from breakgraph import Engine, SamplingParams
 
+    try:
+        params = SamplingParams(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+            min_p=args.min_p, stop=args.stop, seed=args.sampling_seed, min_tokens=args.min_tokens,
+            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+            repetition_penalty=args.repetition_penalty, logit_bias=_parse_logit_bias(args.logit_bias),
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"breakgraph generate: {exc}", file=sys.stderr)
+        return 2
     engine = Engine(engine_config(args))
-    params = SamplingParams(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        stop=args.stop, seed=args.sampling_seed,
-    )  # fmt: skip
+    try:
+        params.check_vocab(engine.config.vocab_size)
+    except ValueError as exc:
+        print(f"breakgraph generate: {exc}", file=sys.stderr)
+        return 2
     prompts = args.prompt or [DEFAULT_PROMPT]
     for prompt, out in zip(prompts, engine.generate(prompts, params)):
         print(f"{prompt}{out.text}")
         print(f"--- {len(out.token_ids)} tokens, finish_reason={out.finish_reason}")
     return 0
+
+
+def _parse_logit_bias(items: list[str]) -> dict[int, float]:
+    """``--logit-bias TOKEN_ID=BIAS`` values → ``{token_id: bias}``."""
+    bias = {}
+    for item in items:
+        token, _, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise ValueError(f"--logit-bias takes TOKEN_ID=BIAS, got {item!r}") from None
+    return bias
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,25 +30,30 @@ HBM_TBS, BF16_TFLOPS, FP8_TFLOPS = 4.3, 790.0, 1580.0
 RANK, ROPE, TOPK, IDX_HEADS, IDX_DIM, PAGE = 512, 64, 2048, 32, 128, 64
 GLM5_SCALE = (192 + 64) ** -0.5
 
-# name → (prefix_lens, extend_lens)
+# name → (prefix_lens, extend_lens[, page-table width in tokens])
 LAYOUTS = {
     "prefill 1k": ([0], [1024]),
     "prefill 1k (+3k prefix)": ([3072], [1024]),
     "prefill 4k": ([0], [4096]),
     "prefill 8k (2×4k)": ([0, 0], [4096, 4096]),
+    "prefill 8k": ([0], [8192]),
+    "prefill 16k": ([0], [16384]),
+    "prefill 2k (+30k prefix)": ([30720], [2048]),
+    "decode B=1 (L=1k, 8k pool)": ([1023], [1], 8192),
+    "decode B=1 (L=1k, 200k pool)": ([1023], [1], 200_000),
     "decode B=64 (L~4k)": ([4000 + 37 * i for i in range(64)], [1] * 64),
     "decode B=64 (L~16k)": ([16000 + 37 * i for i in range(64)], [1] * 64),
 }
 
 
-def make_batch(prefix_lens, extend_lens, device="cuda", seed=0):
+def make_batch(prefix_lens, extend_lens, width=0, device="cuda", seed=0):
     g = torch.Generator().manual_seed(seed)
     page_size = PAGE
     seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
     npages = [-(-n // page_size) for n in seq]
     total = 1 + sum(npages)
     perm = (torch.randperm(total - 1, generator=g) + 1).tolist()
-    table = torch.zeros(len(seq), max(npages), dtype=torch.int32)
+    table = torch.zeros(len(seq), max(max(npages), -(-width // page_size)), dtype=torch.int32)
     used = 0
     for b, n in enumerate(npages):
         table[b, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
@@ -119,16 +124,21 @@ def mla_case(heads, layout, seed=0):
     return (q, kv, tk, batch, out), flops, n_unique * (RANK + ROPE) * 2 + io, n_valid * (RANK + ROPE) * 2 + io
 
 
+def _layouts(args, default):
+    return args.layouts or default
+
+
 def run_mla(args):
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
-    from breakgraph.kernels.triton_sparse_mla import default_config, dense_config, sparse_mla_attention_triton
+    from breakgraph.kernels.triton_sparse_mla import default_config, sparse_mla_attention_triton
 
     print("\nsparse MLA attention (bf16, r=512, dr=64, K=2048, page 64)")
     print("  as the engine calls it (prefill: positions, dense_below=K, token blocks below K run dense-causal;")
     print("  decode: dense_below=0, split-K);")
     print("  '[sparse only]' rows: the same shape without the dense path")
     print(HEADER)
-    for heads, layout in itertools.product((8, 64), LAYOUTS):
+    layouts = _layouts(args, [k for k in LAYOUTS if "pool" not in k and "prefix)" not in k])
+    for heads, layout in itertools.product(args.heads, layouts):
         (q, kv, tk, batch, out), flops, ubytes, gbytes = mla_case(heads, layout)
         a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
         dense_below = 0 if layout.startswith("decode") else TOPK  # as layers/dsa.py passes it
@@ -146,20 +156,20 @@ def run_mla(args):
 
             best = (ms, "default")
             block_hs = [b for b in (16, 32, 64) if b <= max(16, triton.next_power_of_2(heads))]
-            grid = [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"])
-                    for bh, bn, nw, ns in itertools.product(block_hs, (16, 32, 64), (4, 8), (2, 3))]  # fmt: skip
+            grid = [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"], maxnreg=mr)
+                    for bh, bn, nw, ns, mr in itertools.product(block_hs, (16, 32), (4,), (2, 3), (None, 168, 128))]  # fmt: skip
+            want = out.clone()
             if cfg["num_splits"] > 1:  # decode: also the split count, default blocks
                 grid += [dict(num_splits=sp) for sp in (1, 2, 4, 8, 16)]
-            if has_dense:  # the dense-causal kernel's tiles, default sparse blocks
-                bt = dense_config(heads)["block_t"]
-                grid += [dict(dense_block_t=t, dense_block_n=bn, dense_num_stages=ns)
-                         for t, bn, ns in itertools.product({bt, max(1, bt // 2)}, (16, 32, 64), (1, 2, 3))]  # fmt: skip
             for opts in grid:
                 try:
                     t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts))
                 except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
                     print(f"    {opts}: {type(e).__name__}")
                     continue
+                diff = ((out.float() - want.float()).norm() / want.float().norm()).item()
+                print(f"    {t:8.3f} ms  gathered {gbytes / (t * 1e-3) / 1e12:5.2f} TB/s  vs default {diff:.1e}  {opts}",
+                      flush=True)  # fmt: skip
                 if t < best[0]:
                     best = (t, opts)
             print(f"    best {best[0]:.3f} ms with {best[1]}")
@@ -170,49 +180,66 @@ def run_mla(args):
 
 def run_indexer(args):
     from breakgraph.kernels.indexer import indexer_topk_ref
-    from breakgraph.kernels.triton_indexer import default_config, indexer_scores_triton, indexer_topk_triton
+    from breakgraph.kernels.triton_indexer import (
+        default_config,
+        indexer_scores_triton,
+        indexer_topk_triton,
+        topk_select_triton,
+    )
 
-    print("\nDSA indexer (Hi=32, Di=128, K=2048, page 64): scores kernel, then scores + torch.topk")
+    print("\nDSA indexer (Hi=32, Di=128, K=2048, page 64): length-true scores, radix top-k select, both;")
+    print("  TFLOP/s count the causal work (2·Σ(pos+1)·Hi·Di); 'torch.topk' sorts the same score rows at full width")
     print(HEADER)
-    for layout, lens in LAYOUTS.items():
-        batch = make_batch(*lens, seed=1)
+    default = [k for k in LAYOUTS if k not in ("prefill 8k (2×4k)",)]
+    for layout in _layouts(args, default):
+        batch = make_batch(*LAYOUTS[layout], seed=1)
         g = torch.Generator(device="cuda").manual_seed(1)
         num = batch["positions"].shape[0]
         q = torch.randn(num, IDX_HEADS, IDX_DIM, generator=g, device="cuda").bfloat16()
         w = torch.randn(num, IDX_HEADS, generator=g, device="cuda") * IDX_HEADS**-0.5
         kc = torch.randn(batch["num_slots"], IDX_DIM, generator=g, device="cuda").bfloat16()
         pt, req, pos = batch["page_table"], batch["token_req"], batch["positions"]
-        max_len = pt.shape[1] * PAGE
-        scores = torch.empty(num, max_len, device="cuda")
+        row_len = pt.shape[1] * PAGE
+        scores = torch.empty(num, row_len, device="cuda")
         topk = torch.empty(num, TOPK, dtype=torch.int32, device="cuda")
         causal = int((pos + 1).sum())
         n_keys = int(((pos.new_zeros(pt.shape[0]).scatter_reduce(0, req, pos, "amax")) + 1).sum())
         io = q.numel() * 2 + w.numel() * 4 + n_keys * IDX_DIM * 2
-        s_bytes = io + scores.numel() * 4
-        t_bytes = s_bytes + scores.numel() * 4 + topk.numel() * 4
-        cfg = default_config(num, pt.shape[0], IDX_HEADS)
+        s_bytes = io + causal * 4
+        t_bytes = s_bytes + causal * 4 + topk.numel() * 4
+        cfg = default_config(num, pt.shape[0], IDX_HEADS, row_len, q.device)
         a = (q, w, kc, pt, req, pos, PAGE, IDX_DIM**-0.5)
+        flops = 2 * causal * IDX_HEADS * IDX_DIM
         for fp8 in (False, True):
-            flops = 2 * causal * IDX_HEADS * IDX_DIM
             peak = FP8_TFLOPS if fp8 else BF16_TFLOPS
             tag = f"{layout} {'fp8' if fp8 else 'bf16'}"
-            ms = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8))
-            row(f"{tag} scores [bt {cfg['block_t']}]", ms, flops, s_bytes, s_bytes, peak)
+            ms = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8, skip_below=TOPK))
+            row(f"{tag} scores [bt {cfg['block_t']} kp {cfg['key_programs']}]", ms, flops, s_bytes, s_bytes, peak)
+            if not fp8:
+                ms = bench(partial(topk_select_triton, scores, pos, topk))
+                row(f"{layout} select", ms, 0, causal * 4, causal * 4, peak)
+                if num * row_len <= 1 << 28 and row_len >= TOPK:
+                    ms = bench(partial(torch.topk, scores, TOPK, dim=-1))
+                    row(f"{layout} torch.topk (full width)", ms, 0, scores.numel() * 4, scores.numel() * 4, peak)
             ms = bench(partial(indexer_topk_triton, *a, topk, fp8=fp8))
-            row(f"{tag} scores+topk", ms, flops, t_bytes, t_bytes, peak)
-            if args.sweep:
+            row(f"{tag} scores+select", ms, flops, t_bytes, t_bytes, peak)
+            if args.sweep and not fp8 and (layout.startswith("prefill 16k") or args.layouts):
                 best = (1e9, None)
-                bts = (1,) if num <= pt.shape[0] else (1, 2, 4, 8)
-                for bt, bl, nw, ns in itertools.product(bts, (64, 128, 256), (4, 8), (2, 3)):
-                    opts = dict(block_t=bt, block_l=bl, num_warps=nw, num_stages=ns)
+                bts = (1,) if num <= pt.shape[0] else (4,)
+                for bt, bl, nw, ns, st, mr in itertools.product(bts, (64, 128), (4, 8), (2, 3), (True,), (None, 168, 128)):
+                    opts = dict(block_t=bt, block_l=bl, num_warps=nw, num_stages=ns, stacked=st, maxnreg=mr)
                     try:
-                        t = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8, **opts))
+                        t = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8, skip_below=TOPK, **opts))
                     except Exception as e:  # noqa: BLE001
                         print(f"    {opts}: {type(e).__name__}")
                         continue
+                    print(f"    {t:8.3f} ms  {flops / (t * 1e-3) / 1e12:6.1f} TFLOP/s  {opts}", flush=True)
                     if t < best[0]:
                         best = (t, opts)
                 print(f"    best scores {best[0]:.3f} ms with {best[1]}")
+                for blk, nw in itertools.product((512, 1024, 2048), (4, 8, 16)):
+                    t = bench(partial(topk_select_triton, scores, pos, topk, block=blk, num_warps=nw))
+                    print(f"    select {t:8.3f} ms  block {blk} warps {nw}", flush=True)
         if args.twin:
             ms = bench(partial(indexer_topk_ref, *a, topk))
             row(f"{layout} [twin]", ms, 2 * causal * IDX_HEADS * IDX_DIM, t_bytes, t_bytes, BF16_TFLOPS)
@@ -250,7 +277,7 @@ def run_aot():
         split = cfg["num_splits"] > 1
         consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=split,
                       DENSE_T=0 if split else dense["block_t"])  # fmt: skip
-        r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"])
+        r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
         if not split:
             consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
@@ -261,16 +288,17 @@ def run_aot():
              rank=RANK, num_splits=5)  # fmt: skip
     print(f"  sparse_mla merge {aot_report(_sparse_mla_merge_kernel, a, dict(BLOCK_S=8, BLOCK_R=512), 4, 1)}")
     for num, reqs in ((4096, 1), (64, 64)):
-        cfg = idx_cfg(num, reqs, IDX_HEADS)
+        cfg = idx_cfg(num, reqs, IDX_HEADS, 4096, cpu)
         for fp8 in (False, True):
             a = dict(
                 Q="*bf16", W="*fp32", K="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
                 SCORES="*fp32", stride_qt=IDX_HEADS * IDX_DIM, stride_qh=IDX_DIM, stride_wt=IDX_HEADS,
                 stride_k=IDX_DIM, stride_pt=37, stride_st=4096, num_tokens=num, num_heads=IDX_HEADS,
-                head_dim=IDX_DIM, max_len=4096, page_size=PAGE, scale=0.088,
+                head_dim=IDX_DIM, page_size=PAGE, skip_below=TOPK, scale=0.088,
             )  # fmt: skip
-            consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8)
-            r = aot_report(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"])
+            consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8,
+                          STACKED=cfg["stacked"])  # fmt: skip
+            r = aot_report(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
             print(f"  indexer T={num:<5} B={reqs:<3} fp8={fp8!s:<5} {cfg} {r}")
 
 
@@ -280,7 +308,12 @@ def main() -> None:
     p.add_argument("--twin", action="store_true", help="also time the plain-PyTorch twins")
     p.add_argument("--aot", action="store_true", help="compile for sm_90 only (no GPU) and print resources")
     p.add_argument("--only", choices=("mla", "indexer"), help="run one of the two kernels")
+    p.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), help="shapes to run (default: all of a kernel's)")
+    p.add_argument("--heads", type=int, nargs="+", default=[8, 64], help="MLA heads per GPU (8: TP8, 64: TP1)")
+    p.add_argument("--page-size", type=int, default=PAGE,
+                   help="KV page size (a page as large as the cache makes the page-table lookups trivial)")
     args = p.parse_args()
+    globals()["PAGE"] = args.page_size
     if args.aot:
         run_aot()
         return

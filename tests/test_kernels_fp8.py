@@ -84,13 +84,13 @@ def _expect(results: dict[str, str], name: str) -> None:
     assert results[name] == "ok", f"{name} failed under the interpreter:\n{results[name]}"
 
 
-def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3) -> dict:
+def compile_for_sm90(fn, args: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg=None) -> dict:
     """:func:`breakgraph.kernels.aot.compile_for_sm90`, skipping where Triton bundles no ptxas."""
     from breakgraph.kernels import aot
 
     if not aot.tools_available():
         pytest.skip("this triton has no bundled ptxas/cuobjdump")
-    return aot.compile_for_sm90(fn, args, constexprs, num_warps, num_stages)
+    return aot.compile_for_sm90(fn, args, constexprs, num_warps, num_stages, maxnreg)
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from breakgraph import Engine, SamplingParams
-from breakgraph.server.app import ServerSettings, create_app, serve_in_thread, stable_text_end
+from breakgraph.server.app import ServerSettings, create_app, serve_in_thread
 from breakgraph.server.metrics import ServerMetrics
 
 MODEL = "tiny"
@@ -183,10 +183,19 @@ def test_stop_strings_cut_the_text_in_both_modes(client, reference):
     assert "".join(ch["text"] for ev in events[:-1] for ch in ev["choices"]) == cut
 
 
-def test_stream_holds_back_incomplete_characters_and_stop_prefixes():
-    assert stable_text_end("abc\ufffd", []) == 3
-    assert stable_text_end("hello wo", ["world"]) == len("hello ")
-    assert stable_text_end("hello", ["xyz"]) == 5
+def test_text_held_back_for_a_stop_string_prefix_is_streamed_once_it_cannot_match(client, reference):
+    free = greedy(reference, PROMPT, 12)
+    stops = [free.text[1:4] + "\u00a7", free.text[6:9] + "\u00a7\u00a7"]  # their prefixes show up, they never do
+    for seeded in ({}, {"temperature": 1.0, "seed": 5, "n": 2}):
+        body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stop": stops, **seeded}
+        whole = client.post("/v1/completions", json=body).json()["choices"]
+        texts = {c["index"]: "" for c in whole}
+        for ev in stream(client, "/v1/completions", body)[:-1]:
+            for ch in ev["choices"]:
+                texts[ch["index"]] += ch["text"]
+        assert texts == {c["index"]: c["text"] for c in whole}
+        if not seeded:
+            assert whole[0]["text"] == free.text
 
 
 def test_seeded_sampling_is_reproducible(client):
@@ -203,6 +212,42 @@ def test_seeded_sampling_is_reproducible(client):
     a = client.post("/v1/completions", json=body).json()["choices"]
     b = client.post("/v1/completions", json=body).json()["choices"]
     assert [c["text"] for c in a] == [c["text"] for c in b]
+
+
+SAMPLING_FIELDS = [  # (the fields, the fields they are compared against)
+    ({"presence_penalty": -2, "frequency_penalty": -2, "max_tokens": 20}, {"max_tokens": 20}),
+    ({"repetition_penalty": 3}, {}),
+    ({"logit_bias": {"1088": -100, "17": 5}}, {}),
+    ({"min_tokens": 29, "max_tokens": 29, "ignore_eos": False}, {"max_tokens": 29, "ignore_eos": False}),
+    ({"temperature": 2.0, "min_p": 0.5, "seed": 3}, {"temperature": 2.0, "seed": 3}),
+]
+
+
+def engine_generate(ref: Engine, body: dict):
+    kw = {k: v for k, v in body.items() if k not in ("prompt", "max_tokens")}
+    kw["logit_bias"] = {int(t): b for t, b in kw.get("logit_bias", {}).items()}
+    return ref.generate(body["prompt"], SamplingParams(max_new_tokens=body["max_tokens"], **kw))[0]
+
+
+@pytest.mark.parametrize(("fields", "base"), SAMPLING_FIELDS)
+def test_sampling_fields_reach_the_sampler(client, reference, fields, base):
+    """The server gives what Engine.generate gives with the same SamplingParams, streamed or
+    not, and the field changes the output."""
+    head = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    body = {**head, **fields}
+    want = engine_generate(reference, body)
+    assert want.token_ids != engine_generate(reference, {**head, **base}).token_ids, "the field changed nothing"
+    got = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert got["text"] == want.text and got["finish_reason"] == want.finish_reason
+    events = stream(client, "/v1/completions", body)
+    assert "".join(ch["text"] for ev in events[:-1] for ch in ev["choices"]) == want.text
+
+
+def test_logit_bias_forces_a_token(client, reference):
+    tok = reference.tokenizer.encode(" 7", add_special_tokens=False)[0]
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logit_bias": {str(tok): 100}}
+    out = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert out["text"] == reference.tokenizer.decode([tok] * 4)
 
 
 BAD = [
@@ -234,6 +279,17 @@ BAD = [
     ("/v1/completions", b'{"prompt": "hi", "n": 0}', 400, "n"),
     ("/v1/completions", b'{"prompt": "hi", "stop": 7}', 400, "stop"),
     ("/v1/completions", b'{"prompt": "hi", "logprobs": true}', 400, "logprobs"),
+    ("/v1/completions", b'{"prompt": "hi", "presence_penalty": 3}', 400, "presence_penalty"),
+    ("/v1/completions", b'{"prompt": "hi", "frequency_penalty": "x"}', 400, "frequency_penalty"),
+    ("/v1/completions", b'{"prompt": "hi", "repetition_penalty": 0}', 400, "repetition_penalty"),
+    ("/v1/completions", b'{"prompt": "hi", "logit_bias": [1]}', 400, "logit_bias"),
+    ("/v1/completions", b'{"prompt": "hi", "logit_bias": {"abc": 1}}', 400, "logit_bias"),
+    ("/v1/completions", b'{"prompt": "hi", "logit_bias": {"5": 200}}', 400, "logit_bias"),
+    ("/v1/completions", b'{"prompt": "hi", "logit_bias": {"99999999": 1}}', 400, "logit_bias"),  # outside the vocab
+    ("/v1/completions", b'{"prompt": "hi", "stop_token_ids": [99999999]}', 400, "stop_token_ids"),
+    ("/v1/completions", b'{"prompt": "hi", "min_p": 1.5}', 400, "min_p"),
+    ("/v1/completions", b'{"prompt": "hi", "min_tokens": -1}', 400, "min_tokens"),
+    ("/v1/completions", b'{"prompt": "hi", "min_tokens": 5, "max_tokens": 2}', 400, "min_tokens"),
     ("/v1/completions", b'{"prompt": "hi", "stream": "yes"}', 400, "stream"),
     (
         "/v1/completions",

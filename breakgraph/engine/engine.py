@@ -10,7 +10,6 @@ tokenizer and the scheduler.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ import torch
 from breakgraph.engine.config import EngineConfig
 from breakgraph.engine.executor import make_executor
 from breakgraph.engine.model_runner import BatchEntry, ModelSpec
+from breakgraph.engine.postprocess import Postprocessor
 from breakgraph.engine.request import Request
-from breakgraph.engine.sampling import SamplingParams, sample
+from breakgraph.engine.sampling import Sampler, SamplingParams, to_device
 from breakgraph.engine.scheduler import Scheduler
 from breakgraph.forward_context import ForwardMode
 
@@ -79,9 +79,17 @@ class Engine:
             self.eos_ids = set(self.config.eos_token_ids)
             if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 self.eos_ids.add(self.tokenizer.eos_token_id)
+            self.sampler = Sampler(self.eos_ids)
+            self.postprocess = Postprocessor(self.tokenizer, self.eos_ids, self.context_length, self.scheduler.finish)
         except BaseException:
             self.executor.shutdown()
             raise
+
+    @property
+    def chunked_prefill_size(self) -> int:
+        """The most prompt tokens a prefill step takes: the config's, capped by the largest
+        prefill graph bucket."""
+        return self.scheduler.chunked_prefill_size
 
     @property
     def prefill_backend(self) -> str:
@@ -133,8 +141,11 @@ class Engine:
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Request:
-        """Queue a request; raises ``ValueError`` if it can never fit."""
-        req = Request(self.tokenize(prompt), params or SamplingParams())
+        """Queue a request; raises ``ValueError`` if it can never fit or ``params`` name a token
+        outside the vocabulary."""
+        params = params or SamplingParams()
+        params.check_vocab(self.config.vocab_size)
+        req = Request(self.tokenize(prompt), params)
         self.scheduler.add(req)
         return req
 
@@ -146,7 +157,8 @@ class Engine:
         return self.scheduler.num_unfinished > 0
 
     def step(self) -> list[Request]:
-        """Run one forward. Returns the requests that got a new token (or finished)."""
+        """Run one forward, sample every request that completed its prompt or decoded, and
+        post-process them. Returns the requests that got a new token (or finished)."""
         plan = self.scheduler.schedule()
         if plan is None:
             return []
@@ -157,7 +169,7 @@ class Engine:
         batch = self.runner.make_batch(entries, plan.mode)
         want_all = any(req.prompt_logits is not None for req, _ in plan.entries)
         logits = self.executor.forward(batch, all_logits=want_all)
-        progressed, start = [], 0
+        progressed, rows, start = [], [], 0
         for b, (req, n) in enumerate(plan.entries):
             row = (start + n - 1) if want_all else b
             if req.prompt_logits is not None:
@@ -166,51 +178,13 @@ class Engine:
             req.num_computed += n
             if plan.mode is ForwardMode.EXTEND and req.in_prefill:
                 continue  # more prompt chunks to go
-            self._append_token(req, logits[row])
             progressed.append(req)
+            rows.append(row)
+        if progressed:
+            if rows != list(range(logits.shape[0])):
+                logits = logits.index_select(0, to_device(rows, torch.int64, logits.device))
+            self.postprocess(progressed, self.sampler(logits, progressed))
         return progressed
-
-    def _append_token(self, req: Request, logits: torch.Tensor) -> None:
-        tok, logprob = sample(logits, req.params, req.generator)
-        if req.first_token_time is None:
-            req.first_token_time = time.monotonic()
-        p = req.params
-        if not p.ignore_eos and tok in self.eos_ids or tok in p.stop_token_ids:
-            self.scheduler.finish(req, "stop")
-            return
-        req.output_ids.append(tok)
-        req.output_logprobs.append(logprob)
-        if req.top_logprobs_num:
-            values, ids = torch.log_softmax(logits.float(), -1).topk(req.top_logprobs_num)
-            req.output_top_logprobs.append(list(zip(ids.tolist(), values.tolist())))
-        if self.tokenizer is not None:
-            self._detokenize(req)
-            if p.stop:
-                # A stop string can only end inside the new text (or straddle its start).
-                window = max(len(s) for s in p.stop) - 1
-                search_from = max(0, len(req.text) - len(req.new_text) - window)
-                cut = min((i for s in p.stop if (i := req.text.find(s, search_from)) >= 0), default=-1)
-                if cut >= 0:
-                    req.text = req.text[:cut]
-                    self.scheduler.finish(req, "stop")
-                    return
-        if len(req.output_ids) >= p.max_new_tokens or req.total_len >= self.context_length:
-            self.scheduler.finish(req, "length")
-
-    def _detokenize(self, req: Request) -> None:
-        """Append the text of ``req``'s newest token to ``req.text`` (``req.new_text``), decoding
-        only a short window: the tokens since ``read_offset`` against the few before it, so a
-        token that completes a multi-byte character or merges with its neighbour comes out right.
-        An incomplete UTF-8 sequence (U+FFFD at the end) waits for the next token."""
-        decode = self.tokenizer.decode
-        ids = req.output_ids
-        prefix = decode(ids[req.prefix_offset : req.read_offset], skip_special_tokens=True)
-        full = decode(ids[req.prefix_offset :], skip_special_tokens=True)
-        req.new_text = ""
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            req.new_text = full[len(prefix) :]
-            req.text += req.new_text
-            req.prefix_offset, req.read_offset = req.read_offset, len(ids)
 
     # -- offline API ---------------------------------------------------------------------
     def generate(
@@ -226,6 +200,7 @@ class Engine:
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         requests = [Request(self.tokenize(p), sp or SamplingParams()) for p, sp in zip(prompts, params)]
         for req in requests:  # every prompt is checked before any is queued
+            req.params.check_vocab(self.config.vocab_size)
             self.scheduler.check(req)
         self._run_to_completion(requests)
         return [

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import enum
 import itertools
+import random
 from dataclasses import dataclass, field
 
 import torch
 
-from breakgraph.engine.sampling import SamplingParams
+from breakgraph.engine.detokenizer import IncrementalDetokenizer
+from breakgraph.engine.sampling import SamplerState, SamplingParams
 
 _ids = itertools.count()
 
@@ -28,7 +30,9 @@ class Request:
     pages, computed lazily by the prefix cache. ``prompt_logits``, when a list, collects the
     logits of every prompt position (such a request never reuses a cached prefix).
     ``top_logprobs_num`` asks for the most likely alternatives at each generated position;
-    whoever samples appends ``[(token_id, logprob), ...]`` to ``output_top_logprobs``."""
+    the post-processing step appends ``[(token_id, logprob), ...]`` to ``output_top_logprobs``.
+    ``seed`` seeds the sampler's noise (``params.seed``, else a random one); ``detokenizer``
+    holds the output text; ``sampler_state`` what the sampler keeps of it on the device."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -39,22 +43,26 @@ class Request:
     num_computed: int = 0
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
-    text: str = ""
-    new_text: str = ""  # what the latest token added to ``text``
-    prefix_offset: int = 0  # incremental detokenisation window: output_ids[prefix_offset:read_offset]
-    read_offset: int = 0  # ... is the context decoded again to find the new token's text
     first_token_time: float | None = None
-    generator: torch.Generator | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     page_keys: list[bytes] = field(default_factory=list)
     num_committed_pages: int = 0  # leading full pages already offered to the prefix cache
     prompt_logits: list[torch.Tensor] | None = None
     top_logprobs_num: int = 0
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    seed: int = -1
+    detokenizer: IncrementalDetokenizer = field(init=False)
+    sampler_state: SamplerState | None = None
 
     def __post_init__(self) -> None:
-        if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+        if self.seed < 0:
+            self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
+        self.detokenizer = IncrementalDetokenizer(self.params.stop)
+
+    @property
+    def text(self) -> str:
+        """The output text so far (cut before a stop string)."""
+        return self.detokenizer.text
 
     @property
     def all_ids(self) -> list[int]:

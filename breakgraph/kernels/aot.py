@@ -38,13 +38,16 @@ def _specialise(name: str, value: Any, constexprs: dict) -> tuple[str, bool]:
     return value, value.startswith("*") or (value == "i32" and (aligned or name in ("K", "N", "UP_OFF")))
 
 
-def compile_for_sm90(fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3) -> dict:
+def compile_for_sm90(
+    fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
+) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B"}``
     (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
-    are marked divisible; a float is fp32); unnamed arguments are i32. Raises RuntimeError when
+    are marked divisible; a float is fp32); unnamed arguments are i32; ``maxnreg`` caps the
+    registers per thread as the launch option of that name does. Raises RuntimeError when
     the installed Triton has no bundled ``ptxas``/``cuobjdump`` (:func:`tools_available`).
     """
     import triton
@@ -66,7 +69,7 @@ def compile_for_sm90(fn, args: dict[str, Any], constexprs: dict, num_warps: int 
     kernel = triton.compile(
         ASTSource(fn, sig, constexprs=consts, attrs=attrs),
         target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
+        options={"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})},
     )
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"

@@ -70,12 +70,17 @@ def indexer_topk(
     page_size: int,
     softmax_scale: float,
     topk_out: torch.Tensor,
+    *,
+    max_seq_len: int | None = None,
 ) -> None:
     """Dispatch :func:`indexer_topk_ref`'s contract to the fastest implementation available.
 
-    CUDA tensors with a supported layout take the Triton scores + ``torch.topk``
-    (:mod:`breakgraph.kernels.triton_indexer`); the score dot runs in bf16, or in FP8 e4m3
-    when ``BREAKGRAPH_INDEXER_FP8=1``. Everything else takes the twin.
+    CUDA tensors with a supported layout take the length-true Triton scores and radix top-k
+    select (:mod:`breakgraph.kernels.triton_indexer`; rows in ascending position order, the same
+    set as the twin's wherever the ``K``-th score is not tied); the score dot runs in bf16, or in
+    FP8 e4m3 when ``BREAKGRAPH_INDEXER_FP8=1``. ``max_seq_len`` (host int, optional) bounds every
+    token's ``position + 1`` and sizes the Triton path's score buffer. Everything else takes the
+    twin.
     """
     if use_triton(q):
         from breakgraph.kernels import triton_indexer
@@ -83,7 +88,7 @@ def indexer_topk(
         if triton_indexer.supports(q, weights, k_cache, page_table, token_req, positions):
             triton_indexer.indexer_topk_triton(
                 q, weights, k_cache, page_table, token_req, positions, page_size, softmax_scale, topk_out,
-                fp8=indexer_fp8(),
+                max_seq_len=max_seq_len, fp8=indexer_fp8(),
             )  # fmt: skip
             return
     indexer_topk_ref(q, weights, k_cache, page_table, token_req, positions, page_size, softmax_scale, topk_out)

@@ -1,32 +1,43 @@
-"""DSA lightning-indexer scores over the paged key cache (Triton; twin: :func:`indexer_topk_ref`).
+"""DSA lightning indexer over the paged key cache: scores and causal top-k selection (Triton;
+twin: :func:`~breakgraph.kernels.indexer.indexer_topk_ref`).
 
-Scores ``I[t, j] = Σ_h w[t, h] · ReLU(scale · q[t, h]·k[j])`` for every key position
-``j < L = P · page_size`` of the token's request, ``-inf`` where ``j > positions[t]``. The
-causal top-k then runs on these scores with ``torch.topk`` (see
-:func:`indexer_topk_triton`).
+Two kernels, both *length-true*: their work, stores and reads cover each query token's causal
+range ``0…positions[t]`` only, never the page table's full width, so a decode step costs the
+same whatever context length the pool was configured for.
 
-Kernel design. Grid ``(cdiv(T, BLOCK_T), cdiv(L, BLOCK_L))``; a program scores ``BLOCK_T``
-consecutive query tokens against ``BLOCK_L`` key positions. Its queries are one matrix of
-``BLOCK_T · Hi`` rows (token-major), so a single ``[BLOCK_T·Hi, Di] × [Di, BLOCK_L]`` dot
-serves every head of every token, and each gathered key block is loaded once per program.
-Head reduction: ``ReLU(logits) · w`` reshaped to ``[BLOCK_T, Hi, BLOCK_L]`` and summed over
-heads. Key blocks past the largest position in the token block only write ``-inf`` (no
-loads, no dot): causal prefill does about half the work of a dense pass.
+Scores (``_indexer_scores_kernel``): ``I[t, j] = Σ_h w[t, h] · ReLU(scale · q[t, h]·k[j])``
+for ``j ≤ positions[t]``. Grid ``(token blocks, key programs)``; a program owns ``BLOCK_T``
+consecutive tokens of one request and walks the key blocks ``0…max pos`` of the block
+(strided over the ``key programs`` of its token block, so a few decode tokens still fill the
+GPU; the loop bound is read on the device, so the grid never depends on lengths). Each
+gathered ``[BLOCK_L, Di]`` key block serves every token of the program: per token one
+tensor-core dot ``keys · q_tᵀ`` gives ``[BLOCK_L, Hi]`` logits with the *heads along the
+columns*, so the ReLU-weighted head sum is a row reduction inside each thread's registers
+(plus a few lane shuffles) instead of a cross-warp reduction. Token blocks whose tokens all
+sit below ``skip_below`` are not scored (their selection is every causal key).
 
 Tokens of one block usually share a request (prefill lays a request's tokens out
-contiguously); a block that straddles requests takes a slower branch that gathers keys per
-token (a few boundary blocks per batch). Decode-like batches (``T ≤ B``) use
-``BLOCK_T = 1``.
+contiguously); a block that straddles requests scores its tokens one at a time against their
+own request's keys (a few boundary blocks per batch). Decode-like batches use ``BLOCK_T = 1``.
+
+Selection (``_topk_select_kernel``): one program per row. A row with ``n = pos + 1 ≤ K``
+keys selects ``0…pos``. A longer row finds the ``K``-th largest score exactly with a radix
+select over the scores' order-preserving 32-bit keys — four passes of 8-bit digits, each a
+masked ``tl.histogram`` over the row — then writes, in ascending position order, every
+position with a larger score and the lowest-positioned ones equal to it (ties go to the lower
+position: deterministic). The set equals ``torch.topk``'s wherever the ``K``-th score is not
+tied; the order is by position, not by score (attention does not care).
 
 Numerics. bf16 path (default): bf16 operands, fp32 accumulate — the products are exact, so
-it matches the fp32 twin up to summation order (~1e-7 relative). FP8 path (``fp8=True``, the
-DeepSeek-V3.2 way): ``q`` rows (one ``(token, head)``: one 128-group for ``Di = 128``) and key
-rows (one token) are quantised to e4m3 inside the kernel as ``x · (448 / amax)`` (round to
-nearest; dequantisation scale ``amax / 448``), the dot runs in fp8 with fp32 accumulate, and
-the positive scales factor out of the ReLU:
+scores match the fp32 twin up to summation order (~1e-7 relative). FP8 path (``fp8=True``,
+the DeepSeek-V3.2 way): query rows (one ``(token, head)``) and key rows are quantised to e4m3
+inside the kernel as ``x · (448 / amax)`` (dequantisation scale ``amax / 448``), the dot runs
+in fp8 with fp32 accumulate, and the positive scales factor out of the ReLU:
 ``I = k_scale[j] · Σ_h (w · scale · q_scale)[t, h] · ReLU(q8 · k8)``. e4m3 keeps 3 mantissa
-bits, so each score is off by ~3.5 % of the score scale on Gaussian data (the same as an
-exact emulation of the quantisation); near-ties in the top-k reorder.
+bits, so each score is off by ~3.5 % of the score scale on Gaussian data; near-ties reorder.
+
+Memory: the fp32 score rows of a chunk of query tokens live in one buffer of at most
+``SCORE_BUFFER_ELEMS`` elements (256 MiB), as wide as the longest row of the batch.
 """
 
 from __future__ import annotations
@@ -35,81 +46,90 @@ import torch
 import triton
 import triton.language as tl
 
+from breakgraph.kernels.dispatch import num_sms
+
 
 @triton.jit
-def _key_block_scores(
-    q_op,
-    qw,
-    K,
-    pages,
-    offs_j,
-    jmask,
-    offs_d,
-    mask_d,
-    stride_k,
-    page_size,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    FP8: tl.constexpr,
-):
-    """Scores ``[BLOCK_T, BLOCK_L]`` of the query rows ``q_op`` against one request's keys."""
+def _quantize_rows_e4m3(x):
+    """Rows of ``x`` to e4m3 with one scale per row: ``(x8, dequant scale [rows])``."""
+    xf = x.to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(xf), 1), 1e-12)
+    return (xf * tl.div_rn(448.0, amax)[:, None]).to(tl.float8e4nv), amax * (1.0 / 448.0)
+
+
+@triton.jit
+def _load_keys(K, pages, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8: tl.constexpr):
+    """Key rows ``[BLOCK_L, BLOCK_D]`` of positions ``offs_j`` through one request's pages, as the
+    dot operand, and their dequantisation scales (ones in bf16)."""
     jpos = tl.where(jmask, offs_j, 0)
     page = tl.load(pages + jpos // page_size, mask=jmask, other=0).to(tl.int64)
     rows = K + (page * page_size + jpos % page_size) * stride_k
     k = tl.load(rows[:, None] + offs_d[None, :], mask=jmask[:, None] & mask_d[None, :], other=0.0)
     if FP8:
-        kf = k.to(tl.float32)
-        k_amax = tl.maximum(tl.max(tl.abs(kf), 1), 1e-12)
-        k_op = (kf * tl.div_rn(448.0, k_amax)[:, None]).to(tl.float8e4nv)
-        k_scale = k_amax * (1.0 / 448.0)
+        k_op, k_scale = _quantize_rows_e4m3(k)
     else:
-        k_op = k
-    logits = tl.dot(q_op, tl.trans(k_op))  # [BLOCK_T * BLOCK_H, BLOCK_L] fp32
-    contrib = tl.maximum(logits, 0.0) * qw[:, None]
-    s = tl.sum(tl.reshape(contrib, (BLOCK_T, BLOCK_H, BLOCK_L)), axis=1)
-    if FP8:
-        s = s * k_scale[None, :]
-    return s
+        k_op, k_scale = k, tl.full([k.shape[0]], 1.0, tl.float32)
+    return k_op, k_scale
 
 
 @triton.jit
-def _load_queries(
-    Q,
-    W,
-    t0,
-    num_tokens,
-    num_heads,
-    stride_qt,
-    stride_qh,
-    stride_wt,
-    offs_d,
-    mask_d,
-    scale,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+def _token_scores(
+    Q, W, t, k_op, k_scale, offs_h, mask_h, offs_d, mask_d, stride_qt, stride_qh, stride_wt, scale,
     FP8: tl.constexpr,
 ):
-    """Query rows ``(token, head)`` of tokens ``t0 .. t0+BLOCK_T-1``, token-major, as the dot
-    operand (bf16, or e4m3 with the row scale folded into the weights), and their weights."""
+    """Scores ``[BLOCK_L]`` of token ``t`` (int64) against one key block: heads on the dot's
+    columns, reduced along each row."""
+    q = tl.load(
+        Q + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_h[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    w = tl.load(W + t * stride_wt + offs_h, mask=mask_h, other=0.0).to(tl.float32) * scale
+    if FP8:
+        q, q_scale = _quantize_rows_e4m3(q)
+        w = w * q_scale
+    logits = tl.dot(k_op, tl.trans(q))  # [BLOCK_L, BLOCK_H] fp32
+    return tl.sum(tl.maximum(logits, 0.0) * w[None, :], 1) * k_scale
+
+
+@triton.jit
+def _stacked_scores(
+    Q, W, K, SCORES, pages, t0, pid_l, key_programs, pos, max_pos, mask_t, offs_d, mask_d,
+    stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, FP8: tl.constexpr,
+):
+    """Scores of ``BLOCK_T`` tokens of one request: their ``BLOCK_T·Hi`` query rows stacked on
+    the columns of one dot per key block, the head sums of each token done by a second dot with a
+    0/1 group matrix (the ReLU-weighted terms split into bf16 high and low parts: ~2^-17 of
+    each term, fp32 accumulate)."""
     r = tl.arange(0, BLOCK_T * BLOCK_H)
-    row_t = (t0 + r // BLOCK_H).to(tl.int64)
+    row_t = t0 + r // BLOCK_H
     row_h = r % BLOCK_H
     row_mask = (row_t < num_tokens) & (row_h < num_heads)
     q = tl.load(
-        Q + row_t[:, None] * stride_qt + row_h[:, None] * stride_qh + offs_d[None, :],
+        Q + row_t.to(tl.int64)[:, None] * stride_qt + row_h[:, None] * stride_qh + offs_d[None, :],
         mask=row_mask[:, None] & mask_d[None, :],
         other=0.0,
     )
-    qw = tl.load(W + row_t * stride_wt + row_h, mask=row_mask, other=0.0).to(tl.float32) * scale
+    qw = tl.load(W + row_t.to(tl.int64) * stride_wt + row_h, mask=row_mask, other=0.0).to(tl.float32) * scale
     if FP8:
-        qf = q.to(tl.float32)
-        q_amax = tl.maximum(tl.max(tl.abs(qf), 1), 1e-12)
-        q_op = (qf * tl.div_rn(448.0, q_amax)[:, None]).to(tl.float8e4nv)
-        qw = qw * (q_amax * (1.0 / 448.0))
-    else:
-        q_op = q
-    return q_op, qw
+        q, q_scale = _quantize_rows_e4m3(q)
+        qw = qw * q_scale
+    cols = tl.arange(0, 16)
+    group = ((r // BLOCK_H)[:, None] == cols[None, :]).to(tl.float32).to(tl.bfloat16)  # [BLOCK_T·Hi, 16]
+    pos16 = tl.sum(tl.where(tl.arange(0, BLOCK_T)[:, None] == cols[None, :], pos[:, None], 0), 0)
+    pos16 = tl.where(cols < BLOCK_T, pos16, -1)
+    out_rows = SCORES + (t0 + cols).to(tl.int64)[None, :] * stride_st
+    for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
+        offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
+        k_op, k_scale = _load_keys(K, pages, offs_j, offs_j <= max_pos, offs_d, mask_d, stride_k, page_size, FP8)
+        logits = tl.dot(k_op, tl.trans(q))  # [BLOCK_L, BLOCK_T·Hi]
+        terms = tl.maximum(logits, 0.0) * qw[None, :]
+        hi = terms.to(tl.bfloat16)
+        lo = (terms - hi.to(tl.float32)).to(tl.bfloat16)
+        s = tl.dot(hi, group)
+        s = tl.dot(lo, group, s) * k_scale[:, None]  # [BLOCK_L, 16]: column i is token t0 + i
+        tl.store(out_rows + offs_j[:, None], s, mask=offs_j[:, None] <= pos16[None, :])
 
 
 @triton.jit
@@ -130,72 +150,144 @@ def _indexer_scores_kernel(
     num_tokens,
     num_heads,
     head_dim,
-    max_len,
     page_size,
+    skip_below,
     scale,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,
     FP8: tl.constexpr,
+    STACKED: tl.constexpr,
 ):
-    pid_t = tl.program_id(0)
+    # Later token blocks have longer causal ranges: start them first.
+    t0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_T
     pid_l = tl.program_id(1)
-    t0 = pid_t * BLOCK_T
+    key_programs = tl.num_programs(1)
     offs_t = t0 + tl.arange(0, BLOCK_T)
     mask_t = offs_t < num_tokens
-    offs_j = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    pos = tl.load(POSITIONS + offs_t, mask=mask_t, other=-1)
+    max_pos = tl.max(pos, 0)
+    if max_pos < skip_below:
+        return  # every token's selection is all of its causal keys
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
 
-    pos = tl.load(POSITIONS + offs_t, mask=mask_t, other=-1)
-    max_pos = tl.max(pos, 0)
-
-    scores = tl.full([BLOCK_T, BLOCK_L], float("-inf"), tl.float32)
-    if pid_l * BLOCK_L <= max_pos:
-        req = tl.load(TOKEN_REQ + offs_t, mask=mask_t, other=0)
-        req0 = tl.load(TOKEN_REQ + t0)
-        req_lo = tl.min(tl.where(mask_t, req, req0), 0)
-        req_hi = tl.max(tl.where(mask_t, req, req0), 0)
-        if req_lo == req_hi:
-            q_op, qw = _load_queries(
-                Q, W, t0, num_tokens, num_heads, stride_qt, stride_qh, stride_wt, offs_d, mask_d, scale,
-                BLOCK_T, BLOCK_H, FP8,
-            )  # fmt: skip
-            jmask = (offs_j <= max_pos) & (offs_j < max_len)
-            pages = PAGE_TABLE + req0.to(tl.int64) * stride_pt
-            scores = _key_block_scores(
-                q_op, qw, K, pages, offs_j, jmask, offs_d, mask_d, stride_k, page_size,
+    req = tl.load(TOKEN_REQ + offs_t, mask=mask_t, other=0)
+    req0 = tl.load(TOKEN_REQ + t0)
+    one_request = tl.sum((mask_t & (req != req0)).to(tl.int32), 0) == 0
+    pages0 = PAGE_TABLE + req0.to(tl.int64) * stride_pt
+    if STACKED:
+        if one_request:
+            _stacked_scores(
+                Q, W, K, SCORES, pages0, t0, pid_l, key_programs, pos, max_pos, mask_t, offs_d, mask_d,
+                stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
                 BLOCK_T, BLOCK_H, BLOCK_L, FP8,
             )  # fmt: skip
-        else:
-            # The block straddles requests: score its tokens one at a time, each against
-            # its own request's keys.
-            for i in range(BLOCK_T):
-                t_i = tl.minimum(t0 + i, num_tokens - 1)
-                q_op, qw = _load_queries(
-                    Q, W, t_i, num_tokens, num_heads, stride_qt, stride_qh, stride_wt, offs_d, mask_d, scale,
-                    1, BLOCK_H, FP8,
-                )  # fmt: skip
-                jmask = (offs_j <= tl.load(POSITIONS + t_i)) & (offs_j < max_len)
-                pages = PAGE_TABLE + tl.load(TOKEN_REQ + t_i).to(tl.int64) * stride_pt
-                s_i = _key_block_scores(
-                    q_op, qw, K, pages, offs_j, jmask, offs_d, mask_d, stride_k, page_size,
-                    1, BLOCK_H, BLOCK_L, FP8,
-                )  # fmt: skip
-                scores = tl.where(tl.arange(0, BLOCK_T)[:, None] == i, s_i, scores)
+            return
+    for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
+        offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
+        # The keys of the block's request (none loaded when the block straddles requests).
+        jmask = (offs_j <= max_pos) & one_request
+        k_op, k_scale = _load_keys(K, pages0, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8)
+        for i in tl.static_range(BLOCK_T):
+            t_i = t0 + i
+            if t_i < num_tokens:
+                pos_i = tl.load(POSITIONS + t_i)
+                if kb * BLOCK_L <= pos_i:
+                    if not one_request:  # the block straddles requests: this token's own keys
+                        pages = PAGE_TABLE + tl.load(TOKEN_REQ + t_i).to(tl.int64) * stride_pt
+                        k_op, k_scale = _load_keys(
+                            K, pages, offs_j, offs_j <= pos_i, offs_d, mask_d, stride_k, page_size, FP8
+                        )
+                    s = _token_scores(
+                        Q, W, t_i.to(tl.int64), k_op, k_scale, offs_h, mask_h, offs_d, mask_d,
+                        stride_qt, stride_qh, stride_wt, scale, FP8,
+                    )  # fmt: skip
+                    tl.store(SCORES + t_i.to(tl.int64) * stride_st + offs_j, s, mask=offs_j <= pos_i)
 
-    scores = tl.where(offs_j[None, :] <= pos[:, None], scores, float("-inf"))
-    out = SCORES + offs_t.to(tl.int64)[:, None] * stride_st + offs_j[None, :]
-    tl.store(out, scores, mask=mask_t[:, None] & (offs_j < max_len)[None, :])
+
+@triton.jit
+def _order_key(x):
+    """fp32 → uint32 whose unsigned order is the float order (``-0.0`` taken as ``+0.0``)."""
+    x = tl.where(x == 0.0, 0.0, x)
+    u = x.to(tl.uint32, bitcast=True)
+    return tl.where((u >> 31) == 1, u ^ 0xFFFFFFFF, u | 0x80000000)
 
 
-def default_config(num_tokens: int, num_requests: int, num_heads: int) -> dict:
-    """Block sizes and warps for a shape (tuned guesses; see the bench)."""
-    block_h = max(16, triton.next_power_of_2(num_heads))
-    block_t = 1 if num_tokens <= num_requests else max(1, 128 // block_h)
-    rows = block_t * block_h
-    return {"block_t": block_t, "block_l": 128, "num_warps": 8 if rows >= 128 else 4, "num_stages": 2}
+@triton.jit
+def _topk_select_kernel(
+    SCORES,
+    POSITIONS,
+    OUT,
+    stride_st,
+    stride_ot,
+    topk,
+    BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.load(POSITIONS + t).to(tl.int32) + 1
+    row = SCORES + t * stride_st
+    out = OUT + t * stride_ot
+    if n <= topk:
+        for o in range(0, topk, BLOCK_K):
+            offs = o + tl.arange(0, BLOCK_K)
+            tl.store(out + offs, tl.where(offs < n, offs, -1), mask=offs < topk)
+    else:
+        # Radix select of the topk-th largest key, 8 bits at a time from the top.
+        prefix = tl.zeros([], tl.uint32)
+        need = topk  # how many of the keys matching `prefix` still have to be taken
+        bins = tl.arange(0, 256)
+        for level in tl.static_range(4):
+            shift = 24 - 8 * level
+            hist = tl.zeros([256], tl.int32)
+            for b in range(0, n, BLOCK):
+                offs = b + tl.arange(0, BLOCK)
+                valid = offs < n
+                u = _order_key(tl.load(row + offs, mask=valid, other=0.0))
+                if level > 0:
+                    valid = valid & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
+                hist += tl.histogram(((u >> shift) & 0xFF).to(tl.int32), 256, mask=valid)
+            # at_least[d] = matching keys whose digit is ≥ d (non-increasing in d): the wanted
+            # digit is the largest d with at_least[d] ≥ need.
+            at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+            digit = tl.sum((at_least >= need).to(tl.int32), 0) - 1
+            above = tl.sum(tl.where(bins > digit, hist, 0), 0)
+            need -= above
+            prefix = prefix | (digit.to(tl.uint32) << shift)
+        # Write every key above the threshold and the first `need` equal to it, by position.
+        written = 0
+        equal_seen = 0
+        for b in range(0, n, BLOCK):
+            offs = b + tl.arange(0, BLOCK)
+            valid = offs < n
+            u = _order_key(tl.load(row + offs, mask=valid, other=0.0))
+            eq = (valid & (u == prefix)).to(tl.int32)
+            eq_rank = equal_seen + tl.cumsum(eq, 0) - eq
+            take = (valid & (u > prefix)) | ((eq == 1) & (eq_rank < need))
+            take_i = take.to(tl.int32)
+            slot = written + tl.cumsum(take_i, 0) - take_i
+            tl.store(out + slot, offs, mask=take)
+            written += tl.sum(take_i, 0)
+            equal_seen += tl.sum(eq, 0)
+
+
+def default_config(num_tokens: int, num_requests: int, num_heads: int, row_len: int, device: torch.device) -> dict:
+    """Tiles of the score kernel for a shape: ``block_t`` tokens per program (1 for decode-like
+    batches), key blocks of ``block_l``, and ``key_programs`` per token block — enough programs
+    to fill the GPU, capped at 64 so the grid does not grow with the configured context."""
+    stacked = num_tokens > num_requests
+    block_t = 4 if stacked else 1
+    block_l = 64 if stacked else 128
+    token_blocks = triton.cdiv(num_tokens, block_t)
+    key_programs = max(1, min(triton.cdiv(row_len, block_l), triton.cdiv(4 * num_sms(device), token_blocks), 64))
+    # Stacked tiles from the H200 sweep (scripts/bench_kernels_attention.py --sweep): 4 warps with
+    # registers capped at 168 (two programs per SM) beat every uncapped tile at 16K tokens.
+    return {"block_t": block_t, "block_l": block_l, "key_programs": key_programs, "num_warps": 4 if stacked else 8,
+            "num_stages": 2, "stacked": stacked, "maxnreg": 168 if stacked else None}  # fmt: skip
 
 
 def supports(
@@ -231,37 +323,62 @@ def indexer_scores_triton(
     scores: torch.Tensor,
     *,
     fp8: bool = False,
+    skip_below: int = 0,
+    row_len: int | None = None,
     block_t: int | None = None,
     block_l: int | None = None,
+    key_programs: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    stacked: bool | None = None,
+    maxnreg: int | None = None,
 ) -> None:
-    """Write the indexer scores ``[T, L]`` fp32 (``-inf`` past each token's position) into
-    ``scores``, whose row stride may exceed ``L`` but whose last stride is 1.
+    """Write the indexer scores of each token ``t`` at positions ``0…positions[t]`` into row
+    ``t`` of ``scores`` (fp32, unit last stride, at least ``positions[t] + 1`` wide); nothing
+    past a row's position is written.
 
     Arguments as :func:`~breakgraph.kernels.indexer.indexer_topk_ref` (``weights`` fp32
-    ``[T, Hi]``); ``fp8`` picks the FP8 e4m3 dot (module docstring). Graph-safe.
+    ``[T, Hi]``); ``fp8`` picks the FP8 e4m3 dot (module docstring); token blocks whose
+    positions are all ``< skip_below`` are skipped; ``row_len`` (host int, default the page
+    table's width) bounds the rows for the grid choice only. Graph-safe.
     """
     num_tokens, num_heads, head_dim = q.shape
-    max_len = page_table.shape[1] * page_size
     if num_tokens == 0:
         return
-    cfg = default_config(num_tokens, page_table.shape[0], num_heads)
+    row_len = row_len or page_table.shape[1] * page_size
+    cfg = default_config(num_tokens, page_table.shape[0], num_heads, row_len, q.device)
     block_t = block_t or cfg["block_t"]
-    block_l = block_l or cfg["block_l"]
-    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(max_len, block_l))
+    grid = (triton.cdiv(num_tokens, block_t), key_programs or cfg["key_programs"])
     _indexer_scores_kernel[grid](
         q, weights, k_cache, page_table, token_req, positions, scores,
         q.stride(0), q.stride(1), weights.stride(0), k_cache.stride(0), page_table.stride(0), scores.stride(0),
-        num_tokens, num_heads, head_dim, max_len, page_size, softmax_scale,
+        num_tokens, num_heads, head_dim, page_size, skip_below, softmax_scale,
         BLOCK_T=block_t, BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
-        BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l, FP8=fp8,
+        BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"], FP8=fp8,
+        STACKED=(cfg["stacked"] if stacked is None else stacked) and block_t > 1,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
+        maxnreg=maxnreg or cfg["maxnreg"],
     )  # fmt: skip
 
 
-# Bound on the fp32 score buffer per chunk of query tokens (256 MiB).
-_SCORE_CHUNK_ELEMS = 1 << 26
+def topk_select_triton(
+    scores: torch.Tensor, positions: torch.Tensor, topk_out: torch.Tensor, *, block: int = 512, num_warps: int = 4
+) -> None:
+    """Causal top-k of each row: ``topk_out[t]`` (int32 ``[T, K]``) gets the ``K`` positions
+    ``j ≤ positions[t]`` with the largest ``scores[t, j]`` in ascending position order (ties to
+    the lower position), or ``0…positions[t]`` then ``-1`` when the row has at most ``K`` keys.
+    Reads ``scores[t, :positions[t] + 1]`` only. Graph-safe."""
+    num_tokens, topk = topk_out.shape
+    if num_tokens == 0:
+        return
+    _topk_select_kernel[(num_tokens,)](
+        scores, positions, topk_out, scores.stride(0), topk_out.stride(0), topk,
+        BLOCK=block, BLOCK_K=min(1024, triton.next_power_of_2(topk)), num_warps=num_warps,
+    )  # fmt: skip
+
+
+# The fp32 score rows of one chunk of query tokens (256 MiB).
+SCORE_BUFFER_ELEMS = 1 << 26
 
 
 def indexer_topk_triton(
@@ -275,28 +392,28 @@ def indexer_topk_triton(
     softmax_scale: float,
     topk_out: torch.Tensor,
     *,
+    max_seq_len: int | None = None,
     fp8: bool = False,
     **kernel_opts,
 ) -> None:
-    """:func:`~breakgraph.kernels.indexer.indexer_topk_ref`'s contract: Triton scores, then
-    ``torch.topk`` (sorted, like the twin) and ``-1`` where the chosen score is ``-inf``.
+    """:func:`~breakgraph.kernels.indexer.indexer_topk_ref`'s contract (set-wise: rows come in
+    ascending position order) with the length-true kernels of this module.
 
-    Query tokens are processed in chunks so the score buffer stays under
-    ``_SCORE_CHUNK_ELEMS`` elements. Static shapes only, no host syncs.
+    ``max_seq_len`` (host int, default the page table's width) bounds every token's
+    ``position + 1``: the score buffer is that wide, and query tokens go in chunks so it stays
+    under ``SCORE_BUFFER_ELEMS``. Static shapes only, no host syncs.
     """
     num_tokens, topk = topk_out.shape
-    max_len = page_table.shape[1] * page_size
-    k_eff = min(topk, max_len)
-    chunk = max(1, min(num_tokens, _SCORE_CHUNK_ELEMS // max(1, max_len)))
-    scores = torch.empty(chunk, max_len, dtype=torch.float32, device=q.device)
+    width = page_table.shape[1] * page_size
+    row_len = min(max_seq_len or width, width)
+    if num_tokens == 0:
+        return
+    chunk = max(1, min(num_tokens, SCORE_BUFFER_ELEMS // max(1, row_len)))
+    scores = torch.empty(chunk, row_len, dtype=torch.float32, device=q.device)
     for start in range(0, num_tokens, chunk):
         end = min(start + chunk, num_tokens)
-        s = scores[: end - start]
         indexer_scores_triton(
             q[start:end], weights[start:end], k_cache, page_table, token_req[start:end], positions[start:end],
-            page_size, softmax_scale, s, fp8=fp8, **kernel_opts,
+            page_size, softmax_scale, scores, fp8=fp8, skip_below=topk, row_len=row_len, **kernel_opts,
         )  # fmt: skip
-        vals, idx = s.topk(k_eff, dim=-1)
-        topk_out[start:end, :k_eff] = torch.where(vals == float("-inf"), -1, idx).to(torch.int32)
-    if k_eff < topk:
-        topk_out[:, k_eff:] = -1
+        topk_select_triton(scores, positions[start:end], topk_out[start:end])

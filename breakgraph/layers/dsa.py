@@ -76,8 +76,9 @@ def k_cache_and_topk_result(
         top.copy_(torch.where(cols[None, :] <= fb.positions[:, None], cols[None, :], -1))
         return
     indexer_topk(
-        q_fp8[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale, top
-    )
+        q_fp8[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale, top,
+        max_seq_len=fb.max_seq_len,
+    )  # fmt: skip
 
 
 @graph_break_op(mutates_args=("topk_result",))

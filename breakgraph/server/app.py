@@ -62,30 +62,12 @@ class ServerSettings:
     health_timeout_s: float = 60.0
 
 
-def stable_text_end(text: str, stops: list[str]) -> int:
-    """How much of ``text`` a stream may send now: not a trailing U+FFFD (an incomplete UTF-8
-    sequence the next token may complete) and not a tail that could begin a stop string (the
-    engine cuts the text before a stop string once it is complete)."""
-    end = len(text)
-    while end and text[end - 1] == "\ufffd":
-        end -= 1
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, end), hold, -1):
-            if text.endswith(s[:k], 0, end):
-                hold = k
-                break
-    return end - hold
-
-
 class _Choice:
-    """The client-side state of one choice: what has been received and what has been sent."""
+    """The client-side state of one choice: what has been received."""
 
-    def __init__(self, index: int, stops: list[str]) -> None:
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.stops = stops
         self.text = ""
-        self.sent = ""
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.token_texts: list[str] = []
@@ -96,25 +78,17 @@ class _Choice:
         self.prompt_tokens = 0
 
     def apply(self, ev: Progress) -> str:
-        """Record ``ev``; return the text that may be streamed now."""
+        """Record ``ev``; return its text delta (what may be streamed now)."""
         self.token_ids += ev.token_ids
         self.logprobs += ev.logprobs
         self.token_texts += ev.token_texts
         self.token_bytes += ev.token_bytes
         self.top_logprobs += ev.top_logprobs
         self.cached_tokens = ev.cached_tokens
-        self.text = ev.text
+        self.text += ev.text
         if ev.finish_reason is not None:
             self.finish_reason = ev.finish_reason
-            end = len(ev.text)
-        else:
-            end = stable_text_end(ev.text, self.stops)
-        if not ev.text.startswith(self.sent):
-            logger.warning("choice %d: the output text changed before the part already streamed", self.index)
-            return ""
-        delta = ev.text[len(self.sent) : end] if end > len(self.sent) else ""
-        self.sent += delta
-        return delta
+        return ev.text
 
 
 class _Run:
@@ -128,7 +102,6 @@ class _Run:
         self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.handles: list[Handle] = []
         self.choices: list[_Choice] = []
-        stops = spec.sampling.get("stop") or []
         for p, prompt in enumerate(spec.prompts):
             for c in range(spec.n):
                 index = p * spec.n + c
@@ -138,7 +111,7 @@ class _Run:
                         prompt_field=spec.prompt_field, top_logprobs=spec.logprobs,
                     )
                 )  # fmt: skip
-                self.choices.append(_Choice(index, stops))
+                self.choices.append(_Choice(index))
         self.disconnected = False
         self.failed: APIError | None = None
         self._closed = False

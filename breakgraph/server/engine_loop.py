@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from breakgraph.engine.detokenizer import TokenPieces
 from breakgraph.engine.request import Request, RequestStatus
 from breakgraph.engine.sampling import SamplingParams
 from breakgraph.engine.scheduler import RequestTooLongError
@@ -46,8 +47,9 @@ class Accepted:
 
 @dataclass
 class Progress:
-    """New tokens of one choice. ``text`` is the whole output text so far (the engine
-    re-decodes it each token; its tail may still change, see the server's stream logic).
+    """New tokens of one choice. ``text`` is the output text that may be shown now, following
+    the previous event's (the request's detokenizer holds back a tail that could still begin a
+    stop string; the deltas add up to the final text).
     ``token_texts``/``top_logprobs`` are filled only when log-probabilities were asked for."""
 
     token_ids: list[int]
@@ -249,8 +251,9 @@ class EngineLoop:
             )  # fmt: skip
         try:
             params = SamplingParams(max_new_tokens=max_new, **h.params)
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from exc
+            params.check_vocab(engine.config.vocab_size)
+        except ValueError as exc:  # a SamplingParamError names its field
+            raise APIError(400, str(exc), param=getattr(exc, "field", None)) from exc
         return ids, params
 
     def _add(self, handles: list[Handle]) -> None:
@@ -320,7 +323,7 @@ class EngineLoop:
         req = h.req
         new_ids = req.output_ids[h.sent :]
         ev = Progress(
-            token_ids=new_ids, logprobs=req.output_logprobs[h.sent :], text=req.text,
+            token_ids=new_ids, logprobs=req.output_logprobs[h.sent :], text=req.detokenizer.stream_delta(req.finished),
             finish_reason=req.finish_reason if req.finished else None, cached_tokens=req.num_cached_tokens,
         )  # fmt: skip
         if h.top_logprobs is not None:
@@ -402,49 +405,3 @@ class EngineLoop:
             "pages_total": pool.capacity_pages,
             "graph": graph,
         }
-
-
-def _byte_level_alphabet() -> dict[str, int]:
-    """Character → byte of the byte-level BPE alphabet (printable bytes stand for themselves,
-    the other bytes are shifted to code points from 256 up, in byte order)."""
-    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}  # '!'..'~', '¡'..'¬', '®'..'ÿ'
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[chr(b)] = b
-        else:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
-
-
-class TokenPieces:
-    """Text and raw bytes of single tokens, for log-probability reports. With a byte-level BPE
-    tokenizer the bytes are exact even when a token holds part of a UTF-8 character (its text
-    then shows U+FFFD); otherwise the text is the token decoded alone. Engine thread only."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        decoder = getattr(backend, "decoder", None)
-        self._alphabet = _byte_level_alphabet() if type(decoder).__name__ == "ByteLevel" else None
-        self._cache: dict[int, tuple[str, bytes]] = {}
-
-    def piece(self, token_id: int) -> tuple[str, bytes]:
-        hit = self._cache.get(token_id)
-        if hit is None:
-            hit = self._cache[token_id] = self._piece(token_id)
-        return hit
-
-    def _piece(self, token_id: int) -> tuple[str, bytes]:
-        tok = self.tokenizer
-        if tok is None:
-            text = f"token_id:{token_id}"
-            return text, text.encode()
-        if self._alphabet is not None:
-            name = tok.convert_ids_to_tokens(token_id)
-            if name and name not in tok.all_special_tokens and all(ch in self._alphabet for ch in name):
-                raw = bytes(self._alphabet[ch] for ch in name)
-                return raw.decode("utf-8", errors="replace"), raw
-        text = tok.decode([token_id])
-        return text, text.encode()

@@ -185,9 +185,7 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _wrong_type("model", "a string", model)
-    for name, neutral in (("presence_penalty", (0, 0.0)), ("frequency_penalty", (0, 0.0)),
-                          ("repetition_penalty", (1, 1.0)), ("logit_bias", ()), ("suffix", ("",)),
-                          ("echo", (False,)), ("tools", ()), ("functions", ())):  # fmt: skip
+    for name, neutral in (("suffix", ("",)), ("echo", (False,)), ("tools", ()), ("functions", ())):
         _unsupported(body, name, neutral)
     n = _int(body, "n", 1, 1, MAX_N)
     best_of = _int(body, "best_of", None, 1)
@@ -205,6 +203,10 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
     temperature = _float(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _float(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
     top_k = _int(body, "top_k", 0, -1)
+    min_p = _float(body, "min_p", 0.0, 0.0, 1.0)
+    min_tokens = _int(body, "min_tokens", 0, 0)
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise invalid("min_tokens", f"'min_tokens' ({min_tokens}) must not exceed 'max_tokens' ({max_tokens})")
     seed = _int(body, "seed", None, 0, SEED_RANGE - 1)
     stop = body.get("stop")
     if stop is None:
@@ -229,9 +231,41 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
         include_usage = _bool(options, "include_usage", False)
     return {
         "model": model, "n": n, "max_tokens": max_tokens, "stream": stream, "include_usage": include_usage,
-        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": max(top_k, 0), "seed": seed, "stop": stop,
-                      "stop_token_ids": stop_token_ids, "ignore_eos": _bool(body, "ignore_eos", False)},
+        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": max(top_k, 0), "min_p": min_p, "seed": seed,
+                      "stop": stop, "stop_token_ids": stop_token_ids, "ignore_eos": _bool(body, "ignore_eos", False),
+                      "min_tokens": min_tokens, "logit_bias": _logit_bias(body), **_penalties(body)},
     }  # fmt: skip
+
+
+MAX_PENALTY = 2.0  # presence/frequency penalties in [-2, 2], as OpenAI's
+MAX_REPETITION_PENALTY = 10.0
+MAX_LOGIT_BIAS = 100.0  # a bias in [-100, 100], as OpenAI's
+
+
+def _penalties(body: dict) -> dict[str, float]:
+    return {
+        "presence_penalty": _float(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        "frequency_penalty": _float(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        "repetition_penalty": _float(body, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY, lo_open=True),
+    }
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    """``logit_bias``: an object from token id (a decimal string, as JSON keys are) to a bias.
+    Whether the ids are in the vocabulary is checked by the engine."""
+    value = body.get("logit_bias")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _wrong_type("logit_bias", "an object mapping token ids to numbers", value)
+    bias = {}
+    for key, b in value.items():
+        if not (key.isascii() and key.isdigit()):
+            raise invalid("logit_bias", f"'logit_bias' keys must be token ids (decimal integers), got {json.dumps(key)[:80]}")
+        if isinstance(b, bool) or not isinstance(b, int | float) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+            raise invalid("logit_bias", f"'logit_bias[{key}]' must be a number in [-100, 100], got {json.dumps(b)[:80]}")
+        bias[int(key)] = float(b)
+    return bias
 
 
 def parse_completion(body: dict[str, Any]) -> GenerateRequest:

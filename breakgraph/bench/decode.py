@@ -1,0 +1,175 @@
+"""``breakgraph bench decode``: decode-step latency through the engine, beside its floor.
+
+One model is loaded once (dummy weights). For every configured context length the decode
+graphs are captured with a page table that wide (what a server with that ``--context-length``
+holds), then for every batch size ``B`` requests of ``--input-len`` random tokens are prefilled
+and decoded for ``--steps`` timed steps (each a host-timed ``Engine.step``, so sampling and the
+host side count). Context lengths are alternated over ``--rounds`` rounds, so drift of the
+machine shows as a spread instead of a difference between two configurations.
+
+The floor of a step is the bytes it must read once ÷ the copy bandwidth this command measures:
+every weight a token touches (all non-expert weights, and the routed experts the batch hits at
+uniform routing: ``E·(1 − (1 − k/E)^B)`` per layer) plus each sequence's attention reads
+(``min(L, index_topk)`` latent rows and ``L`` indexer keys per layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from breakgraph.bench.presets import PRESETS, preset_folder
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="glm5-tp8-rank-4l-bf16", choices=sorted(PRESETS),
+                        help="model shape to benchmark with dummy weights (ignored with --model-path)")
+    parser.add_argument("--model-path", default=None, help="a checkpoint folder; its config.json is used with dummy weights")
+    parser.add_argument("--input-len", type=int, default=1024, help="prompt tokens of every request")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1], help="requests decoding together")
+    parser.add_argument("--context-length", type=int, nargs="+", default=[8192],
+                        help="configured context lengths to compare (the decode graphs' page-table width)")
+    parser.add_argument("--steps", type=int, default=20, help="timed decode steps per (context, batch size, round)")
+    parser.add_argument("--rounds", type=int, default=2, help="times the context lengths are alternated")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
+    parser.add_argument("--output", default="decode_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes/s of a device-to-device copy (bytes read + written) of 2 GiB, median of 10."""
+    if device.type != "cuda":
+        return float("nan")
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() / statistics.median(times[2:])
+
+
+def step_bytes(engine, batch_size: int, seq_len: int) -> int:
+    """Bytes a decode step of ``batch_size`` sequences of ``seq_len`` tokens must read once."""
+    cfg = engine.config
+    total = 0
+    for name, p in engine.model.named_parameters():
+        if name.endswith("embed_tokens.weight"):
+            continue
+        nbytes = p.numel() * p.element_size()
+        if ".experts." in name and p.dim() == 3:
+            hit = cfg.n_routed_experts * (1 - (1 - cfg.num_experts_per_tok / cfg.n_routed_experts) ** batch_size)
+            nbytes = int(nbytes * hit / cfg.n_routed_experts)
+        total += nbytes
+    cache = engine.kv_cache
+    latent_row = cache.latent[0].shape[-1] * cache.latent[0].element_size()
+    index_row = cache.indexer_k[0].shape[-1] * cache.indexer_k[0].element_size() if cache.indexer_k[0] is not None else 0
+    per_layer = min(seq_len, cfg.index_topk) * latent_row + seq_len * index_row
+    return total + batch_size * cfg.num_hidden_layers * per_layer
+
+
+def capture_decode_graphs(engine, context_length: int, batch_sizes: list[int]) -> float:
+    """Replace the engine's decode graphs by ones for ``batch_sizes`` whose page table holds
+    ``context_length`` tokens; returns the capture time in seconds."""
+    from breakgraph.engine.decode_graphs import DecodeGraphRunner
+
+    engine.runner.decode_graphs = None
+    torch.cuda.empty_cache() if engine.device.type == "cuda" else None
+    graphs = DecodeGraphRunner(engine.model, engine.kv_cache, engine.device, batch_sizes,
+                               max_pages=engine.kv_cache.pool.pages_for(context_length))  # fmt: skip
+    graphs.capture(progress=False)
+    engine.runner.decode_graphs = graphs
+    return graphs.stats.capture_s
+
+
+def time_decode(engine, batch_size: int, input_len: int, steps: int, seed: int) -> list[float]:
+    """Seconds of each of ``steps`` decode steps of ``batch_size`` fresh requests."""
+    from breakgraph import SamplingParams
+
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_new_tokens=steps + 2, ignore_eos=True)
+    requests = [engine.add_request(torch.randint(0, engine.config.vocab_size, (input_len,), generator=g).tolist(),
+                                   params) for _ in range(batch_size)]  # fmt: skip
+    while any(r.in_prefill or not r.output_ids for r in requests):
+        engine.step()
+    engine.step()  # first decode step of the batch: warm-up
+    times = []
+    for _ in range(steps):
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        t0 = time.perf_counter()
+        engine.step()
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        times.append(time.perf_counter() - t0)
+    while engine.has_unfinished():
+        engine.step()
+    return times
+
+
+def main(args: argparse.Namespace) -> int:
+    from breakgraph import Engine
+
+    folder = Path(args.model_path) if args.model_path else preset_folder(args.preset)
+    name = args.model_path or args.preset
+    page = 64
+    per_req = args.input_len + args.steps + 4
+    engine = Engine(
+        folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page,
+        num_pages=2 + max(args.batch_size) * -(-per_req // page), context_length=max(args.context_length),
+        max_running_requests=max(args.batch_size), chunked_prefill_size=max(args.batch_size) * args.input_len,
+        cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled",
+    )  # fmt: skip
+    bandwidth = copy_bandwidth(engine.device)
+    samples: dict[tuple[int, int], list[float]] = {}
+    captures: dict[int, list[float]] = {}
+    for rnd in range(args.rounds):
+        for ctx in args.context_length:
+            if engine.device.type == "cuda":
+                captures.setdefault(ctx, []).append(capture_decode_graphs(engine, ctx, sorted(set(args.batch_size))))
+            for bs in args.batch_size:
+                times = time_decode(engine, bs, args.input_len, args.steps, seed=rnd * 1000 + bs)
+                samples.setdefault((ctx, bs), []).extend(times)
+                logger.info("round %d context %d bs %d: median step %.3f ms", rnd, ctx, bs, 1e3 * statistics.median(times))
+    rows = []
+    for (ctx, bs), times in samples.items():
+        floor_s = step_bytes(engine, bs, args.input_len + args.steps // 2) / bandwidth
+        rows.append({
+            "context_length": ctx, "batch_size": bs, "steps": len(times),
+            "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "max_ms": 1e3 * max(times),
+            "floor_ms": 1e3 * floor_s, "tokens_per_s": bs / statistics.median(times),
+            "capture_s": statistics.median(captures[ctx]) if ctx in captures else None,
+        })  # fmt: skip
+    command = "breakgraph bench decode " + " ".join(
+        f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in vars(args).items() if k in (
+            "preset", "model_path", "input_len", "batch_size", "context_length", "steps", "rounds", "device", "dtype")
+        and v is not None and not (k == "preset" and args.model_path)
+    )  # fmt: skip
+    table = [f"`{command}`", "", f"copy bandwidth measured: {bandwidth / 1e12:.2f} TB/s", "",
+             "| context | batch | median ms | min–max ms | floor ms | × floor | tok/s |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        table.append(f"| {r['context_length']} | {r['batch_size']} | {r['median_ms']:.2f} | {r['min_ms']:.2f}–{r['max_ms']:.2f} "
+                     f"| {r['floor_ms']:.2f} | {r['median_ms'] / r['floor_ms']:.1f} | {r['tokens_per_s']:.0f} |")  # fmt: skip
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"model": name, "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "command": command,
+            "copy_bandwidth_Bps": bandwidth}  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
+    out.with_suffix(".md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    engine.shutdown()
+    return 0

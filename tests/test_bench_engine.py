@@ -1,0 +1,57 @@
+"""``bench decode`` and ``bench ttft`` run through the engine on CPU (the built-in demo model):
+they time what they say, record a command that reproduces the run, and write their outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from breakgraph.cli import build_parser, main
+from breakgraph.demo.default_model import default_model_path
+
+
+@pytest.fixture(scope="module")
+def demo() -> str:
+    return str(default_model_path())
+
+
+def test_bench_decode_times_every_context_and_batch(demo, tmp_path, monkeypatch):
+    import breakgraph.bench.decode as bd
+
+    steps_seen = []
+    real = bd.time_decode
+    monkeypatch.setattr(bd, "time_decode", lambda *a, **k: steps_seen.append(a[1:3]) or real(*a, **k))
+    out = tmp_path / "dec"
+    argv = ["bench", "decode", "--model-path", demo, "--device", "cpu", "--input-len", "20", "--batch-size", "1", "2",
+            "--context-length", "128", "256", "--steps", "3", "--rounds", "2", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    rows = {(r["context_length"], r["batch_size"]): r for r in data["rows"]}
+    assert set(rows) == {(128, 1), (128, 2), (256, 1), (256, 2)}
+    assert all(r["steps"] == 6 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] for r in rows.values())
+    assert steps_seen == [(1, 20), (2, 20)] * 4, "rounds must alternate the context lengths"
+    recorded = build_parser().parse_args(data["command"].split()[1:])
+    assert recorded.context_length == [128, 256] and recorded.batch_size == [1, 2] and recorded.rounds == 2
+
+
+def test_bench_ttft_goes_through_chunked_prefill(demo, tmp_path, monkeypatch):
+    from breakgraph.engine.model_runner import ModelRunner
+
+    batch_tokens = []
+    real = ModelRunner.make_batch
+
+    def make_batch(self, entries, mode):
+        batch_tokens.append(sum(len(e.token_ids) for e in entries))
+        return real(self, entries, mode)
+
+    monkeypatch.setattr(ModelRunner, "make_batch", make_batch)
+    out = tmp_path / "ttft"
+    argv = ["bench", "ttft", "--model-path", demo, "--device", "cpu", "--input-len", "100", "--chunked-prefill-size", "32",
+            "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    (row,) = data["rows"]
+    assert row["input_len"] == 100 and row["median_s"] > 0 and row["chunk"] == 32
+    assert max(batch_tokens) == 32 and batch_tokens.count(32) >= 2 * 3, "prompts were not prefilled in chunks of 32"
+    assert "--chunked-prefill-size 32" in data["command"]
