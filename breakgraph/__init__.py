@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Engine", "SamplingParams", "__version__"]
+__all__ = ["Engine", "EngineConfig", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -14,6 +14,10 @@ def __getattr__(name: str):
         from breakgraph.engine.engine import Engine
 
         return Engine
+    if name == "EngineConfig":
+        from breakgraph.engine.config import EngineConfig
+
+        return EngineConfig
     if name == "SamplingParams":
         from breakgraph.engine.sampling import SamplingParams
 

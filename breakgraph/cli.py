@@ -7,6 +7,8 @@ import importlib
 import logging
 import sys
 
+from breakgraph.engine.config import PARALLEL, EngineConfig, flag_fields, flag_name
+
 # Subcommands living in their own modules: name → (module, extra it needs or None, help). Each
 # module provides add_arguments(parser) and main(args) -> int, and imports its extra's packages
 # only inside main, so every --help works on the base install.
@@ -31,60 +33,39 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that builds an :class:`~breakgraph.Engine`."""
-    g = parser.add_argument_group("model and engine")
-    g.add_argument("--model-path", default=None,
-                   help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json); default: the built-in tiny GLM-5 model")
-    g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="activation/weight dtype; auto = bfloat16 on CUDA, float32 on CPU (FP8 weights stay FP8)")
-    g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
-                   help="auto/safetensors read the checkpoint; dummy draws seeded random weights from config.json")
-    g.add_argument("--context-length", type=int, default=None, help="longest prompt + output in tokens (default: the model's)")
-    g.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
-    g.add_argument("--num-pages", type=int, default=None, help="KV-cache pages (default: sized from free memory)")
-    g.add_argument("--mem-fraction-static", type=float, default=0.85,
-                   help="on CUDA, the share of free memory (after weights) the KV cache may take")
-    g.add_argument("--max-running-requests", type=int, default=64, help="most requests decoding at once")
-    g.add_argument("--chunked-prefill-size", type=int, default=4096, help="most prompt tokens per prefill step")
-    g.add_argument("--seed", type=int, default=0, help="seed for dummy weights")
-    c = parser.add_argument_group("graphs")
-    c.add_argument("--cuda-graph-backend-prefill", default=None, choices=["disabled", "breakable", "piecewise"],
-                   help="prefill under graphs: breakable (breakable CUDA graphs), piecewise (torch.compile split at "
-                        "the split ops) or disabled (eager). Default: breakable on CUDA, disabled on CPU; on CPU the "
-                        "graph backends run on the CPU graph backend")
-    c.add_argument("--cuda-graph-bs-prefill", type=int, nargs="+", default=None,
-                   help="token counts to capture prefill graphs for (default: the bucket ladder up to --cuda-graph-max-bs-prefill)")
-    c.add_argument("--cuda-graph-max-bs-prefill", type=int, default=None,
-                   help="largest prefill bucket in tokens (default: min(--chunked-prefill-size, 4096)); "
-                        "prefill chunks never exceed it")
-    c.add_argument("--cuda-graph-backend-decode", default=None, choices=["disabled", "full"],
-                   help="decode under full graphs, one per batch-size bucket (default: full on CUDA, disabled on CPU)")
-    c.add_argument("--cuda-graph-max-bs", type=int, default=None,
-                   help="largest decode batch captured (default: min(--max-running-requests, 64))")
-    c.add_argument("--fold-islands", action="store_true",
-                   help="run single-kernel graph segments eagerly inside the neighbouring break")
-    add_parallel_arguments(parser)
+    """Flags shared by every command that builds an :class:`~breakgraph.Engine`: one per
+    field of :class:`~breakgraph.engine.config.EngineConfig` that has a flag, in its group."""
+    _add_config_flags(parser, flag_fields())
 
 
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     """``--tp-size`` (also for commands with their own engine flags, e.g. ``bench prefill``)."""
-    p = parser.add_argument_group("parallelism")
-    p.add_argument("--tp-size", type=int, default=1,
-                   help="tensor-parallel ranks, one process each (one GPU each on CUDA), started by breakgraph "
-                        "(or by torchrun when RANK/WORLD_SIZE are set)")
+    _add_config_flags(parser, flag_fields(PARALLEL))
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, config_fields: list) -> None:
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in config_fields:
+        m = f.metadata
+        if m["group"] not in groups:
+            groups[m["group"]] = parser.add_argument_group(m["group"])
+        kwargs: dict = {"help": m["help"], "default": f.default}
+        if m["type"] is bool:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs.update(type=m["type"], choices=m["choices"], nargs=m["nargs"])
+        groups[m["group"]].add_argument(f"--{flag_name(f.name)}", **kwargs)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    return dict(
-        device=args.device, dtype=args.dtype, load_format=args.load_format, context_length=args.context_length,
-        page_size=args.page_size, num_pages=args.num_pages, mem_fraction_static=args.mem_fraction_static,
-        max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size,
-        seed=args.seed, cuda_graph_backend_prefill=args.cuda_graph_backend_prefill,
-        cuda_graph_bs_prefill=args.cuda_graph_bs_prefill, cuda_graph_max_bs_prefill=args.cuda_graph_max_bs_prefill,
-        cuda_graph_backend_decode=args.cuda_graph_backend_decode, cuda_graph_max_bs=args.cuda_graph_max_bs,
-        fold_islands=args.fold_islands, tp_size=args.tp_size,
-    )  # fmt: skip
+    """The engine settings parsed from the flags of :func:`add_engine_arguments` (all but
+    ``model_path``), as keywords for ``Engine(args.model_path, **engine_kwargs(args))``."""
+    return {f.name: getattr(args, f.name) for f in flag_fields() if f.name != "model_path"}
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The :class:`~breakgraph.engine.config.EngineConfig` the flags of :func:`add_engine_arguments` describe."""
+    return EngineConfig(model_path=args.model_path, **engine_kwargs(args))
 
 
 def _add_generate(sub) -> None:
@@ -129,7 +110,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"breakgraph generate: {exc}", file=sys.stderr)
         return 2
-    engine = Engine(args.model_path, **engine_kwargs(args))
+    engine = Engine(engine_config(args))
     try:
         params.check_vocab(engine.config.vocab_size)
     except ValueError as exc:

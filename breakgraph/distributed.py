@@ -6,7 +6,7 @@ So a single-process engine and a tensor-parallel one can live in the same proces
 ``tp_size == 1`` no collective is ever called (the layers take their single-process path).
 
 The collectives run over the default ``torch.distributed`` process group, which
-:mod:`breakgraph.engine.tp` sets up (gloo for CPU tensors, NCCL for CUDA tensors).
+:mod:`breakgraph.engine.tp_launch` sets up (gloo for CPU tensors, NCCL for CUDA tensors).
 
 Collectives and graphs:
 

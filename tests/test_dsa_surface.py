@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from breakgraph import Engine
-from breakgraph.engine.forward_batch import ForwardMode, forward_batch_context
 from breakgraph.engine.model_runner import BatchEntry
 from breakgraph.engine.sampling import SamplingParams
+from breakgraph.forward_context import ForwardMode, forward_batch_context
 from breakgraph.graphs import split_op_names
 from breakgraph.layers import dsa, mlp
 
@@ -95,7 +95,7 @@ def test_attention_asks_for_the_dense_causal_path_in_prefill_only(engine, monkey
     real = dsa.sparse_mla_kernel
 
     def spy(*args, dense_below, **kw):
-        from breakgraph.engine.forward_batch import get_forward_batch
+        from breakgraph.forward_context import get_forward_batch
 
         seen.append((get_forward_batch().mode.value, dense_below))
         return real(*args, dense_below=dense_below, **kw)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from breakgraph import Engine, SamplingParams
-from breakgraph.engine.forward_batch import ForwardMode
 from breakgraph.engine.kv_cache import OutOfPagesError, PagePool
 from breakgraph.engine.model_runner import BatchEntry
 from breakgraph.engine.scheduler import RequestTooLongError
+from breakgraph.forward_context import ForwardMode
 
 TOL = 1e-4
 

@@ -69,7 +69,7 @@ def test_mid_size_model_graph_backends_agree(tmp_path):
 
 
 def test_regional_torch_compile_matches_eager(tmp_path):
-    """The bench's torch-compile backend (Inductor, CUDA graphs partitioned at the split ops,
+    """The torch-compile backend (Inductor, CUDA graphs partitioned at the split ops,
     eager's rounding) on GLM-5 per-rank FP8 dims, 3 dense + 1 MoE layer. One request of 1024
     tokens and two of 512 share every shape: were the attention or the indexer frozen into a
     CUDA graph, the second layout would replay the first one's per-request lengths."""
@@ -77,7 +77,8 @@ def test_regional_torch_compile_matches_eager(tmp_path):
 
     from breakgraph.bench import prefill
     from breakgraph.bench.presets import GLM5_TP8_RANK, _variant
-    from breakgraph.engine.forward_batch import forward_batch_context
+    from breakgraph.forward_context import forward_batch_context
+    from breakgraph.graphs.regional import compiled_regions
 
     (tmp_path / "config.json").write_text(json.dumps(_variant(GLM5_TP8_RANK, num_hidden_layers=4)))
     eng = Engine(tmp_path, device="cuda", load_format="dummy", page_size=64, num_pages=40, context_length=1100,
@@ -92,7 +93,7 @@ def test_regional_torch_compile_matches_eager(tmp_path):
 
     layouts = [(128, 1), (1024, 1), (512, 2)]
     want = [hidden(eng.model, n, b) for n, b in layouts]
-    with prefill.compiled_decoder_layers(eng.model, mode="reduce-overhead") as forward:
+    with compiled_regions(eng.model, mode="reduce-overhead") as forward:
         for _ in range(3):  # warm-up, CUDA graph recording, replay
             got = [hidden(forward, n, b) for n, b in layouts]
     errors = [rel_err(a, b) for a, b in zip(got, want)]

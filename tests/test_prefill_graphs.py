@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from breakgraph import Engine, SamplingParams
-from breakgraph.engine.forward_batch import ForwardMode, forward_batch_context
 from breakgraph.engine.model_runner import BatchEntry
+from breakgraph.forward_context import ForwardMode, forward_batch_context
 from breakgraph.graphs.prefill_runner import default_prefill_buckets
 from breakgraph.layers.dsa import dsa_indexer_graph_dispatch, sparse_mla_attention
 

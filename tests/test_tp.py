@@ -20,7 +20,7 @@ from tiny_models import write_fp8_checkpoint
 
 from breakgraph import Engine, SamplingParams
 from breakgraph.distributed import ParallelState, ShardingError
-from breakgraph.engine.tp import TensorParallelError
+from breakgraph.engine.tp_launch import TensorParallelError
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.glm5 import check_tensor_parallel
 from breakgraph.models.loader import load_model

@@ -27,11 +27,10 @@ from breakgraph.bench import record
 from breakgraph.bench.floor import prefill_floor
 from breakgraph.bench.peaks import gather_bandwidth, measure_peaks
 from breakgraph.bench.presets import PRESETS, preset_folder
+from breakgraph.engine.config import PREFILL_BACKENDS as BACKENDS
 from breakgraph.kernels.indexer import indexer_fp8
 
 logger = logging.getLogger(__name__)
-
-BACKENDS = ("disabled", "piecewise", "breakable", "torch-compile")
 
 
 @dataclass
@@ -62,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1], help="requests per prefill batch")
     parser.add_argument("--backends", nargs="+", default=["disabled", "piecewise", "breakable"], choices=BACKENDS,
                         help="prefill backends to compare (torch-compile = torch.compile(mode='reduce-overhead') of each "
-                             "decoder layer, CUDA graphs partitioned at the split ops; see compiled_decoder_layers)")
+                             "decoder layer, CUDA graphs partitioned at the split ops; see breakgraph.graphs.regional)")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per shape (after 2 warm-up runs)")
     parser.add_argument("--full-ladder", action="store_true",
                         help="capture the whole default bucket ladder (as a server would) instead of the benchmarked shapes only")
@@ -91,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
         folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page_size,
         num_pages=2 + max(args.batch_size) * -(-per_req // page_size), context_length=per_req,
         chunked_prefill_size=max_tokens, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled",
-        tp_size=args.tp_size,
+        fold_islands=args.fold_islands, tp_size=args.tp_size,
     )  # fmt: skip
     if args.tp_size > 1 and "torch-compile" in args.backends:
         raise SystemExit("--backends torch-compile runs the model in this process only; it cannot run with --tp-size > 1")
@@ -127,13 +126,14 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
     capture_s = mem = None
     if backend in ("piecewise", "breakable"):
         shapes = sorted({n * b for n in args.input_len for b in args.batch_size})
-        engine.fold_islands = args.fold_islands
         engine.set_prefill_backend(backend, None if args.full_ladder else shapes, max_bucket=max_tokens)
         stats = engine.runner.prefill_graphs.stats
         capture_s, mem = stats.capture_s, stats.graph_memory_bytes / 2**30
     regional = contextlib.nullcontext()
     if backend == "torch-compile":
-        regional = compiled_decoder_layers(engine.model, mode="reduce-overhead")
+        from breakgraph.graphs.regional import compiled_regions
+
+        regional = compiled_regions(engine.model, mode="reduce-overhead")
     with regional as compiled:
         for n, b in itertools.product(args.input_len, args.batch_size):
             batch, pages = make_batch(engine, n, b)
@@ -141,13 +141,13 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
 
                 def run(batch=batch) -> None:
                     if compiled is not None:
-                        from breakgraph.engine.forward_batch import forward_batch_context
+                        from breakgraph.forward_context import forward_batch_context
 
                         with torch.inference_mode(), forward_batch_context(batch):
                             h = compiled(batch.input_ids, batch.positions)
                             engine.model.compute_logits(h[batch.logits_rows])
                     else:
-                        engine.runner.forward(batch)
+                        engine.executor.forward(batch)
 
                 t_first = time.perf_counter()
                 for _ in range(2):
@@ -183,67 +183,11 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
                 engine.kv_cache.pool.free(pages)
 
 
-@contextlib.contextmanager
-def compiled_decoder_layers(model, **compile_kwargs):
-    """Regional ``torch.compile``: compile each decoder layer of ``model`` (``model.model.layers``)
-    in place while the context is open; yields ``forward(input_ids, positions)``, the model's
-    forward that first starts a new CUDA-graph-tree step. ``compile_kwargs`` go to
-    ``torch.compile`` (the benchmark: ``mode="reduce-overhead"``, Inductor with CUDA graphs).
-
-    Layers share their compiled code: the layer index the split ops take is traced as a
-    symbol, so 78 layers compile once per layer kind (dense / MoE) and length regime, where
-    compiling the whole model traces 78 unrolled layers per shape. Lengths after the first
-    are traced symbolically (PyTorch's default ``dynamic=None``). Inductor partitions its
-    CUDA graphs at the split ops: the per-batch parts (indexer top-k, attention over
-    per-request lengths) run eagerly between graphs, as under the breakable and piecewise
-    backends. Fused bf16 arithmetic is rounded where eager rounds it
-    (``emulate_precision_casts``): without it Inductor keeps fp32 intermediates and its hidden
-    states differ from eager's by ≈1e-2 relative after one GLM-5 layer; with it the dense
-    layers are bit-identical on the H200. The step mark is needed because every layer call is
-    its own compiled invocation, which CUDA graph trees would otherwise take for a new
-    iteration (freeing the previous layer's output). On exit the layers are restored and
-    ``torch._dynamo.reset()`` drops every compiled frame of the process: enter it with no other
-    compiled code live (the bench turns the prefill graphs off before each backend).
-    """
-    import torch._inductor.config as inductor_config
-
-    from breakgraph.graphs import split_op_names
-
-    if not hasattr(inductor_config, "custom_should_partition_ops"):
-        raise RuntimeError(
-            f"torch {torch.__version__} cannot partition Inductor's CUDA graphs at custom ops "
-            "(torch._inductor.config.custom_should_partition_ops); the torch-compile backend needs torch >= 2.9"
-        )
-    layers = list(model.model.layers)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(torch._dynamo.config.patch(
-            allow_unspec_int_on_nn_module=True, specialize_float=True,
-            cache_size_limit=max(64, torch._dynamo.config.cache_size_limit),
-        ))  # fmt: skip
-        stack.enter_context(inductor_config.patch(
-            graph_partition=True, custom_should_partition_ops=sorted(split_op_names()), emulate_precision_casts=True,
-        ))  # fmt: skip
-        previous = [layer._compiled_call_impl for layer in layers]
-
-        def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            torch.compiler.cudagraph_mark_step_begin()
-            return model(input_ids, positions)
-
-        try:
-            for layer in layers:
-                layer.compile(**compile_kwargs)
-            yield forward
-        finally:
-            for layer, impl in zip(layers, previous):
-                layer._compiled_call_impl = impl
-            torch._dynamo.reset()
-
-
 def make_batch(engine, input_len: int, batch_size: int):
     """A prefill batch of ``batch_size`` random prompts of ``input_len`` tokens on fresh pages;
     returns ``(batch, pages)``, the caller frees ``pages``. On failure nothing stays allocated."""
-    from breakgraph.engine.forward_batch import ForwardMode
     from breakgraph.engine.model_runner import BatchEntry
+    from breakgraph.forward_context import ForwardMode
 
     pool = engine.kv_cache.pool
     g = torch.Generator().manual_seed(input_len * 131 + batch_size)

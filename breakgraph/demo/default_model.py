@@ -9,10 +9,11 @@ checkpoint folder, made with transformers' ``save_pretrained``.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from breakgraph import env
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ TINY_GLM5 = dict(
 
 
 def cache_home() -> Path:
-    return Path(os.environ.get("BREAKGRAPH_HOME", Path.home() / ".cache" / "breakgraph"))
+    return Path(env.read("BREAKGRAPH_HOME")).expanduser()
 
 
 def default_model_path() -> Path:

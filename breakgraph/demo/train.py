@@ -458,15 +458,6 @@ def save_checkpoint(
     return folder
 
 
-def engine_kwargs(engine_cls) -> dict:
-    """Extra ``Engine`` arguments for evaluation: the prefill graph backend off, where the
-    Engine has that option."""
-    import inspect
-
-    params = inspect.signature(engine_cls.__init__).parameters
-    return {"cuda_graph_backend_prefill": "disabled"} if "cuda_graph_backend_prefill" in params else {}
-
-
 @dataclass
 class EvalResult:
     accuracy: float
@@ -490,7 +481,7 @@ def evaluate(
     per_req = -(-(128 + max_new_tokens) // page_size)
     engine = Engine(
         folder, device=device, dtype="float32", page_size=page_size, num_pages=len(prompts) * per_req + 1,
-        context_length=256, max_running_requests=len(prompts), **engine_kwargs(Engine),
+        context_length=256, max_running_requests=len(prompts), cuda_graph_backend_prefill="disabled",
     )  # fmt: skip
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
     samples = [(p.question, o.text, p.final) for p, o in zip(problems, outs)]

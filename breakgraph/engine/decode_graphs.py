@@ -17,14 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from breakgraph.engine.forward_batch import ForwardBatch, ForwardMode, forward_batch_context
 from breakgraph.engine.kv_cache import KVCache
-from breakgraph.graphs.segments import Segment, make_capturer, new_graph_pool
+from breakgraph.forward_context import ForwardBatch, ForwardMode, forward_batch_context
+from breakgraph.graphs.capture import make_capturer
+from breakgraph.graphs.segments import Segment, new_graph_pool
 
 logger = logging.getLogger(__name__)
-
-DECODE_BACKENDS = ("disabled", "full")
-
 
 def default_decode_buckets(max_bs: int) -> list[int]:
     """1, 2, 4, 8, then every 8 up to ``max_bs`` (included)."""

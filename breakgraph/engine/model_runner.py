@@ -1,17 +1,73 @@
-"""Runs the model on a batch: builds the :class:`ForwardBatch` from requests, calls the
-decoder body (eagerly or through a graph runner) and the LM head on the rows that need it."""
+"""The model runner: everything one rank needs to run the model, and nothing about requests.
+
+``ModelRunner(config, ...)`` reads top to bottom as a rank's life: load the model (this rank's
+shard under tensor parallelism), size the paged KV cache (the same number of pages on every
+rank), capture the prefill and decode graphs the config asks for. Then :meth:`forward` runs
+a :class:`ForwardBatch` through the decoder body (eagerly or through a graph runner) and the LM
+head. Rank 0 calls it through an executor (:mod:`breakgraph.engine.executor`); the other ranks
+hold one runner each and run what rank 0 asks.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from breakgraph.engine.forward_batch import ForwardBatch, ForwardMode, forward_batch_context
+from breakgraph.engine.config import PREFILL_BACKENDS, EngineConfig
+from breakgraph.engine.decode_graphs import DecodeGraphRunner, default_decode_buckets
 from breakgraph.engine.kv_cache import KVCache
-from breakgraph.models.glm5 import DsaForCausalLM
+from breakgraph.forward_context import ForwardBatch, ForwardMode, forward_batch_context
+from breakgraph.graphs.prefill_runner import PrefillGraphRunner, default_prefill_buckets
+from breakgraph.graphs.regional import RegionalCompileRunner
+from breakgraph.models.config import ModelConfig
+from breakgraph.models.loader import load_model
+
+if TYPE_CHECKING:
+    from breakgraph.engine.tp_launch import TPGroup
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_COMPILE_KWARGS: dict = {"mode": "reduce-overhead"}  # the torch-compile backend's torch.compile options
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``auto`` → bf16 on CUDA, fp32 elsewhere; else the named dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {['auto', *DTYPES]}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the config resolves to before anything is loaded: the model's config, the device,
+    the dtype and the context length (the config's, capped by the model's)."""
+
+    model_config: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+    context_length: int
+
+    @classmethod
+    def resolve(cls, config: EngineConfig, device: torch.device | None = None) -> ModelSpec:
+        """Read ``config.json`` of ``config.model_path`` (which must be set). ``device``
+        overrides the config's (a tensor-parallel rank's own device)."""
+        if config.model_path is None:
+            raise ValueError("EngineConfig.model_path must be set to build a model runner")
+        device = device or torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        model_config = ModelConfig.from_pretrained(config.model_path)
+        most = model_config.max_position_embeddings
+        return cls(model_config, device, resolve_dtype(config.dtype, device), min(config.context_length or most, most))
 
 
 @dataclass(frozen=True)
@@ -25,14 +81,105 @@ class BatchEntry:
 
 
 class ModelRunner:
-    """Owns nothing but references: the model and the KV cache belong to the engine."""
+    """The model, its KV cache and its graphs on one rank (see the module docstring).
 
-    def __init__(self, model: DsaForCausalLM, kv_cache: KVCache, device: torch.device) -> None:
-        self.model = model
-        self.kv_cache = kv_cache
-        self.device = device
-        self.prefill_graphs = None  # set by the engine when a prefill graph backend is on
-        self.decode_graphs = None  # set by the engine when decode graphs are on
+    ``tp`` is this rank's tensor-parallel group (None at TP 1): the model is loaded as its
+    shard and the KV pool sized to the smallest any rank can hold."""
+
+    def __init__(self, config: EngineConfig, spec: ModelSpec, tp: TPGroup | None = None) -> None:
+        self.config = config
+        self.spec = spec
+        self.device = spec.device
+        t0 = time.perf_counter()
+        self.model = load_model(
+            config.model_path, config=spec.model_config, device=spec.device, dtype=spec.dtype,
+            load_format=config.load_format, max_positions=spec.context_length, seed=config.seed,
+            parallel=tp.state if tp is not None else None,
+        )  # fmt: skip
+        logger.info(
+            "loaded %s (%s, %s) in %.1fs", config.model_path, spec.model_config.model_type, spec.dtype,
+            time.perf_counter() - t0,
+        )  # fmt: skip
+        if spec.model_config.fp8 is not None and spec.device.type == "cuda":
+            from breakgraph.kernels.triton_fp8 import scaled_mm_blockwise_mode
+
+            scaled_mm_blockwise_mode(spec.device)  # probe now: every backend then takes the same GEMM
+        num_pages = config.num_pages or self._default_num_pages()
+        if tp is not None:
+            num_pages = tp.agree_on_num_pages(num_pages)
+        self.kv_cache = KVCache(spec.model_config, num_pages, config.page_size, spec.dtype, spec.device)
+        self.prefill_graphs: PrefillGraphRunner | RegionalCompileRunner | None = None
+        self.decode_graphs: DecodeGraphRunner | None = None
+        self.prefill_backend = "disabled"
+        on_cuda = spec.device.type == "cuda"
+        prefill = config.cuda_graph_backend_prefill or ("breakable" if on_cuda else "disabled")
+        self.set_prefill_backend(prefill, config.cuda_graph_bs_prefill, config.cuda_graph_max_bs_prefill)
+        decode_default = "full" if on_cuda and prefill != "torch-compile" else "disabled"
+        if (config.cuda_graph_backend_decode or decode_default) == "full":
+            max_bs = config.cuda_graph_max_bs or min(config.max_running_requests, 64)
+            self.decode_graphs = DecodeGraphRunner(
+                self.model, self.kv_cache, spec.device, default_decode_buckets(max_bs),
+                max_pages=self.kv_cache.pool.pages_for(spec.context_length),
+            )  # fmt: skip
+            self.decode_graphs.capture()
+
+    def _default_num_pages(self) -> int:
+        cfg, spec = self.config, self.spec
+        per_page = KVCache.bytes_per_page(spec.model_config, cfg.page_size, spec.dtype)
+        if spec.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(spec.device)
+            budget = int(free * cfg.mem_fraction_static)
+        else:
+            want = -(-spec.context_length // cfg.page_size) * min(cfg.max_running_requests, 8) + 1
+            budget = min(want * per_page, 2 << 30)
+        return max(2, budget // per_page)
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        """The most prompt tokens one prefill step may take: the config's chunk, capped by the
+        largest prefill graph bucket."""
+        chunk = self.config.chunked_prefill_size
+        graphs = self.prefill_graphs
+        return min(chunk, graphs.buckets[-1]) if isinstance(graphs, PrefillGraphRunner) else chunk
+
+    def set_prefill_backend(
+        self, backend: str, buckets: list[int] | tuple[int, ...] | None = None, max_bucket: int | None = None
+    ) -> None:
+        """(Re)build the prefill graphs: capture ``buckets`` (default: the ladder up to
+        ``max_bucket``, itself defaulting to ``min(chunked_prefill_size, 4096)``) for ``backend``;
+        ``disabled`` drops them. ``torch-compile`` compiles the model's regions in place instead
+        (no buckets; every forward, decode too, runs them), in one process without decode graphs."""
+        if backend not in PREFILL_BACKENDS:
+            raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
+        if backend == "torch-compile" and (self.decode_graphs is not None or self.config.tp_size > 1):
+            raise ValueError("the torch-compile backend runs at --tp-size 1 without decode graphs")
+        self._close_prefill_graphs()
+        self.prefill_backend = backend
+        if backend == "disabled":
+            return
+        if backend == "torch-compile":
+            self.prefill_graphs = RegionalCompileRunner(self.model, **TORCH_COMPILE_KWARGS)
+            return
+        max_bucket = max_bucket or min(self.config.chunked_prefill_size, 4096)
+        buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket)
+        if self.config.chunked_prefill_size > buckets[-1]:
+            logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
+        graphs = PrefillGraphRunner(
+            self.model, backend=backend, device=self.device, buckets=buckets,
+            capture_context=self.capture_context, fold_islands=self.config.fold_islands,
+        )  # fmt: skip
+        graphs.capture()
+        self.prefill_graphs = graphs
+
+    def _close_prefill_graphs(self) -> None:
+        if isinstance(self.prefill_graphs, RegionalCompileRunner):
+            self.prefill_graphs.close()
+        self.prefill_graphs = None
+
+    def drop_graphs(self) -> None:
+        """Release the captured graphs (before a process group they may hold work of goes away)."""
+        self._close_prefill_graphs()
+        self.decode_graphs = None
 
     def make_batch(self, entries: list[BatchEntry], mode: ForwardMode) -> ForwardBatch:
         """Lay out a ragged batch (see :class:`ForwardBatch`)."""
@@ -83,7 +230,9 @@ class ModelRunner:
         """Run the body and the LM head. Returns fp32 logits for each request's last token
         ``[B, vocab]``, or for every token ``[T, vocab]`` when ``all_logits``."""
         with forward_batch_context(batch):
-            if self.prefill_graphs is not None and batch.mode is ForwardMode.EXTEND:
+            if isinstance(self.prefill_graphs, RegionalCompileRunner):  # compiled in place: decode too
+                hidden = self.prefill_graphs.run(batch.input_ids, batch.positions)
+            elif self.prefill_graphs is not None and batch.mode is ForwardMode.EXTEND:
                 hidden = self.prefill_graphs.run(batch.input_ids, batch.positions)
             elif self.decode_graphs is not None and batch.mode is ForwardMode.DECODE:
                 hidden = self.decode_graphs.run(batch)

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from breakgraph.engine.forward_batch import ForwardMode
 from breakgraph.engine.kv_cache import PagePool
 from breakgraph.engine.prefix_cache import PrefixCache
 from breakgraph.engine.request import Request, RequestStatus
+from breakgraph.forward_context import ForwardMode
 
 
 class RequestTooLongError(ValueError):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
+
+from breakgraph import env
 
 DEBUG_ENV = "BREAKGRAPH_GRAPH_DEBUG"
 
@@ -15,7 +16,7 @@ def debug_enabled(flag: bool | None) -> bool:
     """``flag`` if given, else whether the environment sets ``BREAKGRAPH_GRAPH_DEBUG=1``."""
     if flag is not None:
         return flag
-    return os.environ.get(DEBUG_ENV, "0") not in ("", "0", "false", "False")
+    return env.read(DEBUG_ENV) not in ("", "0", "false", "False")
 
 
 def tensor_leaves(tree: Any) -> list[torch.Tensor]:

@@ -45,6 +45,7 @@ from torch.utils._pytree import tree_flatten
 
 from breakgraph.graphs._compare import DEBUG_ENV, clone_all, debug_enabled, first_mismatch, tensor_leaves
 from breakgraph.graphs._state import ActiveGraph, activate, active_graph
+from breakgraph.graphs.capture import make_capturer
 from breakgraph.graphs.errors import (
     GraphBreakError,
     GraphError,
@@ -52,7 +53,7 @@ from breakgraph.graphs.errors import (
     GraphReplayMismatchError,
     StaleBreakResultError,
 )
-from breakgraph.graphs.segments import Segment, make_capturer
+from breakgraph.graphs.segments import Segment
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SCALARS = (bool, int, float, complex, str, type(None))

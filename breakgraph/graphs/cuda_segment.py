@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from breakgraph.graphs.cpu_graph import OpRecorder
 from breakgraph.graphs.errors import GraphBreakError, GraphError
-from breakgraph.graphs.segments import Segment, _recorded_fold
+from breakgraph.graphs.segments import Segment, recorded_fold
 
 _EMPTY_GRAPH_WARNING = "The CUDA Graph is empty"
 # CUgraphNodeType values that do work: kernel, memcpy, memset, host, child graph, batch mem op,
@@ -303,7 +303,7 @@ class CudaSegmentCapturer:
             graph.instantiate()
         graph.replay()  # the capture pass computes real values
         names = tuple(recorder.kernel_names) if recorder is not None else ()
-        fold = _recorded_fold(recorder) if work == 1 else None
+        fold = recorded_fold(recorder) if work == 1 else None
         return Segment(replay=graph.replay, work=work, empty=empty, op_names=names, fold=fold, handle=graph)
 
     def abort(self) -> None:

@@ -34,8 +34,9 @@ from torch.fx.passes.split_module import split_module
 from torch.utils._pytree import tree_flatten
 
 from breakgraph.graphs._compare import debug_enabled, first_mismatch, tensor_leaves
+from breakgraph.graphs.capture import make_capturer
 from breakgraph.graphs.errors import GraphNotCapturedError, GraphReplayMismatchError
-from breakgraph.graphs.segments import Segment, make_capturer, new_graph_pool
+from breakgraph.graphs.segments import Segment, new_graph_pool
 from breakgraph.graphs.split_ops import is_split_op, op_qualname
 
 PieceCompiler = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]

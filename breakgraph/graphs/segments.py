@@ -1,4 +1,5 @@
-"""One captured segment and the per-device capturers that make them.
+"""One captured segment, the capturer protocol, and the CPU capturer
+(:func:`breakgraph.graphs.capture.make_capturer` picks the capturer for a device).
 
 A capturer is opened once per capture session (a BreakableGraph capture, or one piece capture
 of the piecewise backend), then alternates ``begin(label)`` / ``end(reason)``; each ``end``
@@ -47,7 +48,7 @@ class SegmentCapturer(Protocol):
     def non_owning(self, tree: Any) -> Any: ...
 
 
-def _recorded_fold(recorder: OpRecorder | None) -> Callable[[], None] | None:
+def recorded_fold(recorder: OpRecorder | None) -> Callable[[], None] | None:
     """An eager re-run of a recording that holds exactly one kernel op, else None."""
     if recorder is None or not recorder.complete or recorder.kernels != 1:
         return None
@@ -88,7 +89,7 @@ class CpuSegmentCapturer:
             work=graph.kernels,
             empty=graph.empty,
             op_names=graph.op_names,
-            fold=_recorded_fold(graph.recorder),
+            fold=recorded_fold(graph.recorder),
             handle=graph,
         )
 
@@ -110,25 +111,3 @@ def new_graph_pool(device: str | torch.device) -> Any:
     if torch.device(device).type == "cuda":
         return torch.cuda.graph_pool_handle()
     return None
-
-
-def make_capturer(
-    device: torch.device,
-    pool: Any = None,
-    *,
-    record_ops: bool = False,
-    keep_empty_warning: bool = False,
-    stream: Any = None,
-) -> SegmentCapturer:
-    """The capturer for ``device``. ``record_ops`` (CUDA only) also records aten ops so that
-    single-kernel segments can be folded; ``keep_empty_warning`` lets torch's "The CUDA Graph is
-    empty" warning through (used when empty segments are kept on purpose)."""
-    if device.type == "cpu":
-        return CpuSegmentCapturer()
-    if device.type == "cuda":
-        from breakgraph.graphs.cuda_segment import CudaSegmentCapturer
-
-        return CudaSegmentCapturer(
-            device, pool, record_ops=record_ops, keep_empty_warning=keep_empty_warning, stream=stream
-        )
-    raise ValueError(f"graph capture supports device 'cuda' or 'cpu', got {device!s}")

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 
 import torch
 
+from breakgraph import env
 from breakgraph.graphs.cuda_segment import device_index
 
 TRITON_ENABLED = (
-    importlib.util.find_spec("triton") is not None and os.environ.get("BREAKGRAPH_KERNELS", "auto") != "torch"
+    importlib.util.find_spec("triton") is not None and env.read("BREAKGRAPH_KERNELS") != "torch"
 )
 
 

@@ -7,10 +7,9 @@ top-``k`` key *positions* (int32, ``-1`` where fewer than ``k`` keys exist).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from breakgraph import env
 from breakgraph.kernels.dispatch import use_triton
 from breakgraph.kernels.paging import positions_to_slots
 
@@ -97,7 +96,4 @@ def indexer_topk(
 
 def indexer_fp8() -> bool:
     """Whether the Triton indexer scores in FP8 (``BREAKGRAPH_INDEXER_FP8=1``; default bf16)."""
-    flag = os.environ.get("BREAKGRAPH_INDEXER_FP8", "0")
-    if flag not in ("0", "1"):
-        raise ValueError(f"BREAKGRAPH_INDEXER_FP8 must be 0 or 1, got {flag!r}")
-    return flag == "1"
+    return env.read("BREAKGRAPH_INDEXER_FP8") == "1"

@@ -38,13 +38,13 @@ normalisation and scaling in one kernel.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from breakgraph import env
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
 
@@ -58,9 +58,7 @@ def moe_fp8_activations(num_tokens: int) -> bool:
     ``W8A8_MIN_TOKENS`` tokens, where the fp8 tensor cores' double rate pays for the activation
     quantisation; W8A16 below, where weight bytes dominate), ``1`` always, ``0`` never.
     Depends only on the shape, so a captured graph keeps one choice per bucket."""
-    flag = os.environ.get("BREAKGRAPH_MOE_W8A8", "auto")
-    if flag not in ("auto", "0", "1"):
-        raise ValueError(f"BREAKGRAPH_MOE_W8A8 must be auto, 0 or 1, got {flag!r}")
+    flag = env.read("BREAKGRAPH_MOE_W8A8")
     return num_tokens >= W8A8_MIN_TOKENS if flag == "auto" else flag == "1"
 
 

@@ -23,10 +23,9 @@ from breakgraph.kernels.fp8 import block_dequant
 from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand
 from breakgraph.kernels.rope import rope
 from breakgraph.layers.dsa import (
-    _can_fuse_bmm_into_attention,
-    _make_mla_bmm_fusion_plan,
-    _split_q_nope_pe,
+    MlaBmmFusionPlan,
     dsa_indexer_graph_dispatch,
+    is_graph_dsa_split_op_surface,
     logits_head_gate,
     mla_bmm_then_unified_attention,
     sparse_mla_attention,
@@ -34,6 +33,30 @@ from breakgraph.layers.dsa import (
 from breakgraph.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from breakgraph.layers.norm import LayerNorm, RMSNorm
 from breakgraph.models.config import ModelConfig
+
+
+def _split_q_nope_pe(q: torch.Tensor, nope_dim: int, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [T, H, dn+dr]`` → views ``(q_nope [T, H, dn], q_pe [T, H, dr])``."""
+    return q.split([nope_dim, rope_dim], dim=-1)
+
+
+def _make_mla_bmm_fusion_plan(q_nope: torch.Tensor, q_pe: torch.Tensor, rank: int) -> MlaBmmFusionPlan:
+    t, h, _ = q_nope.shape
+    buf = q_nope.new_empty(t, h, rank + q_pe.shape[-1])
+    buf[..., rank:].copy_(q_pe)
+    return MlaBmmFusionPlan(
+        q_nope_t=q_nope.transpose(0, 1),
+        q_nope_out_buf=buf,
+        q_nope_out_view=buf[..., :rank].transpose(0, 1),
+        attn_output_buf=q_nope.new_empty(t, h, rank),
+    )
+
+
+def _can_fuse_bmm_into_attention(w_kc: torch.Tensor) -> bool:
+    """Fuse the ``q_nope · w_kc`` BMM into the attention op when a graph backend is capturing
+    this body (eager runs gain nothing) and ``w_kc`` is a plain matrix (it is always
+    dequantised at load; an FP8 BMM path would need its own kernel call)."""
+    return is_graph_dsa_split_op_surface() and w_kc.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
 class Indexer(nn.Module):

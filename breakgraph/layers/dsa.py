@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from breakgraph.engine.forward_batch import ForwardBatch, ForwardMode, get_forward_batch
+from breakgraph.forward_context import ForwardBatch, ForwardMode, get_forward_batch
 from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
 from breakgraph.kernels.indexer import indexer_topk
 from breakgraph.kernels.linear import linear_fp32_out
@@ -139,30 +139,6 @@ class MlaBmmFusionPlan:
     q_nope_out_buf: torch.Tensor
     q_nope_out_view: torch.Tensor
     attn_output_buf: torch.Tensor
-
-
-def _split_q_nope_pe(q: torch.Tensor, nope_dim: int, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q [T, H, dn+dr]`` → views ``(q_nope [T, H, dn], q_pe [T, H, dr])``."""
-    return q.split([nope_dim, rope_dim], dim=-1)
-
-
-def _make_mla_bmm_fusion_plan(q_nope: torch.Tensor, q_pe: torch.Tensor, rank: int) -> MlaBmmFusionPlan:
-    t, h, _ = q_nope.shape
-    buf = q_nope.new_empty(t, h, rank + q_pe.shape[-1])
-    buf[..., rank:].copy_(q_pe)
-    return MlaBmmFusionPlan(
-        q_nope_t=q_nope.transpose(0, 1),
-        q_nope_out_buf=buf,
-        q_nope_out_view=buf[..., :rank].transpose(0, 1),
-        attn_output_buf=q_nope.new_empty(t, h, rank),
-    )
-
-
-def _can_fuse_bmm_into_attention(w_kc: torch.Tensor) -> bool:
-    """Fuse the ``q_nope · w_kc`` BMM into the attention op when a graph backend is capturing
-    this body (eager runs gain nothing) and ``w_kc`` is a plain matrix (it is always
-    dequantised at load; an FP8 BMM path would need its own kernel call)."""
-    return is_graph_dsa_split_op_surface() and w_kc.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
 @graph_break_op(mutates_args=("q_nope_out_buf", "attn_output_buf"))

@@ -8,12 +8,11 @@ sums are added first and all-reduced once. The router is replicated.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from breakgraph import env
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_all_reduce
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand, linear_fp32_out
@@ -216,7 +215,7 @@ def _can_dual_stream_graph(x: torch.Tensor) -> bool:
     CUDA only, not while torch.compile traces (streams are not traceable; the piecewise backend
     keeps one stream) and not under tensor parallelism (one all-reduce follows both halves)."""
     return (
-        os.environ.get(DUAL_STREAM_ENV, "0") == "1"
+        env.read(DUAL_STREAM_ENV) == "1"
         and x.is_cuda
         and not torch.compiler.is_compiling()
         and get_parallel_state().tp_size == 1

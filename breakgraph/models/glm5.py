@@ -145,6 +145,10 @@ class DsaForCausalLM(nn.Module):
             h, topk = layer(h, cos, sin, topk)
         return self.model.norm(h)
 
+    def compile_regions(self) -> list[nn.Module]:
+        """The regions regional ``torch.compile`` compiles one by one: the decoder layers."""
+        return list(self.model.layers)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """``hidden [N, D]`` → fp32 logits ``[N, vocab]`` (under tensor parallelism: on rank 0,
         gathered from every rank's vocabulary slice; None on the other ranks)."""

@@ -1,5 +1,8 @@
 """The per-batch metadata every layer reads: one object, set around each forward.
 
+It lives at the package root, below the layers: the engine builds and installs it, the
+layers read it, and neither imports the other for it.
+
 The runner builds a :class:`ForwardBatch`, installs it with :func:`forward_batch_context`,
 and the attention / indexer breaks read it with :func:`get_forward_batch` *at call time*
 (also at graph replay, which is why breaks never capture per-batch values in closures).

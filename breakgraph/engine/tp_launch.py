@@ -1,34 +1,35 @@
-"""Tensor parallelism: one process per rank; rank 0 drives, the others follow.
+"""Tensor parallelism, the processes: start (or join) the ranks, the process group, the
+command channel's transport, and the watchdogs. What runs on the ranks is in
+:mod:`breakgraph.engine.executor`; what a command looks like in :mod:`breakgraph.engine.tp_channel`.
 
 **Processes.** ``Engine(..., tp_size=N)`` makes the calling process rank 0 and starts ranks
 1…N-1 itself (``torch.multiprocessing``, spawn), or, when torchrun started the job (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK`` set), joins the ranks torchrun started. Every rank builds the same
-:class:`~breakgraph.engine.engine.Engine` — its own model shard (on ``cuda:{local_rank}``, or the
-CPU), a KV cache of the same number of pages (the minimum over ranks), the same prefill and
-decode graph buckets captured in the same order. Only rank 0 keeps the tokenizer, the scheduler
-and the sampler. On ranks ≥ 1, ``Engine(...)`` then serves rank 0's commands until rank 0 shuts
-down, and exits the process (it never returns).
+:class:`~breakgraph.engine.model_runner.ModelRunner` — its own model shard (on
+``cuda:{local_rank}``, or the CPU), a KV cache of the same number of pages (the minimum over
+ranks), the same prefill and decode graph buckets captured in the same order. Only rank 0 builds
+an ``Engine`` (tokenizer, scheduler, sampler); the other ranks run rank 0's commands on their
+runner until rank 0 shuts down, and exit.
 
 **Communication.** Two channels:
 
-* commands: rank 0 writes each command under its own key (``cmd/<n>``, pickled) in a TCPStore;
-  workers block reading the next key. The store lives in rank 0's process (spawn), so a worker
-  whose rank 0 died gets a connection error at once instead of waiting forever.
+* commands: rank 0 writes each command, signed (:mod:`breakgraph.engine.tp_channel`), under its
+  own key (``cmd/<n>``) in a TCPStore; workers block reading the next key. Spawned: the store
+  lives in rank 0's process and listens on 127.0.0.1 only (a socket bound there is handed to the
+  store), so a worker whose rank 0 died gets a connection error at once. Under torchrun the
+  commands sit in torchrun's store, which listens where torchrun's ``--master-addr`` says (the
+  multi-node case), and the job's key comes from ``BREAKGRAPH_TP_SECRET``.
 * data: the default ``torch.distributed`` process group, gloo for CPU tensors and NCCL for CUDA
-  tensors (backend ``cpu:gloo,cuda:nccl``; gloo alone on CPU). For every forward rank 0 posts a
-  header (mode, host-side lists, tensor shapes) and broadcasts the batch's device tensors packed
-  into one int64 tensor; each worker unpacks them into a :class:`ForwardBatch` over its own KV
-  cache; all ranks run the decoder body (the all-reduces live in the layers) and the LM head,
-  whose vocabulary slices are gathered to rank 0.
+  tensors (backend ``cpu:gloo,cuda:nccl``; gloo alone on CPU).
 
 **Failures.** Rank 0 watches the processes it started: when one exits unexpectedly, the others
 are stopped and the next (or the current) step raises :class:`TensorParallelError` naming the
 rank and its exit code. A gloo collective whose peer died fails at once; on CUDA, where an NCCL
 collective with a dead peer can hang, rank 0 aborts the process group and, if its step still
-has not returned after ``BREAKGRAPH_TP_GRACE_S`` (default 30 s), exits the process with the same
-message. Workers exit when rank 0's store goes away or (spawned workers) when their parent
-process is gone. Collectives time out after ``BREAKGRAPH_TP_TIMEOUT_S`` (default 1800 s, model
-loading included).
+has not returned after ``BREAKGRAPH_TP_GRACE_S`` (``EngineConfig.tp_grace_s``), exits the
+process with the same message. Workers exit when rank 0's store goes away or (spawned workers)
+when their parent process is gone. Collectives time out after ``BREAKGRAPH_TP_TIMEOUT_S``
+(``EngineConfig.tp_timeout_s``, model loading included).
 """
 
 from __future__ import annotations
@@ -38,53 +39,53 @@ import contextlib
 import datetime
 import logging
 import os
-import pickle
+import secrets
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, NoReturn
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from breakgraph import env
 from breakgraph.distributed import ParallelState
-from breakgraph.engine.forward_batch import ForwardBatch, ForwardMode
-from breakgraph.engine.model_runner import ModelRunner
+from breakgraph.engine.config import EngineConfig
+from breakgraph.engine.tp_channel import CommandChannel
 
 if TYPE_CHECKING:
-    from breakgraph.engine.engine import Engine
-    from breakgraph.engine.kv_cache import KVCache
-    from breakgraph.models.glm5 import DsaForCausalLM
+    from breakgraph.engine.model_runner import ModelRunner
+    from breakgraph.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-TIMEOUT_ENV = "BREAKGRAPH_TP_TIMEOUT_S"
-GRACE_ENV = "BREAKGRAPH_TP_GRACE_S"
 _FOREVER = datetime.timedelta(days=365)
+LOOPBACK = "127.0.0.1"
+SECRET_ENV = "BREAKGRAPH_TP_SECRET"
 
 
 class TensorParallelError(RuntimeError):
     """A tensor-parallel rank failed or could not start; the engine cannot continue."""
 
 
-def _timeout() -> datetime.timedelta:
-    return datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
-
-
 @dataclass(frozen=True)
 class _Launch:
-    """What a spawned worker is told: its rank and where rank 0's store listens."""
+    """What a spawned worker is told (in its spawn arguments, never over the store): its rank,
+    where rank 0's store listens, the job's command key and the engine config."""
 
     rank: int
     world: int
     host: str
     port: int
     parent_pid: int
+    key: bytes
+    config: dict[str, Any]
 
 
 _SPAWNED: _Launch | None = None  # set in a worker process started by rank 0
@@ -102,20 +103,33 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-# -- start-up ----------------------------------------------------------------------------------
-def start(engine: Engine, tp_size: int, engine_args: dict[str, Any]) -> TPGroup:
-    """Check the configuration, start (or join) the other ranks and the process group.
+def under_torchrun() -> bool:
+    """Whether torchrun started this process (``RANK`` and ``WORLD_SIZE`` set)."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
-    Called from ``Engine.__init__`` after the config is read; sets ``engine.device`` to this
-    rank's device. ``engine_args`` are the Engine's arguments, passed on to spawned ranks.
-    """
+
+def spawned_config() -> dict[str, Any] | None:
+    """In a worker that rank 0 spawned: the config it was sent, else None."""
+    return _SPAWNED.config if _SPAWNED is not None else None
+
+
+# -- start-up ----------------------------------------------------------------------------------
+def start(
+    model_config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    config: EngineConfig,
+    worker_main: Callable[[], None] | None = None,
+) -> TPGroup:
+    """Check the configuration, then start (``worker_main`` is what each spawned rank runs) or
+    join the other ranks and the process group. The group's ``device`` is this rank's device."""
     from breakgraph.models.glm5 import check_tensor_parallel
     from breakgraph.models.loader import build_model
 
-    check_tensor_parallel(engine.config, tp_size)
+    tp_size = config.tp_size
+    check_tensor_parallel(model_config, tp_size)
     if _SPAWNED is None:  # shard errors (FP8 block boundaries…) before any process starts
-        build_model(engine.config, "meta", engine.dtype, parallel=ParallelState(0, tp_size))
-    device = engine.device
+        build_model(model_config, "meta", dtype, parallel=ParallelState(0, tp_size))
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--tp-size {tp_size}: tensor parallelism runs on 'cuda' or 'cpu', not {device}")
     if device.type == "cuda" and tp_size > torch.cuda.device_count():
@@ -123,7 +137,7 @@ def start(engine: Engine, tp_size: int, engine_args: dict[str, Any]) -> TPGroup:
             f"--tp-size {tp_size} needs {tp_size} CUDA devices (one per rank) but {torch.cuda.device_count()} "
             "are visible; lower --tp-size or set CUDA_VISIBLE_DEVICES"
         )
-    if device.type == "cpu" and engine_args.get("cuda_graph_backend_decode") == "full":
+    if device.type == "cpu" and config.cuda_graph_backend_decode == "full":
         raise ValueError(
             "--cuda-graph-backend-decode full cannot run with --tp-size > 1 on CPU: the CPU graph backend cannot "
             "record gloo collectives inside a full graph; use 'disabled'"
@@ -134,54 +148,76 @@ def start(engine: Engine, tp_size: int, engine_args: dict[str, Any]) -> TPGroup:
             raise TensorParallelError(
                 "a tensor-parallel engine is already running in this process; call its shutdown() first"
             )
-        _CURRENT._abandon()  # an Engine(...) that failed half-way left its ranks behind
+        _CURRENT.abandon()  # an Engine(...) that failed half-way left its ranks behind
     if _SPAWNED is not None:
-        group = TPGroup._join_spawned(_SPAWNED, device)
-    elif "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        group = TPGroup._join_torchrun(tp_size, device)
+        group = TPGroup._join_spawned(_SPAWNED, device, config)
+    elif under_torchrun():
+        group = TPGroup._join_torchrun(device, config)
     else:
-        group = TPGroup._spawn(tp_size, device, engine_args)
+        if worker_main is None:
+            raise ValueError("starting tensor-parallel ranks needs the function they run (worker_main)")
+        group = TPGroup._spawn(device, config, worker_main)
     _CURRENT = group
-    engine.device = group.device
     return group
+
+
+@contextlib.contextmanager
+def _environment(**values: str | None) -> Iterator[None]:
+    """Environment variables set to ``values`` (None: left as they are) for the block."""
+    saved = {k: os.environ.get(k) for k, v in values.items() if v is not None}
+    try:
+        os.environ.update({k: v for k, v in values.items() if v is not None})
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _loopback_gloo() -> dict[str, str | None]:
+    """Gloo listens on the address the host name resolves to unless ``GLOO_SOCKET_IFNAME``
+    names an interface: a job whose ranks all run here binds the loopback interface instead."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return {}
+    names = {name for _, name in socket.if_nameindex()}
+    lo = next((n for n in ("lo", "lo0") if n in names), None)
+    if lo is None:
+        logger.warning("no loopback interface found; gloo listens where the host name resolves")
+    return {"GLOO_SOCKET_IFNAME": lo}
 
 
 @contextlib.contextmanager
 def _spawn_environment() -> Iterator[None]:
     """What a spawned rank inherits: not the caller's ``__main__`` (ranks run breakgraph code
     only, so a script that builds ``Engine(tp_size=N)`` at top level needs no
-    ``if __name__ == "__main__"`` guard, and a worker starts faster), and no progress bars
-    (rank 0's are enough)."""
+    ``if __name__ == "__main__"`` guard, and a worker starts faster), no progress bars (rank 0's
+    are enough), and gloo on the loopback interface."""
     main = sys.modules.get("__main__")
     saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__}
-    tqdm_env = os.environ.get("TQDM_DISABLE")
     try:
         if main is not None:
             main.__dict__["__spec__"] = None
             main.__dict__.pop("__file__", None)
-        os.environ["TQDM_DISABLE"] = "1"
-        yield
+        with _environment(TQDM_DISABLE="1", **_loopback_gloo()):
+            yield
     finally:
         if main is not None:
             main.__dict__.update(saved)
-        if tqdm_env is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = tqdm_env
 
 
-def _worker_entry(launch: _Launch, engine_args: dict[str, Any]) -> None:
-    """Body of a spawned rank: build the Engine as rank ``launch.rank`` (which then serves)."""
+def _worker_entry(launch: _Launch, worker_main: Callable[[], None]) -> None:
+    """Body of a spawned rank: watch the parent, then run ``worker_main`` (which joins the group
+    through :func:`start` and serves rank 0)."""
     global _SPAWNED
     _SPAWNED = launch
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
     threading.Thread(target=_watch_parent, args=(launch,), daemon=True, name="breakgraph-tp-parent").start()
-    if str(engine_args.get("device") or "cpu").startswith("cpu") and not torch.cuda.is_available():
+    if str(launch.config.get("device") or "cpu").startswith("cpu") and not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.world))
-    from breakgraph.engine.engine import Engine
-
     try:
-        Engine(**engine_args)
+        worker_main()
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:  # noqa: BLE001 - reported, then the rank exits
@@ -206,25 +242,59 @@ def _watch_parent(launch: _Launch) -> None:
             os._exit(1)
 
 
+def loopback_store(world: int, timeout: datetime.timedelta) -> Any:
+    """A TCPStore server (this process) that listens on 127.0.0.1 only. TCPStore binds every
+    interface whatever its host argument, so a socket is bound here and handed over (the store
+    owns it from then on and closes it)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LOOPBACK, 0))
+    try:
+        sock.listen(128)
+        store = dist.TCPStore(
+            LOOPBACK, sock.getsockname()[1], world, is_master=True, timeout=timeout, wait_for_workers=False,
+            master_listen_fd=sock.fileno(), use_libuv=True,
+        )  # fmt: skip
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()
+    return store
+
+
+def torchrun_key() -> bytes:
+    """The command key of a torchrun job: ``BREAKGRAPH_TP_SECRET`` (hex, the same on every rank)."""
+    secret = env.read(SECRET_ENV)
+    try:
+        key = bytes.fromhex(secret)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise TensorParallelError(
+            f"under torchrun every rank needs the same {SECRET_ENV} (at least 32 hex digits) to sign rank 0's "
+            f"commands, e.g. {SECRET_ENV}=$(python -c 'import secrets; print(secrets.token_hex(32))') torchrun ..."
+        )
+    return key
+
+
 # -- the group --------------------------------------------------------------------------------
 class TPGroup:
     """This process's view of the tensor-parallel job: rank, device, the command channel, and
     (rank 0, spawn) the worker processes and their watchdog."""
 
-    def __init__(self, rank: int, world: int, local_rank: int, device: torch.device, commands: Any) -> None:
+    def __init__(
+        self, rank: int, world: int, local_rank: int, device: torch.device, channel: CommandChannel,
+        config: EngineConfig,
+    ) -> None:  # fmt: skip
         self.rank = rank
         self.world = world
         self.local_rank = local_rank
         self.device = device
+        self.config = config
         self.state = ParallelState(rank, world)
-        self._commands = commands  # a store: rank 0 writes cmd/<n>, workers read it
+        self.channel = channel
         self._store: Any = None  # rank 0 (spawn): the store server, alive as long as the group
-        self._runner: weakref.ref[TPModelRunner] | None = None
-        self._seq = 0
-        self._last_forward = 0  # rank 0: the newest forward command
-        self._deleted_through = 0  # rank 0: command keys deleted from the store so far
+        self._runner: weakref.ref[ModelRunner] | None = None
         self._procs: list[tuple[int, Any]] = []
-        self._owns_group = True
         self._ready = False
         self._closed = False
         self._busy = False
@@ -234,6 +304,11 @@ class TPGroup:
     def worker_pids(self) -> list[int]:
         """Process ids of the ranks this process started (rank 0, spawn mode)."""
         return [p.pid for _, p in self._procs]
+
+    @property
+    def store_port(self) -> int | None:
+        """The port of the store this process serves (rank 0, spawn mode), else None."""
+        return self._store.port if self._store is not None else None
 
     # -- constructors ---------------------------------------------------------------------
     @staticmethod
@@ -256,10 +331,12 @@ class TPGroup:
             )
 
     @classmethod
-    def _init_process_group(cls, device: torch.device, rank: int, world: int, store: Any = None) -> None:
+    def _init_process_group(
+        cls, device: torch.device, rank: int, world: int, timeout: datetime.timedelta, store: Any = None
+    ) -> None:
         cls._check_no_group()
         kwargs: dict[str, Any] = {"backend": cls._backend(device), "rank": rank, "world_size": world}
-        kwargs["timeout"] = _timeout()
+        kwargs["timeout"] = timeout
         if store is not None:
             kwargs["store"] = store
         else:
@@ -269,26 +346,29 @@ class TPGroup:
         dist.init_process_group(**kwargs)
 
     @classmethod
-    def _spawn(cls, world: int, device: torch.device, engine_args: dict[str, Any]) -> TPGroup:
+    def _spawn(cls, device: torch.device, config: EngineConfig, worker_main: Callable[[], None]) -> TPGroup:
         cls._check_no_group()
+        world, timeout = config.tp_size, _timeout(config)
         device = cls._rank_device(device, 0)
-        store = dist.TCPStore(
-            "127.0.0.1", 0, world, is_master=True, timeout=_timeout(), wait_for_workers=False
-        )
-        group = cls(0, world, 0, device, dist.PrefixStore("cmd/", store))
+        store = loopback_store(world, timeout)
+        key = secrets.token_bytes(32)
+        group = cls(0, world, 0, device, CommandChannel(dist.PrefixStore("cmd/", store), key), config)
         group._store = store
         ctx = torch.multiprocessing.get_context("spawn")
-        launches = [_Launch(r, world, "127.0.0.1", store.port, os.getpid()) for r in range(1, world)]
+        launches = [
+            _Launch(r, world, LOOPBACK, store.port, os.getpid(), key, config.to_dict()) for r in range(1, world)
+        ]
         try:
             for launch in launches:
                 proc = ctx.Process(
-                    target=_worker_entry, args=(launch, engine_args), name=f"breakgraph-tp{launch.rank}"
+                    target=_worker_entry, args=(launch, worker_main), name=f"breakgraph-tp{launch.rank}"
                 )
                 with _spawn_environment():
                     proc.start()
                 group._procs.append((launch.rank, proc))
             group._wait_for_hellos(store)
-            cls._init_process_group(device, 0, world, dist.PrefixStore("pg/", store))
+            with _environment(**_loopback_gloo()):
+                cls._init_process_group(device, 0, world, timeout, dist.PrefixStore("pg/", store))
         except BaseException:
             group._stop_processes()
             raise
@@ -300,28 +380,33 @@ class TPGroup:
         return group
 
     @classmethod
-    def _join_spawned(cls, launch: _Launch, device: torch.device) -> TPGroup:
+    def _join_spawned(cls, launch: _Launch, device: torch.device, config: EngineConfig) -> TPGroup:
         device = cls._rank_device(device, launch.rank)
-        store = dist.TCPStore(launch.host, launch.port, launch.world, is_master=False, timeout=_timeout())
+        timeout = _timeout(config)
+        store = dist.TCPStore(launch.host, launch.port, launch.world, is_master=False, timeout=timeout)
         commands = dist.TCPStore(launch.host, launch.port, is_master=False, timeout=_FOREVER)
-        group = cls(launch.rank, launch.world, launch.rank, device, dist.PrefixStore("cmd/", commands))
+        channel = CommandChannel(dist.PrefixStore("cmd/", commands), launch.key)
+        group = cls(launch.rank, launch.world, launch.rank, device, channel, config)
         store.set(f"hello/{launch.rank}", "1")
-        cls._init_process_group(device, launch.rank, launch.world, dist.PrefixStore("pg/", store))
+        cls._init_process_group(device, launch.rank, launch.world, timeout, dist.PrefixStore("pg/", store))
         return group
 
     @classmethod
-    def _join_torchrun(cls, tp_size: int, device: torch.device) -> TPGroup:
+    def _join_torchrun(cls, device: torch.device, config: EngineConfig) -> TPGroup:
+        tp_size = config.tp_size
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         if world != tp_size:
             raise ValueError(
                 f"torchrun started WORLD_SIZE={world} processes but --tp-size is {tp_size}; make them equal"
             )
+        key = torchrun_key()
         device = cls._rank_device(device, local_rank)
-        cls._init_process_group(device, rank, world)
+        cls._init_process_group(device, rank, world, _timeout(config))
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         commands = dist.TCPStore(host, port, is_master=False, timeout=_FOREVER)
-        group = cls(rank, world, local_rank, device, dist.PrefixStore("breakgraph/tp/cmd/", commands))
+        channel = CommandChannel(dist.PrefixStore("breakgraph/tp/cmd/", commands), key)
+        group = cls(rank, world, local_rank, device, channel, config)
         if rank == 0:
             atexit.register(group.shutdown)
         return group
@@ -329,7 +414,7 @@ class TPGroup:
     def _wait_for_hellos(self, store: Any) -> None:
         """Wait until every spawned rank has started (imports done), or report the one that died."""
         keys = [f"hello/{r}" for r, _ in self._procs]
-        deadline = time.monotonic() + _timeout().total_seconds()
+        deadline = time.monotonic() + self.config.tp_timeout_s
         while not store.check(keys):
             for r, p in self._procs:
                 if p.exitcode is not None:
@@ -338,10 +423,10 @@ class TPGroup:
                         "its error is printed above"
                     )
             if time.monotonic() > deadline:
-                raise TensorParallelError(f"tensor-parallel ranks did not start within {_timeout()}")
+                raise TensorParallelError(f"tensor-parallel ranks did not start within {_timeout(self.config)}")
             time.sleep(0.05)
 
-    # -- used by the Engine -----------------------------------------------------------------
+    # -- used while the runners are built --------------------------------------------------
     def agree_on_num_pages(self, num_pages: int) -> int:
         """The smallest KV pool any rank can hold (page ids are shared, so pools must match)."""
 
@@ -350,113 +435,28 @@ class TPGroup:
             dist.all_reduce(t, op=dist.ReduceOp.MIN)
             return int(t.item())
 
-        return self._guarded(agree) if self.rank == 0 else agree()
+        return self.guarded(agree) if self.rank == 0 else agree()
 
-    def make_runner(self, model: DsaForCausalLM, kv_cache: KVCache, device: torch.device) -> TPModelRunner:
-        runner = TPModelRunner(model, kv_cache, device, self)
+    def attach(self, runner: ModelRunner) -> None:
+        """This rank's runner: its graphs are dropped before the process group is destroyed."""
         self._runner = weakref.ref(runner)
-        return runner
 
     def _drop_graphs(self) -> None:
         """Release captured graphs before the process group: graphs holding NCCL work can make
         the communicator's teardown hang."""
         runner = self._runner() if self._runner is not None else None
         if runner is not None:
-            runner.prefill_graphs = runner.decode_graphs = None
+            runner.drop_graphs()
 
-    def ready(self, engine: Engine) -> None:
-        """End of ``Engine.__init__``: rank 0 starts driving; other ranks serve (never return)."""
+    def ready(self) -> None:
+        """Every rank's runner is built: from here on rank 0 drives."""
         self._ready = True
-        if self.rank != 0:
-            self.serve(engine)
 
-    def on_set_prefill_backend(
-        self, backend: str, buckets: list[int] | None, max_bucket: int | None, fold: bool
-    ) -> None:
-        """Rank 0, after start-up: make every worker rebuild its prefill graphs the same way."""
-        if self.rank == 0 and self._ready:
-            self._guarded(lambda: self._post(("set_prefill_backend", backend, buckets, max_bucket, fold)))
-
-    # -- commands -------------------------------------------------------------------------
-    def _post(self, command: tuple) -> None:
-        self._seq += 1
-        self._commands.set(str(self._seq), pickle.dumps(command))
-        # Every worker has read the commands up to the last forward: rank 0 posts again only
-        # after that forward's logits came back from all of them. Later commands may be unread.
-        while self._deleted_through < self._last_forward:
-            self._deleted_through += 1
-            self._commands.delete_key(str(self._deleted_through))
-
-    def _receive(self) -> tuple:
-        self._seq += 1
-        return pickle.loads(self._commands.get(str(self._seq)))
-
-    def send_batch(self, batch: ForwardBatch, all_logits: bool) -> None:
-        """Rank 0: post the batch's header and broadcast its device tensors."""
-        header, tensors = [], []
-        for f in fields(ForwardBatch):
-            value = getattr(batch, f.name)
-            if f.name == "kv_cache":
-                continue
-            if isinstance(value, torch.Tensor):
-                if value.dtype.is_floating_point or value.dtype.is_complex:
-                    raise TypeError(
-                        f"ForwardBatch.{f.name} is {value.dtype}; only integer tensors are sent to workers"
-                    )
-                header.append((f.name, "tensor", str(value.dtype).removeprefix("torch."), tuple(value.shape)))
-                tensors.append(value.reshape(-1).to(torch.int64))
-            else:
-                header.append((f.name, "value", value.value if isinstance(value, ForwardMode) else value))
-        self._post(("forward", all_logits, header))
-        self._last_forward = self._seq
-        packed = torch.cat(tensors) if tensors else torch.empty(0, dtype=torch.int64, device=self.device)
-        dist.broadcast(packed, src=0)
-
-    def _receive_batch(self, header: list, kv_cache: KVCache) -> ForwardBatch:
-        sizes = [_numel(item[3]) for item in header if item[1] == "tensor"]
-        packed = torch.empty(sum(sizes), dtype=torch.int64, device=self.device)
-        dist.broadcast(packed, src=0)
-        chunks = iter(packed.split(sizes))
-        values: dict[str, Any] = {"kv_cache": kv_cache}
-        for name, kind, *rest in header:
-            if kind == "tensor":
-                dtype, shape = getattr(torch, rest[0]), rest[1]
-                values[name] = next(chunks).view(shape).to(dtype)
-            else:
-                values[name] = ForwardMode(rest[0]) if name == "mode" else rest[0]
-        return ForwardBatch(**values)
-
-    def serve(self, engine: Engine) -> NoReturn:
-        """Ranks ≥ 1: run rank 0's commands until it shuts down, then exit the process."""
-        code = 0
-        try:
-            while True:
-                command = self._receive()
-                if command[0] == "shutdown":
-                    break
-                if command[0] == "forward":
-                    _, all_logits, header = command
-                    batch = self._receive_batch(header, engine.kv_cache)
-                    engine.runner.forward(batch, all_logits=all_logits)
-                elif command[0] == "set_prefill_backend":
-                    _, backend, buckets, max_bucket, fold = command
-                    engine.fold_islands = fold
-                    engine.set_prefill_backend(backend, buckets, max_bucket)
-                else:
-                    raise TensorParallelError(f"unknown command {command[0]!r} from rank 0")
-        except Exception as exc:  # noqa: BLE001 - any failure ends this rank with a message
-            code = 1
-            lost = isinstance(exc, dist.DistNetworkError) or "Connection closed" in str(exc)
-            what = "lost contact with the other ranks" if lost else "failed"
-            print(f"breakgraph tensor-parallel rank {self.rank} {what}: {exc}", file=sys.stderr)
-            if not lost:
-                traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            self._closed = True
-            self._drop_graphs()
-            _destroy_group()
-        raise SystemExit(code)
+    def close_worker(self) -> None:
+        """A worker leaves the job: drop its graphs and the process group."""
+        self._closed = True
+        self._drop_graphs()
+        _destroy_group()
 
     # -- rank 0: failures and shutdown -------------------------------------------------------
     def check_alive(self) -> None:
@@ -465,7 +465,7 @@ class TPGroup:
         if self._closed:
             raise TensorParallelError("this tensor-parallel engine was shut down; build a new Engine")
 
-    def _guarded(self, fn: Callable[[], Any]) -> Any:
+    def guarded(self, fn: Callable[[], Any]) -> Any:
         """Rank 0: run ``fn``, which the other ranks take part in. Any failure stops every rank
         and becomes a :class:`TensorParallelError` naming the rank that died, if one did."""
         self.check_alive()
@@ -513,8 +513,7 @@ class TPGroup:
                 self._stop_processes(timeout=0.0)
                 if self.device.type == "cuda":
                     _abort_group()
-                    grace = float(os.environ.get(GRACE_ENV, "30"))
-                    deadline = time.monotonic() + grace
+                    deadline = time.monotonic() + self.config.tp_grace_s
                     while self._busy and time.monotonic() < deadline:
                         time.sleep(0.1)
                     if self._busy:
@@ -539,7 +538,7 @@ class TPGroup:
                 p.kill()
                 p.join(2.0)
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """Stop the ranks of an engine whose construction failed on this rank."""
         if self.failure is None:
             self.failure = "the engine failed during start-up on rank 0"
@@ -558,7 +557,7 @@ class TPGroup:
         atexit.unregister(self.shutdown)
         if healthy:
             try:
-                self._post(("shutdown",))
+                self.channel.post("shutdown", {})
             except Exception as exc:  # noqa: BLE001 - the store may be gone with a dead rank
                 logger.debug("could not post shutdown: %s", exc)
         if not healthy:
@@ -568,11 +567,8 @@ class TPGroup:
         self._stop_processes()
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+def _timeout(config: EngineConfig) -> datetime.timedelta:
+    return datetime.timedelta(seconds=config.tp_timeout_s)
 
 
 def _destroy_group(timeout: float = 30.0) -> None:
@@ -603,27 +599,3 @@ def _abort_group() -> None:
             abort()
         except Exception as exc:  # noqa: BLE001 - best effort, the watchdog exits next
             logger.debug("abort process group: %s", exc)
-
-
-class TPModelRunner(ModelRunner):
-    """The model runner of a tensor-parallel rank. On rank 0 every forward first sends the batch
-    to the other ranks (so they run the same forward); a failure anywhere becomes a
-    :class:`TensorParallelError` naming the rank that died. On the other ranks it is the plain
-    runner, called by the serve loop."""
-
-    def __init__(
-        self, model: DsaForCausalLM, kv_cache: KVCache, device: torch.device, group: TPGroup
-    ) -> None:
-        super().__init__(model, kv_cache, device)
-        self.group = group
-
-    @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
-        if self.group.rank != 0:
-            return super().forward(batch, all_logits)
-
-        def step() -> torch.Tensor:
-            self.group.send_batch(batch, all_logits)
-            return super(TPModelRunner, self).forward(batch, all_logits)
-
-        return self.group._guarded(step)

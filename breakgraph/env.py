@@ -1,0 +1,49 @@
+"""Every environment variable breakgraph reads, stated once: name, default, allowed values, help.
+
+Two kinds of reader:
+
+* the engine's knobs (``BREAKGRAPH_TP_*``) are read once, when an
+  :class:`~breakgraph.engine.config.EngineConfig` is built (they are its fields' defaults), and
+  travel in the config from there on;
+* the kernel, layer and graph switches sit below the engine and are read where they act, at
+  call time, through :func:`read` (so a test or a debugging session can flip one between two
+  calls, and code used without an engine — the kernels, the graph backends — sees them too).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One environment variable: its ``default``, the values it accepts (``None``: any) and what it does."""
+
+    default: str
+    choices: tuple[str, ...] | None
+    help: str
+
+
+KNOBS: dict[str, Knob] = {
+    "BREAKGRAPH_TP_TIMEOUT_S": Knob("1800", None, "seconds a tensor-parallel collective may wait (model loading included)"),
+    "BREAKGRAPH_TP_GRACE_S": Knob("30", None, "seconds rank 0 waits on a hung CUDA collective after a rank died, then exits"),
+    "BREAKGRAPH_TP_SECRET": Knob("", None, "under torchrun: the job's shared secret (hex) that signs rank 0's commands"),
+    "BREAKGRAPH_KERNELS": Knob("auto", ("auto", "torch"), "torch: plain-PyTorch twins everywhere (read once, at import)"),
+    "BREAKGRAPH_INDEXER_FP8": Knob("0", ("0", "1"), "1: the Triton indexer scores in FP8 (default bf16)"),
+    "BREAKGRAPH_MOE_W8A8": Knob("auto", ("auto", "0", "1"), "FP8 experts quantise activations: auto (from 128 tokens), 1 always, 0 never"),
+    "BREAKGRAPH_DUAL_STREAM_MOE": Knob("0", ("0", "1"), "1: shared and routed experts on two CUDA streams (TP 1, not under torch.compile)"),
+    "BREAKGRAPH_GRAPH_DEBUG": Knob("0", None, "1: replay every captured graph against an eager run and name the first mismatch"),
+    "BREAKGRAPH_HOME": Knob("~/.cache/breakgraph", None, "where the built-in default model is written"),
+}  # fmt: skip
+
+
+def read(name: str) -> str:
+    """The value of knob ``name`` (its default when unset). Raises ``ValueError`` naming the
+    variable when the value is not one it accepts, and ``KeyError`` for a name not in :data:`KNOBS`."""
+    knob = KNOBS[name]
+    value = os.environ.get(name, knob.default)
+    if knob.choices is not None and value not in knob.choices:
+        raise ValueError(f"{name} must be one of {', '.join(knob.choices)}, got {value!r}")
+    return value
+
