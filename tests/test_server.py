@@ -297,7 +297,7 @@ BAD = [
         400,
         "stream_options",
     ),
-    ("/v1/completions", b'{"prompt": "hi", "echo": true}', 400, "echo"),
+    ("/v1/completions", b'{"prompt": "hi", "echo": true, "stream": true}', 400, "echo"),
     ("/v1/completions", b'{"prompt": "hi", "model": "gpt-4"}', 404, "model"),  # unknown model
     ("/v1/completions", b'{"prompt": "hi", "model": 3}', 400, "model"),
     (

@@ -130,13 +130,15 @@ def test_engine_failure_fails_in_flight_requests_with_500_and_keeps_serving(engi
         r = client.post("/v1/completions", json=SHORT)
         assert r.status_code == 500
         err = r.json()["error"]
-        assert "injected failure" in err["message"] and err["type"] == "server_error"
+        assert err["type"] == "server_error" and err["code"] == "engine_error"
+        assert "injected" not in r.text and "RuntimeError" not in r.text, "no exception text reaches the client"
+        assert r.headers["x-request-id"] in err["message"], "the error names the request id the log has"
         assert pages_released(engine)
 
         boom.set()
         with client.stream("POST", "/v1/completions", json={**SHORT, "stream": True}) as s:
             events = [line for line in s.iter_lines() if line.startswith("data: ")]
-        assert "injected failure" in events[-2] and events[-1] == "data: [DONE]"
+        assert '"engine_error"' in events[-2] and "injected" not in events[-2] and events[-1] == "data: [DONE]"
 
         assert client.get("/health").status_code == 200
         assert client.post("/v1/completions", json=SHORT).status_code == 200
@@ -163,7 +165,8 @@ def test_dead_engine_loop_reports_unhealthy_and_refuses_work(engine, monkeypatch
         monkeypatch.setattr(loop, "_refresh_stats", broken)
         wait_for(lambda: not loop.alive, what="the loop to die")
         health = client.get("/health")
-        assert health.status_code == 503 and "loop bug" in health.json()["error"]["message"]
+        assert health.status_code == 503 and health.json()["error"]["code"] == "engine_dead"
+        assert "loop bug" not in health.text and health.headers["retry-after"]
         r = client.post("/v1/completions", json=SHORT)
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
         assert client.get("/metrics").status_code == 200

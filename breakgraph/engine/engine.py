@@ -156,6 +156,15 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
 
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix page (they return to the free list). Refused (``False``,
+        nothing changes) while any request is waiting or running, whose pages may be shared."""
+        if self.has_unfinished():
+            return False
+        if self.scheduler.prefix_cache is not None:
+            self.scheduler.prefix_cache.clear()
+        return True
+
     def step(self) -> list[Request]:
         """Run one forward, sample every request that completed its prompt or decoded, and
         post-process them. Returns the requests that got a new token (or finished)."""

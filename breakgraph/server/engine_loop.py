@@ -3,21 +3,25 @@ off the HTTP event loop.
 
 Everything that touches the engine (tokenizing, adding, stepping, aborting, detokenizing)
 happens on this one thread, so the engine needs no locks. The HTTP side talks to it through
-a thread-safe inbox of commands (``add`` a group of :class:`Handle` s, ``abort`` one);
+a thread-safe inbox of commands (``add`` a group of :class:`Handle` s, ``abort`` one, ``call``
+a function on the engine thread);
 results go back through each handle's ``sink``, which the HTTP side binds to
 ``loop.call_soon_threadsafe`` into an asyncio queue. Events per handle, in order: exactly one
 :class:`Accepted` or :class:`Failed`; then :class:`Progress` events, the last of which has
 ``finish_reason`` set — or a :class:`Failed` if the engine fails meanwhile.
 
 Failure policy: if ``engine.step()`` raises, every request inside the engine at that moment
-gets :class:`Failed` (HTTP 500 with the exception's message), the engine's requests are
-aborted so their pages return to the pool, and the loop goes on serving new requests. Only
-if the loop itself dies (a bug outside ``step``) does :attr:`EngineLoop.alive` turn false;
-then ``/health`` answers 503 and new requests are refused with 503.
+gets :class:`Failed` (HTTP 500; the exception is logged, never sent), the engine's requests
+are aborted so their pages return to the pool, and the loop goes on serving new requests.
+:meth:`EngineLoop.health` reports the engine unhealthy after ``max_step_failures``
+consecutive failed steps (until a step succeeds), while it is wedged (work is pending and the
+engine thread has not come back from a step for ``stall_timeout_s``), and once the loop itself
+has died (a bug outside ``step``; new requests are then refused with 503).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -33,7 +37,9 @@ from breakgraph.engine.request import Request, RequestStatus
 from breakgraph.engine.sampling import SamplingParams
 from breakgraph.engine.scheduler import RequestTooLongError
 from breakgraph.server.metrics import ServerMetrics
+from breakgraph.server.prompt_logprobs import PromptLogprobs
 from breakgraph.server.protocol import APIError
+from breakgraph.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +52,23 @@ class Accepted:
 
 
 @dataclass
+class PromptEcho:
+    """The prompt as ``echo`` repeats it: its text and, when log-probabilities were asked
+    for, each token's text, log-probability (``None`` for the first) and top alternatives."""
+
+    text: str
+    token_texts: list[str] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[list[tuple[str, float]] | None] = field(default_factory=list)
+
+
+@dataclass
 class Progress:
     """New tokens of one choice. ``text`` is the output text that may be shown now, following
     the previous event's (the request's detokenizer holds back a tail that could still begin a
     stop string; the deltas add up to the final text).
-    ``token_texts``/``top_logprobs`` are filled only when log-probabilities were asked for."""
+    ``token_texts``/``top_logprobs`` are filled only when log-probabilities were asked for;
+    ``echo`` only in the first event of an ``echo`` request."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -60,6 +78,7 @@ class Progress:
     token_texts: list[str] = field(default_factory=list)
     token_bytes: list[bytes] = field(default_factory=list)
     top_logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
+    echo: PromptEcho | None = None
 
 
 @dataclass
@@ -75,7 +94,9 @@ class Handle:
 
     ``prompt`` is text or token ids; ``max_tokens`` ``None`` means "as many as fit in the
     context". ``sink(event)`` must be thread-safe and must not block. ``prompt_field`` names
-    the request field errors about the prompt should point at.
+    the request field errors about the prompt should point at. ``echo``: the first event
+    carries the prompt (:class:`PromptEcho`, with log-probabilities when ``top_logprobs`` is
+    not ``None``).
     """
 
     def __init__(
@@ -87,6 +108,7 @@ class Handle:
         *,
         prompt_field: str = "prompt",
         top_logprobs: int | None = None,
+        echo: bool = False,
     ) -> None:
         self.prompt = prompt
         self.params = params
@@ -94,6 +116,7 @@ class Handle:
         self.sink = sink
         self.prompt_field = prompt_field
         self.top_logprobs = top_logprobs
+        self.echo = echo
         self.arrival = time.monotonic()
         # engine-thread state
         self.req: Request | None = None
@@ -103,12 +126,25 @@ class Handle:
 
 class EngineLoop:
     """Runs ``engine`` on a daemon thread. ``max_queued``: most requests accepted but not yet
-    running (``None``: unbounded); beyond it :meth:`submit` raises a 503 :class:`APIError`."""
+    running (``None``: unbounded); beyond it :meth:`submit` raises a 503 :class:`APIError`.
+    ``max_step_failures`` (0: never) and ``stall_timeout_s``: see :meth:`health`."""
 
-    def __init__(self, engine, metrics: ServerMetrics | None = None, max_queued: int | None = None) -> None:
+    def __init__(
+        self,
+        engine,
+        metrics: ServerMetrics | None = None,
+        max_queued: int | None = None,
+        *,
+        max_step_failures: int = ServerSettings.max_step_failures,
+        stall_timeout_s: float = ServerSettings.stall_timeout_s,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics or ServerMetrics()
         self.max_queued = max_queued
+        self.max_step_failures = max_step_failures
+        self.stall_timeout_s = stall_timeout_s
+        self.step_failures = 0  # consecutive failed steps (engine thread writes)
+        self._beat = time.monotonic()  # when the engine thread was last between steps
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued = 0  # accepted by submit(), not yet running or finished (guarded by _lock)
@@ -144,24 +180,43 @@ class EngineLoop:
     def num_queued(self) -> int:
         return self._queued
 
-    def submit(self, handles: list[Handle], bounded: bool = True) -> None:
+    def health(self) -> str | None:
+        """``None`` when healthy; else why not: ``"dead"`` (the loop has stopped), ``"failing"``
+        (the last ``max_step_failures`` steps all raised) or ``"wedged"`` (requests are in
+        flight and the engine thread has not come back from a step for ``stall_timeout_s``)."""
+        if not self.alive:
+            return "dead"
+        if self.max_step_failures and self.step_failures >= self.max_step_failures:
+            return "failing"
+        busy = bool(self._live) or self._queued > 0
+        if busy and time.monotonic() - self._beat > self.stall_timeout_s:
+            return "wedged"
+        return None
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``fn()`` on the engine thread between steps; the future holds its result."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._closed or not self.alive:
+                raise APIError(503, "the engine loop is not running", type="server_error", code="engine_unavailable")
+            self._inbox.put(("call", (fn, future)))
+        return future
+
+    def submit(self, handles: list[Handle]) -> None:
         """Hand ``handles`` to the engine as one group: all are added, or all fail together."""
         if not self.alive:
-            reason = f" ({type(self.error).__name__}: {self.error})" if self.error else ""
-            raise APIError(
-                503, f"the engine loop is not running{reason}", type="server_error", code="engine_unavailable"
-            )
+            raise APIError(503, "the engine loop is not running", type="server_error", code="engine_unavailable")
         with self._lock:  # held across the put, so that a closing loop cannot miss this group
             if self._closed:
                 raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
-            if bounded and self.max_queued is not None and len(handles) > self.max_queued:
+            if self.max_queued is not None and len(handles) > self.max_queued:
                 raise APIError(
                     400,
                     f"this request makes {len(handles)} generations (prompts × n) but the queue holds "
                     f"{self.max_queued} (--max-queued-requests); send fewer at once",
                     param="n", code="too_many_generations",
                 )  # fmt: skip
-            if bounded and self.max_queued is not None and self._queued + len(handles) > self.max_queued:
+            if self.max_queued is not None and self._queued + len(handles) > self.max_queued:
                 raise APIError(
                     503,
                     f"the server is overloaded: {self._queued} requests are already waiting and the queue holds "
@@ -182,6 +237,7 @@ class EngineLoop:
             if device is not None and device.type == "cuda" and device.index is not None:
                 torch.cuda.set_device(device)  # the current device is per thread
             while not self._stop.is_set():
+                self._beat = time.monotonic()
                 self._drain(block=not self.engine.has_unfinished())
                 if self._stop.is_set():
                     break
@@ -191,14 +247,7 @@ class EngineLoop:
         except BaseException as exc:
             logger.exception("the engine loop died; the server now reports unhealthy")
             self.error = exc
-            self._fail_all(
-                APIError(
-                    500,
-                    f"the engine loop died: {type(exc).__name__}: {exc}",
-                    type="server_error",
-                    code="engine_error",
-                )
-            )
+            self._fail_all(APIError(500, "the engine loop died", type="server_error", code="engine_error"))
             self._stop.set()
         finally:
             self._fail_all(
@@ -217,6 +266,12 @@ class EngineLoop:
                     self._add(arg)
                 elif kind == "abort":
                     self._abort(arg)
+                elif kind == "call":
+                    fn, future = arg
+                    try:
+                        future.set_result(fn())
+                    except Exception as exc:  # noqa: BLE001 — the caller gets it
+                        future.set_exception(exc)
                 cmd = self._inbox.get_nowait()
         except queue.Empty:
             pass
@@ -268,7 +323,7 @@ class EngineLoop:
                 err = APIError(400, str(exc), param=handles[0].prompt_field)
             else:
                 logger.exception("could not add a request group")
-                err = APIError(500, f"{type(exc).__name__}: {exc}", type="server_error")
+                err = APIError(500, "could not add the request", type="server_error", code="internal_error")
             self._unqueue(len(handles))
             for h in handles:
                 h.sink(Failed(err))
@@ -276,6 +331,8 @@ class EngineLoop:
         for h, (ids, params) in zip(handles, prepared):
             req = self.engine.add_request(ids, params)
             req.top_logprobs_num = h.top_logprobs or 0
+            if h.echo and h.top_logprobs is not None:  # set before the next step admits it
+                req.prompt_logits = PromptLogprobs(req.prompt_ids, h.top_logprobs)
             h.req = req
             self._live[req] = h
             self._waiting.append(h)
@@ -292,12 +349,15 @@ class EngineLoop:
     def _step(self) -> None:
         try:
             progressed = self.engine.step()
-        except Exception as exc:
+        except Exception:
             logger.exception("engine step failed; failing the %d requests in the engine", len(self._live))
             self.metrics.engine_errors.inc()
-            self._fail_all(APIError(500, f"the engine failed while serving this request: {type(exc).__name__}: {exc}",
-                                    type="server_error", code="engine_error"))  # fmt: skip
+            self.step_failures += 1
+            self._fail_all(APIError(500, "the engine failed while serving this request", type="server_error",
+                                    code="engine_error"))  # fmt: skip
             return
+        self.step_failures = 0
+        self._beat = time.monotonic()
         for req in progressed:
             h = self._live.get(req)
             if h is not None:
@@ -326,6 +386,8 @@ class EngineLoop:
             token_ids=new_ids, logprobs=req.output_logprobs[h.sent :], text=req.detokenizer.stream_delta(req.finished),
             finish_reason=req.finish_reason if req.finished else None, cached_tokens=req.num_cached_tokens,
         )  # fmt: skip
+        if h.echo and h.sent == 0:
+            ev.echo = self._echo(h)
         if h.top_logprobs is not None:
             pieces = [self._pieces.piece(t) for t in new_ids]
             ev.token_texts = [text for text, _ in pieces]
@@ -343,6 +405,23 @@ class EngineLoop:
         h.sink(ev)
         if req.finished:
             self._finish(h)
+
+    def _echo(self, h: Handle) -> PromptEcho:
+        req = h.req
+        ids = req.prompt_ids
+        text = h.prompt if isinstance(h.prompt, str) else self._decode(ids)
+        echo = PromptEcho(text)
+        collected = req.prompt_logits
+        if isinstance(collected, PromptLogprobs):
+            echo.token_texts = [self._token_text(t) for t in ids]
+            echo.logprobs = [None, *collected.logprobs]
+            echo.top_logprobs = [None, *([(self._token_text(t), lp) for t, lp in alts] for alts in collected.top_logprobs)]
+            req.prompt_logits = None  # sent once
+        return echo
+
+    def _decode(self, ids: list[int]) -> str:
+        tok = self.engine.tokenizer
+        return tok.decode(ids) if tok is not None else ""
 
     def _finish(self, h: Handle) -> None:
         req = h.req
@@ -383,6 +462,8 @@ class EngineLoop:
                 self._unqueue(len(arg))
                 for h in arg:
                     h.sink(Failed(err))
+            elif kind == "call":
+                arg[1].set_exception(err)
 
     def _refresh_stats(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -18,11 +18,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from breakgraph.server.errors import REASONS
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
                    10.0, 20.0, 40.0, 80.0)  # fmt: skip
 
 
 class ServerMetrics:
+    def count_error(self, reason: str) -> None:
+        """Count one error answer; ``reason`` must be one of ``REASONS``."""
+        self.errors.labels(reason=reason if reason in REASONS else "other").inc()
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.prompt_tokens = Counter(
@@ -40,12 +46,15 @@ class ServerMetrics:
             ["finish_reason"],
             registry=r,
         )
-        self.rejected = Counter(
-            "breakgraph_rejected_requests",
-            "Requests refused before reaching the engine, by reason",
+        self.errors = Counter(
+            "breakgraph_errors",
+            "HTTP requests answered with a 4xx/5xx status (or cut off mid-stream), by reason "
+            "(breakgraph.server.errors.REASONS)",
             ["reason"],
             registry=r,
         )
+        for reason in REASONS:  # a closed set, exported from the start
+            self.errors.labels(reason=reason)
         self.engine_errors = Counter("breakgraph_engine_errors", "Engine steps that raised", registry=r)
         self.ttft = Histogram(
             "breakgraph_time_to_first_token_seconds", "Time from arrival to the first generated token",

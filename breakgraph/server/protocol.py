@@ -4,18 +4,25 @@
 Validation is by hand, not by a schema library, so that each error names the field at fault
 and the value it got, in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
 Fields this server does not implement are refused (400) when set to anything but their
-neutral value, never silently ignored; purely informational ones (``user``) are ignored.
+neutral value, never silently ignored; purely informational ones (``user``) are ignored; a
+field this server does not know at all is refused too, as OpenAI does.
+
+Bodies are checked before any field is read: nested at most :data:`MAX_JSON_DEPTH` deep, and
+no string (key or value) holds a lone UTF-16 surrogate (``"\\ud800"`` decodes to one, and no
+UTF-8 text can carry it); either is a 400 naming the field.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
+MAX_JSON_DEPTH = 32  # OpenAI bodies nest 5 deep at most (messages[i].content[j].text)
 
 
 class APIError(Exception):
@@ -48,7 +55,8 @@ def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
-    """Decode a request body: UTF-8 text holding one JSON object."""
+    """Decode a request body: UTF-8 text holding one JSON object, nested at most
+    :data:`MAX_JSON_DEPTH` deep, without lone surrogates in any string."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -67,9 +75,50 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
             f"the request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
             code="invalid_json",
         ) from exc
+    except RecursionError as exc:  # the decoder recurses once per level of nesting
+        raise _too_deep() from exc
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
+    _check_tree(body)
     return body
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _too_deep() -> APIError:
+    return APIError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+
+
+def _check_tree(body: dict[str, Any]) -> None:
+    """Refuse nesting deeper than :data:`MAX_JSON_DEPTH` and lone surrogates anywhere (the
+    error names the field: ``messages[0].content``). Iterative, so depth costs no stack."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise _surrogate(path or "body")
+        elif isinstance(value, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise _too_deep()
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if _SURROGATE.search(key):
+                        raise _surrogate(f"{path}.<key>" if path else "<key>")
+                    name = key[:64]  # a path is for reading: a huge key is cut
+                    stack.append((item, f"{path}.{name}" if path else name, depth + 1))
+            else:
+                stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
+def _surrogate(path: str) -> APIError:
+    return APIError(
+        400,
+        f"'{path}' holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode",
+        param=path,
+        code="invalid_encoding",
+    )
 
 
 def _kind(value: Any) -> str:
@@ -150,6 +199,75 @@ def _unsupported(body: dict, name: str, neutral: tuple) -> None:
         )
 
 
+# Every field each endpoint understands (implemented, informational, or refused unless neutral);
+# any other field is refused by name rather than ignored.
+_SAMPLING_FIELDS = frozenset({
+    "model", "n", "best_of", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+    "stop_token_ids", "ignore_eos", "stream", "stream_options", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logit_bias", "min_tokens", "user", "tools", "functions", "suffix",
+})  # fmt: skip
+COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo"}
+CHAT_FIELDS = _SAMPLING_FIELDS | {
+    "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tool_choice",
+    "function_call", "parallel_tool_calls", "chat_template_kwargs",
+}  # fmt: skip
+# chat_template_kwargs keys that are arguments of apply_chat_template itself, not template variables
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})  # fmt: skip
+
+
+def check_fields(body: dict[str, Any], known: frozenset[str]) -> None:
+    """Refuse (400, naming it) the first field of ``body`` that is not in ``known``."""
+    for name in body:
+        if name not in known:
+            raise APIError(
+                400,
+                f"'{name[:64]}' is not a parameter this server understands",
+                param=name[:64],
+                code="unsupported_parameter",
+            )
+
+
+def check_stop_limits(stop: list[str], max_count: int, max_length: int, field: str = "stop") -> None:
+    """Refuse more than ``max_count`` stop strings or one longer than ``max_length`` characters
+    (``serve --max-stop-strings``, ``--max-stop-length``)."""
+    if len(stop) > max_count:
+        raise invalid(field, f"'{field}' has {len(stop)} strings; this server accepts at most {max_count}")
+    for i, s in enumerate(stop):
+        if len(s) > max_length:
+            raise invalid(
+                field, f"'{field}[{i}]' is {len(s)} characters long; this server accepts at most {max_length}"
+            )
+
+
+def _refuse_chat_unsupported(body: dict[str, Any]) -> None:
+    """Chat fields this server does not implement: refused unless set to their neutral value."""
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        _unsupported(body, "response_format", ())
+    for name, neutral in (("tool_choice", ("none",)), ("function_call", ("none",)),
+                          ("parallel_tool_calls", (False, True))):  # fmt: skip
+        _unsupported(body, name, neutral)
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise _wrong_type("chat_template_kwargs", "an object", kwargs)
+    for key in kwargs:
+        if key in _RESERVED_TEMPLATE_KWARGS or not key.isidentifier():
+            raise invalid(
+                f"chat_template_kwargs.{key[:64]}",
+                f"'{key[:64]}' cannot be passed to the chat template (only template variables can)",
+            )
+    return kwargs
+
+
 @dataclass
 class GenerateRequest:
     """A validated completion or chat request.
@@ -157,7 +275,10 @@ class GenerateRequest:
     ``prompts``: what to complete (text, or token ids for completions); a chat request has
     one, its rendered messages, filled in by the caller. Each prompt gets ``n`` choices,
     numbered ``prompt_index * n + i``. ``logprobs``: how many top alternatives to report per
-    token (``None``: no log-probabilities at all).
+    token (``None``: no log-probabilities at all). ``echo``: the completion repeats the prompt
+    (with its tokens' log-probabilities when ``logprobs`` is set); ``prompt_only``: ``max_tokens``
+    was 0 with ``echo``, so one token is generated internally and none is reported.
+    ``template_kwargs``: extra chat-template variables (``chat_template_kwargs``).
     """
 
     chat: bool
@@ -171,6 +292,9 @@ class GenerateRequest:
     include_usage: bool
     logprobs: int | None
     messages: list[dict[str, str]] = field(default_factory=list)
+    echo: bool = False
+    prompt_only: bool = False
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def choice_sampling(self, choice: int) -> dict[str, Any]:
         """``SamplingParams`` fields (all but ``max_new_tokens``) for choice ``choice``; its seed
@@ -185,7 +309,7 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _wrong_type("model", "a string", model)
-    for name, neutral in (("suffix", ("",)), ("echo", (False,)), ("tools", ()), ("functions", ())):
+    for name, neutral in (("suffix", ("",)), ("tools", ()), ("functions", ())):
         _unsupported(body, name, neutral)
     n = _int(body, "n", 1, 1, MAX_N)
     best_of = _int(body, "best_of", None, 1)
@@ -270,8 +394,16 @@ def _logit_bias(body: dict) -> dict[int, float]:
 
 def parse_completion(body: dict[str, Any]) -> GenerateRequest:
     """Validate a ``/v1/completions`` body. ``prompt`` may be a string, an array of token ids,
-    or an array of either (a batch)."""
+    or an array of either (a batch). With ``echo``, ``max_tokens`` may be 0 (the prompt's
+    log-probabilities only, as loglikelihood evaluations ask)."""
+    check_fields(body, COMPLETION_FIELDS)
+    echo = _bool(body, "echo", False)
+    prompt_only = echo and type(body.get("max_tokens")) is int and body["max_tokens"] == 0
+    if prompt_only:
+        body = {**body, "max_tokens": 1}
     common = _common(body, chat=False)
+    if echo and common["stream"]:
+        raise APIError(400, "'echo' is not supported with 'stream'", param="echo", code="unsupported_parameter")
     if "prompt" not in body or body["prompt"] is None:
         raise APIError(400, "'prompt' is required", param="prompt", code="missing_required_parameter")
     prompt = body["prompt"]
@@ -289,12 +421,18 @@ def parse_completion(body: dict[str, Any]) -> GenerateRequest:
     logprobs = body.get("logprobs")
     if logprobs is not None:
         logprobs = _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
-    return GenerateRequest(chat=False, prompts=prompts, prompt_field="prompt", logprobs=logprobs, **common)
+    return GenerateRequest(
+        chat=False, prompts=prompts, prompt_field="prompt", logprobs=logprobs, echo=echo, prompt_only=prompt_only,
+        **common,
+    )  # fmt: skip
 
 
 def parse_chat(body: dict[str, Any]) -> GenerateRequest:
     """Validate a ``/v1/chat/completions`` body; the caller renders ``messages`` into the
     prompt with the model's chat template."""
+    check_fields(body, CHAT_FIELDS)
+    _refuse_chat_unsupported(body)
+    template_kwargs = _template_kwargs(body)
     common = _common(body, chat=True)
     messages = body.get("messages")
     if messages is None:
@@ -335,5 +473,6 @@ def parse_chat(body: dict[str, Any]) -> GenerateRequest:
     elif body.get("top_logprobs") is not None:
         raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")
     return GenerateRequest(
-        chat=True, prompts=[], prompt_field="messages", logprobs=logprobs, messages=clean, **common
-    )
+        chat=True, prompts=[], prompt_field="messages", logprobs=logprobs, messages=clean,
+        template_kwargs=template_kwargs, **common,
+    )  # fmt: skip
