@@ -64,3 +64,14 @@ def interp_results(request):
 
     return run_checks(Path(request.module.__file__).stem)
 
+
+
+@pytest.fixture(scope="module")
+def one_intra_op_thread():
+    """One intra-op thread for the requesting module (``pytestmark = pytest.mark.usefixtures(...)``):
+    the tiny model gains nothing from more, and on a busy machine spinning OpenMP workers slow it
+    down many times over. The setting is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

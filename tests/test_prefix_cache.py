@@ -11,15 +11,7 @@ from breakgraph.engine.kv_cache import OutOfPagesError, PagePool
 from breakgraph.engine.prefix_cache import PrefixCache
 from breakgraph.engine.request import Request
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """The tiny model gains nothing from intra-op threads, and on a busy machine spinning
-    OpenMP workers slow it down many times over; restore the setting afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def random_ids(n: int, seed: int, vocab: int = 2048) -> list[int]:

@@ -15,7 +15,6 @@ import pytest
 
 pytest.importorskip("uvicorn")  # serving extras; absent on some GPU images
 pytest.importorskip("fastapi")  # serving extras; absent on some GPU images
-import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from breakgraph import Engine, SamplingParams
@@ -25,14 +24,7 @@ from breakgraph.server.metrics import ServerMetrics
 MODEL = "tiny"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """The tiny model gains nothing from intra-op threads, and on a busy machine spinning
-    OpenMP workers slow it down many times over; restore the setting afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 @pytest.fixture(scope="module")

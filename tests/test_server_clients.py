@@ -23,12 +23,7 @@ GOOD = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
 PROMPT = "Question: Lena has 12 apples and buys 7 more. How many?\nAnswer:"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 @pytest.fixture(scope="module")

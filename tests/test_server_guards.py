@@ -19,7 +19,6 @@ import pytest
 
 pytest.importorskip("uvicorn")  # serving extras; absent on some GPU images
 pytest.importorskip("fastapi")  # serving extras; absent on some GPU images
-import torch
 
 from breakgraph import Engine, SamplingParams
 from breakgraph.server.app import ServerSettings, create_app, serve_in_thread
@@ -30,12 +29,7 @@ LIMITS = dict(max_request_bytes=200_000, request_read_timeout_s=0.5, header_time
               max_stop_length=16)  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import pytest
 
 pytest.importorskip("uvicorn")  # serving extras; absent on some GPU images
 pytest.importorskip("fastapi")  # serving extras; absent on some GPU images
-import torch
 
 from breakgraph import Engine
 from breakgraph.server.app import ServerSettings, create_app, serve_in_thread
@@ -183,12 +182,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -180,6 +180,21 @@ class _Run:
             if ev.finish_reason is not None:
                 left -= 1
             yield choice, ev, delta
+
+    async def wait(self, close: Callable[[], None]) -> Response | None:
+        """Run a non-streaming request to its end, then ``close()`` it. Returns the response for
+        a client that went away (499), raises the engine's error, else None (the caller answers
+        from ``choices``)."""
+        try:
+            async for _ in self.events():
+                pass
+        finally:
+            close()
+        if self.disconnected:
+            return Response(status_code=499)  # nobody is listening
+        if self.failed is not None:
+            raise self.failed
+        return None
 
     def client_gone(self) -> None:
         self.queue.put_nowait((-1, _DISCONNECTED))
@@ -468,15 +483,8 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
         if spec.stream:
             stream = _stream_chat(run, head) if chat else _stream_completion(run, head)
             return EventStream(stream, on_close=close)
-        try:
-            async for _ in run.events():
-                pass
-        finally:
-            close()
-        if run.disconnected:
-            return Response(status_code=499)  # nobody is listening
-        if run.failed is not None:
-            raise run.failed
+        if (gone := await run.wait(close)) is not None:
+            return gone
         choices = []
         for c in run.choices:
             if chat:

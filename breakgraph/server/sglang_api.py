@@ -161,15 +161,8 @@ def add_sglang_routes(
                 yield "data: [DONE]\n\n"
 
             return EventStream(events(), on_close=close)
-        try:
-            async for _ in run.events():
-                pass
-        finally:
-            close()
-        if run.disconnected:
-            return Response(status_code=499)
-        if run.failed is not None:
-            raise run.failed
+        if (gone := await run.wait(close)) is not None:
+            return gone
         out = [
             {"text": c.text, "output_ids": c.token_ids, "meta_info": meta(c, f"{rid}-{c.index}" if many else rid, started, True)}
             for c in run.choices
