@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from breakgraph import Engine, SamplingParams
-from breakgraph.engine import model_runner
 from breakgraph.engine.config import EngineConfig
 from breakgraph.engine.model_runner import BatchEntry
 from breakgraph.forward_context import ForwardMode, forward_batch_context
+from breakgraph.graphs import regional
 from breakgraph.graphs.regional import compiled_regions
 
 
@@ -54,7 +54,7 @@ def test_regional_compile_shares_code_across_layers_and_matches_eager(tmp_path):
 
 
 def test_engine_runs_the_torch_compile_backend_and_switches_away(hf_checkpoints, monkeypatch):
-    monkeypatch.setattr(model_runner, "TORCH_COMPILE_KWARGS", {"backend": "eager"})  # Dynamo only on CPU
+    monkeypatch.setattr(regional, "TORCH_COMPILE_KWARGS", {"backend": "eager"})  # Dynamo only on CPU
     folder = hf_checkpoints["glm_moe_dsa"]
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5]]
     eager = Engine(folder, device="cpu", dtype="float32", page_size=4)

@@ -84,7 +84,7 @@ def step_bytes(engine, batch_size: int, seq_len: int) -> int:
 def capture_decode_graphs(engine, context_length: int, batch_sizes: list[int]) -> float:
     """Replace the engine's decode graphs by ones for ``batch_sizes`` whose page table holds
     ``context_length`` tokens; returns the capture time in seconds."""
-    from breakgraph.engine.decode_graphs import DecodeGraphRunner
+    from breakgraph.graphs.decode_runner import DecodeGraphRunner
 
     engine.runner.decode_graphs = None
     torch.cuda.empty_cache() if engine.device.type == "cuda" else None

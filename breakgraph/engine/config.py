@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from breakgraph import env
+from breakgraph.graphs.backends import DECODE_BACKENDS, PREFILL_BACKENDS  # the registry of graph backends
 
 ENGINE = "model and engine"
 GRAPHS = "graphs"
@@ -22,9 +23,6 @@ PARALLEL = "parallelism"
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-# The graph backends' names, the one list each (implementations: graphs/ and engine/decode_graphs.py).
-PREFILL_BACKENDS = ("disabled", "breakable", "piecewise", "torch-compile")
-DECODE_BACKENDS = ("disabled", "full")
 
 
 def setting(

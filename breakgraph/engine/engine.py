@@ -124,15 +124,7 @@ class Engine:
     def graph_stats(self) -> dict:
         """What the prefill graphs did: backend, captured buckets, capture time, graph memory,
         replays, and eager fallbacks by reason (empty counters when graphs are disabled)."""
-        graphs = self.runner.prefill_graphs
-        stats = graphs.stats.as_dict() if graphs is not None else {"backend": "disabled", "replays": 0, "fallbacks": {}}
-        decode = self.runner.decode_graphs
-        stats["decode"] = (
-            {"backend": "full", "batch_sizes": decode.stats.buckets, "capture_s": round(decode.stats.capture_s, 3),
-             "replays": decode.stats.replays, "fallbacks": dict(decode.stats.fallbacks)}
-            if decode is not None else {"backend": "disabled", "replays": 0, "fallbacks": {}}
-        )  # fmt: skip
-        return stats
+        return self.runner.graph_stats()
 
     def kv_usage(self) -> KVUsage:
         """How many KV cache pages are in use, cached for prefix reuse, and in all."""

@@ -15,16 +15,18 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from breakgraph.engine.config import PREFILL_BACKENDS, EngineConfig
-from breakgraph.engine.decode_graphs import DecodeGraphRunner, default_decode_buckets
+from breakgraph.engine.config import EngineConfig
 from breakgraph.engine.kv_cache import KVCache
 from breakgraph.forward_context import ForwardBatch, ForwardMode, forward_batch_context
-from breakgraph.graphs.prefill_runner import PrefillGraphRunner, default_prefill_buckets
-from breakgraph.graphs.regional import RegionalCompileRunner
+from breakgraph.graphs import backends
+from breakgraph.graphs.backends import GraphSetup
+from breakgraph.graphs.decode_runner import default_decode_buckets
+from breakgraph.graphs.prefill_runner import default_prefill_buckets
+from breakgraph.graphs.stats import disabled_stats
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.loader import load_model
 
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TORCH_COMPILE_KWARGS: dict = {"mode": "reduce-overhead"}  # the torch-compile backend's torch.compile options
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -108,20 +109,21 @@ class ModelRunner:
         if tp is not None:
             num_pages = tp.agree_on_num_pages(num_pages)
         self.kv_cache = KVCache(spec.model_config, num_pages, config.page_size, spec.dtype, spec.device)
-        self.prefill_graphs: PrefillGraphRunner | RegionalCompileRunner | None = None
-        self.decode_graphs: DecodeGraphRunner | None = None
+        # The runners of the prefill and decode backends (graphs/backends.py); None: eager.
+        self.prefill_graphs: Any = None
+        self.decode_graphs: Any = None
         self.prefill_backend = "disabled"
         on_cuda = spec.device.type == "cuda"
         prefill = config.cuda_graph_backend_prefill or ("breakable" if on_cuda else "disabled")
         self.set_prefill_backend(prefill, config.cuda_graph_bs_prefill, config.cuda_graph_max_bs_prefill)
-        decode_default = "full" if on_cuda and prefill != "torch-compile" else "disabled"
-        if (config.cuda_graph_backend_decode or decode_default) == "full":
+        decode_default = "full" if on_cuda and not backends.lookup("prefill", prefill).runs_decode else "disabled"
+        decode = backends.lookup("decode", config.cuda_graph_backend_decode or decode_default)
+        if decode.build is not None:
             max_bs = config.cuda_graph_max_bs or min(config.max_running_requests, 64)
-            self.decode_graphs = DecodeGraphRunner(
-                self.model, self.kv_cache, spec.device, default_decode_buckets(max_bs),
+            self.decode_graphs = decode.build(GraphSetup(
+                self.model, spec.device, default_decode_buckets(max_bs), kv_cache=self.kv_cache,
                 max_pages=self.kv_cache.pool.pages_for(spec.context_length),
-            )  # fmt: skip
-            self.decode_graphs.capture()
+            ))  # fmt: skip
 
     def _default_num_pages(self) -> int:
         cfg, spec = self.config, self.spec
@@ -140,7 +142,8 @@ class ModelRunner:
         largest prefill graph bucket."""
         chunk = self.config.chunked_prefill_size
         graphs = self.prefill_graphs
-        return min(chunk, graphs.buckets[-1]) if isinstance(graphs, PrefillGraphRunner) else chunk
+        bucketed = graphs is not None and backends.lookup("prefill", self.prefill_backend).bucketed
+        return min(chunk, graphs.buckets[-1]) if bucketed else chunk
 
     def set_prefill_backend(
         self, backend: str, buckets: list[int] | tuple[int, ...] | None = None, max_bucket: int | None = None
@@ -149,37 +152,44 @@ class ModelRunner:
         ``max_bucket``, itself defaulting to ``min(chunked_prefill_size, 4096)``) for ``backend``;
         ``disabled`` drops them. ``torch-compile`` compiles the model's regions in place instead
         (no buckets; every forward, decode too, runs them), in one process without decode graphs."""
-        if backend not in PREFILL_BACKENDS:
-            raise ValueError(f"--cuda-graph-backend-prefill must be one of {PREFILL_BACKENDS}, got {backend!r}")
-        if backend == "torch-compile" and (self.decode_graphs is not None or self.config.tp_size > 1):
-            raise ValueError("the torch-compile backend runs at --tp-size 1 without decode graphs")
+        entry = backends.lookup("prefill", backend)
+        if entry.runs_decode and (self.decode_graphs is not None or self.config.tp_size > 1):
+            raise ValueError(f"the {backend} backend runs at --tp-size 1 without decode graphs")
         self._close_prefill_graphs()
         self.prefill_backend = backend
-        if backend == "disabled":
+        if entry.build is None:
             return
-        if backend == "torch-compile":
-            self.prefill_graphs = RegionalCompileRunner(self.model, **TORCH_COMPILE_KWARGS)
+        if not entry.bucketed:
+            self.prefill_graphs = entry.build(GraphSetup(self.model, self.device, []))
             return
         max_bucket = max_bucket or min(self.config.chunked_prefill_size, 4096)
         buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket)
         if self.config.chunked_prefill_size > buckets[-1]:
             logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
-        graphs = PrefillGraphRunner(
-            self.model, backend=backend, device=self.device, buckets=buckets,
-            capture_context=self.capture_context, fold_islands=self.config.fold_islands,
-        )  # fmt: skip
-        graphs.capture()
-        self.prefill_graphs = graphs
+        self.prefill_graphs = entry.build(GraphSetup(
+            self.model, self.device, buckets, capture_context=self.capture_context,
+            fold_islands=self.config.fold_islands,
+        ))  # fmt: skip
 
     def _close_prefill_graphs(self) -> None:
-        if isinstance(self.prefill_graphs, RegionalCompileRunner):
-            self.prefill_graphs.close()
+        close = getattr(self.prefill_graphs, "close", None)  # a runner that changed the model restores it
+        if close is not None:
+            close()
         self.prefill_graphs = None
 
     def drop_graphs(self) -> None:
         """Release the captured graphs (before a process group they may hold work of goes away)."""
         self._close_prefill_graphs()
         self.decode_graphs = None
+
+    def graph_stats(self) -> dict[str, Any]:
+        """What the prefill graphs did (backend, captured buckets, capture time, graph memory,
+        replays, eager fallbacks by reason), with decode's under ``decode``; a phase without
+        graphs reports ``{"backend": "disabled", "replays": 0, "fallbacks": {}}``."""
+        prefill, decode = self.prefill_graphs, self.decode_graphs
+        stats = prefill.stats.as_dict() if prefill is not None else disabled_stats()
+        stats["decode"] = decode.stats.as_dict() if decode is not None else disabled_stats()
+        return stats
 
     def make_batch(self, entries: list[BatchEntry], mode: ForwardMode) -> ForwardBatch:
         """Lay out a ragged batch (see :class:`ForwardBatch`)."""
@@ -229,13 +239,13 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
         """Run the body and the LM head. Returns fp32 logits for each request's last token
         ``[B, vocab]``, or for every token ``[T, vocab]`` when ``all_logits``."""
+        prefill, decode = self.prefill_graphs, self.decode_graphs
+        runs_all = prefill is not None and backends.lookup("prefill", self.prefill_backend).runs_decode
         with forward_batch_context(batch):
-            if isinstance(self.prefill_graphs, RegionalCompileRunner):  # compiled in place: decode too
-                hidden = self.prefill_graphs.run(batch.input_ids, batch.positions)
-            elif self.prefill_graphs is not None and batch.mode is ForwardMode.EXTEND:
-                hidden = self.prefill_graphs.run(batch.input_ids, batch.positions)
-            elif self.decode_graphs is not None and batch.mode is ForwardMode.DECODE:
-                hidden = self.decode_graphs.run(batch)
+            if prefill is not None and (runs_all or batch.mode is ForwardMode.EXTEND):
+                hidden = prefill.run(batch.input_ids, batch.positions)
+            elif decode is not None and batch.mode is ForwardMode.DECODE:
+                hidden = decode.run(batch)
             else:
                 hidden = self.model(batch.input_ids, batch.positions)
         rows = hidden if all_logits else hidden[batch.logits_rows]

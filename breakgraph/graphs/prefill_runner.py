@@ -7,7 +7,8 @@ captured (a dummy batch). At run time the caller installs the real per-batch sta
 :meth:`PrefillGraphRunner.run` copies the real tokens into the static input buffers, zeroes
 the padding, replays the bucket's graph and returns the real rows. Batches that do not fit
 the ladder, or would waste more than half the bucket on padding, run the body eagerly — and
-every replay and every fallback (with its reason) is counted in :class:`PrefillGraphStats`.
+every replay and every fallback (with its reason) is counted in its
+:class:`~breakgraph.graphs.stats.GraphStats`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,10 +27,12 @@ from breakgraph.graphs.breakable import BreakableGraph
 from breakgraph.graphs.cuda_segment import pool_segments
 from breakgraph.graphs.piecewise import PiecewiseBackend
 from breakgraph.graphs.segments import new_graph_pool
+from breakgraph.graphs.static_batch import StaticBatch
+from breakgraph.graphs.stats import BucketInfo, GraphStats
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("breakable", "piecewise")
+MODES = ("breakable", "piecewise")  # the registry's names for the two capture modes (graphs/backends.py)
 Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -42,84 +44,6 @@ def default_prefill_buckets(max_tokens: int) -> list[int]:
     ladder += list(range(4608, max_tokens + 1, 512))
     buckets = sorted({b for b in ladder if b <= max_tokens} | {max_tokens})
     return buckets
-
-
-@dataclass
-class PrefillGraphInputs:
-    """Static input buffers shared by every bucket: ``input_ids`` and ``positions`` int64
-    ``[max_tokens]``. A bucket of ``n`` tokens reads their first ``n`` rows."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-
-    @classmethod
-    def allocate(cls, max_tokens: int, device: torch.device) -> PrefillGraphInputs:
-        return cls(
-            input_ids=torch.zeros(max_tokens, dtype=torch.int64, device=device),
-            positions=torch.zeros(max_tokens, dtype=torch.int64, device=device),
-        )
-
-    def views(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.input_ids[:bucket], self.positions[:bucket]
-
-    def set_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, bucket: int) -> None:
-        """Copy the real ``n`` tokens in and zero rows ``n…bucket`` (padding is token 0 at position 0)."""
-        n = input_ids.shape[0]
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(positions)
-        self.input_ids[n:bucket].zero_()
-        self.positions[n:bucket].zero_()
-
-
-@dataclass
-class BucketInfo:
-    """What one bucket's capture produced."""
-
-    tokens: int
-    capture_s: float
-    segments: int
-    breaks: int
-    islands: int
-    kernels: int | None
-
-    def line(self) -> str:
-        k = "?" if self.kernels is None else self.kernels
-        return (
-            f"bucket {self.tokens:>5}: {self.segments} segments, {self.breaks} breaks, "
-            f"{self.islands} single-kernel islands, {k} kernels, captured in {self.capture_s:.2f}s"
-        )
-
-
-@dataclass
-class PrefillGraphStats:
-    """Counters a user can read to see what really ran (``Engine.graph_stats()``)."""
-
-    backend: str
-    buckets: list[BucketInfo] = field(default_factory=list)
-    capture_s: float = 0.0
-    traces: int = 0  # piecewise: torch.compile traces of the body (one serves many buckets)
-    graph_memory_bytes: int = 0  # reserved by the graphs' shared memory pool
-    capture_memory_bytes: int = 0  # free device memory the capture took (pool + allocator cache)
-    replays: int = 0
-    replayed_tokens: int = 0
-    padded_tokens: int = 0
-    fallbacks: Counter = field(default_factory=Counter)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "captured_buckets": [b.tokens for b in self.buckets],
-            "capture_s": round(self.capture_s, 3),
-            "traces": self.traces,
-            "graph_memory_bytes": self.graph_memory_bytes,
-            "replays": self.replays,
-            "replayed_tokens": self.replayed_tokens,
-            "padded_tokens": self.padded_tokens,
-            "fallbacks": dict(self.fallbacks),
-            "segments": {b.tokens: b.segments for b in self.buckets},
-            "breaks": {b.tokens: b.breaks for b in self.buckets},
-            "islands": {b.tokens: b.islands for b in self.buckets},
-        }
 
 
 class PrefillGraphRunner:
@@ -148,8 +72,8 @@ class PrefillGraphRunner:
         fold_islands: bool = False,
         max_padding_ratio: float = 2.0,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"prefill graph backend must be one of {BACKENDS}, got {backend!r}")
+        if backend not in MODES:
+            raise ValueError(f"prefill graph backend must be one of {MODES}, got {backend!r}")
         if not buckets or sorted(set(buckets)) != list(buckets) or buckets[0] < 1:
             raise ValueError(f"--cuda-graph-bs-prefill must be ascending positive token counts, got {buckets}")
         self.body = body
@@ -159,9 +83,9 @@ class PrefillGraphRunner:
         self.capture_context = capture_context
         self.fold_islands = fold_islands
         self.max_padding_ratio = max_padding_ratio
-        self.inputs = PrefillGraphInputs.allocate(self.buckets[-1], self.device)
+        self.inputs = StaticBatch.allocate(self.buckets[-1], self.device)
         self.pool = new_graph_pool(self.device)
-        self.stats = PrefillGraphStats(backend)
+        self.stats = GraphStats(backend)
         self._graphs: dict[int, BreakableGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self._pcg: PiecewiseBackend | None = None
@@ -222,8 +146,8 @@ class PrefillGraphRunner:
                         "; ".join(f"{name} ×{n}" for name, n in eager.items()))  # fmt: skip
 
     def _capture_bucket(self, n: int) -> BucketInfo:
-        ids, pos = self.inputs.views(n)
-        self.inputs.set_batch(ids[:0], pos[:0], n)
+        ids, pos = self.inputs.tokens(n)
+        self.inputs.load_tokens(ids[:0], pos[:0], n)
         t0 = time.perf_counter()
         with torch.inference_mode(), self.capture_context(n):
             if self.backend == "breakable":
@@ -268,16 +192,14 @@ class PrefillGraphRunner:
         if bucket is None or bucket not in self._outputs:
             self.stats.fallbacks[reason or "bucket_not_captured"] += 1
             return self.body(input_ids, positions)
-        self.inputs.set_batch(input_ids, positions, bucket)
+        self.inputs.load_tokens(input_ids, positions, bucket)
         if self.backend == "breakable":
             out = self._graphs[bucket].replay()
         else:
             assert self._pcg is not None and self._compiled is not None
             with self._pcg.replaying():
-                out = self._compiled(*self.inputs.views(bucket))
-        self.stats.replays += 1
-        self.stats.replayed_tokens += n
-        self.stats.padded_tokens += bucket - n
+                out = self._compiled(*self.inputs.tokens(bucket))
+        self.stats.count_replay(n, bucket)
         return out[:n]
 
 
@@ -295,11 +217,4 @@ def _fmt_bytes(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-__all__ = [
-    "BACKENDS",
-    "BucketInfo",
-    "PrefillGraphInputs",
-    "PrefillGraphRunner",
-    "PrefillGraphStats",
-    "default_prefill_buckets",
-]
+__all__ = ["MODES", "PrefillGraphRunner", "default_prefill_buckets"]

@@ -25,10 +25,11 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from breakgraph.graphs.prefill_runner import PrefillGraphStats
 from breakgraph.graphs.split_ops import split_op_names
+from breakgraph.graphs.stats import GraphStats
 
 Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+TORCH_COMPILE_KWARGS: dict[str, Any] = {"mode": "reduce-overhead"}  # the torch-compile backend's torch.compile options
 
 
 class RegionalModel(Protocol):
@@ -82,19 +83,18 @@ def compiled_regions(model: RegionalModel, **compile_kwargs: Any) -> Iterator[Bo
 class RegionalCompileRunner:
     """The ``torch-compile`` backend held open: the model's regions stay compiled until
     :meth:`close`; :meth:`run` is the compiled forward. Counted like the graph backends
-    (``stats``: a :class:`~breakgraph.graphs.prefill_runner.PrefillGraphStats`)."""
+    (``stats``: a :class:`~breakgraph.graphs.stats.GraphStats`)."""
 
     backend = "torch-compile"
 
     def __init__(self, model: RegionalModel, **compile_kwargs: Any) -> None:
         self._stack = contextlib.ExitStack()
         self._forward = self._stack.enter_context(compiled_regions(model, **compile_kwargs))
-        self.stats = PrefillGraphStats(self.backend)
+        self.stats = GraphStats(self.backend)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states ``[n, D]`` through the compiled regions."""
-        self.stats.replays += 1
-        self.stats.replayed_tokens += input_ids.shape[0]
+        self.stats.count_replay(input_ids.shape[0], input_ids.shape[0])
         return self._forward(input_ids, positions)
 
     def close(self) -> None:

@@ -1,0 +1,93 @@
+"""Decode under full graphs (the ``full`` decode backend): one graph per batch-size bucket,
+the whole decoder body inside.
+
+Unlike prefill, a decode step's shapes are known up front (one token per request, a page
+table as wide as the context length), so everything — attention and indexer included — is
+captured. The per-batch layout lives in a :class:`~breakgraph.graphs.static_batch.StaticBatch`
+whose views the captured breaks read as a static ForwardBatch; a replay copies the real batch
+in, points padded rows at the reserved page 0, and replays.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from breakgraph.forward_context import ForwardBatch, forward_batch_context
+from breakgraph.graphs.capture import make_capturer
+from breakgraph.graphs.segments import Segment, new_graph_pool
+from breakgraph.graphs.static_batch import StaticBatch
+from breakgraph.graphs.stats import BucketInfo, GraphStats
+
+logger = logging.getLogger(__name__)
+
+Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def default_decode_buckets(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to ``max_bs`` (included)."""
+    return sorted({b for b in [1, 2, 4, 8, *range(16, max_bs + 1, 8)] if b <= max_bs} | {max_bs})
+
+
+class DecodeGraphRunner:
+    """Full-graph decode for batch sizes in ``buckets``; larger batches run eagerly (counted).
+
+    ``model`` is the decoder body ``(input_ids [B], positions [B]) -> hidden [B, D]``;
+    ``kv_cache`` the paged cache the static batch points at; ``max_pages`` the page-table
+    width captured (the longest context a replayed batch may have)."""
+
+    backend = "full"
+
+    def __init__(self, model: Body, kv_cache: Any, device: torch.device, buckets: list[int], max_pages: int) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.device = torch.device(device)
+        self.buckets = sorted(set(buckets))
+        self.buffers = StaticBatch.allocate(self.buckets[-1], self.device, max_pages=max_pages)
+        self.pool = new_graph_pool(self.device)
+        self.stats = GraphStats(self.backend, phase="decode")
+        self._graphs: dict[int, tuple[Segment, torch.Tensor, ForwardBatch]] = {}
+
+    def capture(self, progress: bool = True) -> None:
+        """Warm up and capture each batch size, largest first, in one shared pool."""
+        from tqdm.auto import tqdm
+
+        start = time.perf_counter()
+        for bs in tqdm(sorted(self.buckets, reverse=True), desc="Capturing decode graphs", unit="bs",
+                       disable=None if progress else True):  # None: TQDM_DISABLE and non-TTY rules apply
+            t0 = time.perf_counter()
+            batch = self.buffers.batch(bs, self.kv_cache)
+            with torch.inference_mode(), forward_batch_context(batch):
+                self.model(batch.input_ids, batch.positions)  # warm-up
+                capturer = make_capturer(self.device, self.pool)
+                capturer.open()
+                try:
+                    capturer.begin(f"decode graph bs={bs}")
+                    out = self.model(batch.input_ids, batch.positions)
+                    segment = capturer.end("end of capture")
+                finally:
+                    capturer.close()
+            self._graphs[bs] = (segment, out, batch)
+            self.stats.buckets.append(BucketInfo(bs, time.perf_counter() - t0, 1, 0, 0, None))
+        self.stats.buckets.sort(key=lambda b: b.tokens)
+        self.stats.capture_s = time.perf_counter() - start
+        logger.info("decode graphs: batch sizes %s captured in %.1fs", self.buckets, self.stats.capture_s)
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states ``[B, D]`` for a decode batch (graph-owned memory, valid until the next run)."""
+        b = batch.batch_size
+        if b > self.buckets[-1]:
+            self.stats.fallbacks["batch_above_largest_bucket"] += 1
+            return self.model(batch.input_ids, batch.positions)
+        bs = self.buckets[bisect.bisect_left(self.buckets, b)]
+        segment, out, static_batch = self._graphs[bs]
+        self.buffers.load(batch, bs)
+        with forward_batch_context(static_batch):
+            segment.replay()
+        self.stats.count_replay(b, bs)
+        return out[:b]

@@ -1,0 +1,80 @@
+"""What the graph runners did, one dataclass for every backend, prefill and decode alike."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class BucketInfo:
+    """What one bucket's capture produced (``tokens``: the bucket's token count; a decode
+    bucket of ``tokens`` requests decodes one token each)."""
+
+    tokens: int
+    capture_s: float
+    segments: int
+    breaks: int
+    islands: int
+    kernels: int | None
+
+    def line(self) -> str:
+        k = "?" if self.kernels is None else self.kernels
+        return (
+            f"bucket {self.tokens:>5}: {self.segments} segments, {self.breaks} breaks, "
+            f"{self.islands} single-kernel islands, {k} kernels, captured in {self.capture_s:.2f}s"
+        )
+
+
+@dataclass
+class GraphStats:
+    """Counters a user can read to see what really ran (``Engine.graph_stats()``).
+
+    ``phase`` is ``prefill`` (buckets are token counts) or ``decode`` (batch sizes)."""
+
+    backend: str
+    phase: str = "prefill"
+    buckets: list[BucketInfo] = field(default_factory=list)
+    capture_s: float = 0.0
+    traces: int = 0  # piecewise: torch.compile traces of the body (one serves many buckets)
+    graph_memory_bytes: int = 0  # reserved by the graphs' shared memory pool
+    capture_memory_bytes: int = 0  # free device memory the capture took (pool + allocator cache)
+    replays: int = 0
+    replayed_tokens: int = 0
+    padded_tokens: int = 0
+    fallbacks: Counter = field(default_factory=Counter)
+
+    def count_replay(self, tokens: int, bucket: int) -> None:
+        """One replay of ``bucket`` for a batch of ``tokens``."""
+        self.replays += 1
+        self.replayed_tokens += tokens
+        self.padded_tokens += bucket - tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counters as JSON values; a decode report names its buckets ``batch_sizes`` and
+        carries only the capture time, replays and fallbacks."""
+        sizes = [b.tokens for b in self.buckets]
+        capture_s, fallbacks = round(self.capture_s, 3), dict(self.fallbacks)
+        if self.phase == "decode":
+            return {"backend": self.backend, "batch_sizes": sizes, "capture_s": capture_s, "replays": self.replays,
+                    "fallbacks": fallbacks}  # fmt: skip
+        return {
+            "backend": self.backend,
+            "captured_buckets": sizes,
+            "capture_s": capture_s,
+            "traces": self.traces,
+            "graph_memory_bytes": self.graph_memory_bytes,
+            "replays": self.replays,
+            "replayed_tokens": self.replayed_tokens,
+            "padded_tokens": self.padded_tokens,
+            "fallbacks": fallbacks,
+            "segments": {b.tokens: b.segments for b in self.buckets},
+            "breaks": {b.tokens: b.breaks for b in self.buckets},
+            "islands": {b.tokens: b.islands for b in self.buckets},
+        }
+
+
+def disabled_stats() -> dict[str, Any]:
+    """What ``Engine.graph_stats()`` reports for a phase without graphs."""
+    return {"backend": "disabled", "replays": 0, "fallbacks": {}}
