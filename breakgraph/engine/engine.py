@@ -40,6 +40,16 @@ class Completion:
     logprobs: list[float]
 
 
+@dataclass(frozen=True)
+class KVUsage:
+    """The paged KV cache in pages: ``used`` by at least one request, ``cached`` (held only for
+    prefix reuse, evicted when the pool runs short) and ``total`` (the most a request can get)."""
+
+    used: int
+    cached: int
+    total: int
+
+
 class Engine:
     """Offline inference on one device (or, with ``tp_size > 1``, one tensor-parallel job).
 
@@ -50,6 +60,12 @@ class Engine:
     the model's. With ``tp_size > 1`` this process is rank 0 and starts the others (or joins
     torchrun's), one GPU per rank on CUDA: call :meth:`shutdown` (or use ``with Engine(...)``)
     to stop them.
+
+    The public surface — what the server and other callers use — is the methods and properties
+    defined on this class plus the attributes ``engine_config``, ``config``, ``model_path``,
+    ``context_length``, ``dtype``, ``device`` and ``tokenizer``. The other attributes
+    (``scheduler``, ``kv_cache``, ``runner``, ``executor``, ``tp``, ...) are internals, reached
+    only by tests and benchmarks.
     """
 
     def __init__(self, config: EngineConfig | str | Path | None = None, **settings: Any) -> None:
@@ -110,6 +126,21 @@ class Engine:
         replays, and eager fallbacks by reason (empty counters when graphs are disabled)."""
         return self.runner.graph_stats()
 
+    def kv_usage(self) -> KVUsage:
+        """How many KV cache pages are in use, cached for prefix reuse, and in all."""
+        pool = self.kv_cache.pool
+        return KVUsage(pool.num_used, pool.num_cached_idle, pool.capacity_pages)
+
+    @property
+    def tp_failure(self) -> str | None:
+        """Why the tensor-parallel group failed (the engine then refuses every step), or ``None``
+        while it is healthy and for a single-process engine."""
+        return self.tp.failure if self.tp is not None else None
+
+    def set_prefix_caching(self, enabled: bool) -> None:
+        """Turn reuse of cached prompt prefixes on (the default) or off; off drops every cached page."""
+        self.scheduler.set_prefix_caching(enabled)
+
     def shutdown(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do for a single-process engine)."""
         self.executor.shutdown()
@@ -122,6 +153,8 @@ class Engine:
 
     # -- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of ``prompt`` (text without added special tokens, or ids checked against the
+        vocabulary); raises ``ValueError`` for text without a tokenizer or an id out of range."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(f"{self.model_path} has no tokenizer.json: pass token ids instead of text")
@@ -141,12 +174,36 @@ class Engine:
         self.scheduler.add(req)
         return req
 
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ``ValueError`` if a request for ``prompt_ids`` with ``params`` could never be
+        served, without queueing it: a :class:`~breakgraph.engine.sampling.SamplingParamError`
+        (naming its field) for a token outside the vocabulary, a
+        :class:`~breakgraph.engine.scheduler.RequestTooLongError` for an empty prompt, one that
+        leaves no room in the context, or one that needs more KV pages than the cache holds."""
+        params.check_vocab(self.config.vocab_size)
+        self.scheduler.check(Request(prompt_ids, params))
+
     def abort(self, req: Request) -> None:
         """Stop ``req`` now and free its KV pages."""
         self.scheduler.finish(req, "abort")
 
     def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running."""
         return self.scheduler.num_unfinished > 0
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued, not yet admitted to a batch."""
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Requests admitted: in prefill or decoding."""
+        return len(self.scheduler.running)
+
+    def unfinished(self) -> list[Request]:
+        """The requests waiting or running, the waiting first (a copy: aborting them is safe)."""
+        return [*self.scheduler.waiting, *self.scheduler.running]
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix page (they return to the free list). Refused (``False``,
@@ -201,8 +258,7 @@ class Engine:
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         requests = [Request(self.tokenize(p), sp or SamplingParams()) for p, sp in zip(prompts, params)]
         for req in requests:  # every prompt is checked before any is queued
-            req.params.check_vocab(self.config.vocab_size)
-            self.scheduler.check(req)
+            self.check_request(req.prompt_ids, req.params)
         self._run_to_completion(requests)
         return [
             Completion(r.text, list(r.output_ids), r.finish_reason or "abort", len(r.prompt_ids), list(r.output_logprobs))

@@ -389,11 +389,10 @@ def _moe_gemm_kernel(
 
 def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool) -> dict:
     """Tile choice from static shapes only (graph-safe): rows per expert on average decide
-    ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the H200 sweep
+    ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the tile sweep
     (``scripts/bench_kernels_moe.py --sweep``, GLM-5 TP8 rank): 4 rows per expert (128 tokens)
-    keep 16-row swapped blocks; 32 rows per expert (1024 tokens) run fastest in 64-row blocks
-    (−8% GEMM 1, −24% GEMM 2 against 32-row swapped ones); GEMM 2 (K = I, two k-blocks) in
-    3 stages."""
+    keep 16-row swapped blocks; 32 rows per expert (1024 tokens) run fastest in 64-row blocks;
+    GEMM 2 (K = I, two k-blocks) in 3 stages."""
     avg = num_pairs / max(1, num_experts)
     if avg <= 16:
         cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4}

@@ -42,8 +42,8 @@ class Router(nn.Module):
     The logits are the fp32 product ``x · Wᵀ``; where the weight holds bf16 values (checkpoints
     that store the router in bf16) :meth:`prepare_bf16_gemm` keeps a bf16 copy, and bf16
     activations on CUDA then take the tensor-core GEMM with fp32 output
-    (:func:`~breakgraph.kernels.linear.linear_fp32_out`). At 1024 tokens the fp32 router GEMMs
-    took 5.7 ms of a 78-layer prefill on the H200, the tensor-core ones a tenth of that.
+    (:func:`~breakgraph.kernels.linear.linear_fp32_out`): fp32 GEMMs cannot use the tensor
+    cores, and over every layer of a long prefill the router's add up.
     """
 
     def __init__(self, config: ModelConfig) -> None:

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from fastapi import FastAPI, Request
@@ -57,6 +57,9 @@ from breakgraph.server.protocol import (
 from breakgraph.server.settings import ServerSettings
 from breakgraph.server.sglang_api import add_sglang_routes
 from breakgraph.server.sse import EventStream, sse
+
+if TYPE_CHECKING:
+    from breakgraph.engine.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +290,7 @@ def _completion_choice(c: _Choice, spec: GenerateRequest) -> dict[str, Any]:
     return choice
 
 
-def create_app(engine, settings: ServerSettings) -> FastAPI:
+def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     """The FastAPI app serving ``engine``. Its engine thread starts with the app's lifespan;
     ``app.state.engine_loop`` and ``app.state.metrics`` are exposed for tests and tools."""
     metrics = ServerMetrics()
@@ -405,8 +408,8 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         why = engine_loop.health()
-        if why is None and getattr(getattr(engine, "tp", None), "failure", None):
-            logger.warning("health: tensor parallelism failed: %s", engine.tp.failure)
+        if why is None and engine.tp_failure:
+            logger.warning("health: tensor parallelism failed: %s", engine.tp_failure)
             why = "tp_failed"
         if why is not None:
             raise APIError(503, _UNHEALTHY[why], type="server_error", code=f"engine_{why}")

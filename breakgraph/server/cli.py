@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
         )
     engine = Engine(args.model_path, **engine_kwargs(args))
     if args.disable_prefix_cache:
-        engine.scheduler.set_prefix_caching(False)
+        engine.set_prefix_caching(False)
     settings = ServerSettings(
         served_model_name=args.served_model_name or engine.model_path.name,
         api_key=args.api_key or None,
@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     )
     app = create_app(engine, settings)
     logger.info("serving %s on http://%s:%d (context %d tokens, %d KV pages)", settings.served_model_name,
-                args.host, args.port, engine.context_length, engine.kv_cache.pool.capacity_pages)  # fmt: skip
+                args.host, args.port, engine.context_length, engine.kv_usage().total)  # fmt: skip
     config = uvicorn_config(
         app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=10
     )

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,9 @@ from breakgraph.server.metrics import ServerMetrics
 from breakgraph.server.prompt_logprobs import PromptLogprobs
 from breakgraph.server.protocol import APIError
 from breakgraph.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from breakgraph.engine.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +134,7 @@ class EngineLoop:
 
     def __init__(
         self,
-        engine,
+        engine: Engine,
         metrics: ServerMetrics | None = None,
         max_queued: int | None = None,
         *,
@@ -315,7 +318,7 @@ class EngineLoop:
         try:
             prepared = [self._prepare(h) for h in handles]
             for ids, params in prepared:  # all or none: check every member before adding any
-                self.engine.scheduler.check(Request(ids, params))
+                self.engine.check_request(ids, params)
         except Exception as exc:  # noqa: BLE001 — every member of the group gets an answer, whatever failed
             if isinstance(exc, APIError):
                 err = exc
@@ -363,7 +366,7 @@ class EngineLoop:
             if h is not None:
                 self._emit(h)
         if (
-            len(self._live) > self.engine.scheduler.num_unfinished
+            len(self._live) > self.engine.num_waiting + self.engine.num_running
         ):  # finished outside step(): never leave one hanging
             for req, h in list(self._live.items()):
                 if req.finished:
@@ -444,8 +447,7 @@ class EngineLoop:
                 logger.exception("abort of %s failed", req.rid)
             self._finish(h)
             h.sink(Failed(error))
-        sched = self.engine.scheduler
-        for req in [*sched.waiting, *sched.running]:  # not ours (e.g. a health probe that lost its handle)
+        for req in self.engine.unfinished():  # not ours (e.g. a health probe that lost its handle)
             try:
                 self.engine.abort(req)
             except Exception:
@@ -471,7 +473,7 @@ class EngineLoop:
             return
         self._stats_time = now
         engine = self.engine
-        pool = engine.kv_cache.pool
+        kv = engine.kv_usage()
         graph = None
         if self._graph_stats is not None:
             try:
@@ -479,10 +481,10 @@ class EngineLoop:
             except Exception:
                 logger.exception("engine.graph_stats() failed")
         self.stats = {
-            "running": len(engine.scheduler.running),
-            "waiting": len(engine.scheduler.waiting),
-            "pages_used": pool.num_used,
-            "pages_cached": pool.num_cached_idle,
-            "pages_total": pool.capacity_pages,
+            "running": engine.num_running,
+            "waiting": engine.num_waiting,
+            "pages_used": kv.used,
+            "pages_cached": kv.cached,
+            "pages_total": kv.total,
             "graph": graph,
         }
