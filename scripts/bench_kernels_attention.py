@@ -198,7 +198,8 @@ def run_indexer(args):
     )
 
     print("\nDSA indexer (Hi=32, Di=128, K=2048, page 64): length-true scores, radix top-k select, both;")
-    print("  TFLOP/s count the causal work (2·Σ(pos+1)·Hi·Di); 'torch.topk' sorts the same score rows at full width")
+    print("  TFLOP/s count the causal work of the scored tokens (2·Σ_{pos≥K}(pos+1)·Hi·Di);")
+    print("  'torch.topk (full width)' sorts the score rows over the whole page-table width, as the engine did before")
     print(HEADER)
     default = [k for k in LAYOUTS if k not in ("prefill 8k (2×4k)",)]
     for layout in _layouts(args, default):
@@ -213,13 +214,14 @@ def run_indexer(args):
         scores = torch.empty(num, row_len, device="cuda")
         topk = torch.empty(num, TOPK, dtype=torch.int32, device="cuda")
         causal = int((pos + 1).sum())
+        scored = int((pos + 1)[pos >= TOPK].sum())  # tokens below K are not scored (skip_below=K)
         n_keys = int(((pos.new_zeros(pt.shape[0]).scatter_reduce(0, req, pos, "amax")) + 1).sum())
         io = q.numel() * 2 + w.numel() * 4 + n_keys * IDX_DIM * 2
         s_bytes = io + causal * 4
         t_bytes = s_bytes + causal * 4 + topk.numel() * 4
         cfg = default_config(num, pt.shape[0], IDX_HEADS, row_len, q.device)
         a = (q, w, kc, pt, req, pos, PAGE, IDX_DIM**-0.5)
-        flops = 2 * causal * IDX_HEADS * IDX_DIM
+        flops = 2 * scored * IDX_HEADS * IDX_DIM
         chosen = {}
         for fp8 in (False, True):
             peak = FP8_TFLOPS if fp8 else BF16_TFLOPS

@@ -39,7 +39,7 @@ def topk_margins(monkeypatch):
     original = indexer_kernels.indexer_topk_ref
 
     def spy(q, weights, k_cache, page_table, token_req, positions, page_size, scale, topk_out, max_seq_len=None):
-        assert max_seq_len is None or max_seq_len >= int(positions.max()) + 1, "max_seq_len must bound every row"
+        assert max_seq_len is not None and max_seq_len >= int(positions.max()) + 1, "max_seq_len must bound every row"
         original(q, weights, k_cache, page_table, token_req, positions, page_size, scale, topk_out)
         k = topk_out.shape[1]
         slots = indexer_kernels.positions_to_slots(

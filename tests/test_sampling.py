@@ -282,3 +282,10 @@ def test_on_cuda_the_sampler_synchronizes_once_and_draws_what_the_cpu_draws():
     assert one_copy and len(syncs) == len(one_copy), syncs
     assert [s.token for s in gpu] == [s.token for s in cpu]
     assert [s.logprob for s in gpu] == pytest.approx([s.logprob for s in cpu], abs=1e-4)
+
+
+@pytest.mark.parametrize("stop", ["", ["ok", ""], [None]])
+def test_empty_or_non_string_stop_strings_are_refused_naming_the_field(stop):
+    with pytest.raises(SamplingParamError) as err:
+        SamplingParams(stop=stop)
+    assert err.value.field == "stop"

@@ -10,7 +10,7 @@ machine shows as a spread instead of a difference between two configurations.
 The floor of a step is the bytes it must read once ÷ the copy bandwidth this command measures:
 every weight a token touches (all non-expert weights, and the routed experts the batch hits at
 uniform routing: ``E·(1 − (1 − k/E)^B)`` per layer) plus each sequence's attention reads
-(``min(L, index_topk)`` latent rows and ``L`` indexer keys per layer).
+(``min(L, index_topk)`` latent rows per layer and ``L`` indexer keys per layer with its own indexer).
 """
 
 from __future__ import annotations
@@ -76,9 +76,10 @@ def step_bytes(engine, batch_size: int, seq_len: int) -> int:
         total += nbytes
     cache = engine.kv_cache
     latent_row = cache.latent[0].shape[-1] * cache.latent[0].element_size()
-    index_row = cache.indexer_k[0].shape[-1] * cache.indexer_k[0].element_size() if cache.indexer_k[0] is not None else 0
-    per_layer = min(seq_len, cfg.index_topk) * latent_row + seq_len * index_row
-    return total + batch_size * cfg.num_hidden_layers * per_layer
+    index_row = next((k.shape[-1] * k.element_size() for k in cache.indexer_k if k is not None), 0)
+    indexer_layers = sum(1 for i in range(cfg.num_hidden_layers) if cfg.has_indexer(i))
+    attention = cfg.num_hidden_layers * min(seq_len, cfg.index_topk) * latent_row + indexer_layers * seq_len * index_row
+    return total + batch_size * attention
 
 
 def capture_decode_graphs(engine, context_length: int, batch_sizes: list[int]) -> float:

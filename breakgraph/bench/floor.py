@@ -6,9 +6,11 @@ the floor is the sum over the three of ``max(bytes ÷ bandwidth, FLOPs ÷ rate)`
 1. **GEMMs** (dense linears, MoE experts, LM head): every weight read once from HBM (the
    experts the tokens can reach) at the measured copy bandwidth, against their FLOPs — at the
    FP8 rate for FP8 weights, the bf16 rate otherwise.
-2. **Latent attention**: the gathered latent rows (``min(index_topk, pos + 1)`` per token and
-   layer) at the measured gather bandwidth for a cache of the prompt's size, against the
-   score and value FLOPs in latent space plus the absorbed ``w_kc``/``w_vc`` products (bf16).
+2. **Latent attention**: the latent rows gathered for the tokens past ``index_topk``
+   (``index_topk`` rows per token and layer; below it attention is dense-causal and its keys are
+   shared by neighbouring tokens) at the measured gather bandwidth for a cache of the prompt's
+   size, against the score and value FLOPs in latent space over ``min(index_topk, pos + 1)``
+   keys plus the absorbed ``w_kc``/``w_vc`` products (bf16).
 3. **DSA indexer**: the causal score FLOPs of the tokens past ``index_topk`` (bf16, or FP8
    when the FP8 indexer is on).
 
@@ -39,9 +41,13 @@ def prefill_floor(engine, input_len: int, batch_size: int, peaks: Peaks, gather_
     tokens = input_len * batch_size
     weight_bytes = 0
     flops_bf16 = flops_fp8 = 0.0
-    for name, p in model.named_parameters():
-        if name.endswith("embed_tokens.weight") or "kv_b_proj" in name:
-            continue  # a lookup; absorbed into the attention (counted there)
+    params = dict(model.named_parameters())
+    tied = not any(name.endswith("lm_head.weight") for name in params)
+    for name, p in params.items():
+        if "kv_b_proj" in name or (name.endswith("embed_tokens.weight") and not tied):
+            continue  # absorbed into the attention (counted there); a lookup unless it is also the LM head
+        if name.endswith("embed_tokens.weight"):
+            name = "lm_head.weight"  # tied: read once as the LM head
         nbytes = p.numel() * p.element_size()
         fp8 = p.element_size() == 1
         gemm = 0.0
@@ -64,7 +70,8 @@ def prefill_floor(engine, input_len: int, batch_size: int, peaks: Peaks, gather_
     sparse_keys = batch_size * max(0, input_len - cfg.index_topk) * cfg.index_topk
     row_bytes = (r + dr) * engine.kv_cache.latent[0].element_size()
     layers = cfg.num_hidden_layers
-    attn_flops = layers * (2 * keys * heads * (r + dr + r) + 2 * 2 * tokens * heads * cfg.qk_nope_head_dim * r)
+    absorbed = 2 * tokens * heads * r * (cfg.qk_nope_head_dim + cfg.v_head_dim)  # q·w_kc and o·w_vc
+    attn_flops = layers * (2 * keys * heads * (r + dr + r) + absorbed)
     attention_s = max(layers * sparse_keys * row_bytes / gather_Bps, attn_flops / peaks.bf16_flops)
 
     # Scores only for tokens past index_topk (below it the selection is every causal key).

@@ -70,6 +70,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise SamplingParamError("stop", "stop strings must be non-empty strings")
         if self.max_new_tokens < 1:
             raise SamplingParamError("max_new_tokens", f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:

@@ -348,6 +348,9 @@ def indexer_scores_triton(
     row_len = row_len or page_table.shape[1] * page_size
     cfg = default_config(num_tokens, page_table.shape[0], num_heads, row_len, q.device)
     block_t = block_t or cfg["block_t"]
+    use_stacked = (cfg["stacked"] if stacked is None else stacked) and block_t > 1
+    if use_stacked and block_t > 16:
+        raise ValueError(f"the stacked score path sums heads for at most 16 tokens per program, got block_t={block_t}")
     grid = (triton.cdiv(num_tokens, block_t), key_programs or cfg["key_programs"])
     _indexer_scores_kernel[grid](
         q, weights, k_cache, page_table, token_req, positions, scores,
@@ -355,7 +358,7 @@ def indexer_scores_triton(
         num_tokens, num_heads, head_dim, page_size, skip_below, softmax_scale,
         BLOCK_T=block_t, BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
         BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"], FP8=fp8,
-        STACKED=(cfg["stacked"] if stacked is None else stacked) and block_t > 1,
+        STACKED=use_stacked,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"],
     )  # fmt: skip
