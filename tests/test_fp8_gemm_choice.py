@@ -34,16 +34,19 @@ def test_table_from_timings_picks_the_faster_and_skips_failures():
 
 
 def test_choose_follows_the_table_per_device_and_shape():
-    choice.set_table(0, 6144, 2048, ((1, "triton"), (256, "triton"), (512, "scaled_mm")))
-    assert choice.choose(1, 6144, 2048, 0) == "triton"
-    assert choice.choose(511, 6144, 2048, 0) == "triton"
-    assert choice.choose(512, 6144, 2048, 0) == "scaled_mm"
-    assert choice.choose(9000, 6144, 2048, 0) == "scaled_mm"
-    # another device or shape: the untuned rule
+    choice.set_table(0, 6144, 2048, ((1, "triton_w8a16"), (16, "triton"), (256, "triton"), (512, "scaled_mm")))
+    assert choice.choose(1, 6144, 2048, 0, True) == "triton_w8a16"
+    assert choice.choose(15, 6144, 2048, 0, True) == "triton_w8a16"
+    assert choice.choose(16, 6144, 2048, 0, True) == "triton"
+    assert choice.choose(511, 6144, 2048, 0, True) == "triton"
+    assert choice.choose(512, 6144, 2048, 0, True) == "scaled_mm"
+    assert choice.choose(9000, 6144, 2048, 0, True) == "scaled_mm"
+    # another device or shape: the untuned rule, W8A8 throughout
     m = choice.UNTUNED_SCALED_MM_MIN_M
-    assert choice.choose(m - 1, 6144, 2048, 1) == "triton"
-    assert choice.choose(m, 6144, 2048, 1) == "scaled_mm"
-    assert choice.choose(m - 1, 2048, 2048, 0) == "triton"
+    assert choice.choose(m - 1, 6144, 2048, 1, True) == "triton"
+    assert choice.choose(m, 6144, 2048, 1, True) == "scaled_mm"
+    assert choice.choose(m, 6144, 2048, 1, False) == "triton", "cuBLAS cannot run it: Triton"
+    assert choice.choose(m - 1, 2048, 2048, 0, True) == "triton"
 
 
 def test_describe_names_each_run_of_one_path():

@@ -124,8 +124,8 @@ class ModelRunner:
             ))  # fmt: skip
 
     def _tune_fp8_linears(self) -> None:
-        """Time ``_scaled_mm`` against the Triton GEMM for every FP8 linear shape of the model,
-        up to the largest prefill step (:mod:`breakgraph.kernels.fp8_gemm_choice`)."""
+        """Time the FP8 GEMM paths (``_scaled_mm``, Triton W8A8 and W8A16) for every FP8 linear
+        shape of the model, up to the largest prefill step (:mod:`breakgraph.kernels.fp8_gemm_choice`)."""
         from breakgraph.kernels.fp8_gemm_choice import tune
         from breakgraph.layers.linear import LinearBase
 
@@ -135,11 +135,8 @@ class ModelRunner:
             if isinstance(m, LinearBase) and m.quantized
         }
         t0 = time.perf_counter()
-        tuned = tune(shapes, self.device, max_m=self.config.chunked_prefill_size)
-        logger.info(
-            "fp8 linears: %d shapes, %d timed against _scaled_mm in %.1fs", len(shapes), len(tuned),
-            time.perf_counter() - t0,
-        )  # fmt: skip
+        tune(shapes, self.device, max_m=self.config.chunked_prefill_size)
+        logger.info("fp8 linears: GEMM paths of %d shapes timed in %.1fs", len(shapes), time.perf_counter() - t0)
 
     def _default_num_pages(self) -> int:
         cfg, spec = self.config, self.spec

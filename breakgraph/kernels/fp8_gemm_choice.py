@@ -1,14 +1,21 @@
 """Which GEMM runs an FP8 block-scaled linear of a given shape on this GPU.
 
-Two paths compute the same product (activations quantised per token and 128 columns, weights
-per 128×128 tile): cuBLASLt's blockwise ``torch._scaled_mm`` and the Triton GEMM of
-:mod:`breakgraph.kernels.triton_fp8`. Neither wins everywhere: on the H200 (torch 2.11, CUDA 13)
-the Triton GEMM is faster up to a few hundred rows (cuBLAS has no split-K for small ``M``)
-and cuBLAS from there on, with the crossover depending on ``K`` and ``N`` (``scripts/
-bench_kernels_moe.py --only dense`` prints both). So the choice is a table per ``(K, N)``:
-for each row-count bucket, the path that measured faster, timed once per process at start-up
-(:func:`tune`, outside any CUDA-graph capture, each path replayed from a CUDA graph as the
-engine runs it). A shape that was not tuned uses :data:`UNTUNED_SCALED_MM_MIN_M`.
+Three paths compute the product: cuBLASLt's blockwise ``torch._scaled_mm`` and the Triton GEMM
+of :mod:`breakgraph.kernels.triton_fp8` on activations quantised per token and 128 columns
+(W8A8: a quantisation kernel, then the GEMM), and the Triton GEMM on the bf16 activations with
+each weight tile dequantised in registers (W8A16: one kernel, no quantisation). None wins
+everywhere: on the H200 (torch 2.11, CUDA 13) W8A16 or W8A8 Triton win at decode's few rows, the
+Triton GEMM up to a few hundred rows (cuBLAS has no split-K for small ``M``) and cuBLAS from
+there on, with the crossovers depending on ``K`` and ``N`` (``scripts/bench_kernels_moe.py
+--only dense`` prints all three). So the choice is a table per ``(K, N)``: for each row-count
+bucket, the path that measured fastest, timed once per process at start-up (:func:`tune`,
+outside any CUDA-graph capture, each path replayed from a CUDA graph as the engine runs it).
+A shape that was not tuned takes W8A8: ``_scaled_mm`` from :data:`UNTUNED_SCALED_MM_MIN_M`
+rows (where cuBLAS can run it), else the Triton GEMM.
+
+W8A16 keeps the activations' bf16 precision (closer to a bf16 reference than W8A8, by the
+≈ 2.5% that e4m3 activations cost on random data), so rows of different buckets may take
+numerically different paths, as they already take different kernels.
 """
 
 from __future__ import annotations
@@ -52,13 +59,16 @@ def table_from_timings(timings: dict[int, dict[str, float]]) -> tuple[tuple[int,
     return tuple(table)
 
 
-def choose(m: int, k: int, n: int, device_index: int) -> str:
-    """``"scaled_mm"`` or ``"triton"`` for an ``[m, k] @ [k, n]`` FP8 linear on that device,
-    from the tuned table (:func:`tune`), else by :data:`UNTUNED_SCALED_MM_MIN_M`. The caller
-    has checked that ``_scaled_mm`` can run the shape at all."""
+PATHS = ("scaled_mm", "triton", "triton_w8a16")
+
+
+def choose(m: int, k: int, n: int, device_index: int, scaled_mm_ok: bool) -> str:
+    """One of :data:`PATHS` for an ``[m, k] @ [k, n]`` FP8 linear on that device, from the
+    tuned table (:func:`tune`), else ``"scaled_mm"`` from :data:`UNTUNED_SCALED_MM_MIN_M` rows
+    where ``scaled_mm_ok`` (cuBLAS can run the shape), else ``"triton"``."""
     table = _TABLES.get((device_index, k, n))
     if not table:
-        return "scaled_mm" if m >= UNTUNED_SCALED_MM_MIN_M else "triton"
+        return "scaled_mm" if scaled_mm_ok and m >= UNTUNED_SCALED_MM_MIN_M else "triton"
     path = table[0][1]
     for bucket, p in table:
         if bucket <= m:
@@ -100,10 +110,10 @@ def _graph_seconds(fn: Callable[[], object], calls: int = 10, replays: int = 3) 
 
 
 def tune(shapes: Iterable[tuple[int, int]], device: torch.device, max_m: int) -> dict[tuple[int, int], tuple]:
-    """Time both FP8 paths for every ``(K, N)`` in ``shapes`` at each bucket ``<= max_m`` on
+    """Time every path for every ``(K, N)`` in ``shapes`` at each bucket ``<= max_m`` on
     ``device`` (CUDA, outside capture; random weights of that shape) and record the tables that
-    :func:`choose` reads. Shapes ``_scaled_mm`` cannot run are skipped (they always take the
-    Triton GEMM). Returns ``{(K, N): table}`` of the shapes tuned; logs one line per shape."""
+    :func:`choose` reads (``_scaled_mm`` only where it can run the shape). Returns
+    ``{(K, N): table}``; logs one line per shape."""
     from breakgraph.kernels.dispatch import device_index
     from breakgraph.kernels.fp8 import block_quant
     from breakgraph.kernels.triton_fp8 import fp8_linear, scaled_mm_takes
@@ -112,15 +122,13 @@ def tune(shapes: Iterable[tuple[int, int]], device: torch.device, max_m: int) ->
     gen = torch.Generator(device=device).manual_seed(0)
     tuned: dict[tuple[int, int], tuple] = {}
     for k, n in sorted(set(shapes)):
-        if not scaled_mm_takes(k, n, device):
-            continue
+        paths = [p for p in PATHS if p != "scaled_mm" or scaled_mm_takes(k, n, device)]
         w8, ws = block_quant(torch.randn(n, k, device=device, generator=gen) / k**0.5)
         timings: dict[int, dict[str, float]] = {}
         for bucket in (b for b in M_BUCKETS if b <= max(1, max_m)):
             x = torch.randn(bucket, k, device=device, generator=gen).to(torch.bfloat16)
             timings[bucket] = {
-                path: _graph_seconds(partial(fp8_linear, x, w8, ws, (128, 128), path=path))
-                for path in ("scaled_mm", "triton")
+                path: _graph_seconds(partial(fp8_linear, x, w8, ws, (128, 128), path=path)) for path in paths
             }
             del x
         table = table_from_timings(timings)

@@ -487,9 +487,9 @@ def fp8_linear(
 ) -> torch.Tensor:
     """GPU FP8 block-scaled linear ``x [..., K] @ dequant(weight [N, K]).T`` (+ bias).
 
-    ``path``: ``auto`` (per shape, the faster of ``_scaled_mm`` and the Triton W8A8 GEMM as
-    :mod:`breakgraph.kernels.fp8_gemm_choice` measured it; Triton where ``_scaled_mm`` cannot run
-    the shape), ``scaled_mm`` (where it can run the shape), ``triton`` (W8A8), ``triton_w8a16``
+    ``path``: ``auto`` (per shape and row count, the fastest of ``_scaled_mm``, the Triton W8A8
+    and W8A16 GEMMs as :mod:`breakgraph.kernels.fp8_gemm_choice` measured it), ``scaled_mm``
+    (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8), ``triton_w8a16``
     (bf16 activations), ``dequant``.
     """
     lead, k = x.shape[:-1], x.shape[-1]
@@ -500,13 +500,15 @@ def fp8_linear(
     block = tuple(block)
     if block != (128, 128) or path == "dequant" or not scale.is_contiguous():
         return fp8_block_linear_ref(x, weight, scale, block, bias)
-    if path in ("auto", "scaled_mm") and x.dtype == torch.bfloat16 and scaled_mm_takes(k, n, x.device):
-        if path == "scaled_mm" or choose_fp8_path(x2.shape[0], k, n, device_index(x.device)) == "scaled_mm":
-            mode = scaled_mm_blockwise_mode(x.device)
-            out = _scaled_mm_call(x2, weight, scale, 16 if mode == "pad16" else 1)
-            if bias is not None:
-                out = out + bias
-            return out.reshape(*lead, n)
+    cublas_ok = x.dtype == torch.bfloat16 and scaled_mm_takes(k, n, x.device)
+    if path == "auto":
+        path = choose_fp8_path(x2.shape[0], k, n, device_index(x.device), cublas_ok)
+    if path == "scaled_mm" and cublas_ok:
+        mode = scaled_mm_blockwise_mode(x.device)
+        out = _scaled_mm_call(x2, weight, scale, 16 if mode == "pad16" else 1)
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*lead, n)
     if path == "triton_w8a16":
         out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias)
     else:
