@@ -313,17 +313,17 @@ def test_scaled_mm_path_matches_twin_where_it_is_taken(name, k, n, m):
 
 @pytest.mark.cuda
 def test_fp8_gemm_choice_tunes_and_dispatches():
-    """``tune`` times both paths for a shape, records a table, and ``fp8_linear(path="auto")``
+    """``tune_fp8_paths`` times the paths for a shape, records a table, and ``fp8_linear(path="auto")``
     follows it (forcing each path through a hand-made table gives that path's result)."""
     from breakgraph.kernels import fp8_gemm_choice as choice
-    from breakgraph.kernels.triton_fp8 import fp8_linear, scaled_mm_blockwise_mode
+    from breakgraph.kernels.triton_fp8 import fp8_linear, scaled_mm_blockwise_mode, tune_fp8_paths
 
     dev = torch.device("cuda")
     if scaled_mm_blockwise_mode(dev) is None:
         pytest.skip("this torch/cuBLAS has no blockwise _scaled_mm")
     k, n = 2048, 2048
     try:
-        tuned = choice.tune([(k, n), (256, 6144)], dev, max_m=1024)
+        tuned = tune_fp8_paths([(k, n), (256, 6144)], dev, max_m=1024)
         assert set(tuned) == {(k, n), (256, 6144)}
         assert all(p != "scaled_mm" for _, p in tuned[(256, 6144)]), "K = 256 must never take _scaled_mm"
         table = tuned[(k, n)]

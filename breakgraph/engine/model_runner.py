@@ -126,7 +126,7 @@ class ModelRunner:
     def _tune_fp8_linears(self) -> None:
         """Time the FP8 GEMM paths (``_scaled_mm``, Triton W8A8 and W8A16) for every FP8 linear
         shape of the model, up to the largest prefill step (:mod:`breakgraph.kernels.fp8_gemm_choice`)."""
-        from breakgraph.kernels.fp8_gemm_choice import tune
+        from breakgraph.kernels.triton_fp8 import tune_fp8_paths
         from breakgraph.layers.linear import LinearBase
 
         shapes = {
@@ -135,7 +135,7 @@ class ModelRunner:
             if isinstance(m, LinearBase) and m.quantized
         }
         t0 = time.perf_counter()
-        tune(shapes, self.device, max_m=self.config.chunked_prefill_size)
+        tune_fp8_paths(shapes, self.device, max_m=self.config.chunked_prefill_size)
         logger.info("fp8 linears: GEMM paths of %d shapes timed in %.1fs", len(shapes), time.perf_counter() - t0)
 
     def _default_num_pages(self) -> int:

@@ -36,15 +36,20 @@ conversion does not carry mantissa overflow into the exponent).
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 import triton
 import triton.language as tl
 
+from breakgraph.kernels import fp8_gemm_choice
 from breakgraph.kernels.dispatch import device_index, num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX, block_dequant, fp8_block_linear_ref
-from breakgraph.kernels.fp8_gemm_choice import choose as choose_fp8_path
+
+logger = logging.getLogger(__name__)
 
 QUANT_GROUP = 128
 _SCALE_EPS = 1e-12
@@ -502,7 +507,7 @@ def fp8_linear(
         return fp8_block_linear_ref(x, weight, scale, block, bias)
     cublas_ok = x.dtype == torch.bfloat16 and scaled_mm_takes(k, n, x.device)
     if path == "auto":
-        path = choose_fp8_path(x2.shape[0], k, n, device_index(x.device), cublas_ok)
+        path = fp8_gemm_choice.choose(x2.shape[0], k, n, device_index(x.device), cublas_ok)
     if path == "scaled_mm" and cublas_ok:
         mode = scaled_mm_blockwise_mode(x.device)
         out = _scaled_mm_call(x2, weight, scale, 16 if mode == "pad16" else 1)
@@ -515,3 +520,57 @@ def fp8_linear(
         a8, sa = act_quant(x2, QUANT_GROUP, column_major_scale=False)
         out = fp8_gemm(a8, sa, weight, scale, block, x.dtype, bias)
     return out.reshape(*lead, n)
+
+
+# --------------------------------------------------------------------------------------------
+# start-up timing of the paths (the table fp8_gemm_choice reads)
+
+
+def _graph_seconds(fn: Callable[[], object], calls: int = 10, replays: int = 3) -> float:
+    """Seconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls (best of
+    ``replays``); ``inf`` when it fails."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        best = float("inf")
+        for _ in range(replays):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3 / calls)
+        return best
+    except (RuntimeError, NotImplementedError, ValueError):
+        return float("inf")
+
+
+def tune_fp8_paths(shapes: Iterable[tuple[int, int]], device: torch.device, max_m: int) -> dict[tuple[int, int], tuple]:
+    """Time every path for every ``(K, N)`` in ``shapes`` at each bucket ``<= max_m`` on
+    ``device`` (CUDA, outside capture; random weights of that shape) and record the tables that
+    :func:`~breakgraph.kernels.fp8_gemm_choice.choose` reads (``_scaled_mm`` only where it can run the shape). Returns
+    ``{(K, N): table}``; logs one line per shape."""
+    from breakgraph.kernels.fp8 import block_quant
+
+    idx = device_index(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    tuned: dict[tuple[int, int], tuple] = {}
+    for k, n in sorted(set(shapes)):
+        paths = [p for p in fp8_gemm_choice.PATHS if p != "scaled_mm" or scaled_mm_takes(k, n, device)]
+        w8, ws = block_quant(torch.randn(n, k, device=device, generator=gen) / k**0.5)
+        timings: dict[int, dict[str, float]] = {}
+        for bucket in (b for b in fp8_gemm_choice.M_BUCKETS if b <= max(1, max_m)):
+            x = torch.randn(bucket, k, device=device, generator=gen).to(torch.bfloat16)
+            timings[bucket] = {
+                path: _graph_seconds(partial(fp8_linear, x, w8, ws, (128, 128), path=path)) for path in paths
+            }
+            del x
+        table = fp8_gemm_choice.table_from_timings(timings)
+        fp8_gemm_choice.set_table(idx, k, n, table)
+        tuned[(k, n)] = table
+        logger.info("fp8 linear K=%d N=%d: %s", k, n, fp8_gemm_choice.describe(table))
+    return tuned
