@@ -7,7 +7,8 @@ prompt of ``--input-len`` tokens (default: the context length less one, so it fi
 token) is added and the engine steps until its first token (its TTFT). Every step is one
 host-timed ``Engine.step`` (it returns after the sampled tokens reach the host), and a stream's
 token is stamped when its step returns. An interval between two tokens of a stream counts as
-*during* the prefill when it overlaps the span from adding the long prompt to its first token.
+*during* the prefill when it overlaps the span from adding the long prompt to its first token
+(the streams take one more token after it, so an interval spanning its end is counted).
 
 Prints per stream the median, p99 and worst ITL before and during the prefill, the tokens each
 stream got during it, and the long prompt's TTFT; writes PREFIX.json and PREFIX.md.
@@ -111,6 +112,8 @@ def measure(engine, args: argparse.Namespace, input_len: int) -> dict:
     while not long.output_ids and not long.finished:
         end = step()
     cut_short = [r.rid for r in streams if r.finished]
+    while any(stamps[r.rid][-1] <= end for r in streams if not r.finished):  # close the intervals open at the end
+        step()
     for r in streams:
         engine.abort(r)
     while engine.has_unfinished():
