@@ -73,6 +73,14 @@ def split_intervals(stamps: list[float], start: float, end: float) -> tuple[list
     return before, during, sum(start < t <= end for t in stamps)
 
 
+def stream_new_tokens(args: argparse.Namespace, input_len: int, chunk: int) -> int:
+    """Tokens each stream may generate: one per chunk of the streams' own prefill (the first
+    streams decode meanwhile), its timed steps before, one per chunk of the long prompt (the
+    steps alternate) twice over, and a few more."""
+    own = -(-args.streams * args.stream_input_len // chunk)
+    return own + args.before_steps + 2 * -(-input_len // chunk) + 8
+
+
 def measure(engine, args: argparse.Namespace, input_len: int) -> dict:
     """Run the streams and the long prompt (see the module docstring); the raw timings."""
     from breakgraph import SamplingParams
@@ -87,9 +95,8 @@ def measure(engine, args: argparse.Namespace, input_len: int) -> dict:
                                 SamplingParams(max_new_tokens=2, ignore_eos=True))  # fmt: skip
     while not warmup.finished:
         engine.step()
-    budget = engine.context_length - args.stream_input_len
-    streams = [engine.add_request(tokens(args.stream_input_len), SamplingParams(max_new_tokens=budget, ignore_eos=True))
-               for _ in range(args.streams)]  # fmt: skip
+    params = SamplingParams(max_new_tokens=stream_new_tokens(args, input_len, args.chunked_prefill_size), ignore_eos=True)
+    streams = [engine.add_request(tokens(args.stream_input_len), params) for _ in range(args.streams)]
     stamps: dict[str, list[float]] = {r.rid: [] for r in streams}
 
     def step() -> float:
@@ -136,11 +143,15 @@ def main(args: argparse.Namespace) -> int:
     input_len = args.input_len or ctx - 1
     if not args.stream_input_len < ctx or not 0 < input_len < ctx:
         raise SystemExit(f"--stream-input-len and --input-len must be below the context length {ctx}")
-    pages = -(-ctx // args.page_size)
-    engine = Engine(
+    stream_len = args.stream_input_len + stream_new_tokens(args, input_len, args.chunked_prefill_size)
+    if stream_len > ctx:
+        raise SystemExit(f"the streams' {stream_len} tokens exceed the context length {ctx}: fewer --before-steps")
+    pages = -(-(input_len + 1) // args.page_size) + args.streams * -(-stream_len // args.page_size)
+    engine = Engine(  # a pool for every request's whole budget: nothing is preempted
         folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=args.page_size,
-        num_pages=1 + (args.streams + 1) * pages, context_length=ctx, max_running_requests=args.streams + 1,
-        chunked_prefill_size=args.chunked_prefill_size, kv_watermark=0.0,
+        num_pages=1 + pages, context_length=ctx, max_running_requests=args.streams + 1,
+        chunked_prefill_size=args.chunked_prefill_size, cuda_graph_max_bs_prefill=args.chunked_prefill_size,
+        kv_watermark=0.0,
     )  # fmt: skip
     run = measure(engine, args, input_len)
     ttft = run["end"] - run["start"]
