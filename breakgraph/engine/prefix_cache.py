@@ -8,8 +8,8 @@ reusable after its requests finish, as an *idle* page of the :class:`PagePool`, 
 pool needs it back (least recently released first).
 
 A new request reuses the longest chain of cached pages covering its prompt (a preempted one:
-its prompt and output), but never all of it: at least one token is recomputed so the forward yields the logits of
-the first new token. The reused pages are shared read-only: a request writes only at
+its prompt and output), but never all of it: at least one token is recomputed so the forward
+yields the logits of the next token. The reused pages are shared read-only: a request writes only at
 positions ``>= num_computed``, which lie in its own pages.
 """
 
