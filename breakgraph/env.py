@@ -32,7 +32,6 @@ KNOBS: dict[str, Knob] = {
     "BREAKGRAPH_KERNELS": Knob("auto", ("auto", "torch"), "torch: plain-PyTorch twins everywhere (read once, at import)"),
     "BREAKGRAPH_INDEXER_FP8": Knob("0", ("0", "1"), "1: the Triton indexer scores in FP8 (default bf16)"),
     "BREAKGRAPH_MOE_W8A8": Knob("auto", ("auto", "0", "1"), "FP8 experts quantise activations: auto (from 128 tokens), 1 always, 0 never"),
-    "BREAKGRAPH_DUAL_STREAM_MOE": Knob("0", ("0", "1"), "1: shared and routed experts on two CUDA streams (TP 1, not under torch.compile)"),
     "BREAKGRAPH_GRAPH_DEBUG": Knob("0", None, "1: replay every captured graph against an eager run and name the first mismatch"),
     "BREAKGRAPH_HOME": Knob("~/.cache/breakgraph", None, "where the built-in default model is written"),
 }  # fmt: skip

@@ -23,15 +23,21 @@ def test_bench_decode_times_every_context_and_batch(demo, tmp_path, monkeypatch)
     steps_seen = []
     real = bd.time_decode
     monkeypatch.setattr(bd, "time_decode", lambda *a, **k: steps_seen.append(a[1:3]) or real(*a, **k))
+    profiled = []
+    real_profile = bd.profile
+    monkeypatch.setattr(bd, "profile", lambda *a, **k: profiled.append(a[3]) or real_profile(*a, **k))
     out = tmp_path / "dec"
     argv = ["bench", "decode", "--model-path", demo, "--device", "cpu", "--input-len", "20", "--batch-size", "1", "2",
-            "--context-length", "128", "256", "--steps", "3", "--rounds", "2", "--output", str(out)]  # fmt: skip
+            "--context-length", "128", "256", "--steps", "3", "--rounds", "2", "--top-kernels", "4",
+            "--output", str(out)]  # fmt: skip
     assert main(argv) == 0
     data = json.loads(out.with_suffix(".json").read_text())
     rows = {(r["context_length"], r["batch_size"]): r for r in data["rows"]}
     assert set(rows) == {(128, 1), (128, 2), (256, 1), (256, 2)}
     assert all(r["steps"] == 6 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] for r in rows.values())
     assert steps_seen == [(1, 20), (2, 20)] * 4, "rounds must alternate the context lengths"
+    assert profiled == [], "the profiler runs on CUDA only"
+    assert all(r["kernels_per_step"] is None and r["top_kernels"] is None for r in rows.values())
     recorded = build_parser().parse_args(shlex.split(data["command"])[1:])
     assert recorded.context_length == [128, 256] and recorded.batch_size == [1, 2] and recorded.rounds == 2
 
@@ -56,3 +62,15 @@ def test_bench_ttft_goes_through_chunked_prefill(demo, tmp_path, monkeypatch):
     assert row["input_len"] == 100 and row["median_s"] > 0 and row["chunk"] == 32
     assert max(batch_tokens) == 32 and batch_tokens.count(32) >= 2 * 3, "prompts were not prefilled in chunks of 32"
     assert "--chunked-prefill-size 32" in data["command"]
+
+
+@pytest.mark.cuda
+def test_bench_decode_profiles_kernels_per_step_on_gpu(tmp_path):
+    out = tmp_path / "dec"
+    argv = ["bench", "decode", "--preset", "glm5-tp8-rank-4l-bf16", "--input-len", "64", "--batch-size", "1",
+            "--context-length", "4096", "--steps", "4", "--rounds", "1", "--top-kernels", "3", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert row["kernels_per_step"] > 4, "a 4-layer decode step launches more than one kernel per layer"
+    assert 0 < row["gpu_busy"] and len(row["top_kernels"]) == 3
+    assert "kernels / layer" in out.with_suffix(".md").read_text()

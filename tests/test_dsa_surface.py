@@ -10,7 +10,7 @@ from breakgraph.engine.model_runner import BatchEntry
 from breakgraph.engine.sampling import SamplingParams
 from breakgraph.forward_context import ForwardMode, forward_batch_context
 from breakgraph.graphs import split_op_names
-from breakgraph.layers import dsa, mlp
+from breakgraph.layers import dsa
 
 
 @pytest.fixture(scope="module")
@@ -148,30 +148,3 @@ def test_breakable_capture_fuses_the_q_nope_bmm_into_the_attention_op(hf_checkpo
     eager = Engine(folder, device="cpu", dtype="float32", page_size=4).prompt_logits(ids)[0]
     for eng in (fused, unfused):
         assert torch.allclose(eng.prompt_logits(ids)[0], eager, atol=1e-5)
-
-
-def test_dual_stream_moe_is_opt_in_and_off_on_cpu(monkeypatch):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        on_cuda = torch.empty(4, 8, device="cuda")  # a CUDA tensor's metadata, no GPU needed
-    on_cpu = torch.randn(4, 8)
-    monkeypatch.delenv(mlp.DUAL_STREAM_ENV, raising=False)
-    assert not mlp._can_dual_stream_graph(on_cuda), "on without the opt-in"
-    monkeypatch.setenv(mlp.DUAL_STREAM_ENV, "0")
-    assert not mlp._can_dual_stream_graph(on_cuda)
-    monkeypatch.setenv(mlp.DUAL_STREAM_ENV, "1")
-    assert mlp._can_dual_stream_graph(on_cuda), "opted in on CUDA but off"
-    assert not mlp._can_dual_stream_graph(on_cpu), "CPU has no streams"
-
-
-@pytest.mark.cuda
-def test_dual_stream_moe_equals_single_stream_inside_a_breakable_graph(hf_checkpoints, monkeypatch):
-    folder = hf_checkpoints["glm_moe_dsa"]
-    common = dict(device="cuda", dtype="float32", page_size=4, num_pages=128, cuda_graph_backend_decode="disabled",
-                  cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[64])  # fmt: skip
-    ids = [torch.arange(5, 45).tolist()]
-    want = Engine(folder, **common).prompt_logits(ids)[0]
-    monkeypatch.setenv(mlp.DUAL_STREAM_ENV, "1")
-    got = Engine(folder, **common).prompt_logits(ids)[0]
-    assert torch.allclose(got, want, atol=1e-5)

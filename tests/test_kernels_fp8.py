@@ -276,6 +276,66 @@ def test_scaled_mm_blockwise_probe_on_gpu():
     mode = scaled_mm_blockwise_mode(torch.device("cuda"))
     print(f"torch {torch.__version__}: _scaled_mm blockwise mode = {mode}")
     assert mode in ("any", "pad16", None)
+    if torch.cuda.get_device_capability() == (9, 0) and torch.__version__ >= "2.11":
+        assert mode is not None, "the H200 with torch >= 2.11 runs the blockwise recipe"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name,k,n", GLM5_TP8_LINEARS)
+@pytest.mark.parametrize("m", [1, 7, 16, 200])
+def test_scaled_mm_path_matches_twin_where_it_is_taken(name, k, n, m):
+    """Every GLM-5 shape ``scaled_mm_takes`` admits gives the twin's product through
+    ``_scaled_mm``; the shapes it refuses (K/128 not a multiple of 4: cuBLAS is wrong there
+    without an error) are the ones the rule names."""
+    from breakgraph.kernels.triton_fp8 import (
+        SCALED_MM_K_MULTIPLE,
+        SCALED_MM_N_MULTIPLE,
+        act_quant_ref,
+        fp8_gemm_ref,
+        fp8_linear,
+        scaled_mm_blockwise_mode,
+        scaled_mm_takes,
+    )
+
+    dev = torch.device("cuda")
+    if scaled_mm_blockwise_mode(dev) is None:
+        pytest.skip("this torch/cuBLAS has no blockwise _scaled_mm")
+    takes = scaled_mm_takes(k, n, dev)
+    assert takes == (k % SCALED_MM_K_MULTIPLE == 0 and n % SCALED_MM_N_MULTIPLE == 0)
+    if not takes:
+        return
+    w8, ws = block_quant(torch.randn(n, k, device=dev) / k**0.5)
+    x = torch.randn(m, k, device=dev).bfloat16()
+    want = fp8_gemm_ref(*act_quant_ref(x), w8, ws, out_dtype=torch.float32)
+    got = fp8_linear(x, w8, ws, (128, 128), path="scaled_mm")
+    assert got.shape == (m, n) and _rel(got, want) < 1e-2, (name, m, _rel(got, want))
+
+
+@pytest.mark.cuda
+def test_fp8_gemm_choice_tunes_and_dispatches():
+    """``tune`` times both paths for a shape, records a table, and ``fp8_linear(path="auto")``
+    follows it (forcing each path through a hand-made table gives that path's result)."""
+    from breakgraph.kernels import fp8_gemm_choice as choice
+    from breakgraph.kernels.triton_fp8 import fp8_linear, scaled_mm_blockwise_mode
+
+    dev = torch.device("cuda")
+    if scaled_mm_blockwise_mode(dev) is None:
+        pytest.skip("this torch/cuBLAS has no blockwise _scaled_mm")
+    k, n = 2048, 2048
+    try:
+        tuned = choice.tune([(k, n), (256, 6144)], dev, max_m=1024)
+        assert set(tuned) == {(k, n), (256, 6144)}
+        assert all(p != "scaled_mm" for _, p in tuned[(256, 6144)]), "K = 256 must never take _scaled_mm"
+        table = tuned[(k, n)]
+        assert [b for b, _ in table] == [b for b in choice.M_BUCKETS if b <= 1024]
+        assert {p for _, p in table} <= set(choice.PATHS)
+        w8, ws = block_quant(torch.randn(n, k, device=dev) / k**0.5)
+        x = torch.randn(300, k, device=dev).bfloat16()
+        for path in choice.PATHS:
+            choice.set_table(dev.index or 0, k, n, ((1, path),))
+            assert torch.equal(fp8_linear(x, w8, ws, (128, 128)), fp8_linear(x, w8, ws, (128, 128), path=path))
+    finally:
+        choice.clear_tables()
 
 
 @pytest.mark.cuda
@@ -321,15 +381,19 @@ def test_fp8_linear_gpu_glm5_shapes(name, k, n, m):
     x = torch.randn(m, k, device="cuda").bfloat16()
     want_q = fp8_gemm_ref(*act_quant_ref(x), w8, ws, out_dtype=torch.float32)
     want_bf16_act = fp8_block_linear_ref(x.float(), w8, ws, (128, 128))
+    from breakgraph.kernels.fp8_gemm_choice import choose
+    from breakgraph.kernels.triton_fp8 import scaled_mm_takes
+
+    auto = choose(m, k, n, torch.cuda.current_device(), scaled_mm_takes(k, n, x.device))
     for path in ("auto", "triton", "triton_w8a16"):
         got = fp8_linear(x, w8, ws, (128, 128), path=path)
         assert got.shape == (m, n) and got.dtype == torch.bfloat16
-        if path == "triton_w8a16":
+        if path == "triton_w8a16" or (path == "auto" and auto == "triton_w8a16"):
             assert _rel(got, want_bf16_act) < 2e-2, (name, m, path)
         else:
             assert _rel(got, want_q) < 2e-2, (name, m, path, _rel(got, want_q))
             assert _rel(got, want_bf16_act) < 6e-2, (name, m, path)
-    assert _rel(linear(x, w8, ws, (128, 128)), want_q) < 2e-2
+    assert _rel(linear(x, w8, ws, (128, 128)), want_bf16_act if auto == "triton_w8a16" else want_q) < 2e-2
 
 
 @pytest.mark.cuda

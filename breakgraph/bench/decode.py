@@ -11,6 +11,10 @@ The floor of a step is the bytes it must read once ÷ the copy bandwidth this co
 every weight a token touches (all non-expert weights, and the routed experts the batch hits at
 uniform routing: ``E·(1 − (1 − k/E)^B)`` per layer) plus each sequence's attention reads
 (``min(L, index_topk)`` latent rows per layer and ``L`` indexer keys per layer with its own indexer).
+
+``--top-kernels N`` profiles one extra step per (context, batch size) in the last round: kernels
+launched per step (graph replays included) and per layer, GPU busy, and the N kernels with the
+most GPU time.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 import torch
 
 from breakgraph.bench import record
+from breakgraph.bench.prefill import profile
 from breakgraph.bench.presets import PRESETS, preset_folder
 
 logger = logging.getLogger(__name__)
@@ -42,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="times the context lengths are alternated")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
+    parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
+                        help="profile one more step per (context, batch size) in the last round: kernels per step "
+                             "and per layer, GPU busy, and the N kernels with the most GPU time (CUDA only)")
     parser.add_argument("--output", default="decode_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
 
 
@@ -96,12 +104,17 @@ def capture_decode_graphs(engine, context_length: int, batch_sizes: list[int]) -
     return graphs.stats.capture_s
 
 
-def time_decode(engine, batch_size: int, input_len: int, steps: int, seed: int) -> list[float]:
-    """Seconds of each of ``steps`` decode steps of ``batch_size`` fresh requests."""
+def time_decode(
+    engine, batch_size: int, input_len: int, steps: int, seed: int, profile_top: int | None = None
+) -> tuple[list[float], dict | None]:
+    """Seconds of each of ``steps`` decode steps of ``batch_size`` fresh requests, and — when
+    ``profile_top`` is not None, on CUDA — one more step under the profiler: ``{"kernels": per
+    step, "gpu_busy": kernel time ÷ the median step, "top": [(name, ms, calls)] of the
+    ``profile_top`` kernels with the most GPU time}``."""
     from breakgraph import SamplingParams
 
     g = torch.Generator().manual_seed(seed)
-    params = SamplingParams(max_new_tokens=steps + 2, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=steps + 3, ignore_eos=True)
     requests = [engine.add_request(torch.randint(0, engine.config.vocab_size, (input_len,), generator=g).tolist(),
                                    params) for _ in range(batch_size)]  # fmt: skip
     while any(r.in_prefill or not r.output_ids for r in requests):
@@ -116,9 +129,13 @@ def time_decode(engine, batch_size: int, input_len: int, steps: int, seed: int) 
         if engine.device.type == "cuda":
             torch.cuda.synchronize(engine.device)
         times.append(time.perf_counter() - t0)
+    prof = None
+    if profile_top is not None and engine.device.type == "cuda":
+        busy, kernels, top = profile(engine, engine.step, statistics.median(times), profile_top)
+        prof = {"kernels": kernels, "gpu_busy": busy, "top": top}
     while engine.has_unfinished():
         engine.step()
-    return times
+    return times, prof
 
 
 def main(args: argparse.Namespace) -> int:
@@ -137,13 +154,17 @@ def main(args: argparse.Namespace) -> int:
     bandwidth = copy_bandwidth(engine.device)
     samples: dict[tuple[int, int], list[float]] = {}
     captures: dict[int, list[float]] = {}
+    profiles: dict[tuple[int, int], dict] = {}
     for rnd in range(args.rounds):
         for ctx in args.context_length:
             if engine.device.type == "cuda":
                 captures.setdefault(ctx, []).append(capture_decode_graphs(engine, ctx, sorted(set(args.batch_size))))
             for bs in args.batch_size:
-                times = time_decode(engine, bs, args.input_len, args.steps, seed=rnd * 1000 + bs)
+                top = args.top_kernels if args.top_kernels and rnd == args.rounds - 1 else None
+                times, prof = time_decode(engine, bs, args.input_len, args.steps, seed=rnd * 1000 + bs, profile_top=top)
                 samples.setdefault((ctx, bs), []).extend(times)
+                if prof is not None:
+                    profiles[(ctx, bs)] = prof
                 logger.info("round %d context %d bs %d: median step %.3f ms", rnd, ctx, bs, 1e3 * statistics.median(times))
     rows = []
     for (ctx, bs), times in samples.items():
@@ -153,6 +174,9 @@ def main(args: argparse.Namespace) -> int:
             "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "max_ms": 1e3 * max(times),
             "floor_ms": 1e3 * floor_s, "tokens_per_s": bs / statistics.median(times),
             "capture_s": statistics.median(captures[ctx]) if ctx in captures else None,
+            "kernels_per_step": profiles.get((ctx, bs), {}).get("kernels"),
+            "gpu_busy": profiles.get((ctx, bs), {}).get("gpu_busy"),
+            "top_kernels": profiles.get((ctx, bs), {}).get("top"),
         })  # fmt: skip
     command = record.command_line(["breakgraph", "bench", "decode"], add_arguments, args)
     table = [f"`{command}`", "", f"copy bandwidth measured: {bandwidth / 1e12:.2f} TB/s", "",
@@ -160,6 +184,16 @@ def main(args: argparse.Namespace) -> int:
     for r in rows:
         table.append(f"| {r['context_length']} | {r['batch_size']} | {r['median_ms']:.2f} | {r['min_ms']:.2f}–{r['max_ms']:.2f} "
                      f"| {r['floor_ms']:.2f} | {r['median_ms'] / r['floor_ms']:.1f} | {r['tokens_per_s']:.0f} |")  # fmt: skip
+    if profiles:
+        layers = engine.config.num_hidden_layers
+        table += ["", "| context | batch | kernels / step | kernels / layer | GPU busy |", "|---|---|---|---|---|"]
+        for r in rows:
+            if r["kernels_per_step"] is not None:
+                table.append(f"| {r['context_length']} | {r['batch_size']} | {r['kernels_per_step']} "
+                             f"| {r['kernels_per_step'] / layers:.1f} | {100 * r['gpu_busy']:.0f}% |")  # fmt: skip
+        for r in rows:
+            for kname, ms, calls in r["top_kernels"] or []:
+                table.append(f"    ctx {r['context_length']} bs {r['batch_size']}: {ms:8.3f} ms {calls:5d}× {kname[:90]}")
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"model": name, "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",

@@ -102,9 +102,7 @@ class ModelRunner:
             time.perf_counter() - t0,
         )  # fmt: skip
         if spec.model_config.fp8 is not None and spec.device.type == "cuda":
-            from breakgraph.kernels.triton_fp8 import scaled_mm_blockwise_mode
-
-            scaled_mm_blockwise_mode(spec.device)  # probe now: every backend then takes the same GEMM
+            self._tune_fp8_linears()  # now, before any capture: every backend then takes the same GEMMs
         num_pages = config.num_pages or self._default_num_pages()
         if tp is not None:
             num_pages = tp.agree_on_num_pages(num_pages)
@@ -124,6 +122,21 @@ class ModelRunner:
                 self.model, spec.device, default_decode_buckets(max_bs), kv_cache=self.kv_cache,
                 max_pages=self.kv_cache.pool.pages_for(spec.context_length),
             ))  # fmt: skip
+
+    def _tune_fp8_linears(self) -> None:
+        """Time the FP8 GEMM paths (``_scaled_mm``, Triton W8A8 and W8A16) for every FP8 linear
+        shape of the model, up to the largest prefill step (:mod:`breakgraph.kernels.fp8_gemm_choice`)."""
+        from breakgraph.kernels.fp8_gemm_choice import tune
+        from breakgraph.layers.linear import LinearBase
+
+        shapes = {
+            (m.in_features, m.out_features)
+            for m in self.model.modules()
+            if isinstance(m, LinearBase) and m.quantized
+        }
+        t0 = time.perf_counter()
+        tune(shapes, self.device, max_m=self.config.chunked_prefill_size)
+        logger.info("fp8 linears: GEMM paths of %d shapes timed in %.1fs", len(shapes), time.perf_counter() - t0)
 
     def _default_num_pages(self) -> int:
         cfg, spec = self.config, self.spec

@@ -8,16 +8,18 @@
    column-major ``scale_a [M, K/128]`` (strides ``(1, M)``); ``scale_b`` is
    ``weight_scale_inv.t()`` — a free view, because the checkpoint's row-major
    ``[N/128, K/128]`` transposed *is* the column-major ``[K/128, N/128]`` that ``_scaled_mm``
-   wants. Needs ``K % 128 == N % 128 == 0`` and bf16 output; whether this torch/cuBLAS accepts
-   the recipe is probed once per device (:func:`scaled_mm_blockwise_mode`) and cached.
+   wants. Needs ``K`` a multiple of 512 (:data:`SCALED_MM_K_MULTIPLE`), ``N`` of 64 and bf16
+   output; whether this torch/cuBLAS accepts the recipe is probed once per device
+   (:func:`scaled_mm_blockwise_mode`) and cached.
 2. :func:`fp8_gemm`: a Triton block-scaled GEMM (any ``M``/``N``/``K``, 128-wide k-blocks),
    activations either quantised the same way (``W8A8``, default) or kept in bf16 with the
    weight tile dequantised in registers (``W8A16``; ``bf16(w·s)`` as the dequantising twin
    computes it, so it matches the twin to summation order). Where the output tiles cannot
    fill the GPU (a short prompt through a projection with large ``K`` and small ``N``), the
    K range is split over several programs that store fp32 partials, summed in a fixed order
-   by a second kernel (deterministic). On the H200 with torch 2.11 the probe of path 1
-   fails, so this is the path GLM-5's FP8 linears take there.
+   by a second kernel (deterministic).
+   Paths 1 and 2 are chosen per shape and row count by measurement
+   (:mod:`breakgraph.kernels.fp8_gemm_choice`).
 3. Dequantise + matmul (:func:`breakgraph.kernels.fp8.fp8_block_linear_ref`) for other blocks.
 
 Numerics: per-token-group e4m3 activations have 3 mantissa bits, so on random data the W8A8
@@ -42,6 +44,7 @@ import triton.language as tl
 
 from breakgraph.kernels.dispatch import device_index, num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX, block_dequant, fp8_block_linear_ref
+from breakgraph.kernels.fp8_gemm_choice import choose as choose_fp8_path
 
 QUANT_GROUP = 128
 _SCALE_EPS = 1e-12
@@ -409,13 +412,26 @@ def _scaled_mm_call(
     return out if out.shape[0] == m else out[:m]
 
 
+# cuBLASLt reads the 128×128 weight scales with their row stride rounded up to 4 k-blocks: a K
+# that is not a multiple of 4 × 128 gives wrong products without an error (H200, torch 2.11 +
+# CUDA 13: relative error 4.4 at K = 256, ~1e3 at K = 384) or "Invalid scaling configuration"
+# when the scales are padded; so such K never take _scaled_mm.
+SCALED_MM_K_MULTIPLE = 512
+# Output widths that are not a multiple of 128 (kv_a's 576) run with a partial last scale block;
+# the probe checks one (N = 320), and N must keep bf16 rows 128-byte aligned.
+SCALED_MM_N_MULTIPLE = 64
+_PROBE_SHAPES = ((512, 384), (1024, 320))
+
+
 def scaled_mm_blockwise_mode(device: torch.device) -> str | None:
     """Whether ``torch._scaled_mm`` takes the 1x128 × 128x128 blockwise recipe on ``device``.
 
-    Returns ``"any"`` (any row count), ``"pad16"`` (only row counts padded to 16) or ``None``.
-    Probed once per device with small random problems checked against :func:`fp8_gemm_ref`;
-    never probed during CUDA-graph capture (then ``None`` is returned without caching, so the
-    caller's warm-up decides).
+    Returns ``"any"`` (any row count), ``"pad16"`` (row counts padded to 16: cuBLASLt finds no
+    algorithm below 16 rows on the H200) or ``None``. Probed once per device with random
+    problems of :data:`_PROBE_SHAPES` (``K`` a multiple of :data:`SCALED_MM_K_MULTIPLE`, one
+    ``N`` not a multiple of 128) checked against :func:`fp8_gemm_ref`; never probed during
+    CUDA-graph capture (then ``None`` is returned without caching, so the caller's warm-up
+    decides).
     """
     if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
         return None
@@ -425,29 +441,39 @@ def scaled_mm_blockwise_mode(device: torch.device) -> str | None:
     if torch.cuda.is_current_stream_capturing():
         return None
     gen = torch.Generator(device=device).manual_seed(1234)
-    k, n = 384, 256
-    w = torch.randn(n, k, device=device, generator=gen)
     from breakgraph.kernels.fp8 import block_quant
 
-    w8, ws = block_quant(w)
+    weights = [block_quant(torch.randn(n, k, device=device, generator=gen)) for k, n in _PROBE_SHAPES]
 
     def works(rows: tuple[int, ...], pad: int) -> bool:
-        for m in rows:
-            x = torch.randn(m, k, device=device, generator=gen).bfloat16()
-            try:
-                got = _scaled_mm_call(x, w8, ws, pad).float()
-            except (RuntimeError, NotImplementedError, ValueError, TypeError):
-                return False
-            a8, sa = act_quant_ref(x)
-            want = fp8_gemm_ref(a8, sa, w8, ws, out_dtype=torch.float32)
-            err = ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
-            if not err < 1e-2:
-                return False
+        for (k, _), (w8, ws) in zip(_PROBE_SHAPES, weights):
+            for m in rows:
+                x = torch.randn(m, k, device=device, generator=gen).bfloat16()
+                try:
+                    got = _scaled_mm_call(x, w8, ws, pad).float()
+                except (RuntimeError, NotImplementedError, ValueError, TypeError):
+                    return False
+                a8, sa = act_quant_ref(x)
+                want = fp8_gemm_ref(a8, sa, w8, ws, out_dtype=torch.float32)
+                err = ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
+                if not err < 1e-2:
+                    return False
         return True
 
     mode = "any" if works((1, 7, 64, 200), 1) else ("pad16" if works((1, 7, 64, 200), 16) else None)
     _SCALED_MM_MODE[idx] = mode
     return mode
+
+
+def scaled_mm_takes(k: int, n: int, device: torch.device) -> bool:
+    """Whether a bf16 ``[M, k] @ [k, n]`` FP8 linear may run through ``_scaled_mm`` on ``device``
+    (the probe passed and the shape meets :data:`SCALED_MM_K_MULTIPLE` /
+    :data:`SCALED_MM_N_MULTIPLE`)."""
+    return (
+        k % SCALED_MM_K_MULTIPLE == 0
+        and n % SCALED_MM_N_MULTIPLE == 0
+        and scaled_mm_blockwise_mode(device) is not None
+    )
 
 
 def fp8_linear(
@@ -461,8 +487,10 @@ def fp8_linear(
 ) -> torch.Tensor:
     """GPU FP8 block-scaled linear ``x [..., K] @ dequant(weight [N, K]).T`` (+ bias).
 
-    ``path``: ``auto`` (``_scaled_mm`` when supported, else the Triton GEMM), ``scaled_mm``,
-    ``triton`` (W8A8), ``triton_w8a16`` (bf16 activations), ``dequant``.
+    ``path``: ``auto`` (per shape and row count, the fastest of ``_scaled_mm``, the Triton W8A8
+    and W8A16 GEMMs as :mod:`breakgraph.kernels.fp8_gemm_choice` measured it), ``scaled_mm``
+    (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8), ``triton_w8a16``
+    (bf16 activations), ``dequant``.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = weight.shape[0]
@@ -472,13 +500,15 @@ def fp8_linear(
     block = tuple(block)
     if block != (128, 128) or path == "dequant" or not scale.is_contiguous():
         return fp8_block_linear_ref(x, weight, scale, block, bias)
-    if path in ("auto", "scaled_mm") and x.dtype == torch.bfloat16 and k % 128 == 0 and n % 128 == 0:
+    cublas_ok = x.dtype == torch.bfloat16 and scaled_mm_takes(k, n, x.device)
+    if path == "auto":
+        path = choose_fp8_path(x2.shape[0], k, n, device_index(x.device), cublas_ok)
+    if path == "scaled_mm" and cublas_ok:
         mode = scaled_mm_blockwise_mode(x.device)
-        if mode is not None:
-            out = _scaled_mm_call(x2, weight, scale, 16 if mode == "pad16" else 1)
-            if bias is not None:
-                out = out + bias
-            return out.reshape(*lead, n)
+        out = _scaled_mm_call(x2, weight, scale, 16 if mode == "pad16" else 1)
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*lead, n)
     if path == "triton_w8a16":
         out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias)
     else:

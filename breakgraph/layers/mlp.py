@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from breakgraph import env
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_all_reduce
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand, linear_fp32_out
@@ -174,49 +173,10 @@ class MoE(nn.Module):
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.shared_experts is not None and _can_dual_stream_graph(x):
-            out = self._forward_dual_stream(x)
-        else:
-            topk_weights, topk_ids = self.gate(x)
-            out = self.experts(x, topk_weights, topk_ids)
-            if self.shared_experts is not None:
-                out = out + self.shared_experts(x)
+        topk_weights, topk_ids = self.gate(x)
+        out = self.experts(x, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
         if self.tp.tp_size > 1:
             out = tp_all_reduce(out.contiguous())
         return out
-
-    def _forward_dual_stream(self, x: torch.Tensor) -> torch.Tensor:
-        """Shared expert on a side stream while the router and routed experts run on the current
-        one; forked and joined here, so both halves stay inside one graph segment."""
-        main = torch.cuda.current_stream(x.device)
-        side = _side_stream(x.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            shared = self.shared_experts(x)
-        topk_weights, topk_ids = self.gate(x)
-        routed = self.experts(x, topk_weights, topk_ids)
-        main.wait_stream(side)
-        shared.record_stream(main)  # allocated on the side stream, consumed on the main one
-        return routed + shared
-
-
-DUAL_STREAM_ENV = "BREAKGRAPH_DUAL_STREAM_MOE"
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return _SIDE_STREAMS[device]
-
-
-def _can_dual_stream_graph(x: torch.Tensor) -> bool:
-    """Shared and routed experts on two streams: opt-in with ``BREAKGRAPH_DUAL_STREAM_MOE=1``, on
-    CUDA only, not while torch.compile traces (streams are not traceable; the piecewise backend
-    keeps one stream) and not under tensor parallelism (one all-reduce follows both halves)."""
-    return (
-        env.read(DUAL_STREAM_ENV) == "1"
-        and x.is_cuda
-        and not torch.compiler.is_compiling()
-        and get_parallel_state().tp_size == 1
-    )
