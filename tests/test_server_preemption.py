@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -27,7 +28,7 @@ def metric(text: str, name: str) -> float:
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
-def test_chat_requests_without_max_tokens_share_a_small_pool(tmp_path):
+def test_chat_requests_without_max_tokens_share_a_small_pool():
     # the demo model (context 512, pages of 16) over 40 usable pages: a budget of 32 pages each,
     # so reserving whole budgets would run one request at a time
     engine = Engine(None, device="cpu", dtype="float32", num_pages=41)
@@ -73,11 +74,14 @@ def test_chat_requests_without_max_tokens_share_a_small_pool(tmp_path):
     app = create_app(engine, ServerSettings("tiny", max_queued_requests=64))
     with serve_in_thread(app) as url:
         texts, peak_gauge = asyncio.run(run(url))
+        stats = engine.stats()
         with httpx.Client(base_url=url, timeout=60) as client:
-            final = client.get("/metrics").text
+            deadline = time.monotonic() + 10  # the gauges are a snapshot the engine thread refreshes
+            while metric(client.get("/metrics").text, "breakgraph_preemptions_total") != stats.preemptions:
+                assert time.monotonic() < deadline, "/metrics never showed the engine's preemptions"
+                time.sleep(0.05)
             assert client.get("/health").status_code == 200
-    stats = engine.stats()
-    assert stats.preemptions > 0 and metric(final, "breakgraph_preemptions_total") == stats.preemptions
+    assert stats.preemptions > 0
     assert stats.peak_running > 4 and peak_gauge > 4, (stats.peak_running, peak_gauge)
     assert engine.kv_cache.pool.num_used == 0 and not engine.has_unfinished()
 
