@@ -74,3 +74,28 @@ def test_a_request_preempted_mid_prefill_collects_each_prompt_logit_once(small_p
     got = torch.cat(req.prompt_logits)
     assert got.shape == expected.shape == (len(ids), engine.config.vocab_size)
     assert torch.allclose(got, expected, atol=1e-4)
+
+
+def preempting_batch(engine: Engine) -> None:
+    """Six requests whose budgets (12 + 40 tokens: 13 pages of 4) fit one at a time in the
+    engine's 20 pages decode together, preempting, and each equals itself alone."""
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 128, (12,), generator=g).tolist() for _ in range(6)]
+    params = [SamplingParams(max_new_tokens=40, ignore_eos=True, **({"temperature": 0.9, "seed": i} if i % 2 else {}))
+              for i in range(6)]  # fmt: skip
+    together = engine.generate(prompts, params)
+    stats = engine.stats()
+    assert stats.preemptions > 0 and stats.peak_running > 1
+    alone = [engine.generate([p], [sp])[0] for p, sp in zip(prompts, params)]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+
+
+@pytest.mark.cuda
+def test_preemption_under_cuda_graphs_keeps_outputs(hf_checkpoints):
+    engine = Engine(
+        hf_checkpoints["glm_moe_dsa"], device="cuda", dtype="float32", page_size=4, num_pages=21, context_length=128,
+        cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[16, 64], cuda_graph_backend_decode="full",
+        cuda_graph_max_bs=8,
+    )  # fmt: skip
+    preempting_batch(engine)
+    assert engine.graph_stats()["decode"]["replays"] > 0
