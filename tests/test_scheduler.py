@@ -133,3 +133,12 @@ def test_a_request_whose_whole_budget_exceeds_the_pool_is_refused_at_once():
         sched.add(req(4, max_new=40))
     sched.add(req(4, max_new=36))  # exactly the pool: accepted
     assert len(sched.waiting) == 1
+
+
+def test_the_watermark_setting_is_a_share_of_the_pool():
+    from breakgraph.engine.config import EngineConfig
+
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="--kv-watermark must be in"):
+            EngineConfig(kv_watermark=bad)
+    assert EngineConfig().kv_watermark == 0.01
