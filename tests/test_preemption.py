@@ -48,6 +48,7 @@ def test_unlimited_requests_run_together_preempt_and_equal_each_alone(small_pool
     while engine.has_unfinished():
         engine.step()
     stats = engine.stats()
+    assert engine.scheduler.watermark_pages == 1, "ceil(--kv-watermark 0.01 × 40 pages)"
     assert whole_budget_limit == 1 and stats.peak_running > 4 * whole_budget_limit
     assert stats.preemptions - before.preemptions > 0
     sampled = [r for r, sp in zip(reqs, params) if sp.seed is not None]
