@@ -30,7 +30,13 @@ from breakgraph.layers.dsa import (
     mla_bmm_then_unified_attention,
     sparse_mla_attention,
 )
-from breakgraph.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from breakgraph.layers.linear import (
+    ColumnParallelLinear,
+    LinearBase,
+    ReplicatedLinear,
+    RowParallelLinear,
+    merge_replicated,
+)
 from breakgraph.layers.norm import LayerNorm, RMSNorm
 from breakgraph.models.config import ModelConfig
 
@@ -88,11 +94,16 @@ class Indexer(nn.Module):
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return rope(x, cos, sin, self.interleaved, self.rope_dim)
 
-    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32."""
+    def forward(
+        self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        k_proj: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32.
+        ``k_proj [T, Di]``: ``wk(x)`` where the caller computed it (a merged projection; then
+        ``wk`` is None)."""
         t = x.shape[0]
         q = self._rope(self.wq_b(q_resid).view(t, self.n_heads, self.head_dim), cos, sin)
-        k = self._rope(self.k_norm(self.wk(x)), cos, sin)
+        k = self._rope(self.k_norm(self.wk(x) if k_proj is None else k_proj), cos, sin)
         w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
         weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
@@ -122,6 +133,8 @@ class MLAttention(nn.Module):
         )
         self.o_proj = RowParallelLinear(c.num_attention_heads * c.v_head_dim, c.hidden_size, bias=bias, fp8=c.fp8, dtype=dtype)
         self.indexer = Indexer(c, layer_id, dtype) if c.has_indexer(layer_id) else None
+        # q_a ‖ indexer wk ‖ kv_a as one linear of x, made after loading (merge_a_projections)
+        self.fused_a_proj: LinearBase | None = None
         self.register_buffer("w_kc", torch.empty(self.num_heads, self.dn, self.rank, dtype=dtype), persistent=False)
         self.register_buffer("w_vc", torch.empty(self.num_heads, self.dv, self.rank, dtype=dtype), persistent=False)
 
@@ -133,14 +146,40 @@ class MLAttention(nn.Module):
         self.w_kc.copy_(w[:, : self.dn])
         self.w_vc.copy_(w[:, self.dn :])
 
+    def merge_a_projections(self) -> bool:
+        """After loading: replace ``q_a_proj``, the indexer's ``wk`` and ``kv_a_proj_with_mqa`` —
+        three linears of the same input — by one (``fused_a_proj``; one GEMM and one activation
+        quantisation instead of three). ``kv_a`` goes last, so an FP8 merge needs only ``q_a``
+        and ``wk`` to end on block boundaries. The parts are dropped (set to None). Returns
+        whether they were merged (see :func:`~breakgraph.layers.linear.merge_replicated`)."""
+        parts = [self.q_a_proj] + ([self.indexer.wk] if self.indexer is not None else []) + [self.kv_a_proj_with_mqa]
+        merged = merge_replicated(parts)
+        if merged is None:
+            return False
+        self.fused_a_proj = merged
+        self.q_a_proj = self.kv_a_proj_with_mqa = None
+        if self.indexer is not None:
+            self.indexer.wk = None
+        return True
+
+    def a_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``(q_a(x), wk(x) or None without an indexer, kv_a(x))`` for ``x [..., D]``, from the
+        merged linear when there is one (the three are then views of its output)."""
+        if self.fused_a_proj is None:
+            k_proj = self.indexer.wk(x) if self.indexer is not None else None
+            return self.q_a_proj(x), k_proj, self.kv_a_proj_with_mqa(x)
+        out = self.fused_a_proj(x).split(self.fused_a_proj.output_sizes, dim=-1)
+        return (out[0], out[1], out[2]) if len(out) == 3 else (out[0], None, out[1])
+
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, D]`` → ``(out [T, D], topk [T, K])``; ``prev_topk`` feeds "shared" layers."""
         t = x.shape[0]
-        q_resid = self.q_a_layernorm(self.q_a_proj(x))
+        q_a, k_proj, kv_a = self.a_projections(x)
+        q_resid = self.q_a_layernorm(q_a)
         q_nope, q_pe = _split_q_nope_pe(self.q_b_proj(q_resid).view(t, self.num_heads, self.dn + self.dr), self.dn, self.dr)
-        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.dr], dim=-1)
+        c, k_pe = kv_a.split([self.rank, self.dr], dim=-1)
         c = self.kv_a_layernorm(c)
         q_pe = rope(q_pe, cos, sin, interleaved=True)
         k_pe = rope(k_pe, cos, sin, interleaved=True)
@@ -148,7 +187,7 @@ class MLAttention(nn.Module):
         # The plan's buffers are made before the indexer break, so the code between the
         # indexer and attention breaks stays empty (no one-kernel segment).
         plan = _make_mla_bmm_fusion_plan(q_nope, q_pe, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
-        topk = self.indexer(x, q_resid, cos, sin) if self.indexer is not None else prev_topk
+        topk = self.indexer(x, q_resid, cos, sin, k_proj) if self.indexer is not None else prev_topk
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
         if plan is not None:

@@ -176,6 +176,52 @@ class RowParallelLinear(LinearBase):
         return y + self.bias if self.bias is not None else y
 
 
+def merge_replicated(parts: list[LinearBase]) -> LinearBase | None:
+    """One linear computing ``parts`` side by side (outputs concatenated in order), for linears
+    of the same input: one GEMM (and one activation quantisation) instead of ``len(parts)``.
+
+    Call after loading: the merged weight, scales and bias are new tensors, and each part's
+    own parameters become views into them (no second copy; the parts still compute what they
+    did). Returns None when the parts cannot be merged: any is sharded, their inputs, dtypes
+    or FP8 blocks differ, or an FP8 part other than the last does not end on a block boundary
+    (its scale rows would straddle two parts)."""
+    first = parts[0]
+    same = all(
+        p.shard_dim is None and p.in_features == first.in_features and p.quantized == first.quantized
+        and p.weight.dtype == first.weight.dtype and p.block == first.block and len(p.output_sizes) == 1
+        for p in parts
+    )  # fmt: skip
+    if not same or (first.quantized and any(p.out_features % first.block[0] for p in parts[:-1])):
+        return None
+    with torch.device("meta"):  # the tensors below replace what the constructor would allocate
+        merged = LinearBase(first.in_features, [p.out_features for p in parts], dtype=first.weight.dtype)
+    merged.block = first.block
+    merged.quantized = first.quantized
+    merged.weight = nn.Parameter(torch.cat([p.weight.data for p in parts]), requires_grad=False)
+    merged.weight_scale_inv = (
+        nn.Parameter(torch.cat([p.weight_scale_inv.data for p in parts]), requires_grad=False)
+        if first.quantized
+        else None
+    )
+    bias = None
+    with_bias = [p.bias for p in parts if p.bias is not None]
+    if with_bias:
+        like = with_bias[0]
+        bias = torch.cat([p.bias.data if p.bias is not None else like.new_zeros(p.out_features) for p in parts])
+    merged.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+    row, scale_row = 0, 0
+    for p in parts:
+        p.weight.data = merged.weight.data.narrow(0, row, p.out_features)
+        if p.quantized:
+            rows = p.weight_scale_inv.shape[0]
+            p.weight_scale_inv.data = merged.weight_scale_inv.data.narrow(0, scale_row, rows)
+            scale_row += rows
+        if p.bias is not None:
+            p.bias.data = merged.bias.data.narrow(0, row, p.out_features)
+        row += p.out_features
+    return merged
+
+
 class VocabParallelEmbedding(nn.Module):
     """Token embedding with the vocabulary split across ranks: rank ``r`` holds rows
     ``[r·V/tp, (r+1)·V/tp)``; a token of another rank's range looks up zeros here, and the

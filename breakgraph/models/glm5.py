@@ -156,11 +156,13 @@ class DsaForCausalLM(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         """Derive absorbed-MLA weights and drop ``kv_b_proj`` (its halves now live in w_kc/w_vc);
-        give the fp32 router and indexer head-weight projections their bf16 tensor-core copies
+        merge each layer's three projections of the normed input (q_a, indexer wk, kv_a) into one
+        linear where their layouts allow (:meth:`MLAttention.merge_a_projections`); give the fp32 router and indexer head-weight projections their bf16 tensor-core copies
         where those are exact."""
         for layer in self.model.layers:
             layer.self_attn.absorb_kv_b()
             layer.self_attn.kv_b_proj = None
+            layer.self_attn.merge_a_projections()
             if layer.self_attn.indexer is not None:
                 layer.self_attn.indexer.prepare_bf16_gemm()
             if isinstance(layer.mlp, MoE):
