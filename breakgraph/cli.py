@@ -1,4 +1,4 @@
-"""``breakgraph`` command line: generate | serve | bench {prefill,decode,ttft,serve,model-folder} | eval gsm8k."""
+"""``breakgraph`` command line: generate | serve | bench {prefill,decode,ttft,itl,serve,model-folder} | eval gsm8k."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ _MOUNTED = {
                           "decode-step latency through the engine per context length vs its floor"),
     ("bench", "ttft"): ("breakgraph.bench.ttft", None,
                         "time to first token of long prompts through the engine's chunked prefill"),
+    ("bench", "itl"): ("breakgraph.bench.itl", None,
+                       "inter-token latency of running streams while a context-length prompt prefills"),
     ("bench", "model-folder"): ("breakgraph.bench.model_folder", None,
                                 "write a bench preset's config.json and a tokenizer covering its vocabulary"),
     ("eval", "gsm8k"): ("breakgraph.eval.gsm8k", "eval", "few-shot GSM8K accuracy against a /v1/completions endpoint"),

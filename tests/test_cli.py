@@ -31,7 +31,7 @@ def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 def test_every_command_is_found():
     got = {path for path, _ in _leaves(cli.build_parser())}
     assert got == {("generate",), ("serve",), ("bench", "serve"), ("bench", "prefill"), ("bench", "decode"),
-                   ("bench", "ttft"), ("bench", "model-folder"), ("eval", "gsm8k")}
+                   ("bench", "ttft"), ("bench", "itl"), ("bench", "model-folder"), ("eval", "gsm8k")}
 
 
 def test_every_help_runs_when_the_extras_cannot_be_imported():

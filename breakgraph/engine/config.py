@@ -68,6 +68,11 @@ class EngineConfig:
         0.85, "on CUDA, the share of free memory (after weights) the KV cache may take", type=float
     )
     max_running_requests: int = setting(64, "most requests decoding at once", type=int)
+    kv_watermark: float = setting(
+        0.01, "share of the KV pages admission keeps free for running requests to grow into (a request is "
+        "admitted with its prompt's pages, not its whole budget; when decode runs out of pages the newest request "
+        "is preempted and recomputed later)", type=float,
+    )  # fmt: skip
     chunked_prefill_size: int = setting(4096, "most prompt tokens per prefill step", type=int)
     seed: int = setting(0, "seed for dummy weights", type=int)
     cuda_graph_backend_prefill: str | None = setting(
@@ -123,6 +128,8 @@ class EngineConfig:
                     "--cuda-graph-backend-prefill torch-compile compiles the layers decode runs too: "
                     "use --cuda-graph-backend-decode disabled"
                 )
+        if not 0 <= self.kv_watermark < 1:
+            raise ValueError(f"--kv-watermark must be in [0, 1), got {self.kv_watermark}")
         for name in ("chunked_prefill_size", "max_running_requests", "page_size", "tp_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

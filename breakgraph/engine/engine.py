@@ -9,7 +9,9 @@ tokenizer and the scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,7 @@ from breakgraph.engine.model_runner import BatchEntry, ModelSpec
 from breakgraph.engine.postprocess import Postprocessor
 from breakgraph.engine.request import Request
 from breakgraph.engine.sampling import Sampler, SamplingParams, to_device
-from breakgraph.engine.scheduler import Scheduler
-from breakgraph.forward_context import ForwardMode
+from breakgraph.engine.scheduler import Scheduler, SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,11 @@ class Engine:
         self.device, self.model, self.kv_cache = self.runner.device, self.runner.model, self.runner.kv_cache
         try:
             self.tokenizer = _load_tokenizer(self.model_path)
+            pool = self.kv_cache.pool
             self.scheduler = Scheduler(
-                self.kv_cache.pool, self.context_length, cfg.max_running_requests, self.runner.max_prefill_tokens
-            )
+                pool, self.context_length, cfg.max_running_requests, self.runner.max_prefill_tokens,
+                watermark_pages=math.ceil(cfg.kv_watermark * pool.capacity_pages),
+            )  # fmt: skip
             self.eos_ids = set(self.config.eos_token_ids)
             if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 self.eos_ids.add(self.tokenizer.eos_token_id)
@@ -130,6 +133,13 @@ class Engine:
         """How many KV cache pages are in use, cached for prefix reuse, and in all."""
         pool = self.kv_cache.pool
         return KVUsage(pool.num_used, pool.num_cached_idle, pool.capacity_pages)
+
+    def stats(self) -> SchedulerStats:
+        """Counts since the engine started (a copy): tokens prefilled (recomputation after a
+        preemption included), prompt tokens reused from the prefix cache, requests preempted
+        (their pages released when decode ran short; they resume by recomputation) and the most
+        requests running at once."""
+        return dataclasses.replace(self.scheduler.stats)
 
     @property
     def tp_failure(self) -> str | None:
@@ -230,12 +240,15 @@ class Engine:
         progressed, rows, start = [], [], 0
         for b, (req, n) in enumerate(plan.entries):
             row = (start + n - 1) if want_all else b
-            if req.prompt_logits is not None:
-                req.prompt_logits.append(logits[start : start + n].cpu())
+            if req.prompt_logits is not None:  # prompt positions not collected yet (none twice after a preemption)
+                lo, hi = max(req.num_prompt_logits - req.num_computed, 0), min(n, len(req.prompt_ids) - req.num_computed)
+                if hi > lo:
+                    req.prompt_logits.append(logits[start + lo : start + hi].cpu())
+                    req.num_prompt_logits = req.num_computed + hi
             start += n
             req.num_computed += n
-            if plan.mode is ForwardMode.EXTEND and req.in_prefill:
-                continue  # more prompt chunks to go
+            if req.num_computed < req.total_len:
+                continue  # more prefill chunks to go
             progressed.append(req)
             rows.append(row)
         if progressed:

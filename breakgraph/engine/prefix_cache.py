@@ -7,9 +7,9 @@ is cached once its tokens' KV has been computed (:meth:`PrefixCache.commit`), an
 reusable after its requests finish, as an *idle* page of the :class:`PagePool`, until the
 pool needs it back (least recently released first).
 
-A new request reuses the longest chain of cached pages covering its prompt, but never the
-whole prompt: at least one prompt token is recomputed so the forward yields the logits of
-the first new token. The reused pages are shared read-only: a request writes only at
+A new request reuses the longest chain of cached pages covering its prompt (a preempted one:
+its prompt and output), but never all of it: at least one token is recomputed so the forward
+yields the logits of the next token. The reused pages are shared read-only: a request writes only at
 positions ``>= num_computed``, which lie in its own pages.
 """
 
@@ -52,9 +52,10 @@ class PrefixCache:
         return keys
 
     def match(self, req: Request) -> list[int]:
-        """Cached pages holding the longest reusable prefix of ``req``'s prompt (at most
-        ``len(prompt) - 1`` tokens). Takes no reference: call :meth:`PagePool.retain`."""
-        limit = (len(req.prompt_ids) - 1) // self.page_size
+        """Cached pages holding the longest reusable prefix of ``req``'s tokens (its prompt, and
+        after a preemption its output too; at most ``total_len - 1`` tokens). Takes no
+        reference: call :meth:`PagePool.retain`."""
+        limit = (req.total_len - 1) // self.page_size
         pages = []
         for i in range(limit):
             page = self._page_of.get(self._keys(req, i + 1)[i])

@@ -16,7 +16,7 @@ _ids = itertools.count()
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"  # queued, no pages yet
+    WAITING = "waiting"  # queued (or preempted), no pages
     RUNNING = "running"  # has pages; prefilling or decoding
     FINISHED = "finished"
 
@@ -24,11 +24,14 @@ class RequestStatus(enum.Enum):
 @dataclass(eq=False)
 class Request:
     """A prompt being served. ``num_computed`` tokens of ``all_ids`` have their KV in the
-    cache; ``pages`` are referenced by this request until it finishes or is aborted (the
-    first ``num_cached_tokens // page_size`` of them may be shared with other requests: they
-    came from the prefix cache). ``page_keys`` are the prefix-cache keys of the leading full
+    cache; ``pages`` are referenced by this request until it finishes, is aborted or is
+    preempted (its leading pages may be shared with other requests: they came from the prefix
+    cache; ``num_cached_tokens`` prompt tokens did at its first admission). A preempted
+    request keeps its output; its prompt and output are recomputed on re-admission
+    (``num_preemptions`` counts how often that happened). ``page_keys`` are the prefix-cache keys of the leading full
     pages, computed lazily by the prefix cache. ``prompt_logits``, when a list, collects the
-    logits of every prompt position (such a request never reuses a cached prefix).
+    logits of every prompt position (such a request never reuses a cached prefix;
+    ``num_prompt_logits`` positions are collected, so a recomputation adds none twice).
     ``top_logprobs_num`` asks for the most likely alternatives at each generated position;
     the post-processing step appends ``[(token_id, logprob), ...]`` to ``output_top_logprobs``.
     ``seed`` seeds the sampler's noise (``params.seed``, else a random one); ``detokenizer``
@@ -48,6 +51,8 @@ class Request:
     page_keys: list[bytes] = field(default_factory=list)
     num_committed_pages: int = 0  # leading full pages already offered to the prefix cache
     prompt_logits: list[torch.Tensor] | None = None
+    num_prompt_logits: int = 0
+    num_preemptions: int = 0
     top_logprobs_num: int = 0
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     seed: int = -1
@@ -83,7 +88,9 @@ class Request:
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_computed < len(self.prompt_ids)
+        """Whether the next forward is an extend: the prompt is not all computed, or (after a
+        preemption) more than the last token is left to recompute."""
+        return self.num_computed < len(self.prompt_ids) or self.total_len - self.num_computed > 1
 
     @property
     def finished(self) -> bool:

@@ -483,6 +483,7 @@ class EngineLoop:
         self.stats = {
             "running": engine.num_running,
             "waiting": engine.num_waiting,
+            "preemptions": engine.stats().preemptions,
             "pages_used": kv.used,
             "pages_cached": kv.cached,
             "pages_total": kv.total,

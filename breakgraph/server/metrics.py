@@ -102,6 +102,10 @@ class _EngineCollector:
             s.get("pages_cached", 0),
         )
         yield gauge("breakgraph_kv_pages_total", "KV pages in the pool", s.get("pages_total", 0))
+        yield CounterMetricFamily(
+            "breakgraph_preemptions", "Running requests preempted when decode ran out of KV pages (recomputed later)",
+            value=s.get("preemptions", 0),
+        )  # fmt: skip
         graph = s.get("graph")
         replays, fallbacks = 0, {}
         if isinstance(graph, dict):
