@@ -11,7 +11,7 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 
 stamp "1. CUDA tests"
-python -m pytest -q -s -m cuda tests/test_kernels_latent_fp8.py 2>&1 | tee "$OUT/pytest_cuda.log" | grep -E "fp8 cache|passed|failed|Error" | tail -40
+python -m pytest -q -s -m cuda tests/test_kernels_latent_fp8.py tests/test_kv_cache_fp8.py tests/test_kernels_attention.py 2>&1 | tee "$OUT/pytest_cuda.log" | grep -E "fp8 cache|demo gate|passed|failed|Error" | tail -60
 
 stamp "2. kernel times: sparse MLA (prefill 8k/16k: dense-causal below K + sparse past it; [sparse only]), dense-causal MLA (prefill 2k: all tokens below K), bf16 vs FP8 cache"
 python scripts/bench_kernels_attention.py --only mla --heads 8 --kv-cache-dtype bfloat16 fp8_e4m3 \
