@@ -13,6 +13,9 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 stamp "1. CUDA tests"
 python -m pytest -q -s -m cuda tests/test_kernels_latent_fp8.py tests/test_kv_cache_fp8.py tests/test_kernels_attention.py 2>&1 | tee "$OUT/pytest_cuda.log" | grep -E "fp8 cache|demo gate|passed|failed|Error" | tail -60
 
+stamp "1b. FP8 vs bf16 cache through the engine on the GPU (demo model; tiny models)"
+python scripts/kv_cache_accuracy.py --device cuda --models demo glm5-tiny dsv32-tiny 2>&1 | tee "$OUT/accuracy.log" | grep "vs auto"
+
 stamp "2. kernel times: sparse MLA (prefill 8k/16k: dense-causal below K + sparse past it; [sparse only]), dense-causal MLA (prefill 2k: all tokens below K), bf16 vs FP8 cache"
 python scripts/bench_kernels_attention.py --only mla --heads 8 --kv-cache-dtype bfloat16 fp8_e4m3 \
   --layouts "prefill 2k" "prefill 8k" "prefill 16k" "decode B=64 (L~16k)" 2>&1 | tee "$OUT/kernels.log"
