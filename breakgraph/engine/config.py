@@ -63,8 +63,8 @@ class EngineConfig:
         choices=LOAD_FORMATS,
     )  # fmt: skip
     kv_cache_dtype: str = setting(
-        "auto", "latent KV cache storage: auto = the activation dtype; fp8_e4m3 = the 512 latent values in e4m3 with "
-        "one fp32 scale per 128 and the RoPE part in bf16 (656 bytes per token and layer instead of 1152)",
+        "auto", "latent KV cache storage: auto = the activation dtype; fp8_e4m3 = the latent values in e4m3 with one "
+        "fp32 scale per 128 and the RoPE part in bf16 (GLM-5: 656 bytes per token and layer instead of 1152 in bf16)",
         choices=KV_CACHE_DTYPES,
     )  # fmt: skip
     context_length: int | None = setting(None, "longest prompt + output in tokens (default: the model's)", type=int)
