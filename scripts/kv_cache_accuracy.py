@@ -38,13 +38,14 @@ class Figures:
     top1_agree: float  # share of prompt positions whose arg-max token is the same
     same_requests: float  # share of requests with identical greedy tokens
     tokens_before_divergence: float  # share of generated tokens before the first difference
+    worst: str = ""  # where the max |Δ| is: prompt, position, top-token probability in each cache
     accuracy: dict[str, float] | None = None  # demo gate, per cache
 
     def line(self, name: str) -> str:
         gate = "" if not self.accuracy else "; gate " + ", ".join(f"{k} {v:.3f}" for k, v in self.accuracy.items())
         return (f"{name:<21} vs auto: prompt logits max |Δ| {self.logit_max_abs:.4f}, mean |Δ| {self.logit_mean_abs:.5f} "
                 f"(logit std {self.logit_std:.2f}), top-1 agree {self.top1_agree:.1%}; greedy: {self.same_requests:.0%} of requests identical, "
-                f"{self.tokens_before_divergence:.1%} of tokens before a divergence{gate}")  # fmt: skip
+                f"{self.tokens_before_divergence:.1%} of tokens before a divergence{gate}; max |Δ| at {self.worst}")  # fmt: skip
 
 
 def _engine(path, device: str, kv: str, **kw):
@@ -70,6 +71,12 @@ def compare(
     diff = torch.cat([(a - b).abs().flatten() for a, b in zip(logits["auto"], logits[kv])])
     std = torch.cat([a.flatten() for a in logits["auto"]]).std()
     top1 = torch.cat([a.argmax(-1) == b.argmax(-1) for a, b in zip(logits["auto"], logits[kv])]).float().mean()
+    worst_i = max(range(len(prompts)), key=lambda i: float((logits["auto"][i] - logits[kv][i]).abs().max()))
+    a, b = logits["auto"][worst_i], logits[kv][worst_i]
+    pos = int((a - b).abs().amax(-1).argmax())
+    p_a, p_b = a[pos].softmax(-1), b[pos].softmax(-1)
+    worst = (f"prompt {worst_i} position {pos}: top token p {float(p_a.max()):.3f} → {float(p_b.max()):.3f}"
+             f"{' (same arg-max)' if int(p_a.argmax()) == int(p_b.argmax()) else ' (arg-max differs)'}")  # fmt: skip
     same, before, total = 0, 0, 0
     for a, b in zip(tokens["auto"], tokens[kv]):
         same += a == b
@@ -77,7 +84,7 @@ def compare(
         before += n
         total += len(a)
     return Figures(
-        float(diff.max()), float(diff.mean()), float(std), float(top1), same / len(prompts), before / max(1, total)
+        float(diff.max()), float(diff.mean()), float(std), float(top1), same / len(prompts), before / max(1, total), worst
     )
 
 
