@@ -3,7 +3,8 @@
 CPU: the store kernel and the sparse / dense-causal / split-K attention kernels run under
 Triton's interpreter in a child process (the pattern and interpreter fixes of
 ``test_kernels_attention.py``); the twins are checked directly. sm_90a: the FP8 variants compile
-without spills. GPU (``-m cuda``): GLM-5 shapes at 8, 16 and 64 heads per rank, ragged requests
+without spills. The FP8 indexer key cache (``BREAKGRAPH_INDEXER_FP8=1`` with the FP8 latent cache)
+is checked the same ways. GPU (``-m cuda``): GLM-5 shapes at 8, 16 and 64 heads per rank, ragged requests
 with cached prefixes, rows shorter and longer than ``index_topk``, decode with a short sequence in
 a long-context pool; each prints its kernel-vs-twin figure.
 
@@ -176,6 +177,81 @@ def _interp_kernels_on_fp8_cache():
         assert err <= 3 * floor, (i, err, floor)
 
 
+def _interp_indexer_on_fp8_keys():
+    """The FP8 indexer on the FP8 key cache reads the stored codes and scales: its scores equal
+    the e4m3 emulation of the queries against the dequantised stored keys (1e-4), its top-k sets
+    equal the twin's on that cache within FP8 score error."""
+    from test_kernels_attention import check_topk, fp8_rows, indexer_inputs, indexer_scores_ref
+
+    from breakgraph.kernels.indexer import indexer_topk_ref
+    from breakgraph.kernels.triton_indexer import indexer_scores_triton, indexer_topk_triton
+
+    for i, (layout, ps, heads, dim, topk, opts) in enumerate([
+        (_RAGGED, 4, 8, 32, 12, {}), (_RAGGED, 2, 16, 64, 12, {"block_t": 2, "block_l": 16}),
+        (_DECODE, 4, 8, 32, 20, {"block_l": 16, "key_programs": 2}),
+    ]):  # fmt: skip
+        batch = make_batch(**layout, page_size=ps, seed=70 + i)
+        q, w, kc = indexer_inputs(batch, heads, dim, torch.bfloat16, seed=70 + i)
+        keys = quantize_latent_ref(kc, dim)
+        assert keys.shape[1] == dim + 16
+        args = (batch["page_table"], batch["token_req"], batch["positions"], ps, dim**-0.5)
+        max_len = batch["page_table"].shape[1] * ps
+        emu = indexer_scores_ref(fp8_rows(q), w, dequantize_latent_ref(keys, dim, torch.float32), batch, dim**-0.5)
+        fin = torch.isfinite(emu)
+        out = torch.full((q.shape[0], max_len), float("nan"))
+        indexer_scores_triton(q, w, keys, *args, out, fp8=True, **opts)
+        assert torch.equal(~torch.isnan(out), fin), "written region is not each row's causal range"
+        err = rel_err(out[fin], emu[fin])
+        print(f"indexer on FP8 keys case {i}: vs emulation {err:.2e}")
+        assert err <= 1e-4, (i, err)
+        want = torch.empty(q.shape[0], topk, dtype=torch.int32)
+        indexer_topk_ref(q, w, keys, *args, want)
+        got = torch.full_like(want, -7)
+        indexer_topk_triton(q, w, keys, *args, got, fp8=True, block_l=16)
+        exact = indexer_scores_ref(q, w, dequantize_latent_ref(keys, dim, torch.float32), batch, dim**-0.5)
+        check_topk(got, want, exact, batch["positions"], 0.15)
+
+
+def test_indexer_reads_fp8_key_cache_interpreted():
+    _run_interpreted_here("_interp_indexer_on_fp8_keys")
+
+
+def test_fp8_key_cache_only_with_the_fp8_indexer(monkeypatch):
+    """KVCache keeps bf16 indexer keys unless the FP8 latent cache meets BREAKGRAPH_INDEXER_FP8=1;
+    the twin dispatch reads FP8 keys either way, the Triton scorer refuses them without fp8."""
+    from tiny_models import glm5_config
+
+    from breakgraph.engine.kv_cache import KVCache
+    from breakgraph.kernels.indexer import indexer_topk, indexer_topk_ref
+    from breakgraph.models.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(glm5_config().to_dict())
+    cpu = torch.device("cpu")
+    for env, latent, fp8_keys in (("0", torch.float8_e4m3fn, False), ("1", None, False), ("1", torch.float8_e4m3fn, True)):
+        monkeypatch.setenv("BREAKGRAPH_INDEXER_FP8", env)
+        cache = KVCache(cfg, 3, 4, torch.float32, cpu, latent)
+        k = cache.indexer_k[0]
+        assert cache.fp8_index_keys == fp8_keys
+        assert (k.dtype, k.shape[1]) == ((torch.uint8, 48) if fp8_keys else (torch.float32, 32))
+        per_token = cfg.num_hidden_layers * cache.latent[0].shape[1] * cache.latent[0].element_size()
+        per_token += sum(cfg.has_indexer(i) for i in range(cfg.num_hidden_layers)) * k.shape[1] * k.element_size()
+        assert KVCache.bytes_per_page(cfg, 4, torch.float32, latent) == 4 * per_token
+    batch = make_batch(**_RAGGED, page_size=4)
+    from test_kernels_attention import indexer_inputs
+
+    q, w, kc = indexer_inputs(batch, 8, 32, torch.float32)
+    keys = quantize_latent_ref(kc, 32)
+    args = (batch["page_table"], batch["token_req"], batch["positions"], 4, 0.2)
+    a, b = (torch.empty(q.shape[0], 8, dtype=torch.int32) for _ in range(2))
+    indexer_topk(q, w, keys, *args, a)
+    indexer_topk_ref(q, w, dequantize_latent_ref(keys, 32, torch.float32), *args, b)
+    assert torch.equal(a, b)
+    from breakgraph.kernels.triton_indexer import indexer_scores_triton
+
+    with pytest.raises(ValueError, match="fp8=True"):
+        indexer_scores_triton(q.bfloat16(), w, keys, *args, torch.empty(q.shape[0], 40), fp8=False)
+
+
 def test_store_kernel_writes_the_twins_bytes_interpreted():
     _run_interpreted_here("_interp_store_kernel")
 
@@ -233,6 +309,28 @@ def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
         info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
         print(f"dense H={heads} {dense}: {info}")
         assert info["stack"] == 0 and info["local_insts"] == 0 and info["mma"] == ["HGMMA"], info
+
+
+@pytest.mark.parametrize("num, reqs", [(4096, 1), (64, 64)])
+def test_fp8_key_scores_compile_for_sm90_no_worse_than_in_kernel_quantisation(num, reqs):
+    """The score kernel reading stored FP8 keys (``FP8 = 2``) spills no more than the one that
+    quantises bf16 keys in registers (``FP8 = 1``), at the default configs."""
+    from test_kernels_fp8 import compile_for_sm90
+
+    from breakgraph.kernels.triton_indexer import _indexer_scores_kernel, default_config
+
+    cfg = default_config(num, reqs, 32, 4096, torch.device("cpu"))
+    info = {}
+    for fp8, k_type, stride_k in ((1, "*bf16", 128), (2, "*u8", 144)):
+        a = dict(Q="*bf16", W="*fp32", K=k_type, PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
+                 SCORES="*fp32", stride_qt=32 * 128, stride_qh=128, stride_wt=32, stride_k=stride_k, stride_pt=37,
+                 stride_st=4096, num_tokens=num, num_heads=32, head_dim=128, page_size=64, skip_below=2048,
+                 scale=0.088)  # fmt: skip
+        consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8,
+                      STACKED=cfg["stacked"])  # fmt: skip
+        info[fp8] = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
+    print(f"indexer scores T={num}: in-kernel quantisation {info[1]}, stored FP8 keys {info[2]}")
+    assert info[2]["stack"] <= info[1]["stack"] and "QGMMA" in info[2]["mma"], info
 
 
 # ---------------------------------------------------------------------------------------
@@ -303,6 +401,49 @@ def test_kernels_on_fp8_cache_match_twin_glm5_shapes_on_gpu(heads, layout, monke
     print(f"fp8 cache H={heads} {layout}: kernel vs twin {err:.2e} (bf16 floor {floor:.2e}); vs bf16 cache {vs_bf16:.2e}")
     assert err <= 3 * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
     assert vs_bf16 <= 5e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["ragged4096", "decode64"])
+def test_fp8_indexer_on_fp8_key_cache_glm5_shapes_on_gpu(layout, monkeypatch):
+    """BREAKGRAPH_INDEXER_FP8=1 on stored FP8 keys (Hi = 32, Di = 128): scores equal the e4m3
+    emulation against the dequantised keys (1e-3) and the top-k sets the twin's on that cache
+    within FP8 score error."""
+    from test_kernels_attention import (
+        IDX_DIM,
+        IDX_HEADS,
+        check_topk,
+        fp8_rows,
+        indexer_inputs,
+        indexer_scores_ref,
+    )
+
+    from breakgraph.kernels.indexer import indexer_topk, indexer_topk_ref
+    from breakgraph.kernels.triton_indexer import indexer_scores_triton
+
+    monkeypatch.setenv("BREAKGRAPH_INDEXER_FP8", "1")
+    prefix, extend, _ = GPU_LAYOUTS[layout]
+    batch = make_batch(prefix, extend, page_size=PAGE, device="cuda", seed=9)
+    q, w, kc = indexer_inputs(batch, IDX_HEADS, IDX_DIM, torch.bfloat16, device="cuda", seed=9)
+    keys = torch.zeros(kc.shape[0], IDX_DIM + 16, dtype=torch.uint8, device="cuda")
+    store_latent(keys, torch.arange(kc.shape[0], device="cuda"), kc, IDX_DIM)
+    args = (batch["page_table"], batch["token_req"], batch["positions"], PAGE, IDX_DIM**-0.5)
+    deq = dequantize_latent_ref(keys, IDX_DIM, torch.float32)
+    with _fp32_reference():
+        emu = indexer_scores_ref(fp8_rows(q), w, deq, batch, IDX_DIM**-0.5, dtype=torch.float32)
+        exact = indexer_scores_ref(q, w, deq, batch, IDX_DIM**-0.5, dtype=torch.float32)
+    scores = torch.full((q.shape[0], batch["page_table"].shape[1] * PAGE), float("nan"), device="cuda")
+    indexer_scores_triton(q, w, keys, *args, scores, fp8=True)
+    fin = torch.isfinite(emu)
+    err = rel_err(scores[fin], emu[fin])
+    print(f"fp8 cache indexer keys {layout}: scores vs emulation {err:.2e}")
+    assert err <= 1e-3
+    got = torch.full((q.shape[0], TOPK), -7, dtype=torch.int32, device="cuda")
+    want = torch.empty_like(got)
+    indexer_topk(q, w, keys, *args, got)
+    with _fp32_reference():
+        indexer_topk_ref(q, w, keys, *args, want)
+    check_topk(got, want, exact.double(), batch["positions"], 0.15)
 
 
 @pytest.mark.cuda

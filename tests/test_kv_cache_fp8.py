@@ -90,7 +90,10 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
     assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
 
 
-def test_fp8_cache_chunked_and_prefix_cached_prefill_equal_one_pass(glm):
+@pytest.mark.parametrize("fp8_indexer", ["0", "1"])
+def test_fp8_cache_chunked_and_prefix_cached_prefill_equal_one_pass(glm, fp8_indexer, monkeypatch):
+    """Also with the FP8 indexer, whose keys the FP8 cache then stores in FP8 too."""
+    monkeypatch.setenv("BREAKGRAPH_INDEXER_FP8", fp8_indexer)
     prompts = tiny_prompts(128, n=2, seed=4)
     kw = dict(device="cpu", dtype="float32", page_size=4, kv_cache_dtype="fp8_e4m3")
     whole = Engine(glm, **kw).prompt_logits(prompts)
@@ -99,6 +102,7 @@ def test_fp8_cache_chunked_and_prefix_cached_prefill_equal_one_pass(glm):
         _close(a, b)
     engine = Engine(glm, **kw)
     assert engine.kv_cache.latent[0].dtype == torch.uint8
+    assert engine.kv_cache.fp8_index_keys == (fp8_indexer == "1")
     ids = prompts[1]
     pool, runner = engine.kv_cache.pool, engine.runner
     pages = pool.alloc(pool.pages_for(len(ids)))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from breakgraph.kernels.indexer import indexer_fp8
 from breakgraph.kernels.latent_fp8 import LatentLayout
 from breakgraph.models.config import ModelConfig
 
@@ -136,7 +137,10 @@ class KVCache:
     :mod:`breakgraph.kernels.latent_fp8` (656 bytes for GLM-5: e4m3 latent, fp32 scale per 128,
     bf16 RoPE part), written by :func:`~breakgraph.kernels.latent_fp8.store_latent`.
     ``indexer_k[layer]``: ``[num_slots, index_head_dim]`` of ``dtype`` for layers with their own
-    indexer (``None`` for GLM-5.2 "shared" layers).
+    indexer (``None`` for GLM-5.2 "shared" layers); with the FP8 latent cache *and* the FP8 indexer
+    (``BREAKGRAPH_INDEXER_FP8=1``, read when the cache is built) FP8 key rows instead, ``uint8``
+    ``[num_slots, 144]`` for GLM-5 (128 e4m3 codes, one fp32 scale ``amax / 448``), which the
+    FP8 score kernel reads as stored. The default (bf16) indexer keeps bf16 keys.
     """
 
     def __init__(
@@ -158,8 +162,11 @@ class KVCache:
         self.latent = [
             torch.zeros(num_slots, width, dtype=storage, device=device) for _ in range(config.num_hidden_layers)
         ]
+        self.fp8_index_keys = self.fp8_latent and indexer_fp8()
+        key_dtype = torch.uint8 if self.fp8_index_keys else dtype
+        key_width = self.index_row_bytes_for(config, dtype, self.fp8_index_keys) // key_dtype.itemsize
         self.indexer_k = [
-            torch.zeros(num_slots, config.index_head_dim, dtype=dtype, device=device) if config.has_indexer(i) else None
+            torch.zeros(num_slots, key_width, dtype=key_dtype, device=device) if config.has_indexer(i) else None
             for i in range(config.num_hidden_layers)
         ]
 
@@ -176,11 +183,22 @@ class KVCache:
         return config.latent_dim * latent_dtype.itemsize
 
     @staticmethod
+    def index_row_bytes_for(config: ModelConfig, dtype: torch.dtype, fp8: bool) -> int:
+        """Bytes of one token's indexer key in one layer: ``index_head_dim`` values of ``dtype``,
+        or with ``fp8`` an FP8 key row (e4m3 codes, one fp32 scale; GLM-5: 144 bytes, bf16: 256)."""
+        if fp8:
+            return LatentLayout(config.index_head_dim, 0).row_bytes
+        return config.index_head_dim * dtype.itemsize
+
+    @staticmethod
     def bytes_per_page(
         config: ModelConfig, page_size: int, dtype: torch.dtype, latent_dtype: torch.dtype | None = None
     ) -> int:
         """Bytes of one page over all layers: latent rows of ``latent_dtype`` (default ``dtype``)
-        and indexer keys of ``dtype``."""
+        and indexer keys of ``dtype`` (FP8 key rows where the FP8 latent cache meets the FP8
+        indexer, as :class:`KVCache` allocates them)."""
         n_idx = sum(config.has_indexer(i) for i in range(config.num_hidden_layers))
+        fp8 = latent_dtype == torch.float8_e4m3fn
         latent = config.num_hidden_layers * KVCache.latent_row_bytes_for(config, latent_dtype or dtype)
-        return (latent + n_idx * config.index_head_dim * dtype.itemsize) * page_size
+        keys = n_idx * KVCache.index_row_bytes_for(config, dtype, fp8 and indexer_fp8())
+        return (latent + keys) * page_size

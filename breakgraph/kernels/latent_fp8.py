@@ -82,7 +82,7 @@ def _layout_of(row_bytes: int, rank: int) -> LatentLayout:
     base = LatentLayout(rank, 0)
     rope = (row_bytes - base.pe_off) // 2
     lay = LatentLayout(rank, rope)
-    if rope <= 0 or lay.row_bytes != row_bytes:
+    if rope < 0 or lay.row_bytes != row_bytes:
         raise ValueError(f"an FP8 latent row of {row_bytes} bytes does not fit latent rank {rank}")
     return lay
 

@@ -70,7 +70,7 @@ def k_cache_and_topk_result(
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.indexer_k[layer_id]
-    cache[fb.out_cache_loc] = k[:n].to(cache.dtype)
+    store_latent(cache, fb.out_cache_loc, k[:n], k.shape[-1])  # FP8 key rows: codes + scale, no RoPE part
     top = topk_result[:n]
     if _should_skip_logits_computation(fb, topk_result.shape[1]):
         cols = torch.arange(topk_result.shape[1], device=top.device, dtype=torch.int32)
