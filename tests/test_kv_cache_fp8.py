@@ -138,3 +138,16 @@ def test_demo_gate_with_fp8_cache_and_real_cuda_graphs():
     same = sum(a == b for a, b in zip(texts["bfloat16"], texts["fp8_e4m3"])) / len(problems)
     print(f"demo gate on GPU: {same:.1%} of answers identical with the FP8 and bf16 caches")
     assert same >= 0.95
+
+
+def test_bench_counts_the_tokens_that_fit_per_cache():
+    """glm5-tp8-rank, 100 GiB of cache: per token 109,824 bytes in bf16, 71,136 with the FP8 latent
+    cache, 62,400 with FP8 indexer keys too (78 layers × (656 + 144))."""
+    from breakgraph.bench.prefill import tokens_that_fit
+    from breakgraph.bench.presets import preset_folder
+
+    cfg = ModelConfig.from_pretrained(preset_folder("glm5-tp8-rank"))
+    budget = 100 << 30
+    got = tokens_that_fit(cfg, 64, torch.bfloat16, budget)
+    for name, per_token in (("bfloat16", 109_824), ("fp8_e4m3", 71_136), ("fp8_e4m3 + FP8 indexer keys", 62_400)):
+        assert got[name] == (budget // (per_token * 64) - 1) * 64, name

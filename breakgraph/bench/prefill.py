@@ -132,20 +132,31 @@ def main(args: argparse.Namespace) -> int:
 def kv_capacity(engine, mem_fraction: float = 0.85) -> dict[str, int]:
     """Tokens a KV cache of each latent dtype would hold on ``engine``'s GPU under the engine's
     default sizing (``mem_fraction`` of the memory free now plus the bench's own small cache, page
-    size 64; page 0 reserved), ``{"bfloat16": n, "fp8_e4m3": m}``; empty off CUDA."""
-    from breakgraph.engine.kv_cache import KVCache
-
+    size 64; page 0 reserved): ``{"bfloat16": …, "fp8_e4m3": …, "fp8_e4m3 + FP8 indexer keys": …}``
+    (the last with ``BREAKGRAPH_INDEXER_FP8=1``); empty off CUDA."""
     if engine.device.type != "cuda":
         return {}
     cache = engine.kv_cache
     free, _ = torch.cuda.mem_get_info(engine.device)
     own = sum(t.numel() * t.element_size() for t in [*cache.latent, *cache.indexer_k] if t is not None)
     budget = int((free + own) * mem_fraction)
-    act = next((k.dtype for k in cache.indexer_k if k is not None), torch.bfloat16)  # indexer keys: activation dtype
+    return tokens_that_fit(engine.config, cache.page_size, engine.runner.spec.dtype, budget)
+
+
+def tokens_that_fit(cfg, page_size: int, dtype: torch.dtype, budget: int) -> dict[str, int]:
+    """Tokens (pages × ``page_size``, page 0 reserved) that ``budget`` bytes of KV cache hold for
+    model config ``cfg`` with each latent cache: bf16, FP8, and FP8 with FP8 indexer keys
+    (indexer keys otherwise in ``dtype``)."""
+    from breakgraph.engine.kv_cache import KVCache
+
+    idx_layers = sum(cfg.has_indexer(i) for i in range(cfg.num_hidden_layers))
     out = {}
-    for name, latent in (("bfloat16", torch.bfloat16), ("fp8_e4m3", torch.float8_e4m3fn)):
-        pages = budget // KVCache.bytes_per_page(engine.config, cache.page_size, act, latent)
-        out[name] = max(0, pages - 1) * cache.page_size
+    for name, latent, fp8_keys in (("bfloat16", torch.bfloat16, False), ("fp8_e4m3", torch.float8_e4m3fn, False),
+                                   ("fp8_e4m3 + FP8 indexer keys", torch.float8_e4m3fn, True)):  # fmt: skip
+        per_token = cfg.num_hidden_layers * KVCache.latent_row_bytes_for(cfg, latent)
+        per_token += idx_layers * KVCache.index_row_bytes_for(cfg, dtype, fp8_keys)
+        pages = budget // (per_token * page_size)
+        out[name] = max(0, pages - 1) * page_size
     return out
 
 
