@@ -87,12 +87,6 @@ def _layout_of(row_bytes: int, rank: int) -> LatentLayout:
     return lay
 
 
-def rope_dim_of(cache: torch.Tensor, rank: int) -> int:
-    """The rope dim of an FP8 cache for latent rank ``rank``. Rows padded to 16 bytes leave
-    it ambiguous only for rope dims that are not multiples of 8; GLM-5-class models use 64."""
-    return _layout_of(cache.shape[-1], rank).rope
-
-
 def quantize_latent_ref(kv: torch.Tensor, rank: int) -> torch.Tensor:
     """Rows ``kv [n, rank + rope]`` (any float dtype) → FP8 cache rows ``[n, row_bytes]`` uint8."""
     n, dim = kv.shape

@@ -43,7 +43,9 @@ def load_latent_rows(KV, slots, row_mask, offs_r, offs_pe, stride_kv, rank, rope
         codes = tl.load(rows[:, None] + offs_r[None, :], mask=mask_c, other=0)
         scale_rows = (rows + scale_off).to(tl.pointer_type(tl.float32))
         # One [BLOCK_N] load per group of 128 columns, broadcast by selects: a [BLOCK_N, BLOCK_R]
-        # load of the scales would hold one fp32 register per element.
+        # load of the scales would hold one fp32 register per element. Where BLOCK_R holds more
+        # groups than the row (r = 384), the extra load reads the row's zero padding (caches are
+        # zero-initialised, stores never write padding) for columns whose codes are masked to 0.
         group = offs_r // 128
         scale = tl.zeros(codes.shape, tl.float32)
         for g in tl.static_range((offs_r.shape[0] + 127) // 128):
