@@ -9,8 +9,10 @@ with cached prefixes, rows shorter and longer than ``index_topk``, decode with a
 a long-context pool; each prints its kernel-vs-twin figure.
 
 Error bounds (‖out − ref‖ / ‖ref‖):
-- store: the Triton kernel writes the twin's bytes exactly (codes, scales, RoPE part; the
-  padding bytes of a row are unspecified);
+- store: under the interpreter the Triton kernel writes the twin's bytes exactly (codes, scales,
+  RoPE part; the padding bytes of a row are unspecified); on the GPU the RoPE part is exact, the
+  scales within 1e-6 and codes that differ are rare one-step neighbours (the act-quant rule of
+  ``test_kernels_fp8.py``);
 - round trip: per value ``|x − dq(q(x))| ≤ 2⁻⁴·|x| + 2⁻⁹·scale`` (e4m3: 3 mantissa bits; the
   second term covers subnormal codes);
 - kernels on an FP8 cache, fp32 queries (interpreter): ≤ 1e-5 of the twin on the same cache;
@@ -371,7 +373,16 @@ def test_store_kernel_matches_twin_on_gpu():
     want = got.clone()
     store_latent(got, slots, kv, RANK)
     store_latent_ref(want, slots, kv, RANK)
-    assert torch.equal(got, want)
+    (c8, s, pe), (c8_ref, s_ref, pe_ref) = latent_views(got, RANK), latent_views(want, RANK)
+    assert torch.equal(pe, pe_ref)
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+    # As in test_kernels_fp8.py's act-quant check: the GPU's e4m3 conversion and torch's may land
+    # on either side of a rounding boundary; such codes must be rare one-step neighbours.
+    codes, ref = c8.view(torch.uint8), c8_ref.view(torch.uint8)
+    same = (codes == ref).float().mean().item()
+    differ = codes != ref
+    print(f"store on GPU: {same:.6f} of e4m3 codes equal the twin's, scales equal: {torch.equal(s, s_ref)}")
+    assert same > 0.999 and bool(((codes[differ].int() - ref[differ].int()).abs() == 1).all()), same
 
 
 @pytest.mark.cuda

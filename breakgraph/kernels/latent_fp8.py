@@ -95,7 +95,10 @@ def quantize_latent_ref(kv: torch.Tensor, rank: int) -> torch.Tensor:
     c = kv[:, :rank].float()
     pad = lay.groups * GROUP - rank
     groups = torch.nn.functional.pad(c, (0, pad)).view(n, lay.groups, GROUP)
-    scale = groups.abs().amax(-1) / FP8_MAX  # [n, G]
+    amax = groups.abs().amax(-1)  # [n, G]
+    # A tensor divisor: CUDA divides by a Python scalar as a product with its reciprocal, which
+    # is not IEEE division (the Triton store divides as IEEE).
+    scale = amax / torch.full_like(amax, FP8_MAX)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     codes = torch.where(scale[..., None] > 0, groups / safe[..., None], torch.zeros_like(groups))
     c8, scales, pe = latent_views(out, rank)

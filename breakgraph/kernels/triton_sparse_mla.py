@@ -282,8 +282,9 @@ def default_config(
     the dense-causal path (``dense``: prefill) and there are at least ``DENSE_MIN_TOKENS``
     tokens: split-K switches that path off, and a short prompt then walks all ``topk`` slots
     of every token's row (mostly ``-1``) instead of its few causal keys. ``kv_fp8``: the cache
-    is FP8 (dequantised in registers), which at few heads takes one stage and no register cap
-    (sm_90 ptxas: 195 registers, no spills, where two stages need 255 and the cap spills)."""
+    is FP8 (dequantised in registers): at few heads a prefill takes one stage and no register cap
+    (sm_90 ptxas: 195 registers, no spills, where two stages need 255 and the cap spills; the
+    fastest of the FP8 sweep at 8K tokens), split-K decode two stages (faster in the sweep)."""
     block_h = min(64, _pow2(num_heads))
     # (BLOCK_N, warps) per BLOCK_H: the largest key block that compiles for sm_90 without
     # register spills (ptxas: 16 → 226 regs, 32 → 195, 64 → 230 with wgmma).
@@ -298,7 +299,7 @@ def default_config(
         "block_h": block_h,
         "block_n": block_n,
         "num_warps": num_warps,
-        "num_stages": 1 if few_heads_fp8 else 2,
+        "num_stages": 1 if few_heads_fp8 and splits == 1 else 2,
         "num_splits": splits,
         # Few heads, one split, bf16 cache: capping registers at 168 fits a third program per
         # SM, which outweighs the few spilled bytes (they stay in L1).
