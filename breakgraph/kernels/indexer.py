@@ -83,9 +83,9 @@ def indexer_topk(
     select (:mod:`breakgraph.kernels.triton_indexer`; rows in ascending position order, the same
     set as the twin's wherever the ``K``-th score is not tied); the score dot runs in bf16, or in
     FP8 e4m3 when ``BREAKGRAPH_INDEXER_FP8=1`` (which reads an FP8 key cache as stored; the
-    FP8 key cache of :class:`~breakgraph.engine.kv_cache.KVCache` exists only in that mode). ``max_seq_len`` (host int, optional) bounds every
-    token's ``position + 1`` and sizes the Triton path's score buffer. Everything else takes the
-    twin.
+    engine's KV cache holds FP8 keys only in that mode). ``max_seq_len`` (host int, optional)
+    bounds every token's ``position + 1`` and sizes the Triton path's score buffer. Everything
+    else takes the twin (an FP8 key cache without the FP8 indexer too).
     """
     if use_triton(q):
         from breakgraph.kernels import triton_indexer
