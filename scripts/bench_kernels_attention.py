@@ -5,6 +5,8 @@
     python scripts/bench_kernels_attention.py --twin      # also time the plain-PyTorch twins
     python scripts/bench_kernels_attention.py --aot       # no GPU needed: compile for sm_90 and
                                                           # print registers / spills / shared memory
+    python scripts/bench_kernels_attention.py --only mla --kv-cache-dtype bfloat16 fp8_e4m3
+                                                          # sparse MLA on a bf16 and an FP8 latent cache
 
 Every row prints the physical floor next to the time: ``max(bytes / 4.3 TB/s, flops / peak)``
 (H200: 4.3 TB/s copy, ~790 TFLOP/s bf16 dense, ~2× that in FP8). Bytes count each unique
@@ -33,6 +35,7 @@ GLM5_SCALE = (192 + 64) ** -0.5
 # name → (prefix_lens, extend_lens[, page-table width in tokens])
 LAYOUTS = {
     "prefill 1k": ([0], [1024]),
+    "prefill 2k": ([0], [2048]),  # every token below K: all dense-causal
     "prefill 1k (+3k prefix)": ([3072], [1024]),
     "prefill 4k": ([0], [4096]),
     "prefill 8k (2×4k)": ([0, 0], [4096, 4096]),
@@ -104,12 +107,23 @@ def row(name, ms, flops, unique_bytes, gathered_bytes, peak_tflops):
 HEADER = f"{'shape':<46} {'ms':>8} {'floor':>8} {'of fl':>6} {'TFLOP/s':>8} {'of pk':>6} {'TB/s':>7} {'gath TB/s':>8}"
 
 
-def mla_case(heads, layout, seed=0):
+def mla_case(heads, layout, seed=0, kv_dtype="bfloat16"):
+    """Inputs of one shape; ``kv_dtype`` ``fp8_e4m3``: the cache is the FP8 latent cache (656-byte
+    rows, quantised by the store kernel), and the byte counts are of those rows."""
+    from breakgraph.kernels.latent_fp8 import LatentLayout, latent_views
+    from breakgraph.kernels.triton_latent_fp8 import store_latent_triton
+
     batch = make_batch(*LAYOUTS[layout], seed=seed)
     g = torch.Generator(device="cuda").manual_seed(seed)
     num = batch["positions"].shape[0]
     q = torch.randn(num, heads, RANK + ROPE, generator=g, device="cuda").bfloat16()
     kv = torch.randn(batch["num_slots"], RANK + ROPE, generator=g, device="cuda").bfloat16()
+    row_bytes = (RANK + ROPE) * 2
+    if kv_dtype == "fp8_e4m3":
+        row_bytes = LatentLayout(RANK, ROPE).row_bytes
+        cache = torch.zeros(kv.shape[0], row_bytes, dtype=torch.uint8, device="cuda")
+        store_latent_triton(*latent_views(cache, RANK), torch.arange(kv.shape[0], device="cuda"), kv)
+        kv = cache
     max_len = batch["page_table"].shape[1] * PAGE
     tk = random_topk(batch["positions"], TOPK, max_len, seed)
     out = torch.empty(num, heads, RANK, dtype=torch.bfloat16, device="cuda")
@@ -121,7 +135,7 @@ def mla_case(heads, layout, seed=0):
     n_unique = int(torch.unique(slots).numel())
     flops = 2 * n_valid * heads * (RANK + ROPE + RANK)
     io = q.numel() * 2 + out.numel() * 2 + tk.numel() * 4
-    return (q, kv, tk, batch, out), flops, n_unique * (RANK + ROPE) * 2 + io, n_valid * (RANK + ROPE) * 2 + io
+    return (q, kv, tk, batch, out), flops, n_unique * row_bytes + io, n_valid * row_bytes + io
 
 
 def _layouts(args, default):
@@ -132,20 +146,21 @@ def run_mla(args):
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_sparse_mla import default_config, sparse_mla_attention_triton
 
-    print("\nsparse MLA attention (bf16, r=512, dr=64, K=2048, page 64)")
+    print(f"\nsparse MLA attention (bf16 queries, r=512, dr=64, K=2048, page 64; caches: {' and '.join(args.kv_cache_dtype)})")
     print("  as the engine calls it (prefill: positions, dense_below=K, token blocks below K run dense-causal;")
     print("  decode: dense_below=0, split-K);")
     print("  '[sparse only]' rows: the same shape without the dense path")
     print(HEADER)
     layouts = _layouts(args, [k for k in LAYOUTS if "pool" not in k and "prefix)" not in k])
-    for heads, layout in itertools.product(args.heads, layouts):
-        (q, kv, tk, batch, out), flops, ubytes, gbytes = mla_case(heads, layout)
+    for heads, layout, kv_dtype in itertools.product(args.heads, layouts, args.kv_cache_dtype):
+        fp8 = kv_dtype == "fp8_e4m3"
+        (q, kv, tk, batch, out), flops, ubytes, gbytes = mla_case(heads, layout, kv_dtype=kv_dtype)
         a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
         dense_below = 0 if layout.startswith("decode") else TOPK  # as layers/dsa.py passes it
         engine = dict(positions=batch["positions"], dense_below=dense_below)
-        cfg = default_config(q.shape[0], heads, TOPK, q.device, dense=dense_below > 0)
+        cfg = default_config(q.shape[0], heads, TOPK, q.device, dense=dense_below > 0, kv_fp8=fp8)
         has_dense = dense_below > 0 and cfg["num_splits"] == 1 and bool((batch["positions"] < TOPK).any())
-        name = f"H={heads} {layout}"
+        name = f"H={heads} {layout}{' fp8' if fp8 else ''}"
         ms = bench(partial(sparse_mla_attention_triton, *a, **engine))
         row(f"{name} [splits {cfg['num_splits']}]", ms, flops, ubytes, gbytes, BF16_TFLOPS)
         if has_dense:
@@ -158,6 +173,9 @@ def run_mla(args):
             block_hs = [b for b in (16, 32, 64) if b <= max(16, triton.next_power_of_2(heads))]
             grid = [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"], maxnreg=mr)
                     for bh, bn, nw, ns, mr in itertools.product(block_hs, (16, 32), (4,), (2, 3), (None, 168, 128))]  # fmt: skip
+            if fp8 and args.sweep_fp8_small:  # the few candidates sm_90 ptxas compiles without (many) spills
+                grid = [dict(block_n=bn, num_stages=ns, maxnreg=mr, num_splits=cfg["num_splits"])
+                        for bn, ns, mr in ((32, 1, None), (32, 2, None), (16, 2, None), (16, 1, None), (32, 1, 168))]  # fmt: skip
             want = out.clone()
             if cfg["num_splits"] > 1:  # decode: also the split count, default blocks
                 grid += [dict(num_splits=sp) for sp in (1, 2, 4, 8, 16)]
@@ -328,6 +346,10 @@ def main() -> None:
     p.add_argument("--only", choices=("mla", "indexer"), help="run one of the two kernels")
     p.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), help="shapes to run (default: all of a kernel's)")
     p.add_argument("--heads", type=int, nargs="+", default=[8, 64], help="MLA heads per GPU (8: TP8, 64: TP1)")
+    p.add_argument("--kv-cache-dtype", nargs="+", default=["bfloat16"], choices=("bfloat16", "fp8_e4m3"),
+                   help="latent cache(s) the MLA rows run on (fp8_e4m3: the FP8 latent cache, 656-byte rows)")
+    p.add_argument("--sweep-fp8-small", action="store_true",
+                   help="with --sweep: on the FP8 cache try only a handful of tile/stage/register choices")
     p.add_argument("--page-size", type=int, default=PAGE,
                    help="KV page size (a page as large as the cache makes the page-table lookups trivial)")
     args = p.parse_args()

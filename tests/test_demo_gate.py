@@ -1,7 +1,8 @@
 """The accuracy gate on the shipped demo model: 200 held-out problems, zero-shot, greedy.
 
 Eager prefill must score ≥ 0.92, and the breakable and piecewise prefill backends (CPU graph
-backend) — and the HTTP server — must give the very same answers.
+backend) — and the HTTP server — must give the very same answers; with the FP8 latent KV cache the
+gate must still hold.
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ def test_graph_backends_give_the_same_answers(backend, problems, eager_answers):
     stats = engine.graph_stats()
     assert stats["replays"] > 0, f"{backend} was selected but prefill never replayed a graph"
     assert texts == eager_answers
+
+
+def test_fp8_kv_cache_passes_the_gate(problems, eager_answers):
+    """The FP8 latent KV cache (``--kv-cache-dtype fp8_e4m3``, eager prefill): the gate still holds,
+    and at least 95 % of the answers are the exact cache's."""
+    texts, engine = run(problems, cuda_graph_backend_prefill="disabled", kv_cache_dtype="fp8_e4m3")
+    assert engine.kv_cache.fp8_latent
+    accuracy = sum(extract_answer(t) == p.final for p, t in zip(problems, texts)) / len(problems)
+    same = sum(a == b for a, b in zip(texts, eager_answers)) / len(problems)
+    assert accuracy >= GATE, f"FP8 cache: accuracy {accuracy:.3f} < {GATE}"
+    assert same >= 0.95, f"FP8 cache: {1 - same:.1%} of answers differ from the exact cache's"
 
 
 def test_server_gives_the_same_answers(problems, eager_answers):

@@ -31,6 +31,7 @@ import torch
 from breakgraph.bench import record
 from breakgraph.bench.prefill import profile
 from breakgraph.bench.presets import PRESETS, preset_folder
+from breakgraph.engine.config import KV_CACHE_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
                         help="profile one more step per (context, batch size) in the last round: kernels per step "
                              "and per layer, GPU busy, and the N kernels with the most GPU time (CUDA only)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="latent KV cache: auto = the activation dtype; fp8_e4m3 = the FP8 latent cache")
     parser.add_argument("--output", default="decode_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
 
 
@@ -149,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
         folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page,
         num_pages=2 + max(args.batch_size) * -(-per_req // page), context_length=max(args.context_length),
         max_running_requests=max(args.batch_size), chunked_prefill_size=max(args.batch_size) * args.input_len,
-        cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled",
+        cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled", kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     bandwidth = copy_bandwidth(engine.device)
     samples: dict[tuple[int, int], list[float]] = {}

@@ -7,7 +7,8 @@ the floor is the sum over the three of ``max(bytes ÷ bandwidth, FLOPs ÷ rate)`
    experts the tokens can reach) at the measured copy bandwidth, against their FLOPs — at the
    FP8 rate for FP8 weights, the bf16 rate otherwise.
 2. **Latent attention**: the latent rows gathered for the tokens past ``index_topk``
-   (``index_topk`` rows per token and layer; below it attention is dense-causal and its keys are
+   (``index_topk`` rows per token and layer, each as wide as the cache stores it: 1152 bytes
+   in bf16, 656 in the FP8 latent cache, for GLM-5; below it attention is dense-causal and its keys are
    shared by neighbouring tokens) at the measured gather bandwidth for a cache of the prompt's
    size, against the score and value FLOPs in latent space over ``min(index_topk, pos + 1)``
    keys plus the absorbed ``w_kc``/``w_vc`` products (bf16).
@@ -68,7 +69,7 @@ def prefill_floor(engine, input_len: int, batch_size: int, peaks: Peaks, gather_
     heads, r, dr = model.model.layers[0].self_attn.num_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
     keys = batch_size * sum(min(cfg.index_topk, t + 1) for t in range(input_len))
     sparse_keys = batch_size * max(0, input_len - cfg.index_topk) * cfg.index_topk
-    row_bytes = (r + dr) * engine.kv_cache.latent[0].element_size()
+    row_bytes = engine.kv_cache.latent_row_bytes_for(cfg, engine.kv_cache.latent_dtype)  # 1152 bf16, 656 FP8
     layers = cfg.num_hidden_layers
     absorbed = 2 * tokens * heads * r * (cfg.qk_nope_head_dim + cfg.v_head_dim)  # q·w_kc and o·w_vc
     attn_flops = layers * (2 * keys * heads * (r + dr + r) + absorbed)

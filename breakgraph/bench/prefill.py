@@ -27,6 +27,7 @@ from breakgraph.bench import record
 from breakgraph.bench.floor import prefill_floor
 from breakgraph.bench.peaks import gather_bandwidth, measure_peaks
 from breakgraph.bench.presets import PRESETS, preset_folder
+from breakgraph.engine.config import KV_CACHE_DTYPES
 from breakgraph.engine.config import PREFILL_BACKENDS as BACKENDS
 from breakgraph.kernels.indexer import indexer_fp8
 
@@ -71,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print (and write to the JSON) the N kernels with the most GPU time in each profiled run")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="latent KV cache: auto = the activation dtype; fp8_e4m3 = the FP8 latent cache")
     parser.add_argument("--output", default="prefill_bench", help="output prefix: writes PREFIX.json, PREFIX.md, PREFIX.png")
     from breakgraph.cli import add_parallel_arguments
 
@@ -90,14 +93,19 @@ def main(args: argparse.Namespace) -> int:
         folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page_size,
         num_pages=2 + max(args.batch_size) * -(-per_req // page_size), context_length=per_req,
         chunked_prefill_size=max_tokens, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled",
-        fold_islands=args.fold_islands, tp_size=args.tp_size,
+        fold_islands=args.fold_islands, tp_size=args.tp_size, kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     if args.tp_size > 1 and "torch-compile" in args.backends:
         raise SystemExit("--backends torch-compile runs the model in this process only; it cannot run with --tp-size > 1")
+    capacity = kv_capacity(engine)
+    if capacity:
+        print("KV tokens that fit at the engine's default sizing (--mem-fraction-static 0.85 of the memory free "
+              "after the weights): " + ", ".join(f"{k} {v:,}" for k, v in capacity.items()))  # fmt: skip
     peaks = measure_peaks(engine.device)
     floors = {}
+    row_bytes = engine.kv_cache.latent_row_bytes_for(engine.config, engine.kv_cache.latent_dtype)
     for n, b in itertools.product(args.input_len, args.batch_size):
-        gather = gather_bandwidth(engine.device, n * b)
+        gather = gather_bandwidth(engine.device, n * b, row_width=row_bytes // 2)  # bf16 elements per row
         floor = prefill_floor(engine, n, b, peaks, gather, indexer_fp8())
         floors[(n, b)] = floor.total_s
         logger.info("floor %d×%d: %.2f ms = GEMMs %.2f + latent attention %.2f (gather %.2f TB/s) + indexer %.2f",
@@ -119,6 +127,37 @@ def main(args: argparse.Namespace) -> int:
         table = write_outputs(rows, args, name, failures, peaks=peaks.as_dict())
     print(table)
     return 1 if failures else 0
+
+
+def kv_capacity(engine, mem_fraction: float = 0.85) -> dict[str, int]:
+    """Tokens a KV cache of each latent dtype would hold on ``engine``'s GPU under the engine's
+    default sizing (``mem_fraction`` of the memory free now plus the bench's own small cache, page
+    size 64; page 0 reserved): ``{"bfloat16": …, "fp8_e4m3": …, "fp8_e4m3 + FP8 indexer keys": …}``
+    (the last with ``BREAKGRAPH_INDEXER_FP8=1``); empty off CUDA."""
+    if engine.device.type != "cuda":
+        return {}
+    cache = engine.kv_cache
+    free, _ = torch.cuda.mem_get_info(engine.device)
+    own = sum(t.numel() * t.element_size() for t in [*cache.latent, *cache.indexer_k] if t is not None)
+    budget = int((free + own) * mem_fraction)
+    return tokens_that_fit(engine.config, cache.page_size, engine.runner.spec.dtype, budget)
+
+
+def tokens_that_fit(cfg, page_size: int, dtype: torch.dtype, budget: int) -> dict[str, int]:
+    """Tokens (pages × ``page_size``, page 0 reserved) that ``budget`` bytes of KV cache hold for
+    model config ``cfg`` with each latent cache: bf16, FP8, and FP8 with FP8 indexer keys
+    (indexer keys otherwise in ``dtype``)."""
+    from breakgraph.engine.kv_cache import KVCache
+
+    idx_layers = sum(cfg.has_indexer(i) for i in range(cfg.num_hidden_layers))
+    out = {}
+    for name, latent, fp8_keys in (("bfloat16", torch.bfloat16, False), ("fp8_e4m3", torch.float8_e4m3fn, False),
+                                   ("fp8_e4m3 + FP8 indexer keys", torch.float8_e4m3fn, True)):  # fmt: skip
+        per_token = cfg.num_hidden_layers * KVCache.latent_row_bytes_for(cfg, latent)
+        per_token += idx_layers * KVCache.index_row_bytes_for(cfg, dtype, fp8_keys)
+        pages = budget // (per_token * page_size)
+        out[name] = max(0, pages - 1) * page_size
+    return out
 
 
 def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, rows: list[Row]) -> None:

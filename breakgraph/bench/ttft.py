@@ -20,6 +20,7 @@ import torch
 
 from breakgraph.bench import record
 from breakgraph.bench.presets import PRESETS, preset_folder
+from breakgraph.engine.config import KV_CACHE_DTYPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill graphs (default: breakable on CUDA)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="latent KV cache: auto = the activation dtype; fp8_e4m3 = the FP8 latent cache")
     parser.add_argument("--output", default="ttft_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
 
 
@@ -64,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
         folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page,
         num_pages=2 + -(-longest // page), context_length=longest, max_running_requests=1,
         chunked_prefill_size=args.chunked_prefill_size, cuda_graph_backend_prefill=args.cuda_graph_backend_prefill,
-        cuda_graph_backend_decode="disabled",
+        cuda_graph_backend_decode="disabled", kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     cuda = engine.device.type == "cuda"
     ttft_seconds(engine, min(args.input_len), seed=0)  # warm-up: kernels compiled, graphs replayed once

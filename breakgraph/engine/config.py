@@ -22,6 +22,7 @@ GRAPHS = "graphs"
 PARALLEL = "parallelism"
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8_e4m3")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 
@@ -60,6 +61,11 @@ class EngineConfig:
     load_format: str = setting(
         "auto", "auto/safetensors read the checkpoint; dummy draws seeded random weights from config.json",
         choices=LOAD_FORMATS,
+    )  # fmt: skip
+    kv_cache_dtype: str = setting(
+        "auto", "latent KV cache storage: auto = the activation dtype; fp8_e4m3 = the latent values in e4m3 with one "
+        "fp32 scale per 128 and the RoPE part in bf16 (GLM-5: 656 bytes per token and layer instead of 1152 in bf16)",
+        choices=KV_CACHE_DTYPES,
     )  # fmt: skip
     context_length: int | None = setting(None, "longest prompt + output in tokens (default: the model's)", type=int)
     page_size: int = setting(16, "tokens per KV-cache page", type=int)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from breakgraph.kernels.indexer import indexer_fp8
+from breakgraph.kernels.latent_fp8 import LatentLayout
 from breakgraph.models.config import ModelConfig
 
 
@@ -129,29 +131,74 @@ class PagePool:
 class KVCache:
     """Per-layer caches over one :class:`PagePool`.
 
-    ``latent[layer]``: ``[num_slots, kv_lora_rank + rope]`` (576 wide for GLM-5).
-    ``indexer_k[layer]``: ``[num_slots, index_head_dim]`` for layers with their own indexer
-    (``None`` for GLM-5.2 "shared" layers).
+    ``latent[layer]``: ``[num_slots, kv_lora_rank + rope]`` (576 wide for GLM-5) of
+    ``latent_dtype`` (default: ``dtype``); with ``latent_dtype=torch.float8_e4m3fn`` it is the
+    FP8 latent cache instead, ``uint8 [num_slots, row_bytes]`` rows of
+    :mod:`breakgraph.kernels.latent_fp8` (656 bytes for GLM-5: e4m3 latent, fp32 scale per 128,
+    bf16 RoPE part), written by :func:`~breakgraph.kernels.latent_fp8.store_latent`.
+    ``indexer_k[layer]``: ``[num_slots, index_head_dim]`` of ``dtype`` for layers with their own
+    indexer (``None`` for GLM-5.2 "shared" layers); with the FP8 latent cache *and* the FP8 indexer
+    (``BREAKGRAPH_INDEXER_FP8=1``, read when the cache is built) FP8 key rows instead, ``uint8``
+    ``[num_slots, 144]`` for GLM-5 (128 e4m3 codes, one fp32 scale ``amax / 448``), which the
+    FP8 score kernel reads as stored. The default (bf16) indexer keeps bf16 keys.
     """
 
     def __init__(
-        self, config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device
+        self,
+        config: ModelConfig,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        latent_dtype: torch.dtype | None = None,
     ) -> None:
         self.pool = PagePool(num_pages, page_size)
         self.page_size = page_size
+        self.latent_dtype = latent_dtype or dtype
+        self.fp8_latent = self.latent_dtype == torch.float8_e4m3fn
         num_slots = num_pages * page_size
+        storage = torch.uint8 if self.fp8_latent else self.latent_dtype
+        width = self.latent_row_bytes_for(config, self.latent_dtype) // storage.itemsize
         self.latent = [
-            torch.zeros(num_slots, config.latent_dim, dtype=dtype, device=device)
-            for _ in range(config.num_hidden_layers)
+            torch.zeros(num_slots, width, dtype=storage, device=device) for _ in range(config.num_hidden_layers)
         ]
+        self.fp8_index_keys = self.fp8_latent and indexer_fp8()
+        key_dtype = torch.uint8 if self.fp8_index_keys else dtype
+        key_width = self.index_row_bytes_for(config, dtype, self.fp8_index_keys) // key_dtype.itemsize
         self.indexer_k = [
-            torch.zeros(num_slots, config.index_head_dim, dtype=dtype, device=device) if config.has_indexer(i) else None
+            torch.zeros(num_slots, key_width, dtype=key_dtype, device=device) if config.has_indexer(i) else None
             for i in range(config.num_hidden_layers)
         ]
 
+    @property
+    def num_tokens(self) -> int:
+        """Token slots a request can ever get (every page but the reserved page 0)."""
+        return self.pool.capacity_pages * self.page_size
+
     @staticmethod
-    def bytes_per_page(config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
-        elem = torch.empty((), dtype=dtype).element_size()
+    def latent_row_bytes_for(config: ModelConfig, latent_dtype: torch.dtype) -> int:
+        """Bytes of one token's latent entry in one layer (GLM-5: 1152 in bf16, 656 in FP8)."""
+        if latent_dtype == torch.float8_e4m3fn:
+            return LatentLayout(config.kv_lora_rank, config.qk_rope_head_dim).row_bytes
+        return config.latent_dim * latent_dtype.itemsize
+
+    @staticmethod
+    def index_row_bytes_for(config: ModelConfig, dtype: torch.dtype, fp8: bool) -> int:
+        """Bytes of one token's indexer key in one layer: ``index_head_dim`` values of ``dtype``,
+        or with ``fp8`` an FP8 key row (e4m3 codes, one fp32 scale; GLM-5: 144 bytes, bf16: 256)."""
+        if fp8:
+            return LatentLayout(config.index_head_dim, 0).row_bytes
+        return config.index_head_dim * dtype.itemsize
+
+    @staticmethod
+    def bytes_per_page(
+        config: ModelConfig, page_size: int, dtype: torch.dtype, latent_dtype: torch.dtype | None = None
+    ) -> int:
+        """Bytes of one page over all layers: latent rows of ``latent_dtype`` (default ``dtype``)
+        and indexer keys of ``dtype`` (FP8 key rows where the FP8 latent cache meets the FP8
+        indexer, as :class:`KVCache` allocates them)."""
         n_idx = sum(config.has_indexer(i) for i in range(config.num_hidden_layers))
-        per_token = config.num_hidden_layers * config.latent_dim + n_idx * config.index_head_dim
-        return per_token * page_size * elem
+        fp8 = latent_dtype == torch.float8_e4m3fn
+        latent = config.num_hidden_layers * KVCache.latent_row_bytes_for(config, latent_dtype or dtype)
+        keys = n_idx * KVCache.index_row_bytes_for(config, dtype, fp8 and indexer_fp8())
+        return (latent + keys) * page_size

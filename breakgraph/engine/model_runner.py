@@ -49,15 +49,28 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return DTYPES[dtype]
 
 
+def resolve_kv_cache_dtype(kv_cache_dtype: str | None, dtype: torch.dtype) -> torch.dtype:
+    """The latent cache's dtype for ``--kv-cache-dtype``: ``auto`` → the activation ``dtype``,
+    ``bfloat16``, or ``fp8_e4m3`` → ``torch.float8_e4m3fn`` (the FP8 latent cache)."""
+    if kv_cache_dtype in (None, "auto"):
+        return dtype
+    named = {"bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+    if kv_cache_dtype not in named:
+        raise ValueError(f"--kv-cache-dtype must be one of {['auto', *named]}, got {kv_cache_dtype!r}")
+    return named[kv_cache_dtype]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the config resolves to before anything is loaded: the model's config, the device,
-    the dtype and the context length (the config's, capped by the model's)."""
+    the dtype, the context length (the config's, capped by the model's) and the latent KV
+    cache's dtype (``torch.float8_e4m3fn``: the FP8 latent cache)."""
 
     model_config: ModelConfig
     device: torch.device
     dtype: torch.dtype
     context_length: int
+    kv_cache_dtype: torch.dtype
 
     @classmethod
     def resolve(cls, config: EngineConfig, device: torch.device | None = None) -> ModelSpec:
@@ -68,7 +81,9 @@ class ModelSpec:
         device = device or torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         model_config = ModelConfig.from_pretrained(config.model_path)
         most = model_config.max_position_embeddings
-        return cls(model_config, device, resolve_dtype(config.dtype, device), min(config.context_length or most, most))
+        dtype = resolve_dtype(config.dtype, device)
+        context = min(config.context_length or most, most)
+        return cls(model_config, device, dtype, context, resolve_kv_cache_dtype(config.kv_cache_dtype, dtype))
 
 
 @dataclass(frozen=True)
@@ -106,7 +121,13 @@ class ModelRunner:
         num_pages = config.num_pages or self._default_num_pages()
         if tp is not None:
             num_pages = tp.agree_on_num_pages(num_pages)
-        self.kv_cache = KVCache(spec.model_config, num_pages, config.page_size, spec.dtype, spec.device)
+        self.kv_cache = KVCache(spec.model_config, num_pages, config.page_size, spec.dtype, spec.device, spec.kv_cache_dtype)
+        logger.info(
+            "KV cache: %d pages × %d = %d tokens fit (latent %s, %d bytes per token and layer; %.3g GiB)",
+            num_pages - 1, config.page_size, self.kv_cache.num_tokens, str(spec.kv_cache_dtype).removeprefix("torch."),
+            KVCache.latent_row_bytes_for(spec.model_config, spec.kv_cache_dtype),
+            num_pages * self._bytes_per_page() / 2**30,
+        )  # fmt: skip
         # The runners of the prefill and decode backends (graphs/backends.py); None: eager.
         self.prefill_graphs: Any = None
         self.decode_graphs: Any = None
@@ -140,7 +161,7 @@ class ModelRunner:
 
     def _default_num_pages(self) -> int:
         cfg, spec = self.config, self.spec
-        per_page = KVCache.bytes_per_page(spec.model_config, cfg.page_size, spec.dtype)
+        per_page = self._bytes_per_page()
         if spec.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(spec.device)
             budget = int(free * cfg.mem_fraction_static)
@@ -148,6 +169,10 @@ class ModelRunner:
             want = -(-spec.context_length // cfg.page_size) * min(cfg.max_running_requests, 8) + 1
             budget = min(want * per_page, 2 << 30)
         return max(2, budget // per_page)
+
+    def _bytes_per_page(self) -> int:
+        spec = self.spec
+        return KVCache.bytes_per_page(spec.model_config, self.config.page_size, spec.dtype, spec.kv_cache_dtype)
 
     @property
     def max_prefill_tokens(self) -> int:

@@ -46,7 +46,8 @@ def compile_for_sm90(
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
-    are marked divisible; a float is fp32); unnamed arguments are i32; ``maxnreg`` caps the
+    are marked divisible; a float is fp32); unnamed arguments are i32, unnamed constexprs with a
+    default take it; ``maxnreg`` caps the
     registers per thread as the launch option of that name does. Raises RuntimeError when
     the installed Triton has no bundled ``ptxas``/``cuobjdump`` (:func:`tools_available`).
     """
@@ -58,6 +59,9 @@ def compile_for_sm90(
         raise RuntimeError("this triton has no bundled ptxas/cuobjdump")
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     consts = dict(constexprs)
+    for param in fn.params:  # constexprs left out take their defaults, as at a launch
+        if param.is_constexpr and param.has_default and param.name not in consts:
+            consts[param.name] = param.default
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:

@@ -11,6 +11,7 @@ import torch
 
 from breakgraph import env
 from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.latent_fp8 import dequantize_latent_ref, is_fp8_latent
 from breakgraph.kernels.paging import positions_to_slots
 
 # Bound on the elements of the gathered-key temporary per chunk of query tokens.
@@ -33,7 +34,9 @@ def indexer_topk_ref(
     Args:
         q: ``[T, Hi, Di]`` indexer queries (RoPE applied).
         weights: ``[T, Hi]`` fp32 head weights (already × ``Hi^-0.5``).
-        k_cache: ``[num_slots, Di]`` indexer key cache (this layer).
+        k_cache: ``[num_slots, Di]`` indexer key cache (this layer), or the FP8 key cache
+            (``uint8`` rows of :mod:`~breakgraph.kernels.latent_fp8` without a RoPE part: e4m3
+            codes and one fp32 scale), dequantised.
         page_table: ``[B, P]`` int32 page ids per request.
         token_req: ``[T]`` request row of each token; ``positions``: ``[T]`` its position.
         topk_out: ``[T, K]`` int32, written in full (``-1`` for unused columns). Caller owns it.
@@ -48,7 +51,8 @@ def indexer_topk_ref(
         end = min(start + chunk, num_tokens)
         req = token_req[start:end]
         slots = positions_to_slots(key_pos.expand(end - start, max_len), page_table, req, page_size)
-        keys = k_cache[slots].float()  # [c, L, Di]
+        keys = k_cache[slots]  # [c, L, Di]
+        keys = dequantize_latent_ref(keys, q.shape[-1], torch.float32) if is_fp8_latent(keys) else keys.float()
         s = torch.einsum("thd,tld->thl", q[start:end].float(), keys) * softmax_scale
         scores = torch.einsum("th,thl->tl", weights[start:end].float(), s.relu())
         causal = key_pos[None, :] <= positions[start:end, None]
@@ -78,14 +82,18 @@ def indexer_topk(
     CUDA tensors with a supported layout take the length-true Triton scores and radix top-k
     select (:mod:`breakgraph.kernels.triton_indexer`; rows in ascending position order, the same
     set as the twin's wherever the ``K``-th score is not tied); the score dot runs in bf16, or in
-    FP8 e4m3 when ``BREAKGRAPH_INDEXER_FP8=1``. ``max_seq_len`` (host int, optional) bounds every
-    token's ``position + 1`` and sizes the Triton path's score buffer. Everything else takes the
-    twin.
+    FP8 e4m3 when ``BREAKGRAPH_INDEXER_FP8=1`` (which reads an FP8 key cache as stored; the
+    engine's KV cache holds FP8 keys only in that mode). ``max_seq_len`` (host int, optional)
+    bounds every token's ``position + 1`` and sizes the Triton path's score buffer. Everything
+    else takes the twin (an FP8 key cache without the FP8 indexer too).
     """
     if use_triton(q):
         from breakgraph.kernels import triton_indexer
 
-        if triton_indexer.supports(q, weights, k_cache, page_table, token_req, positions):
+        fp8_keys = is_fp8_latent(k_cache)
+        if triton_indexer.supports(q, weights, k_cache, page_table, token_req, positions) and (
+            indexer_fp8() or not fp8_keys
+        ):
             triton_indexer.indexer_topk_triton(
                 q, weights, k_cache, page_table, token_req, positions, page_size, softmax_scale, topk_out,
                 max_seq_len=max_seq_len, fp8=indexer_fp8(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.latent_fp8 import dequantize_latent_ref, is_fp8_latent
 from breakgraph.kernels.paging import positions_to_slots
 
 _CHUNK_ELEMS = 1 << 25
@@ -33,7 +34,9 @@ def sparse_mla_attention_ref(
 
     Args:
         q: ``[T, H, D]`` latent queries (D = kv_lora_rank + rope dim).
-        kv_cache: ``[num_slots, D]`` latent cache (this layer).
+        kv_cache: ``[num_slots, D]`` latent cache (this layer), or an FP8 latent cache
+            (``uint8`` rows of :mod:`~breakgraph.kernels.latent_fp8`), dequantised to ``q``'s
+            dtype.
         topk_pos: ``[T, K]`` int32 key positions, ``-1`` = unused.
         page_table: ``[B, P]`` int32 pages of each request; ``token_req``: ``[T]`` request row
             of each token.
@@ -48,12 +51,17 @@ def sparse_mla_attention_ref(
     """
     num_tokens, k = topk_pos.shape
     rank = out.shape[-1]
+    fp8 = is_fp8_latent(kv_cache)
     chunk = max(1, _CHUNK_ELEMS // max(1, k * kv_cache.shape[-1]))
     for start in range(0, num_tokens, chunk):
         end = min(start + chunk, num_tokens)
         pos = topk_pos[start:end]
         slots = positions_to_slots(pos, page_table, token_req[start:end], page_size)
         kv = kv_cache[slots]  # [c, K, D]
+        if fp8:
+            kv = dequantize_latent_ref(kv, rank, q.dtype)
+        elif kv.dtype != q.dtype:  # e.g. a bf16 cache under fp32 activations (CPU)
+            kv = kv.to(q.dtype)
         qc = q[start:end]
         scores = torch.einsum("thd,tkd->thk", qc, kv).float() * softmax_scale
         scores = scores.masked_fill((pos < 0)[:, None, :], float("-inf"))

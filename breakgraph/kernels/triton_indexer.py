@@ -60,12 +60,17 @@ def _quantize_rows_e4m3(x):
 @triton.jit
 def _load_keys(K, pages, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8: tl.constexpr):
     """Key rows ``[BLOCK_L, BLOCK_D]`` of positions ``offs_j`` through one request's pages, as the
-    dot operand, and their dequantisation scales (ones in bf16)."""
+    dot operand, and their dequantisation scales (ones in bf16). ``FP8 == 2``: ``K`` is the FP8
+    key cache (``uint8`` rows of :mod:`~breakgraph.kernels.latent_fp8` with no RoPE part: e4m3
+    codes, then their fp32 scale in the row's last 16 bytes), read as stored."""
     jpos = tl.where(jmask, offs_j, 0)
     page = tl.load(pages + jpos // page_size, mask=jmask, other=0).to(tl.int64)
     rows = K + (page * page_size + jpos % page_size) * stride_k
-    k = tl.load(rows[:, None] + offs_d[None, :], mask=jmask[:, None] & mask_d[None, :], other=0.0)
-    if FP8:
+    k = tl.load(rows[:, None] + offs_d[None, :], mask=jmask[:, None] & mask_d[None, :], other=0)
+    if FP8 == 2:
+        k_op = k.to(tl.float8e4nv, bitcast=True)
+        k_scale = tl.load((rows + stride_k - 16).to(tl.pointer_type(tl.float32)), mask=jmask, other=0.0)
+    elif FP8:
         k_op, k_scale = _quantize_rows_e4m3(k)
     else:
         k_op, k_scale = k, tl.full([k.shape[0]], 1.0, tl.float32)
@@ -299,13 +304,20 @@ def supports(
     positions: torch.Tensor,
 ) -> bool:
     """Whether :func:`indexer_topk_triton` handles these tensors (else use the twin):
-    bf16/fp16 ``q`` and key cache of one dtype, ``Hi ≤ 128``, ``Di ≤ 256``, unit last strides."""
+    bf16/fp16 ``q`` and a key cache of the same dtype or the FP8 key cache (``uint8`` rows of
+    ``align16(Di) + 16`` bytes; scored with ``fp8=True`` only), ``Hi ≤ 128``, ``Di ≤ 256``, unit
+    last strides."""
+    di = q.shape[-1]
+    if k_cache.dtype == torch.uint8:
+        width_ok = k_cache.shape[-1] == -(-di // 16) * 16 + 16
+    else:
+        width_ok = k_cache.dtype == q.dtype and k_cache.shape[-1] == di
     return (
         q.dtype in (torch.bfloat16, torch.float16)
-        and k_cache.dtype == q.dtype
+        and width_ok
         and q.dim() == 3
         and k_cache.dim() == 2
-        and q.shape[-1] == k_cache.shape[-1] <= 256
+        and di <= 256
         and q.shape[1] <= 128
         and all(t.stride(-1) == 1 for t in (q, weights, k_cache, page_table, token_req, positions))
     )
@@ -345,6 +357,8 @@ def indexer_scores_triton(
     num_tokens, num_heads, head_dim = q.shape
     if num_tokens == 0:
         return
+    if k_cache.dtype == torch.uint8 and not fp8:
+        raise ValueError("an FP8 indexer key cache is scored by the FP8 indexer only (fp8=True)")
     row_len = row_len or page_table.shape[1] * page_size
     cfg = default_config(num_tokens, page_table.shape[0], num_heads, row_len, q.device)
     block_t = block_t or cfg["block_t"]
@@ -357,7 +371,8 @@ def indexer_scores_triton(
         q.stride(0), q.stride(1), weights.stride(0), k_cache.stride(0), page_table.stride(0), scores.stride(0),
         num_tokens, num_heads, head_dim, page_size, skip_below, softmax_scale,
         BLOCK_T=block_t, BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
-        BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"], FP8=fp8,
+        BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"],
+        FP8=2 if k_cache.dtype == torch.uint8 else int(fp8),
         STACKED=use_stacked,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"],

@@ -25,6 +25,11 @@ output row is written once. Blocks with the longest key ranges start first. The
 ``[64, 512]`` fp32 accumulator takes 8 warps; Triton then computes the ``M = 64`` score dot
 on both warpgroups redundantly (as in the sparse kernel at ``BLOCK_H = 64``).
 
+FP8 latent cache (``kv_cache`` ``uint8``, rows of :mod:`~breakgraph.kernels.latent_fp8`: 656
+bytes instead of 1152): both kernels read their key blocks through one helper,
+:func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`, which dequantises the e4m3 codes
+with their per-128 scales in registers to the query's dtype; the dots and softmax are as above.
+
 Split-K (flash-decoding) for small batches: when ``T × head_blocks`` programs cannot fill
 the GPU (decode), the ``K`` keys are cut into ``num_splits`` ranges (grid axis 2); each split
 writes its normalised partial output and log-sum-exp to an fp32 workspace, and a second
@@ -40,6 +45,8 @@ import triton
 import triton.language as tl
 
 from breakgraph.kernels.dispatch import num_sms
+from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
+from breakgraph.kernels.triton_latent_fp8 import load_latent_rows
 
 _LOG2E = 1.4426950408889634
 
@@ -107,6 +114,7 @@ def _sparse_mla_fwd_kernel(
     BLOCK_PE: tl.constexpr,
     SPLIT: tl.constexpr,
     DENSE_T: tl.constexpr,  # token block of the dense kernel; 0: no dense path
+    KV_FP8: tl.constexpr = False,  # KV is the uint8 FP8 latent cache (kernels/latent_fp8.py)
 ):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
@@ -142,11 +150,7 @@ def _sparse_mla_fwd_kernel(
         valid = pos >= 0
         pos = tl.where(valid, pos, 0)
         page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
-        rows = KV + (page * page_size + pos % page_size) * stride_kv
-        c = tl.load(rows[:, None] + offs_r[None, :], mask=valid[:, None] & mask_r[None, :], other=0.0)
-        k_pe = tl.load(
-            rows[:, None] + rank + offs_pe[None, :], mask=valid[:, None] & mask_pe[None, :], other=0.0
-        )
+        c, k_pe = load_latent_rows(KV, page * page_size + pos % page_size, valid, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
 
         m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
 
@@ -191,6 +195,7 @@ def _dense_mla_fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_PE: tl.constexpr,
+    KV_FP8: tl.constexpr = False,  # KV is the uint8 FP8 latent cache (kernels/latent_fp8.py)
 ):
     block = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest key ranges start first
     if not _dense_block(TOKEN_REQ, POSITIONS, block, num_tokens, dense_below, BLOCK_T):
@@ -222,9 +227,7 @@ def _dense_mla_fwd_kernel(
         # unmasked loads keep the 576-wide gather cheap in registers.
         kp = tl.minimum(key_pos, last)
         page = tl.load(pages + kp // page_size).to(tl.int64)
-        rows = KV + (page * page_size + kp % page_size) * stride_kv
-        c = tl.load(rows[:, None] + offs_r[None, :], mask=mask_r[None, :], other=0.0)
-        k_pe = tl.load(rows[:, None] + rank + offs_pe[None, :], mask=mask_pe[None, :], other=0.0)
+        c, k_pe = load_latent_rows(KV, page * page_size + kp % page_size, None, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
         causal = key_pos[None, :] <= row_pos[:, None]
         m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, causal, qk_scale, m_i, l_i, acc)
 
@@ -271,14 +274,17 @@ DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this 
 
 
 def default_config(
-    num_tokens: int, num_heads: int, topk: int, device: torch.device, dense: bool = False
+    num_tokens: int, num_heads: int, topk: int, device: torch.device, dense: bool = False, kv_fp8: bool = False
 ) -> dict:
     """Block sizes, warps, stages and split count for a shape (tuned guesses; see the bench).
 
     Split-K when the programs cannot fill the GPU (decode), except where the caller asked for
     the dense-causal path (``dense``: prefill) and there are at least ``DENSE_MIN_TOKENS``
     tokens: split-K switches that path off, and a short prompt then walks all ``topk`` slots
-    of every token's row (mostly ``-1``) instead of its few causal keys."""
+    of every token's row (mostly ``-1``) instead of its few causal keys. ``kv_fp8``: the cache
+    is FP8 (dequantised in registers): at few heads a prefill takes one stage and no register cap
+    (sm_90 ptxas: 195 registers, no spills, where two stages need 255 and the cap spills; the
+    fastest of the FP8 sweep at 8K tokens), split-K decode two stages (faster in the sweep)."""
     block_h = min(64, _pow2(num_heads))
     # (BLOCK_N, warps) per BLOCK_H: the largest key block that compiles for sm_90 without
     # register spills (ptxas: 16 → 226 regs, 32 → 195, 64 → 230 with wgmma).
@@ -288,15 +294,16 @@ def default_config(
     sms = num_sms(device)
     if programs < sms and not (dense and num_tokens >= DENSE_MIN_TOKENS):
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
+    few_heads_fp8 = kv_fp8 and block_h == 16
     return {
         "block_h": block_h,
         "block_n": block_n,
         "num_warps": num_warps,
-        "num_stages": 2,
+        "num_stages": 1 if few_heads_fp8 and splits == 1 else 2,
         "num_splits": splits,
-        # Few heads, one split: capping registers at 168 fits a third program per SM, which
-        # outweighs the few spilled bytes (they stay in L1).
-        "maxnreg": 168 if block_h == 16 and splits == 1 else None,
+        # Few heads, one split, bf16 cache: capping registers at 168 fits a third program per
+        # SM, which outweighs the few spilled bytes (they stay in L1).
+        "maxnreg": 168 if block_h == 16 and splits == 1 and not kv_fp8 else None,
     }
 
 
@@ -326,15 +333,20 @@ def supports(
     positions: torch.Tensor | None = None,
 ) -> bool:
     """Whether :func:`sparse_mla_attention_triton` handles these tensors (else use the twin):
-    bf16/fp16 ``q`` and cache of one dtype, ``0 < r < D``, unit last strides."""
+    bf16/fp16 ``q``, a cache of the same dtype or an FP8 latent cache of this ``r`` and rope dim
+    (:mod:`~breakgraph.kernels.latent_fp8`), ``0 < r < D``, unit last strides."""
     tensors = (q, kv_cache, topk_pos, page_table, token_req, out, positions)
+    rank = out.shape[-1]
+    if is_fp8_latent(kv_cache):
+        width_ok = 0 < rank < q.shape[-1] and kv_cache.shape[-1] == LatentLayout(rank, q.shape[-1] - rank).row_bytes
+    else:
+        width_ok = kv_cache.dtype == q.dtype and q.shape[-1] == kv_cache.shape[-1]
     return (
         q.dtype in (torch.bfloat16, torch.float16)
-        and kv_cache.dtype == q.dtype
+        and width_ok
         and q.dim() == 3
         and kv_cache.dim() == 2
-        and q.shape[-1] == kv_cache.shape[-1]
-        and 0 < out.shape[-1] < q.shape[-1]
+        and 0 < rank < q.shape[-1]
         and all(t.stride(-1) == 1 for t in tensors if t is not None)
     )
 
@@ -371,6 +383,9 @@ def sparse_mla_attention_triton(
     top-k row holds exactly the positions ``0…pos`` (in any order, ``-1`` elsewhere): the DSA
     indexer's rows do for ``dense_below = K``. The shortcut is off under split-K (decode).
 
+    ``kv_cache`` is a cache of ``q``'s dtype or an FP8 latent cache (``uint8`` rows of
+    :mod:`~breakgraph.kernels.latent_fp8`), dequantised in registers to ``q``'s dtype.
+
     The keyword arguments after ``dense_below`` override :func:`default_config` and
     :func:`dense_config` (benchmarks, tests; ``dense_block_t`` is a power of two).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
@@ -383,7 +398,8 @@ def sparse_mla_attention_triton(
         return
     if dense_below > 0 and positions is None:
         raise ValueError("dense_below > 0 needs the token positions")
-    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0)
+    kv_fp8 = is_fp8_latent(kv_cache)
+    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8)
     block_h = block_h or cfg["block_h"]
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
@@ -404,7 +420,7 @@ def sparse_mla_attention_triton(
             q.stride(0), q.stride(1), kv_cache.stride(0), page_table.stride(0), out.stride(0), out.stride(1),
             num_tokens, num_heads, rank, dim - rank, page_size, dense_below, qk_scale,
             BLOCK_T=dense_t, HEADS=heads, BLOCK_M=_pow2(dense_t * heads),
-            BLOCK_N=dense_block_n or dense["block_n"], BLOCK_R=block_r, BLOCK_PE=block_pe,
+            BLOCK_N=dense_block_n or dense["block_n"], BLOCK_R=block_r, BLOCK_PE=block_pe, KV_FP8=kv_fp8,
             num_warps=dense["num_warps"], num_stages=dense_num_stages or dense["num_stages"],
         )  # fmt: skip
     grid = (num_tokens, triton.cdiv(num_heads, block_h), splits)
@@ -419,7 +435,7 @@ def sparse_mla_attention_triton(
         out.stride(0), out.stride(1),
         num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1, DENSE_T=dense_t,
-        num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg or cfg["maxnreg"],
+        KV_FP8=kv_fp8, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg or cfg["maxnreg"],
     )  # fmt: skip
     if splits > 1:
         _sparse_mla_merge_kernel[(num_tokens, num_heads)](

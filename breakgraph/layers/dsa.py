@@ -26,6 +26,7 @@ import torch
 from breakgraph.forward_context import ForwardBatch, ForwardMode, get_forward_batch
 from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
 from breakgraph.kernels.indexer import indexer_topk
+from breakgraph.kernels.latent_fp8 import store_latent
 from breakgraph.kernels.linear import linear_fp32_out
 from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
 
@@ -69,7 +70,7 @@ def k_cache_and_topk_result(
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.indexer_k[layer_id]
-    cache[fb.out_cache_loc] = k[:n].to(cache.dtype)
+    store_latent(cache, fb.out_cache_loc, k[:n], k.shape[-1])  # FP8 key rows: codes + scale, no RoPE part
     top = topk_result[:n]
     if _should_skip_logits_computation(fb, topk_result.shape[1]):
         cols = torch.arange(topk_result.shape[1], device=top.device, dtype=torch.int32)
@@ -108,7 +109,7 @@ def _attend(q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Te
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.latent[layer_id]
-    cache[fb.out_cache_loc] = kv[:n].to(cache.dtype)
+    store_latent(cache, fb.out_cache_loc, kv[:n], out.shape[-1])  # quantises into an FP8 cache
     sparse_mla_kernel(
         q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n],
         positions=fb.positions[:n], dense_below=0 if fb.mode is ForwardMode.DECODE else topk.shape[1],
@@ -120,8 +121,8 @@ def _attend(q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Te
 def sparse_mla_attention(
     q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float
 ) -> None:
-    """Split op: store the new latent entries ``kv [T, r+dr]`` in layer ``layer_id``'s cache,
-    then attend ``q [T, H, r+dr]`` to each token's top-k positions ``topk [T, K]``, writing
+    """Split op: store the new latent entries ``kv [T, r+dr]`` in layer ``layer_id``'s cache
+    (quantised when it is the FP8 cache), then attend ``q [T, H, r+dr]`` to each token's top-k positions ``topk [T, K]``, writing
     the latent output into ``out [T, H, r]`` (rows past the real tokens are zeroed)."""
     _attend(q, kv, topk, out, layer_id, scale)
 
