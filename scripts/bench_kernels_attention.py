@@ -218,7 +218,7 @@ def run_dense(args):
         dense_pos = pos[pos < TOPK].double()
         flops = 2 * float((dense_pos + 1).sum()) * heads * (RANK + ROPE + RANK)
         max_keys = min(TOPK, batch["page_table"].shape[1] * PAGE)
-        cfg = dense_config(heads, num, max_keys, q.device)
+        cfg = dense_config(heads, num, max_keys, q.device, PAGE)
         variants = {"old": DENSE_OLD, "new (default)": {}}
         if args.sweep and heads < 64:  # chunks only where the blocks cannot fill the GPU
             few = triton.cdiv(num, cfg["block_t"]) < 2 * num_sms(q.device)
@@ -346,7 +346,9 @@ def run_aot():
     from breakgraph.kernels.triton_indexer import _indexer_scores_kernel
     from breakgraph.kernels.triton_indexer import default_config as idx_cfg
     from breakgraph.kernels.triton_sparse_mla import (
+        _MERGE_COLS,
         _dense_mla_fwd_kernel,
+        _dense_mla_merge_kernel,
         _pow2,
         _sparse_mla_fwd_kernel,
         _sparse_mla_merge_kernel,
@@ -358,7 +360,7 @@ def run_aot():
     print("sm_90 compile report (cuobjdump: registers, stack, spill instructions, MMA, shared memory)")
     for heads, num in ((8, 4096), (8, 64), (64, 4096), (64, 64), (128, 4096)):
         cfg = mla_cfg(num, heads, TOPK, cpu)
-        dense = dense_config(heads)
+        dense = dense_config(heads, page_size=PAGE)
         a = dict(
             Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16",
             WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=576, stride_tk=TOPK,
@@ -371,13 +373,20 @@ def run_aot():
         r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
         if not split:
-            consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
-                          BLOCK_M=_pow2(dense["block_t"] * dense["heads"]), BLOCK_N=dense["block_n"])  # fmt: skip
-            r = aot_report(_dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
-            print(f"  dense_mla  H={heads:<3} T={num:<5} {dense} {r}")
+            for chunked in (False, True):
+                consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
+                              BLOCK_M=_pow2(dense["block_t"] * dense["heads"]), BLOCK_N=dense["block_n"],
+                              SPLIT=chunked, PAGE_BLOCKS=PAGE % dense["block_n"] == 0)  # fmt: skip
+                r = aot_report(_dense_mla_fwd_kernel, a | dict(chunk_keys=512), consts, dense["num_warps"],
+                               dense["num_stages"])  # fmt: skip
+                print(f"  dense_mla  H={heads:<3} T={num:<5} chunks={chunked!s:<5} {dense} {r}")
     a = dict(WS_O="*fp32", WS_LSE="*fp32", OUT="*bf16", stride_ot=8 * RANK, stride_oh=RANK, num_heads=8,
              rank=RANK, num_splits=5)  # fmt: skip
     print(f"  sparse_mla merge {aot_report(_sparse_mla_merge_kernel, a, dict(BLOCK_S=8, BLOCK_R=512), 4, 1)}")
+    a = dict(WS_O="*fp32", WS_LSE="*fp32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16", stride_ot=8 * RANK,
+             stride_oh=RANK, num_tokens=1024, num_heads=8, rank=RANK, dense_below=TOPK, chunk_keys=512, num_chunks=3)
+    consts = dict(BLOCK_T=8, HEADS=8, BLOCK_M=64, BLOCK_R=512, BLOCK_C=_MERGE_COLS)
+    print(f"  dense_mla merge {aot_report(_dense_mla_merge_kernel, a, consts, 4, 2)}")
     for num, reqs in ((4096, 1), (64, 64)):
         cfg = idx_cfg(num, reqs, IDX_HEADS, 4096, cpu)
         for fp8 in (False, True):

@@ -323,7 +323,8 @@ def _interp_dense_mla_split_keys():
         block_t = dense_config(heads)["block_t"]
         dense = dense_tokens(batch, block_t, topk)
         max_keys = min(topk, batch["page_table"].shape[1] * ps)
-        chunk = opts.get("dense_chunk_keys") or dense_config(heads, q.shape[0], max_keys, torch.device("cpu"))["chunk_keys"]
+        cpu = torch.device("cpu")
+        chunk = opts.get("dense_chunk_keys") or dense_config(heads, q.shape[0], max_keys, cpu, ps)["chunk_keys"]
         assert (pos[dense] >= chunk).any(), "no block spans two chunks"
         again = torch.full_like(out, float("nan"))
         sparse_mla_attention_triton(q, kv, tk.masked_fill(dense[:, None], -1), *rest, again, **kw)
@@ -644,7 +645,7 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 def test_sparse_mla_dense_causal_path_glm5_shapes_on_gpu(heads, layout):
     """The engine's call (positions, ``dense_below = K``) through the dispatcher: a fresh
     1k prefill (every token dense; at 8 heads its key ranges split into chunks), 1k tokens on
-    a 1000-token prefix (all dense, 2–4 chunks each at 8 heads) and 4096 tokens of two
+    a 1000-token prefix (all dense, one chunk each) and 4096 tokens of two
     requests, one on a 1k prefix (tokens on both sides of K, a block straddling them). Within
     2× the bf16 rounding of the fp32 twin; the dense blocks ignore their (emptied) top-k rows."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention, sparse_mla_attention_ref
@@ -686,32 +687,42 @@ def test_prefill_with_the_dense_path_does_not_split_k():
 
 
 def test_dense_config_splits_keys_only_when_blocks_cannot_fill_the_gpu():
-    """Chunks of half the longest fresh key range (rounded to the key block) where the token
-    blocks are fewer than the SMs (132 off CUDA); one chunk otherwise."""
+    """Chunks of half the longest key range (rounded down to the key block, at least two
+    blocks) where the token blocks are fewer than the SMs (132 off CUDA) and the triangle is
+    lopsided (no long cached prefix: tokens ≥ ⅔ of the longest range); one chunk otherwise.
+    The key block is the largest of 64/32/16 dividing the page size."""
     from breakgraph.kernels.triton_sparse_mla import dense_config
 
     cpu = torch.device("cpu")
-    assert dense_config(8, 88, 72, cpu)["chunk_keys"] == 64  # 36 keys, rounded up to 32
-    assert dense_config(8, 1024, 2048, cpu)["chunk_keys"] == 512
-    assert dense_config(8, 1024, 600, cpu)["chunk_keys"] == 320  # the page table bounds the keys
+    tiles = {ps: (dense_config(8, page_size=ps)["block_n"], dense_config(8, page_size=ps)["num_stages"])
+             for ps in (128, 64, 32, 16, 8)}  # fmt: skip
+    assert tiles == {128: (64, 2), 64: (64, 2), 32: (32, 3), 16: (16, 3), 8: (32, 2)}, tiles
+    assert dense_config(20)["block_n"] == 16  # head block not a power of two
+    assert dense_config(8, 88, 72, cpu, page_size=16)["chunk_keys"] == 32  # 36 keys, rounded down to 16
+    assert dense_config(8, 88, 72, cpu)["chunk_keys"] == 128  # two 64-key blocks at least
+    assert dense_config(8, 1024, 1088, cpu)["chunk_keys"] == 512  # fresh 1k (pages for 1088 keys)
+    assert dense_config(8, 1024, 600, cpu)["chunk_keys"] == 256  # the page table bounds the keys
+    assert dense_config(8, 1024, 2048, cpu)["chunk_keys"] == 0  # on a 1k prefix: every block is long
     assert dense_config(8, 4096, 2048, cpu)["chunk_keys"] == 0  # 512 blocks fill the GPU
-    assert dense_config(16, 1024, 2048, cpu)["chunk_keys"] == 0
-    assert dense_config(64, 1024, 2048, cpu)["chunk_keys"] == 0
+    assert dense_config(16, 1024, 1024, cpu)["chunk_keys"] == 0
+    assert dense_config(64, 1024, 1024, cpu)["chunk_keys"] == 0
     assert dense_config(8)["chunk_keys"] == 0  # no shape: one chunk
 
 
 @pytest.mark.parametrize("heads", [8, 64])
 def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     """ptxas for sm_90a (no GPU needed), with the engine's GLM-5 arguments specialised as the
-    JIT specialises them: the dense-causal kernel (wgmma) and the sparse kernel carrying the
-    dense-block check, both at their default configs, spill nothing — except where the default
-    caps the sparse kernel's registers (few heads), which may spill at most 128 bytes."""
+    JIT specialises them: the dense-causal kernel (wgmma, with and without key chunks) at its
+    default configs for pages of 64 and 16 tokens, its merge kernel and the sparse kernel
+    carrying the dense-block check. The merge kernel spills nothing; the dense kernel at most
+    128 bytes (ptxas keeps 80–112 bytes on the stack with the 64-key blocks the H200 sweep
+    measured fastest, 0–32 with 16-key blocks); the sparse kernel spills nothing except where
+    its default caps the registers (few heads), at most 128 bytes."""
     pytest.importorskip("triton")
     from test_kernels_fp8 import compile_for_sm90
 
     from breakgraph.kernels import triton_sparse_mla as tsm
 
-    dense = tsm.dense_config(heads)
     sparse = tsm.default_config(4096, heads, TOPK, torch.device("cpu"))
     a = dict(
         Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16",
@@ -720,14 +731,17 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
         rank=RANK, rope_dim=ROPE, page_size=64, keys_per_split=TOPK, num_splits=1, dense_below=TOPK, qk_scale=0.1,
         chunk_keys=512, num_chunks=4,
     )  # fmt: skip
-    block_m = tsm._pow2(dense["block_t"] * dense["heads"])
-    for split, page_blocks in ((False, True), (True, True), (True, False)):
-        consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_N=dense["block_n"],
-                      BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=split, PAGE_BLOCKS=page_blocks)  # fmt: skip
-        info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
-        # At 64 heads ptxas keeps one register on the stack across the key loop (one store
-        # before it, one load after it: 8 bytes, 2 local instructions); nothing inside it.
-        assert info["stack"] <= 8 and info["local_insts"] <= 2 and info["mma"] == ["HGMMA"], (split, page_blocks, info)
+    for page in (64, 16):
+        dense = tsm.dense_config(heads, page_size=page)
+        assert dense["block_n"] == (64 if page == 64 else 16), dense
+        block_m = tsm._pow2(dense["block_t"] * dense["heads"])
+        for split in (False, True):
+            consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_N=dense["block_n"],
+                          BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=split, PAGE_BLOCKS=True)  # fmt: skip
+            info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a | {"page_size": page}, consts, dense["num_warps"],
+                                    dense["num_stages"])  # fmt: skip
+            assert info["mma"] == ["HGMMA"], (page, split, info)
+            assert info["stack"] <= 128, (page, split, info)
     consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_R=RANK,
                   BLOCK_C=tsm._MERGE_COLS)  # fmt: skip
     info = compile_for_sm90(tsm._dense_mla_merge_kernel, a, consts, 4, 2)

@@ -403,28 +403,51 @@ def default_config(
     }
 
 
+# (key block, stages) of the dense kernel by the largest key block dividing the page size
+# (one page-table entry per block), from the H200 sweep at 1k tokens × 8 heads, page 64
+# (`scripts/bench_kernels_attention.py --only dense --sweep`): 64 keys and 2 stages beat 32
+# and 3 (66.9 vs 73.3 µs with chunks; 81.8 vs 101.3 without) although ptxas spills
+# ~100 bytes there; 16 keys: 99.0 µs.
+_DENSE_TILES = ((64, 2), (32, 3), (16, 3))
+
+
 def dense_config(
-    num_heads: int, num_tokens: int = 0, max_keys: int = 0, device: torch.device | None = None
+    num_heads: int,
+    num_tokens: int = 0,
+    max_keys: int = 0,
+    device: torch.device | None = None,
+    page_size: int = 64,
 ) -> dict:
     """Tiles of the dense-causal kernel: ``block_t`` tokens × ``heads`` heads per program, so
     ``block_t · heads ≤ 64`` rows share each key block (``H = 8``: 8 tokens; ``H ≥ 64``: one
-    token, heads in blocks of 64); 8 warps hold the ``[64, 512]`` fp32 accumulator.
+    token, heads in blocks of 64); 8 warps hold the ``[64, 512]`` fp32 accumulator. The key
+    block is the largest of 64, 32, 16 that divides ``page_size`` (a block then lies in one
+    page); other page sizes, and head blocks that are not powers of two, take 16 or 32 keys
+    with a page-table entry per key, 2 stages.
 
     ``chunk_keys`` (0: one chunk) cuts each block's key range into chunks of that many keys,
     one program each, merged afterwards: only when the token blocks alone cannot fill the
-    GPU (``num_tokens``, ``device`` given), sized to half the longest fresh key range
-    (``min(num_tokens, max_keys)``), so the causal triangle's long blocks split in two or
-    more pieces and the short ones stay whole. Shapes only: graph-safe."""
+    GPU (``num_tokens``, ``device`` given) and the causal triangle is lopsided — the longest
+    range (``max_keys``: the page table's width, at most ``K``) at least 1.5× the mean range
+    of a prompt without cached prefix, i.e. ``num_tokens ≥ ⅔ max_keys`` — sized to half the
+    longest range (rounded down to the key block, at least two blocks), so the long blocks
+    split and the short ones stay whole. (On the H200 at 1k tokens × 8 heads: fresh, 81.8 →
+    66.9 µs; on a 1k prefix, where every block walks 1–2k keys, chunks measured slower.)
+    Shapes only: graph-safe."""
     heads = min(num_heads, 64)
     block_t = 1 << ((64 // heads).bit_length() - 1)  # a power of two
-    block_n = 32 if heads & (heads - 1) == 0 else 16
+    if heads & (heads - 1):
+        block_n, stages = 16, 2
+    else:
+        block_n, stages = next(((n, st) for n, st in _DENSE_TILES if page_size % n == 0), (32, 2))
     chunk = 0
     if device is not None and num_tokens > 0:
         blocks = triton.cdiv(num_tokens, block_t) * triton.cdiv(num_heads, heads)
-        longest = min(num_tokens, max_keys) if max_keys > 0 else num_tokens
-        if blocks < num_sms(device):
-            chunk = triton.cdiv(max(triton.cdiv(longest, 2), 2 * block_n), block_n) * block_n
-    return {"block_t": block_t, "heads": heads, "block_n": block_n, "num_warps": 8, "num_stages": 3,
+        longest = max_keys if max_keys > 0 else num_tokens
+        lopsided = 3 * min(num_tokens, longest) >= 2 * longest  # longest ≥ 1.5 × the mean (fresh)
+        if blocks < num_sms(device) and lopsided:
+            chunk = max(longest // 2 // block_n, 2) * block_n
+    return {"block_t": block_t, "heads": heads, "block_n": block_n, "num_warps": 8, "num_stages": stages,
             "chunk_keys": chunk}  # fmt: skip
 
 
@@ -515,7 +538,7 @@ def sparse_mla_attention_triton(
     dense_t = 0
     if dense_below > 0 and splits == 1:
         max_keys = min(dense_below, page_table.shape[1] * page_size)
-        dense = dense_config(num_heads, num_tokens, max_keys, q.device)
+        dense = dense_config(num_heads, num_tokens, max_keys, q.device, page_size)
         dense_t = dense_block_t or dense["block_t"]
         block_m = _pow2(dense_t * dense["heads"])
         dense_n = dense_block_n or dense["block_n"]
