@@ -214,7 +214,7 @@ def _dense_mla_fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_PE: tl.constexpr,
-    SPLIT: tl.constexpr,  # more than one chunk: blocks past the first chunk write partials
+    SPLIT: tl.constexpr,  # several chunks: blocks whose keys span more than one write partials
     PAGE_BLOCKS: tl.constexpr,  # page_size % BLOCK_N == 0: a key block lies in one page
 ):
     block = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest key ranges start first
