@@ -256,6 +256,8 @@ def _interp_sparse_mla_dense_path():
         (72, 32, 16, 12, 4, torch.float32, {}),  # H > 64: dense head blocks
         (8, 32, 16, 12, 4, torch.float32, {"num_splits": 2, "block_n": 16}),  # split-K: sparse only
         (8, 64, 16, 12, 4, torch.bfloat16, {"dense_block_t": 4}),
+        (8, 32, 16, 40, 16, torch.float32, {"dense_block_n": 16}),  # a key block in one page
+        (8, 32, 16, 40, 4, torch.float32, {"dense_block_n": 16, "dense_chunk_keys": 16}),  # split keys
     ]
     for i, (heads, rank, rope, topk, ps, dtype, opts) in enumerate(cases):
         batch = make_batch(**_DENSE, page_size=ps, seed=40 + i)
@@ -280,6 +282,50 @@ def _interp_sparse_mla_dense_path():
         block_t = opts.get("dense_block_t", dense_config(heads)["block_t"])
         dense = dense_tokens(batch, block_t, topk)
         assert dense.any() and (block_t == 1 or (~dense & (pos < topk)).any()), "dense/straddling mix"
+        again = torch.full_like(out, float("nan"))
+        sparse_mla_attention_triton(q, kv, tk.masked_fill(dense[:, None], -1), *rest, again, **kw)
+        assert torch.equal(again, out), "dense blocks were not written densely"
+
+
+# Fresh and cached prompts, a 1-token request, lengths off the block sizes; positions up to 70.
+_DENSE_LONG = {"prefix_lens": [0, 21, 0, 40], "extend_lens": [37, 19, 1, 31]}  # 88 tokens
+
+
+def _interp_dense_mla_split_keys():
+    """Key ranges cut into chunks (``dense_chunk_keys``) and merged: on fresh random inputs
+    the split kernel equals the twin (fp32: 1e-5; bf16: 2× the output rounding) for chunk
+    sizes that do and do not divide the ranges, one- and several-page key blocks, 8, 16 and
+    72 heads, and the default chunks; the dense blocks are written without their top-k rows."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import dense_config, sparse_mla_attention_triton
+
+    cases = [  # (heads, rank, rope, K, page size, dtype, opts)
+        (8, 32, 16, 64, 16, torch.float32, {"dense_block_n": 16, "dense_chunk_keys": 16}),
+        (8, 32, 16, 64, 4, torch.float32, {"dense_block_n": 16, "dense_chunk_keys": 48}),
+        (16, 32, 16, 80, 32, torch.float32, {"dense_block_n": 32, "dense_chunk_keys": 32}),
+        (72, 32, 16, 80, 8, torch.float32, {"dense_block_n": 16, "dense_chunk_keys": 32}),
+        (8, 64, 16, 80, 16, torch.bfloat16, {"dense_block_n": 16, "dense_chunk_keys": 32}),
+        (8, 32, 16, 72, 16, torch.float32, {"dense_block_n": 16}),  # the default chunks
+    ]
+    for i, (heads, rank, rope, topk, ps, dtype, opts) in enumerate(cases):
+        batch = make_batch(**_DENSE_LONG, page_size=ps, seed=60 + i)
+        q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, dtype, seed=60 + i)
+        pos, rest = batch["positions"], (batch["page_table"], batch["token_req"], ps, (rank + rope) ** -0.5)
+        ref = torch.empty(q.shape[0], heads, rank)
+        sparse_mla_attention_ref(q.float(), kv.float(), tk, *rest, ref)
+        kw = dict(positions=pos, dense_below=topk, **opts)
+        out = torch.full((q.shape[0], heads, rank), float("nan"), dtype=dtype)
+        sparse_mla_attention_triton(q, kv, tk, *rest, out, **kw)
+        err = rel_err(out, ref)
+        floor = rel_err(ref.to(dtype), ref)
+        print(f"dense split case {i} H={heads} ps={ps} {opts}: {err:.2e} (output rounding {floor:.2e})")
+        assert err <= (1e-5 if dtype == torch.float32 else 2 * floor), (i, err)
+        block_t = dense_config(heads)["block_t"]
+        dense = dense_tokens(batch, block_t, topk)
+        max_keys = min(topk, batch["page_table"].shape[1] * ps)
+        cpu = torch.device("cpu")
+        chunk = opts.get("dense_chunk_keys") or dense_config(heads, q.shape[0], max_keys, cpu, ps)["chunk_keys"]
+        assert (pos[dense] >= chunk).any(), "no block spans two chunks"
         again = torch.full_like(out, float("nan"))
         sparse_mla_attention_triton(q, kv, tk.masked_fill(dense[:, None], -1), *rest, again, **kw)
         assert torch.equal(again, out), "dense blocks were not written densely"
@@ -497,6 +543,10 @@ def test_sparse_mla_dense_causal_path_matches_twin_interpreted():
     _run_interpreted("_interp_sparse_mla_dense_path")
 
 
+def test_dense_mla_split_keys_match_twin_interpreted():
+    _run_interpreted("_interp_dense_mla_split_keys")
+
+
 def test_indexer_scores_match_twin_and_fp8_emulation_interpreted():
     _run_interpreted("_interp_indexer_scores")
 
@@ -591,16 +641,18 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("heads", [8, 64])
-@pytest.mark.parametrize("layout", ["prefill1024_fresh", "prefill4096"])
+@pytest.mark.parametrize("layout", ["prefill1024_fresh", "prefill1024_on_1000", "prefill4096"])
 def test_sparse_mla_dense_causal_path_glm5_shapes_on_gpu(heads, layout):
     """The engine's call (positions, ``dense_below = K``) through the dispatcher: a fresh
-    1k prefill (every token dense) and 4096 tokens of two requests, one on a 1k prefix (tokens
-    on both sides of K, a block straddling them). Within 2× the bf16 rounding of the fp32 twin;
-    the dense blocks ignore their (emptied) top-k rows."""
+    1k prefill (every token dense; at 8 heads its key ranges split into chunks), 1k tokens on
+    a 1000-token prefix (all dense, one chunk each) and 4096 tokens of two
+    requests, one on a 1k prefix (tokens on both sides of K, a block straddling them). Within
+    2× the bf16 rounding of the fp32 twin; the dense blocks ignore their (emptied) top-k rows."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention, sparse_mla_attention_ref
     from breakgraph.kernels.triton_sparse_mla import dense_config
 
-    lens = ([0], [1024]) if layout == "prefill1024_fresh" else GPU_LAYOUTS[layout]
+    lens = {"prefill1024_fresh": ([0], [1024]), "prefill1024_on_1000": ([1000], [1024])}.get(layout)
+    lens = lens or GPU_LAYOUTS[layout]
     batch = make_batch(*lens, page_size=PAGE, device="cuda", seed=heads)
     q, kv, tk = mla_inputs(batch, heads, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=heads)
     pos, rest = batch["positions"], (batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE)
@@ -634,29 +686,66 @@ def test_prefill_with_the_dense_path_does_not_split_k():
     assert tsm.default_config(tsm.DENSE_MIN_TOKENS - 1, 8, TOPK, cpu, dense=True)["num_splits"] > 1
 
 
+def test_dense_config_splits_keys_only_when_blocks_cannot_fill_the_gpu():
+    """Chunks of half the longest key range (rounded down to the key block, at least two
+    blocks) where the token blocks are fewer than the SMs (132 off CUDA) and the triangle is
+    lopsided (no long cached prefix: tokens ≥ ⅔ of the longest range); one chunk otherwise.
+    The key block is the largest of 64/32/16 dividing the page size."""
+    from breakgraph.kernels.triton_sparse_mla import dense_config
+
+    cpu = torch.device("cpu")
+    tiles = {ps: (dense_config(8, page_size=ps)["block_n"], dense_config(8, page_size=ps)["num_stages"])
+             for ps in (128, 64, 32, 16, 8)}  # fmt: skip
+    assert tiles == {128: (64, 2), 64: (64, 2), 32: (32, 3), 16: (16, 3), 8: (32, 2)}, tiles
+    assert dense_config(20)["block_n"] == 16  # head block not a power of two
+    assert dense_config(8, 88, 72, cpu, page_size=16)["chunk_keys"] == 32  # 36 keys, rounded down to 16
+    assert dense_config(8, 88, 72, cpu)["chunk_keys"] == 128  # two 64-key blocks at least
+    assert dense_config(8, 1024, 1088, cpu)["chunk_keys"] == 512  # fresh 1k (pages for 1088 keys)
+    assert dense_config(8, 1024, 600, cpu)["chunk_keys"] == 256  # the page table bounds the keys
+    assert dense_config(8, 1024, 2048, cpu)["chunk_keys"] == 0  # on a 1k prefix: every block is long
+    assert dense_config(8, 4096, 2048, cpu)["chunk_keys"] == 0  # 512 blocks fill the GPU
+    assert dense_config(16, 1024, 1024, cpu)["chunk_keys"] == 0
+    assert dense_config(64, 1024, 1024, cpu)["chunk_keys"] == 0
+    assert dense_config(8)["chunk_keys"] == 0  # no shape: one chunk
+
+
 @pytest.mark.parametrize("heads", [8, 64])
 def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     """ptxas for sm_90a (no GPU needed), with the engine's GLM-5 arguments specialised as the
-    JIT specialises them: the dense-causal kernel (wgmma) and the sparse kernel carrying the
-    dense-block check, both at their default configs, spill nothing — except where the default
-    caps the sparse kernel's registers (few heads), which may spill at most 128 bytes."""
+    JIT specialises them: the dense-causal kernel (wgmma, with and without key chunks) at its
+    default configs for pages of 64 and 16 tokens, its merge kernel and the sparse kernel
+    carrying the dense-block check. The merge kernel spills nothing; the dense kernel at most
+    128 bytes (ptxas keeps 80–112 bytes on the stack with the 64-key blocks the H200 sweep
+    measured fastest, 0–32 with 16-key blocks); the sparse kernel spills nothing except where
+    its default caps the registers (few heads), at most 128 bytes."""
     pytest.importorskip("triton")
     from test_kernels_fp8 import compile_for_sm90
 
     from breakgraph.kernels import triton_sparse_mla as tsm
 
-    dense = tsm.dense_config(heads)
     sparse = tsm.default_config(4096, heads, TOPK, torch.device("cpu"))
     a = dict(
         Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16",
         WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=576, stride_tk=TOPK,
         stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_tokens=4095, num_heads=heads, topk=TOPK,
-        rank=RANK, rope_dim=ROPE, page_size=16, keys_per_split=TOPK, num_splits=1, dense_below=TOPK, qk_scale=0.1,
+        rank=RANK, rope_dim=ROPE, page_size=64, keys_per_split=TOPK, num_splits=1, dense_below=TOPK, qk_scale=0.1,
+        chunk_keys=512, num_chunks=4,
     )  # fmt: skip
-    consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tsm._pow2(dense["block_t"] * dense["heads"]),
-                  BLOCK_N=dense["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE)  # fmt: skip
-    info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
-    assert info["stack"] == 0 and info["local_insts"] == 0 and info["mma"] == ["HGMMA"], info
+    for page in (64, 16):
+        dense = tsm.dense_config(heads, page_size=page)
+        assert dense["block_n"] == (64 if page == 64 else 16), dense
+        block_m = tsm._pow2(dense["block_t"] * dense["heads"])
+        for split in (False, True):
+            consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_N=dense["block_n"],
+                          BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=split, PAGE_BLOCKS=True)  # fmt: skip
+            info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a | {"page_size": page}, consts, dense["num_warps"],
+                                    dense["num_stages"])  # fmt: skip
+            assert info["mma"] == ["HGMMA"], (page, split, info)
+            assert info["stack"] <= 128, (page, split, info)
+    consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_R=RANK,
+                  BLOCK_C=tsm._MERGE_COLS)  # fmt: skip
+    info = compile_for_sm90(tsm._dense_mla_merge_kernel, a, consts, 4, 2)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
     consts = dict(BLOCK_H=sparse["block_h"], BLOCK_N=sparse["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
                   DENSE_T=dense["block_t"])  # fmt: skip
     info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"],
