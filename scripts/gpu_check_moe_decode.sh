@@ -8,9 +8,9 @@ OUT="${OUT:-/tmp/moe-decode-out}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
-timeout 60 python -m pytest -q -m cuda tests/test_kernels_moe.py -k "decode" -p no:cacheprovider -s \
+timeout 50 python -m pytest -q -m cuda tests/test_kernels_moe.py -k "decode" -p no:cacheprovider -s \
   > "$OUT/pytest_cuda.log" 2>&1
 echo "pytest -m cuda (decode tests): rc=$? ; $(tail -1 "$OUT/pytest_cuda.log")"
 grep -E "rel err|FAILED|Error" "$OUT/pytest_cuda.log" | head -20
-timeout 90 python scripts/bench_moe_decode.py --tokens 1 16 64 128 --sweep-tokens 1 16 64 \
-  --json "$OUT/moe_decode.json" 2>&1 | tee "$OUT/bench.log" | tail -8
+timeout 95 python scripts/bench_moe_decode.py --tokens 1 16 64 128 --sweep-tokens 1 16 64 --budget-s 75 \
+  --json "$OUT/moe_decode.json" 2>&1 | tee "$OUT/bench.log" | tail -12
