@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from test_kernels_fp8 import OPCHECK_FP8, _expect, _rel, compile_for_sm90
 
 from breakgraph.bench.presets import PRESETS, moe_shape
-from breakgraph.kernels.fp8 import block_dequant, block_quant
+from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant, block_quant
 from breakgraph.kernels.moe import SharedExpert, fused_moe, fused_moe_ref, route, route_ref, shared_expert_ref
 
 
@@ -684,3 +684,35 @@ def test_fused_moe_decode_custom_op_passes_opcheck(glm5_experts, glm5_shared):
     args = (x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"], sh.w13, sh.w2, sh.w13_scale, sh.w2_scale, res,
             [128, 128])  # fmt: skip
     torch.library.opcheck(torch.ops.breakgraph.fused_moe_decode.default, args, test_utils=OPCHECK_FP8)
+
+
+@pytest.mark.parametrize("decode", [False, True])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_moe_block_folds_shared_expert_and_residual(monkeypatch, decode, fp8):
+    """``MoE.forward(x, residual)`` = ``residual + routed(x) + shared(x)`` whether the shared
+    expert and the residual go into the experts' call (the decode path, forced here on the CPU,
+    where the twins compute it) or are added after."""
+    from breakgraph.layers.mlp import Experts, MoE
+    from breakgraph.models.config import ModelConfig
+
+    cfg = {"model_type": "glm_moe_dsa", "hidden_size": 256, "moe_intermediate_size": 128, "n_routed_experts": 8,
+           "num_experts_per_tok": 2, "n_shared_experts": 1, "rope_parameters": {"rope_theta": 1e6}}  # fmt: skip
+    if fp8:
+        cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    moe = MoE(ModelConfig.from_dict(cfg), torch.float32)
+    for p in moe.parameters():
+        p.data.copy_((torch.randn_like(p.data, dtype=torch.float32) * 0.1).to(p.dtype))
+    for p in (moe.experts.w13_scale, moe.experts.w2_scale, moe.shared_experts.gate_up_proj.weight_scale_inv,
+              moe.shared_experts.down_proj.weight_scale_inv):  # fmt: skip
+        if p is not None:
+            p.data.uniform_(0.5, 1.5)
+    assert (moe.experts.w13.dtype == FP8_DTYPE) == fp8
+    seen = []
+    monkeypatch.setattr(Experts, "takes_decode_path", lambda self, x, ids, shared: seen.append(shared) or decode)
+    x, res = torch.randn(5, 256), torch.randn(5, 256)
+    tw, ids = moe.gate(x)
+    want = res + (moe.experts(x, tw, ids) + moe.shared_experts(x))
+    got = moe(x, residual=res)
+    assert seen and seen[-1] is not None, "the shared expert was offered to the experts' call"
+    assert _rel(got, want) < 1e-6
+    assert _rel(moe(x), want - res) < 1e-6
