@@ -93,11 +93,12 @@ def floor_bytes(lay: dict) -> int:
 
 
 def sweep_configs() -> list[dict]:
-    ups = [{"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s, "num_warps": w}
-           for bn, bk, w in ((8, 1024, 4), (16, 512, 4), (16, 256, 4), (32, 256, 8))
-           for s in (1, 2, 4)]  # fmt: skip
+    """Each kernel's tile, k-split and unrolling varied with the other kernel at its default."""
+    ups = [{"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s, "UNROLL": u, "num_warps": w}
+           for bn, bk, w in ((16, 512, 4), (8, 1024, 4), (16, 256, 4), (32, 256, 8))
+           for s, u in ((1, False), (2, False), (2, True), (4, True))]  # fmt: skip
     downs = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w}
-             for bn, bk, w in ((16, 256, 4), (32, 256, 4), (32, 128, 2), (64, 256, 8), (64, 128, 4))]  # fmt: skip
+             for bn, bk, w in ((16, 512, 4), (16, 1024, 4), (32, 512, 8), (32, 256, 4), (64, 256, 8), (8, 1024, 4))]  # fmt: skip
     return [{"up": u} for u in ups] + [{"down": d} for d in downs]
 
 

@@ -267,11 +267,11 @@ def check_fused_moe_decode_tile_variants():
     ops = _decode_operands(3, 4, 12, 256, 128, 8, "fp8", True, True)
     want = _decode_twin(*ops)
     x, w13, w2, tw, ids, s13, s2, shared, res = ops
-    for cfg in (
-        {"up": {"SPLIT_K": 1, "BLOCK_K": 128}},
-        {"up": {"SPLIT_K": 3, "BLOCK_K": 128}, "down": {"BLOCK_K": 64}},
-        {"up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64}, "down": {"BLOCK_N": 128, "BLOCK_K": 256}},
-        {"up": {"BLOCK_N": 8, "BLOCK_K": 1024}, "down": {"BLOCK_N": 64, "BLOCK_K": 32}},
+    for cfg in (  # down BLOCK_K below, at and above I = 128: a step spans part of a slot or several
+        {"up": {"SPLIT_K": 1, "BLOCK_K": 128, "UNROLL": False}},
+        {"up": {"SPLIT_K": 3, "BLOCK_K": 64, "UNROLL": True}, "down": {"BLOCK_K": 64}},
+        {"up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64, "UNROLL": False}, "down": {"BLOCK_N": 128, "BLOCK_K": 128}},
+        {"up": {"BLOCK_N": 8, "BLOCK_K": 1024}, "down": {"BLOCK_N": 64, "BLOCK_K": 1024}},
     ):
         got = fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res, config=cfg)
         assert _rel(got, want) < 1e-5, (cfg, _rel(got, want))
@@ -375,16 +375,19 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
     assert info["mma"] == (["QGMMA"] if adt == "fp8" else ["HGMMA"]), info
 
 
-DECODE_AOT_VARIANTS = [  # (kernel, weights, split_k, BLOCK_N, BLOCK_K, warps, stages)
-    ("up", "fp8", 1, 16, 512, 4, 1),
-    ("up", "fp8", 2, 16, 512, 4, 1),
-    ("up", "fp8", 1, 32, 256, 8, 1),
-    ("up", "fp8", 1, 8, 1024, 4, 1),
-    ("up", "bf16", 1, 16, 512, 4, 1),
-    ("down", "fp8", 1, 32, 256, 4, 1),
-    ("down", "fp8", 2, 32, 256, 4, 1),
+DECODE_AOT_VARIANTS = [  # (kernel, weights, split_k, BLOCK_N, BLOCK_K, warps, stages[, unroll])
+    ("up", "fp8", 1, 16, 512, 4, 1, False),
+    ("up", "fp8", 2, 16, 512, 4, 1, True),
+    ("up", "fp8", 4, 16, 512, 4, 1, True),
+    ("up", "fp8", 2, 8, 1024, 4, 1, True),
+    ("up", "fp8", 1, 32, 256, 8, 1, False),
+    ("up", "bf16", 2, 16, 512, 4, 1, True),
+    ("down", "fp8", 1, 16, 512, 4, 1),
+    ("down", "fp8", 2, 16, 512, 4, 1),
+    ("down", "fp8", 1, 16, 1024, 4, 1),
+    ("down", "fp8", 1, 32, 512, 8, 1),
     ("down", "fp8", 1, 64, 256, 8, 1),
-    ("down", "bf16", 1, 32, 256, 4, 1),
+    ("down", "bf16", 1, 16, 512, 4, 1),
 ]
 
 
@@ -392,11 +395,15 @@ def decode_kernel_resources(variant) -> dict:
     """sm_90a resource use of one decode-kernel variant (:data:`DECODE_AOT_VARIANTS` row)."""
     from breakgraph.kernels import triton_moe
 
-    part, wdt, split, bn, bk, warps, stages = variant
+    part, wdt, split, bn, bk, warps, stages, unroll = (*variant, True)[:8]
     fp8 = wdt == "fp8"
     wptr = "*fp8e4nv" if fp8 else "*bf16"
     common = {"W_FP8": fp8, "SPLIT_K": split, "BLOCK_N": bn, "BLOCK_K": bk, "TOP_K": 8, "HAS_SHARED": True,
               "SCALE_BN": 128 if fp8 else 1, "SCALE_BK": 128 if fp8 else 1}  # fmt: skip
+    if part == "up":  # GLM-5 TP8 rank: D = 6144 in SPLIT_K splits
+        common |= {"K_PER_SPLIT": 6144 // split, "UNROLL": unroll}
+    else:
+        common["I"] = 256
     h = "*bf16" if split == 1 else "*fp32"
     if part == "up":
         fn = triton_moe._decode_up_kernel

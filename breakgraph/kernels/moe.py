@@ -222,7 +222,10 @@ def takes_decode_path(
 ) -> bool:
     """Whether :func:`fused_moe` runs these operands through the decode kernels: CUDA, at most
     ``triton_moe.DECODE_MAX_TOKENS`` tokens (a static shape, so a captured graph keeps one
-    choice), and the layouts both paths take (and ``shared``'s, when given)."""
+    choice), and the layouts both paths take (and ``shared``'s, when given). Never while
+    torch.compile traces: a token-count test would specialise a trace with a symbolic count."""
+    if torch.compiler.is_compiling():
+        return False
     if not (use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block)):
         return False
     from breakgraph.kernels import triton_moe

@@ -627,18 +627,43 @@ def fused_moe_triton(
 
 
 @triton.jit
+def _decode_up_step(
+    acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k0, k_hi, offs_k, n_ok, stride_wsk,
+    W_FP8: tl.constexpr, SCALE_BK: tl.constexpr,
+):  # fmt: skip
+    """One ``BLOCK_K`` step of the gate and up GEMVs (columns ``k0 + offs_k`` below ``k_hi``)."""
+    kk = k0 + offs_k
+    k_ok = kk < k_hi
+    xv = tl.load(x_row + kk, mask=k_ok, other=0.0)
+    m = n_ok[:, None] & k_ok[None, :]
+    wg = tl.load(wg_ptrs + k0, mask=m, other=0.0)
+    wu = tl.load(wu_ptrs + k0, mask=m, other=0.0)
+    if W_FP8:
+        # the twin's dequantisation: (w·s) rounded to the activation dtype, per 128-column block
+        kb = (kk // SCALE_BK) * stride_wsk
+        sg = tl.load(sg_ptr + kb, mask=k_ok, other=0.0)
+        su = tl.load(su_ptr + kb, mask=k_ok, other=0.0)
+        wg = (wg.to(tl.float32) * sg[None, :]).to(xv.dtype)
+        wu = (wu.to(tl.float32) * su[None, :]).to(xv.dtype)
+    xf = xv.to(tl.float32)[None, :]
+    return acc_g + tl.sum(wg.to(tl.float32) * xf, axis=1), acc_u + tl.sum(wu.to(tl.float32) * xf, axis=1)
+
+
+@triton.jit
 def _decode_up_kernel(
     x_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, h_ptr,
-    P, I, K, K_PER_SPLIT,
+    P, I, K,
     stride_xm, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_hs, stride_hp,
-    TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, W_FP8: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+    K_PER_SPLIT: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, W_FP8: tl.constexpr,
+    SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
 ):  # fmt: skip
     """Program ``(q, n, s)``: rows ``[n·BN, (n+1)·BN)`` of the gate and of the up projection of
     slot ``q``'s expert times its token's row of ``x``, over the k-range of split ``s``. Slots
     ``q < P`` are routed pairs (token ``q // TOP_K``, expert ``ids[q]``); ``q ≥ P`` the shared
     expert of token ``q - P``. ``SPLIT_K == 1``: writes ``h = silu(g)·u`` in ``h``'s dtype;
-    else the fp32 sums ``g ‖ u`` of its split into slice ``s`` of ``h``."""
+    else the fp32 sums ``g ‖ u`` of its split into slice ``s`` of ``h``. ``UNROLL``: the k-steps
+    as straight-line code (the compiler may issue a step's loads before the last one's math)."""
     q = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -664,23 +689,18 @@ def _decode_up_kernel(
     acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
     k_lo = split * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + offs_k
-        k_ok = kk < k_hi
-        xv = tl.load(x_row + kk, mask=k_ok, other=0.0)
-        m = n_ok[:, None] & k_ok[None, :]
-        wg = tl.load(wg_ptrs + k0, mask=m, other=0.0)
-        wu = tl.load(wu_ptrs + k0, mask=m, other=0.0)
-        if W_FP8:
-            # the twin's dequantisation: bf16(w·s) in the activation dtype, per 128-column block
-            kb = (kk // SCALE_BK) * stride_wsk
-            sg = tl.load(sg_ptr + kb, mask=k_ok, other=0.0)
-            su = tl.load(su_ptr + kb, mask=k_ok, other=0.0)
-            wg = (wg.to(tl.float32) * sg[None, :]).to(xv.dtype)
-            wu = (wu.to(tl.float32) * su[None, :]).to(xv.dtype)
-        xf = xv.to(tl.float32)[None, :]
-        acc_g += tl.sum(wg.to(tl.float32) * xf, axis=1)
-        acc_u += tl.sum(wu.to(tl.float32) * xf, axis=1)
+    if UNROLL:
+        for dk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
+            acc_g, acc_u = _decode_up_step(
+                acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k_lo + dk, k_hi, offs_k, n_ok, stride_wsk,
+                W_FP8, SCALE_BK,
+            )  # fmt: skip
+    else:
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            acc_g, acc_u = _decode_up_step(
+                acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k0, k_hi, offs_k, n_ok, stride_wsk,
+                W_FP8, SCALE_BK,
+            )  # fmt: skip
     h_row = h_ptr + split * stride_hs + q.to(tl.int64) * stride_hp
     if SPLIT_K == 1:
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
@@ -691,77 +711,63 @@ def _decode_up_kernel(
 
 
 @triton.jit
-def _decode_down_slot(
-    h_row, w_base, s_base, offs_n, n_ok, n0, I, stride_hs, stride_wn, stride_wsn, stride_wsk,
-    OUT_DTYPE: tl.constexpr, W_FP8: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-):  # fmt: skip
-    """``W2[rows offs_n] · h`` in fp32 for one slot; ``h`` read from (or, for ``SPLIT_K > 1``,
-    made from the split sums at) ``h_row``."""
-    offs_k = tl.arange(0, BLOCK_K)
-    y = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        kk = k0 + offs_k
-        k_ok = kk < I
-        if SPLIT_K == 1:
-            h = tl.load(h_row + kk, mask=k_ok, other=0.0).to(tl.float32)
-        else:
-            g = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            u = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                g += tl.load(h_row + s * stride_hs + kk, mask=k_ok, other=0.0)
-                u += tl.load(h_row + s * stride_hs + I + kk, mask=k_ok, other=0.0)
-            h = (g / (1.0 + tl.exp(-g)) * u).to(OUT_DTYPE).to(tl.float32)
-        w = tl.load(
-            w_base + offs_n[:, None].to(tl.int64) * stride_wn + kk[None, :],
-            mask=n_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )
-        if W_FP8:
-            sw = tl.load(s_base + (n0 // SCALE_BN) * stride_wsn + (kk // SCALE_BK) * stride_wsk, mask=k_ok, other=0.0)
-            w = (w.to(tl.float32) * sw[None, :]).to(OUT_DTYPE)
-        y += tl.sum(w.to(tl.float32) * h[None, :], axis=1)
-    return y
-
-
-@triton.jit
 def _decode_down_kernel(
     h_ptr, ids_ptr, tw_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, res_ptr, out_ptr,
-    P, I, D,
+    P, D,
     stride_hs, stride_hp, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_rm, stride_om,
-    TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RES: tl.constexpr, W_FP8: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    I: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RES: tl.constexpr,
+    W_FP8: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
 ):  # fmt: skip
     """Program ``(t, n)``: columns ``[n·BN, (n+1)·BN)`` of token ``t``'s output
     ``Σ_j w[t, j] · W2[ids[t, j]] h[t·k + j]`` (+ the shared expert's ``W2_s h[P + t]``, + the
-    residual row), summed in fp32 in a fixed order and rounded once. ``SPLIT_K > 1``: ``h``
-    holds fp32 ``g ‖ u`` split sums, added in split order, then ``silu(g)·u`` rounded to the
-    output dtype (what ``SPLIT_K == 1`` stores)."""
+    residual row), in fp32 and rounded once. The token's slots are laid end to end as one
+    reduction axis of ``(TOP_K + HAS_SHARED)·I`` columns, walked in straight-line ``BLOCK_K``
+    steps (a step may span several experts: each column gathers its own expert's weights),
+    so the sum runs in one fixed order and loads need not wait for the previous step.
+    ``SPLIT_K > 1``: ``h`` holds fp32 ``g ‖ u`` split sums, added in split order, then
+    ``silu(g)·u`` rounded to the output dtype (what ``SPLIT_K == 1`` stores)."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     n0 = pid_n * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < D
+    dt = out_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        q = t * TOP_K + j
-        expert = tl.load(ids_ptr + q).to(tl.int64)
-        y = _decode_down_slot(
-            h_ptr + q.to(tl.int64) * stride_hp, w_ptr + expert * stride_we, ws_ptr + expert * stride_wse,
-            offs_n, n_ok, n0, I, stride_hs, stride_wn, stride_wsn, stride_wsk,
-            out_ptr.dtype.element_ty, W_FP8, SPLIT_K, BLOCK_N, BLOCK_K, SCALE_BN, SCALE_BK,
-        )  # fmt: skip
-        acc += tl.load(tw_ptr + q) * y
-    if HAS_SHARED:
-        acc += _decode_down_slot(
-            h_ptr + (P + t).to(tl.int64) * stride_hp, shw_ptr, shs_ptr,
-            offs_n, n_ok, n0, I, stride_hs, stride_wn, stride_wsn, stride_wsk,
-            out_ptr.dtype.element_ty, W_FP8, SPLIT_K, BLOCK_N, BLOCK_K, SCALE_BN, SCALE_BK,
-        )  # fmt: skip
+    for c0 in tl.static_range(0, (TOP_K + HAS_SHARED) * I, BLOCK_K):
+        col = c0 + tl.arange(0, BLOCK_K)
+        slot = col // I
+        kk = col % I
+        col_ok = slot < TOP_K + HAS_SHARED
+        routed = slot < TOP_K
+        pair = t * TOP_K + slot
+        q = tl.where(routed, pair, P + t).to(tl.int64)
+        expert = tl.load(ids_ptr + pair, mask=routed, other=0).to(tl.int64)
+        wt = tl.load(tw_ptr + pair, mask=routed, other=1.0)
+        h_ptrs = h_ptr + q * stride_hp + kk
+        if SPLIT_K == 1:
+            h = tl.load(h_ptrs, mask=col_ok, other=0.0).to(tl.float32)
+        else:
+            g = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            u = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                g += tl.load(h_ptrs + s * stride_hs, mask=col_ok, other=0.0)
+                u += tl.load(h_ptrs + s * stride_hs + I, mask=col_ok, other=0.0)
+            h = (g / (1.0 + tl.exp(-g)) * u).to(dt).to(tl.float32)
+        w_off = offs_n[:, None].to(tl.int64) * stride_wn + kk[None, :]
+        w_ptrs = w_ptr + expert[None, :] * stride_we + w_off
+        s_ptrs = ws_ptr + expert * stride_wse
+        if HAS_SHARED:
+            w_ptrs = tl.where(routed[None, :], w_ptrs, shw_ptr + w_off)
+            s_ptrs = tl.where(routed, s_ptrs, shs_ptr)
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+        if W_FP8:
+            sw = tl.load(s_ptrs + (n0 // SCALE_BN) * stride_wsn + (kk // SCALE_BK) * stride_wsk, mask=col_ok, other=0.0)
+            w = (w.to(tl.float32) * sw[None, :]).to(dt)
+        acc += tl.sum(w.to(tl.float32) * (h * wt)[None, :], axis=1)
     if HAS_RES:
         acc += tl.load(res_ptr + t.to(tl.int64) * stride_rm + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n, acc.to(dt), mask=n_ok)
 
 
 DECODE_MAX_TOKENS = 32  # fused_moe takes the decode kernels up to here (scripts/gpu_check_moe_decode.sh)
@@ -770,7 +776,7 @@ DECODE_MAX_TOKENS = 32  # fused_moe takes the decode kernels up to here (scripts
 def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool) -> dict:
     """Tiles of the two decode kernels from static shapes only (graph-safe): ``up`` (gate/up:
     ``BLOCK_N`` rows of I, ``BLOCK_K`` columns of D per step, ``SPLIT_K`` k-splits) and
-    ``down`` (``BLOCK_N`` columns of D, ``BLOCK_K`` of I per step). Tiles of at most 8K
+    ``down`` (``BLOCK_N`` columns of D, ``BLOCK_K`` of the token's slots × I per step). Tiles of at most 8K
     elements per 4 warps compile without spills for sm_90a
     (``test_moe_decode_kernels_compile_for_sm90_without_spills``); the k-split doubles until
     the gate/up grid has two programs per SM (132 on an H200) or each split is 1024 columns."""
@@ -779,11 +785,14 @@ def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shar
     split = 1
     while slots * triton.cdiv(inter, up_n) * split < 2 * 132 and split < 8 and hidden // (2 * split) >= 1024:
         split *= 2
-    down_n, down_warps = (32, 4) if num_tokens * triton.cdiv(hidden, 32) < 8 * 132 else (64, 8)
+    up_k = 512
+    down_n = 16 if num_tokens * triton.cdiv(hidden, 32) < 8 * 132 else 32
     return {
-        "up": {"BLOCK_N": up_n, "BLOCK_K": 512, "SPLIT_K": split, "num_warps": 4, "num_stages": 1},
-        "down": {"BLOCK_N": down_n, "BLOCK_K": min(256, _next_pow2(inter)), "num_warps": down_warps, "num_stages": 1},
-    }
+        # straight-line k-steps up to 6 (more spill registers for sm_90a)
+        "up": {"BLOCK_N": up_n, "BLOCK_K": up_k, "SPLIT_K": split, "UNROLL": hidden // split <= 6 * up_k,
+               "num_warps": 4, "num_stages": 1},
+        "down": {"BLOCK_N": down_n, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1},
+    }  # fmt: skip
 
 
 def decode_supported(
@@ -881,9 +890,9 @@ def fused_moe_decode(
     shs = (shared.w13_scale if w_fp8 else shw) if shared is not None else ws
     ws_strides = (ws.stride(0), ws.stride(1), ws.stride(2)) if w_fp8 else (0, 0, 0)
     _decode_up_kernel[(slots, triton.cdiv(i, up["BLOCK_N"]), split)](
-        x, ids, w13, ws, shw, shs, h, p, i, d, k_per_split,
+        x, ids, w13, ws, shw, shs, h, p, i, d,
         x.stride(0), w13.stride(0), w13.stride(1), *ws_strides, h.stride(0), h.stride(1),
-        TOP_K=k, HAS_SHARED=shared is not None, W_FP8=w_fp8, SPLIT_K=split,
+        K_PER_SPLIT=k_per_split, TOP_K=k, HAS_SHARED=shared is not None, W_FP8=w_fp8, SPLIT_K=split,
         SCALE_BN=sbn, SCALE_BK=sbk, **up,
     )  # fmt: skip
     ws2 = w2_scale if w_fp8 else w2
@@ -892,9 +901,9 @@ def fused_moe_decode(
     ws2_strides = (ws2.stride(0), ws2.stride(1), ws2.stride(2)) if w_fp8 else (0, 0, 0)
     res = residual if residual is not None else out
     _decode_down_kernel[(t, triton.cdiv(d, down["BLOCK_N"]))](
-        h, ids, tw, w2, ws2, shw2, shs2, res, out, p, i, d,
+        h, ids, tw, w2, ws2, shw2, shs2, res, out, p, d,
         h.stride(0), h.stride(1), w2.stride(0), w2.stride(1), *ws2_strides, res.stride(0), out.stride(0),
-        TOP_K=k, HAS_SHARED=shared is not None, HAS_RES=residual is not None, W_FP8=w_fp8, SPLIT_K=split,
+        I=i, TOP_K=k, HAS_SHARED=shared is not None, HAS_RES=residual is not None, W_FP8=w_fp8, SPLIT_K=split,
         SCALE_BN=sbn, SCALE_BK=sbk, **down,
     )  # fmt: skip
     return out
