@@ -629,18 +629,20 @@ def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("t", [1, 16])
+@pytest.mark.parametrize("t", [1, 4, 5, 16])
 def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_shared, t):
-    """``fused_moe`` with ``shared`` and ``residual`` at decode sizes takes the decode kernels and
-    agrees with the twins."""
+    """``fused_moe`` with ``shared`` and ``residual`` agrees with the twins on either side of
+    ``DECODE_MAX_TOKENS``, taking the decode kernels up to it and the grouped GEMMs above."""
     from breakgraph.kernels.moe import takes_decode_path
+    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS
 
     g = glm5_experts
     x = torch.randn(t, D, device="cuda").bfloat16()
     res = torch.randn(t, D, device="cuda").bfloat16()
     tw, ids = route(*_routing(t, skew=False), TOP_K, 1, 1, True, 2.5)
     args = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
-    assert takes_decode_path(x, g["w13_8"], g["w2_8"], ids, g["s13"], g["s2"], (128, 128), glm5_shared)
+    decode = takes_decode_path(x, g["w13_8"], g["w2_8"], ids, g["s13"], g["s2"], (128, 128), glm5_shared)
+    assert decode == (t <= DECODE_MAX_TOKENS)
     got = fused_moe(x, *args, shared=glm5_shared, residual=res)
     want = fused_moe_ref(x, *args) + shared_expert_ref(x, glm5_shared) + res
     assert _rel(got, want) < 2e-2

@@ -770,7 +770,12 @@ def _decode_down_kernel(
     tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n, acc.to(dt), mask=n_ok)
 
 
-DECODE_MAX_TOKENS = 32  # fused_moe takes the decode kernels up to here (scripts/gpu_check_moe_decode.sh)
+# fused_moe takes the decode kernels up to here. scripts/bench_moe_decode.py on the H200: a GLM-5
+# TP8-rank MoE layer (routed + shared + residual) at 1 token 26 µs against 105 µs for the grouped
+# GEMMs, at 16 tokens 284 µs against 188 (the decode kernels read each routed pair's expert,
+# the grouped GEMMs each touched expert once); 2…15 tokens were not measured, so a bound well
+# below where the two lines cross.
+DECODE_MAX_TOKENS = 4
 
 
 def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool) -> dict:
@@ -779,17 +784,18 @@ def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shar
     ``down`` (``BLOCK_N`` columns of D, ``BLOCK_K`` of the token's slots × I per step). Tiles of at most 8K
     elements per 4 warps compile without spills for sm_90a
     (``test_moe_decode_kernels_compile_for_sm90_without_spills``); the k-split doubles until
-    the gate/up grid has two programs per SM (132 on an H200) or each split is 1024 columns."""
+    the gate/up grid has four programs per SM (132 on an H200) or each split is 1024 columns
+    (at one token: 4 splits, the fastest gate/up tile of ``scripts/bench_moe_decode.py``'s sweep)."""
     slots = num_tokens * (top_k + int(has_shared))
     up_n = 16
     split = 1
-    while slots * triton.cdiv(inter, up_n) * split < 2 * 132 and split < 8 and hidden // (2 * split) >= 1024:
+    while slots * triton.cdiv(inter, up_n) * split < 4 * 132 and split < 8 and hidden // (2 * split) >= 1024:
         split *= 2
     up_k = 512
     down_n = 16 if num_tokens * triton.cdiv(hidden, 32) < 8 * 132 else 32
     return {
-        # straight-line k-steps up to 6 (more spill registers for sm_90a)
-        "up": {"BLOCK_N": up_n, "BLOCK_K": up_k, "SPLIT_K": split, "UNROLL": hidden // split <= 6 * up_k,
+        # straight-line k-steps up to 3 (6 take 255 registers on sm_90a and ran slower in the sweep)
+        "up": {"BLOCK_N": up_n, "BLOCK_K": up_k, "SPLIT_K": split, "UNROLL": hidden // split <= 3 * up_k,
                "num_warps": 4, "num_stages": 1},
         "down": {"BLOCK_N": down_n, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1},
     }  # fmt: skip
