@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from test_kernels_fp8 import OPCHECK_FP8, _expect, _rel, compile_for_sm90
 
 from breakgraph.bench.presets import PRESETS, moe_shape
-from breakgraph.kernels.fp8 import block_dequant, block_quant
-from breakgraph.kernels.moe import fused_moe, fused_moe_ref, route, route_ref
+from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant, block_quant
+from breakgraph.kernels.moe import SharedExpert, fused_moe, fused_moe_ref, route, route_ref, shared_expert_ref
 
 
 def _skewed_ids(num_tokens: int, top_k: int, num_experts: int, live: int) -> torch.Tensor:
@@ -209,6 +209,113 @@ def check_grouped_mm_path_matches_twin():
     assert _rel(fused_moe_grouped_mm(x, w13, w2, tw, ids), fused_moe_ref(x, w13, w2, tw, ids)) < 1e-3
 
 
+def _decode_operands(t, k, e, d, inter, live, kind, with_shared, with_residual, dtype=torch.float32):
+    """Fresh random decode operands: routed experts (``kind`` fp8 or dense ``dtype``), ids with
+    ``e - live`` experts that get no token, a shared expert and a residual when asked."""
+
+    def weights(*shape):
+        w = torch.randn(*shape) / shape[-1] ** 0.5
+        return block_quant(w) if kind == "fp8" else (w.to(dtype), None)
+
+    x = torch.randn(t, d).to(dtype)
+    w13, s13 = weights(e, 2 * inter, d)
+    w2, s2 = weights(e, d, inter)
+    ids = _skewed_ids(t, k, e, live) if live < e else torch.stack([torch.randperm(e)[:k] for _ in range(t)])
+    tw = torch.rand(t, k)
+    shared = None
+    if with_shared:
+        sw13, ss13 = weights(2 * inter, d)
+        sw2, ss2 = weights(d, inter)
+        shared = SharedExpert(sw13, sw2, ss13, ss2)
+    res = torch.randn(t, d).to(dtype) if with_residual else None
+    return x, w13, w2, tw, ids, s13, s2, shared, res
+
+
+def _decode_twin(x, w13, w2, tw, ids, s13, s2, shared, res):
+    want = fused_moe_ref(x, w13, w2, tw, ids, s13, s2)
+    if shared is not None:
+        want = want + shared_expert_ref(x, shared)
+    return want if res is None else want + res
+
+
+DECODE_CASES = [  # (T, k, E, D, I, experts with tokens, weights, shared, residual)
+    (1, 8, 64, 384, 256, 64, "fp8", True, False),
+    (3, 4, 10, 384, 256, 6, "fp8", True, True),
+    (16, 4, 24, 256, 128, 9, "fp8", False, True),
+    (64, 2, 16, 128, 128, 5, "fp8", True, False),
+    (3, 4, 10, 256, 128, 6, "fp32", True, True),
+    (16, 3, 12, 200, 96, 7, "fp32", False, False),
+]
+
+
+def check_fused_moe_decode_matches_twin():
+    from breakgraph.kernels.triton_moe import fused_moe_decode
+
+    for case in DECODE_CASES:
+        ops = _decode_operands(*case)
+        x, w13, w2, tw, ids, s13, s2, shared, res = ops
+        got = fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res)
+        assert got.shape == x.shape and got.dtype == x.dtype
+        err = _rel(got, _decode_twin(*ops))
+        assert err < 1e-5, (case, err)
+
+
+def check_fused_moe_decode_tile_variants():
+    """Split-K (fp32 split sums, SiLU in the down kernel), wide and narrow tiles: one function."""
+    from breakgraph.kernels.triton_moe import fused_moe_decode
+
+    ops = _decode_operands(3, 4, 12, 256, 128, 8, "fp8", True, True)
+    want = _decode_twin(*ops)
+    x, w13, w2, tw, ids, s13, s2, shared, res = ops
+    for cfg in (  # down BLOCK_K below, at and above I = 128: a step spans part of a slot or several
+        {"up": {"SPLIT_K": 1, "BLOCK_K": 128, "UNROLL": False}},
+        {"up": {"SPLIT_K": 3, "BLOCK_K": 64, "UNROLL": True}, "down": {"BLOCK_K": 64}},
+        {"up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64, "UNROLL": False}, "down": {"BLOCK_N": 128, "BLOCK_K": 128}},
+        {"up": {"BLOCK_N": 8, "BLOCK_K": 1024}, "down": {"BLOCK_N": 64, "BLOCK_K": 1024}},
+    ):
+        got = fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res, config=cfg)
+        assert _rel(got, want) < 1e-5, (cfg, _rel(got, want))
+
+
+def check_fused_moe_decode_bf16_matches_fp32_oracle():
+    """bf16 activations (fp8 and bf16 weights): within bf16 rounding of the fp32 computation."""
+    from breakgraph.kernels.triton_moe import fused_moe_decode
+
+    for kind in ("fp8", "bf16"):
+        ops = _decode_operands(3, 4, 10, 384, 256, 6, kind, True, True, dtype=torch.bfloat16)
+        x, w13, w2, tw, ids, s13, s2, shared, res = ops
+        got = fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res)
+        assert got.dtype == torch.bfloat16
+        want = _oracle(x, w13, w2, tw, ids, s13, s2) + res.float()
+        sh = shared._replace(w13=shared.w13.float(), w2=shared.w2.float()) if kind == "bf16" else shared
+        want = want + shared_expert_ref(x.float(), sh)
+        assert _rel(got, want) < 2e-2, (kind, _rel(got, want))
+
+
+def check_fused_moe_decode_launches_two_kernels():
+    """Routed + shared experts + residual: two kernel launches, and the grid holds exactly
+    ``T·(k + 1)`` slots (no program for an expert no token routes to)."""
+    import triton.runtime.interpreter as interp
+
+    from breakgraph.kernels.triton_moe import fused_moe_decode
+
+    launches = []
+    original = interp.InterpretedFunction.__getitem__
+
+    def spy(self, grid):
+        launches.append((self.fn.__name__, tuple(grid)))
+        return original(self, grid)
+
+    x, w13, w2, tw, ids, s13, s2, shared, res = _decode_operands(2, 8, 64, 384, 256, 64, "fp8", True, True)
+    interp.InterpretedFunction.__getitem__ = spy
+    try:
+        fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res, config={"up": {"SPLIT_K": 1}})
+    finally:
+        interp.InterpretedFunction.__getitem__ = original
+    assert [name for name, _ in launches] == ["_decode_up_kernel", "_decode_down_kernel"], launches
+    assert launches[0][1][0] == 2 * 9 and launches[1][1][0] == 2, launches
+
+
 # --------------------------------------------------------------------------------------------
 # CPU tests
 
@@ -223,6 +330,10 @@ def check_grouped_mm_path_matches_twin():
         "check_moe_gemm_writes_every_pair_row_and_nothing_else",
         "check_silu_mul_and_combine",
         "check_grouped_mm_path_matches_twin",
+        "check_fused_moe_decode_matches_twin",
+        "check_fused_moe_decode_tile_variants",
+        "check_fused_moe_decode_bf16_matches_fp32_oracle",
+        "check_fused_moe_decode_launches_two_kernels",
     ],
 )
 def test_triton_moe_under_interpreter(interp_results, name):
@@ -262,6 +373,56 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
     info = compile_for_sm90(triton_moe._moe_gemm_kernel, types, constexprs, warps, stages)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     assert info["mma"] == (["QGMMA"] if adt == "fp8" else ["HGMMA"]), info
+
+
+DECODE_AOT_VARIANTS = [  # (kernel, weights, split_k, BLOCK_N, BLOCK_K, warps, stages[, unroll])
+    ("up", "fp8", 1, 16, 512, 4, 1, False),
+    ("up", "fp8", 2, 16, 512, 4, 1, True),
+    ("up", "fp8", 4, 16, 512, 4, 1, True),
+    ("up", "fp8", 2, 8, 1024, 4, 1, True),
+    ("up", "fp8", 1, 32, 256, 8, 1, False),
+    ("up", "bf16", 2, 16, 512, 4, 1, True),
+    ("down", "fp8", 1, 16, 512, 4, 1),
+    ("down", "fp8", 2, 16, 512, 4, 1),
+    ("down", "fp8", 1, 16, 1024, 4, 1),
+    ("down", "fp8", 1, 32, 512, 8, 1),
+    ("down", "fp8", 1, 64, 256, 8, 1),
+    ("down", "bf16", 1, 16, 512, 4, 1),
+]
+
+
+def decode_kernel_resources(variant) -> dict:
+    """sm_90a resource use of one decode-kernel variant (:data:`DECODE_AOT_VARIANTS` row)."""
+    from breakgraph.kernels import triton_moe
+
+    part, wdt, split, bn, bk, warps, stages, unroll = (*variant, True)[:8]
+    fp8 = wdt == "fp8"
+    wptr = "*fp8e4nv" if fp8 else "*bf16"
+    common = {"W_FP8": fp8, "SPLIT_K": split, "BLOCK_N": bn, "BLOCK_K": bk, "TOP_K": 8, "HAS_SHARED": True,
+              "SCALE_BN": 128 if fp8 else 1, "SCALE_BK": 128 if fp8 else 1}  # fmt: skip
+    if part == "up":  # GLM-5 TP8 rank: D = 6144 in SPLIT_K splits
+        common |= {"K_PER_SPLIT": 6144 // split, "UNROLL": unroll}
+    else:
+        common["I"] = 256
+    h = "*bf16" if split == 1 else "*fp32"
+    if part == "up":
+        fn = triton_moe._decode_up_kernel
+        types = {"x_ptr": "*bf16", "ids_ptr": "*i64", "w_ptr": wptr, "ws_ptr": "*fp32", "shw_ptr": wptr,
+                 "shs_ptr": "*fp32", "h_ptr": h}  # fmt: skip
+    else:
+        fn = triton_moe._decode_down_kernel
+        types = {"h_ptr": h, "ids_ptr": "*i64", "tw_ptr": "*fp32", "w_ptr": wptr, "ws_ptr": "*fp32",
+                 "shw_ptr": wptr, "shs_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16"}  # fmt: skip
+        common["HAS_RES"] = True
+    return compile_for_sm90(fn, types, common, warps, stages)
+
+
+@pytest.mark.parametrize("variant", DECODE_AOT_VARIANTS)
+def test_moe_decode_kernels_compile_for_sm90_without_spills(variant):
+    pytest.importorskip("triton")
+    info = decode_kernel_resources(variant)
+    print(variant, info)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 def test_moe_small_kernels_compile_for_sm90():
@@ -426,3 +587,141 @@ def test_fused_moe_custom_op_passes_opcheck(glm5_experts, fp8):
     weights = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"]) if fp8 else (g["w13"], g["w2"], tw, ids, None, None)
     checks = {"test_utils": OPCHECK_FP8} if fp8 else {}  # else opcheck's default: every check
     torch.library.opcheck(torch.ops.breakgraph.fused_moe.default, (x, *weights, [128, 128]), **checks)
+
+
+@pytest.fixture(scope="module")
+def glm5_shared():
+    torch.manual_seed(1)
+    w13, s13 = block_quant(torch.randn(2 * INTER, D, device="cuda") / D**0.5)
+    w2, s2 = block_quant(torch.randn(D, INTER, device="cuda") / INTER**0.5)
+    return SharedExpert(w13, w2, s13, s2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [1, 3, 16, 64, 128])
+@pytest.mark.parametrize("fp8", [True, False])
+def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
+    """The decode kernels at GLM-5 TP8-rank shapes, routed + shared + residual, against the fp32
+    oracle (FP8 weights dequantised exactly as the kernels do); every output row written."""
+    from breakgraph.kernels.triton_moe import fused_moe_decode
+
+    g = glm5_experts
+    x = torch.randn(t, D, device="cuda").bfloat16()
+    res = torch.randn(t, D, device="cuda").bfloat16()
+    tw, ids = route(*_routing(t, skew=t > 16), TOP_K, 1, 1, True, 2.5)
+    if fp8:
+        w = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
+        shared = glm5_shared
+        sh_ref = shared
+    else:
+        w = (g["w13"], g["w2"], tw, ids, None, None)
+        sh = glm5_shared
+        shared = SharedExpert(
+            block_dequant(sh.w13, sh.w13_scale, (128, 128), torch.bfloat16),
+            block_dequant(sh.w2, sh.w2_scale, (128, 128), torch.bfloat16),
+        )
+        sh_ref = SharedExpert(shared.w13.float(), shared.w2.float())
+    got = fused_moe_decode(x, *w, shared=shared, residual=res)
+    want = _oracle(x, *w) + shared_expert_ref(x.float(), sh_ref) + res.float()
+    err = _rel(got, want)
+    print(f"decode fp8={fp8} T={t}: rel err {err:.2e}")
+    assert got.dtype == torch.bfloat16 and err < 1e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [1, 4, 5, 16])
+def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_shared, t):
+    """``fused_moe`` with ``shared`` and ``residual`` agrees with the twins on either side of
+    ``DECODE_MAX_TOKENS``, taking the decode kernels up to it and the grouped GEMMs above."""
+    from breakgraph.kernels.moe import takes_decode_path
+    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS
+
+    g = glm5_experts
+    x = torch.randn(t, D, device="cuda").bfloat16()
+    res = torch.randn(t, D, device="cuda").bfloat16()
+    tw, ids = route(*_routing(t, skew=False), TOP_K, 1, 1, True, 2.5)
+    args = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
+    decode = takes_decode_path(x, g["w13_8"], g["w2_8"], ids, g["s13"], g["s2"], (128, 128), glm5_shared)
+    assert decode == (t <= DECODE_MAX_TOKENS)
+    got = fused_moe(x, *args, shared=glm5_shared, residual=res)
+    want = fused_moe_ref(x, *args) + shared_expert_ref(x, glm5_shared) + res
+    assert _rel(got, want) < 2e-2
+
+
+@pytest.mark.cuda
+def test_moe_decode_cuda_graph_replay(glm5_experts, glm5_shared):
+    """Routing + decode kernels (shared + residual) captured in one CUDA graph, replayed with new
+    inputs: same result as eager."""
+    g = glm5_experts
+    t = 4
+    static_x = torch.randn(t, D, device="cuda").bfloat16()
+    static_res = torch.randn(t, D, device="cuda").bfloat16()
+    static_logits, bias = _routing(t, skew=False)
+
+    def layer():
+        tw, ids = route(static_logits, bias, TOP_K, 1, 1, True, 2.5)
+        return fused_moe(static_x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"], shared=glm5_shared,
+                         residual=static_res)  # fmt: skip
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            layer()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = layer()
+    for _ in range(3):
+        static_x.copy_(torch.randn_like(static_x))
+        static_res.copy_(torch.randn_like(static_res))
+        static_logits.copy_(torch.randn_like(static_logits))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, layer()), "replay differs from eager (the kernels are deterministic)"
+
+
+@pytest.mark.cuda
+def test_fused_moe_decode_custom_op_passes_opcheck(glm5_experts, glm5_shared):
+    g = glm5_experts
+    t = 2
+    x = torch.randn(t, D, device="cuda").bfloat16()
+    res = torch.randn(t, D, device="cuda").bfloat16()
+    tw, ids = route(*_routing(t, skew=False), TOP_K, 1, 1, True, 2.5)
+    sh = glm5_shared
+    args = (x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"], sh.w13, sh.w2, sh.w13_scale, sh.w2_scale, res,
+            [128, 128])  # fmt: skip
+    torch.library.opcheck(torch.ops.breakgraph.fused_moe_decode.default, args, test_utils=OPCHECK_FP8)
+
+
+@pytest.mark.parametrize("decode", [False, True])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_moe_block_folds_shared_expert_and_residual(monkeypatch, decode, fp8):
+    """``MoE.forward(x, residual)`` = ``residual + routed(x) + shared(x)`` whether the shared
+    expert and the residual go into the experts' call (the decode path, forced here on the CPU,
+    where the twins compute it) or are added after."""
+    from breakgraph.layers.mlp import Experts, MoE
+    from breakgraph.models.config import ModelConfig
+
+    cfg = {"model_type": "glm_moe_dsa", "hidden_size": 256, "moe_intermediate_size": 128, "n_routed_experts": 8,
+           "num_experts_per_tok": 2, "n_shared_experts": 1, "rope_parameters": {"rope_theta": 1e6}}  # fmt: skip
+    if fp8:
+        cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    moe = MoE(ModelConfig.from_dict(cfg), torch.float32)
+    for p in moe.parameters():
+        p.data.copy_((torch.randn_like(p.data, dtype=torch.float32) * 0.1).to(p.dtype))
+    for p in (moe.experts.w13_scale, moe.experts.w2_scale, moe.shared_experts.gate_up_proj.weight_scale_inv,
+              moe.shared_experts.down_proj.weight_scale_inv):  # fmt: skip
+        if p is not None:
+            p.data.uniform_(0.5, 1.5)
+    assert (moe.experts.w13.dtype == FP8_DTYPE) == fp8
+    seen = []
+    monkeypatch.setattr(Experts, "takes_decode_path", lambda self, x, ids, shared: seen.append(shared) or decode)
+    x, res = torch.randn(5, 256), torch.randn(5, 256)
+    tw, ids = moe.gate(x)
+    want = res + (moe.experts(x, tw, ids) + moe.shared_experts(x))
+    got = moe(x, residual=res)
+    assert seen and seen[-1] is not None, "the shared expert was offered to the experts' call"
+    assert _rel(got, want) < 1e-6
+    assert _rel(moe(x), want - res) < 1e-6

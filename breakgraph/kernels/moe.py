@@ -6,17 +6,33 @@ groups by the sum of each group's two best biased scores); the weights are the u
 scores of the chosen experts, normalised to sum 1 (``norm_topk_prob``), × ``routed_scaling``.
 
 Experts: tokens are sorted by expert and run through grouped GEMMs
-(``torch._grouped_mm``) with static shapes ``[T·top_k, ...]``.
+(``torch._grouped_mm``) with static shapes ``[T·top_k, ...]``. The shared expert
+(:class:`SharedExpert`, laid out like one routed expert) and the residual add can join the
+routed experts' call (:func:`fused_moe`'s ``shared`` / ``residual``); decode batches then run
+all of it in two kernels (:func:`takes_decode_path`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from breakgraph.graphs import opaque_op
 from breakgraph.kernels.dispatch import use_triton
-from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant
+from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant, fp8_block_linear_ref
+from breakgraph.kernels.linear import linear
+
+
+class SharedExpert(NamedTuple):
+    """The always-on shared expert, laid out like one routed expert: ``w13 [2I, D]`` (gate rows,
+    then up rows), ``w2 [D, I]``, and for FP8 their ``[·/128, ·/128]`` block scales."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    w13_scale: torch.Tensor | None = None
+    w2_scale: torch.Tensor | None = None
 
 
 def route_ref(
@@ -97,6 +113,18 @@ def fused_moe_ref(
     return out
 
 
+def shared_expert_ref(x: torch.Tensor, shared: SharedExpert, block: tuple[int, int] = (128, 128)) -> torch.Tensor:
+    """``W2_s (silu(G_s x) ⊙ U_s x)`` in ``x.dtype`` (FP8 weights dequantised per block), the
+    twin of the shared expert's dense MLP."""
+    gate_up = _linear_ref(x, shared.w13, shared.w13_scale, block)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return _linear_ref(F.silu(gate) * up, shared.w2, shared.w2_scale, block)
+
+
+def _linear_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, block: tuple[int, int]) -> torch.Tensor:
+    return F.linear(x, w) if scale is None else fp8_block_linear_ref(x, w, scale, block)
+
+
 def route(
     router_logits: torch.Tensor,
     correction_bias: torch.Tensor | None,
@@ -147,18 +175,88 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     block: tuple[int, int] = (128, 128),
+    *,
+    shared: SharedExpert | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Dispatch :func:`fused_moe_ref`'s contract to the fastest implementation available.
+    """Dispatch :func:`fused_moe_ref`'s contract (``+ shared(x)`` when ``shared`` is given,
+    ``+ residual`` when given) to the fastest implementation available.
 
-    CUDA, 16-bit activations: FP8 block-scaled experts take the Triton grouped GEMMs
-    (activations quantised to e4m3 per 128 columns from
+    CUDA, 16-bit activations: up to ``triton_moe.DECODE_MAX_TOKENS`` tokens
+    (:func:`takes_decode_path`), the two decode kernels (gate/up + SiLU by routed pair and shared
+    slot, then down + weighted combine + residual by token,
+    :func:`breakgraph.kernels.triton_moe.fused_moe_decode`); above, FP8 block-scaled experts take
+    the Triton grouped GEMMs (activations quantised to e4m3 per 128 columns from
     ``triton_moe.W8A8_MIN_TOKENS`` tokens, bf16 activations × fp8 weight tiles below; see
-    ``triton_moe.moe_fp8_activations``); bf16 experts take ``torch._grouped_mm`` on sm90/sm100, else the Triton
-    grouped GEMMs (:mod:`breakgraph.kernels.triton_moe`). Everything else takes the twin.
+    ``triton_moe.moe_fp8_activations``) and bf16 experts ``torch._grouped_mm`` on sm90/sm100, else
+    the Triton grouped GEMMs (:mod:`breakgraph.kernels.triton_moe`), with the shared expert and the
+    residual added after. Everything else takes the twins.
     """
+    if takes_decode_path(x, w13, w2, topk_ids, w13_scale, w2_scale, block, shared):
+        sh = shared if shared is not None else SharedExpert(None, None)
+        return _fused_moe_decode_cuda(
+            x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, sh.w13, sh.w2, sh.w13_scale, sh.w2_scale,
+            residual, list(block),
+        )  # fmt: skip
     if use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block):
-        return _fused_moe_cuda(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, list(block))
-    return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)
+        out = _fused_moe_cuda(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, list(block))
+        if shared is not None:
+            gate, up = linear(x, shared.w13, shared.w13_scale, block).chunk(2, dim=-1)
+            out = out + linear(F.silu(gate) * up, shared.w2, shared.w2_scale, block)
+    else:
+        out = fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)
+        if shared is not None:
+            out = out + shared_expert_ref(x, shared, block)
+    return out if residual is None else residual + out
+
+
+def takes_decode_path(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    block: tuple[int, int],
+    shared: SharedExpert | None = None,
+) -> bool:
+    """Whether :func:`fused_moe` runs these operands through the decode kernels: CUDA, at most
+    ``triton_moe.DECODE_MAX_TOKENS`` tokens (a static shape, so a captured graph keeps one
+    choice), and the layouts both paths take (and ``shared``'s, when given). Never while
+    torch.compile traces: a token-count test would specialise a trace with a symbolic count."""
+    if torch.compiler.is_compiling():
+        return False
+    if not (use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block)):
+        return False
+    from breakgraph.kernels import triton_moe
+
+    return 0 < x.shape[0] <= triton_moe.DECODE_MAX_TOKENS and triton_moe.decode_supported(
+        x, w13, w2, w13_scale, w2_scale, shared
+    )
+
+
+def _fused_moe_decode_shape(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, sh13: torch.Tensor | None,
+    sh2: torch.Tensor | None, sh13_scale: torch.Tensor | None, sh2_scale: torch.Tensor | None,
+    residual: torch.Tensor | None, block: list[int],
+) -> torch.Tensor:  # fmt: skip
+    return torch.empty_like(x)
+
+
+@opaque_op(name="fused_moe_decode", fake_impl=_fused_moe_decode_shape)
+def _fused_moe_decode_cuda(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, sh13: torch.Tensor | None,
+    sh2: torch.Tensor | None, sh13_scale: torch.Tensor | None, sh2_scale: torch.Tensor | None,
+    residual: torch.Tensor | None, block: list[int],
+) -> torch.Tensor:  # fmt: skip
+    from breakgraph.kernels import triton_moe
+
+    shared = SharedExpert(sh13, sh2, sh13_scale, sh2_scale) if sh13 is not None else None
+    return triton_moe.fused_moe_decode(
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, tuple(block), shared=shared, residual=residual
+    )
 
 
 def _fused_moe_shape(

@@ -39,6 +39,7 @@ normalisation and scaling in one kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -47,6 +48,9 @@ import triton.language as tl
 from breakgraph import env
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
+
+if TYPE_CHECKING:
+    from breakgraph.kernels.moe import SharedExpert
 
 W8A8_MIN_TOKENS = 128  # scripts/bench_kernels_moe.py on the H200, graph replays: W8A8 wins from here up
 
@@ -616,3 +620,296 @@ def fused_moe_triton(
     y = torch.empty(p, d, dtype=x.dtype, device=x.device)
     moe_gemm(ha, hs, w2, w2_scale, lay, y, gather_top_k=None, silu=False, block=block, config=cfg2)
     return moe_combine(y, topk_weights, torch.empty_like(x))
+
+
+# --------------------------------------------------------------------------------------------
+# decode: experts by routed pair, two launches for routed + shared experts
+
+
+@triton.jit
+def _decode_up_step(
+    acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k0, k_hi, offs_k, n_ok, stride_wsk,
+    W_FP8: tl.constexpr, SCALE_BK: tl.constexpr,
+):  # fmt: skip
+    """One ``BLOCK_K`` step of the gate and up GEMVs (columns ``k0 + offs_k`` below ``k_hi``)."""
+    kk = k0 + offs_k
+    k_ok = kk < k_hi
+    xv = tl.load(x_row + kk, mask=k_ok, other=0.0)
+    m = n_ok[:, None] & k_ok[None, :]
+    wg = tl.load(wg_ptrs + k0, mask=m, other=0.0)
+    wu = tl.load(wu_ptrs + k0, mask=m, other=0.0)
+    if W_FP8:
+        # the twin's dequantisation: (w·s) rounded to the activation dtype, per 128-column block
+        kb = (kk // SCALE_BK) * stride_wsk
+        sg = tl.load(sg_ptr + kb, mask=k_ok, other=0.0)
+        su = tl.load(su_ptr + kb, mask=k_ok, other=0.0)
+        wg = (wg.to(tl.float32) * sg[None, :]).to(xv.dtype)
+        wu = (wu.to(tl.float32) * su[None, :]).to(xv.dtype)
+    xf = xv.to(tl.float32)[None, :]
+    return acc_g + tl.sum(wg.to(tl.float32) * xf, axis=1), acc_u + tl.sum(wu.to(tl.float32) * xf, axis=1)
+
+
+@triton.jit
+def _decode_up_kernel(
+    x_ptr, ids_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, h_ptr,
+    P, I, K,
+    stride_xm, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_hs, stride_hp,
+    K_PER_SPLIT: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, W_FP8: tl.constexpr,
+    SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+):  # fmt: skip
+    """Program ``(q, n, s)``: rows ``[n·BN, (n+1)·BN)`` of the gate and of the up projection of
+    slot ``q``'s expert times its token's row of ``x``, over the k-range of split ``s``. Slots
+    ``q < P`` are routed pairs (token ``q // TOP_K``, expert ``ids[q]``); ``q ≥ P`` the shared
+    expert of token ``q - P``. ``SPLIT_K == 1``: writes ``h = silu(g)·u`` in ``h``'s dtype;
+    else the fp32 sums ``g ‖ u`` of its split into slice ``s`` of ``h``. ``UNROLL``: the k-steps
+    as straight-line code (the compiler may issue a step's loads before the last one's math)."""
+    q = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    expert = tl.load(ids_ptr + q, mask=q < P, other=0).to(tl.int64)
+    tok = q // TOP_K
+    w_base = w_ptr + expert * stride_we
+    s_base = ws_ptr + expert * stride_wse
+    if HAS_SHARED:
+        if q >= P:
+            tok = q - P
+            w_base = shw_ptr
+            s_base = shs_ptr
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < I
+    offs_k = tl.arange(0, BLOCK_K)
+    x_row = x_ptr + tok.to(tl.int64) * stride_xm
+    wg_ptrs = w_base + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    wu_ptrs = wg_ptrs + I * stride_wn
+    sg_ptr = s_base + (n0 // SCALE_BN) * stride_wsn
+    su_ptr = s_base + ((I + n0) // SCALE_BN) * stride_wsn
+    acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    k_lo = split * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    if UNROLL:
+        for dk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
+            acc_g, acc_u = _decode_up_step(
+                acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k_lo + dk, k_hi, offs_k, n_ok, stride_wsk,
+                W_FP8, SCALE_BK,
+            )  # fmt: skip
+    else:
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            acc_g, acc_u = _decode_up_step(
+                acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k0, k_hi, offs_k, n_ok, stride_wsk,
+                W_FP8, SCALE_BK,
+            )  # fmt: skip
+    h_row = h_ptr + split * stride_hs + q.to(tl.int64) * stride_hp
+    if SPLIT_K == 1:
+        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        tl.store(h_row + offs_n, h.to(h_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        tl.store(h_row + offs_n, acc_g, mask=n_ok)
+        tl.store(h_row + I + offs_n, acc_u, mask=n_ok)
+
+
+@triton.jit
+def _decode_down_kernel(
+    h_ptr, ids_ptr, tw_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, res_ptr, out_ptr,
+    P, D,
+    stride_hs, stride_hp, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_rm, stride_om,
+    I: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RES: tl.constexpr,
+    W_FP8: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+):  # fmt: skip
+    """Program ``(t, n)``: columns ``[n·BN, (n+1)·BN)`` of token ``t``'s output
+    ``Σ_j w[t, j] · W2[ids[t, j]] h[t·k + j]`` (+ the shared expert's ``W2_s h[P + t]``, + the
+    residual row), in fp32 and rounded once. The token's slots are laid end to end as one
+    reduction axis of ``(TOP_K + HAS_SHARED)·I`` columns, walked in straight-line ``BLOCK_K``
+    steps (a step may span several experts: each column gathers its own expert's weights),
+    so the sum runs in one fixed order and loads need not wait for the previous step.
+    ``SPLIT_K > 1``: ``h`` holds fp32 ``g ‖ u`` split sums, added in split order, then
+    ``silu(g)·u`` rounded to the output dtype (what ``SPLIT_K == 1`` stores)."""
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < D
+    dt = out_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for c0 in tl.static_range(0, (TOP_K + HAS_SHARED) * I, BLOCK_K):
+        col = c0 + tl.arange(0, BLOCK_K)
+        slot = col // I
+        kk = col % I
+        col_ok = slot < TOP_K + HAS_SHARED
+        routed = slot < TOP_K
+        pair = t * TOP_K + slot
+        q = tl.where(routed, pair, P + t).to(tl.int64)
+        expert = tl.load(ids_ptr + pair, mask=routed, other=0).to(tl.int64)
+        wt = tl.load(tw_ptr + pair, mask=routed, other=1.0)
+        h_ptrs = h_ptr + q * stride_hp + kk
+        if SPLIT_K == 1:
+            h = tl.load(h_ptrs, mask=col_ok, other=0.0).to(tl.float32)
+        else:
+            g = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            u = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                g += tl.load(h_ptrs + s * stride_hs, mask=col_ok, other=0.0)
+                u += tl.load(h_ptrs + s * stride_hs + I, mask=col_ok, other=0.0)
+            h = (g / (1.0 + tl.exp(-g)) * u).to(dt).to(tl.float32)
+        w_off = offs_n[:, None].to(tl.int64) * stride_wn + kk[None, :]
+        w_ptrs = w_ptr + expert[None, :] * stride_we + w_off
+        s_ptrs = ws_ptr + expert * stride_wse
+        if HAS_SHARED:
+            w_ptrs = tl.where(routed[None, :], w_ptrs, shw_ptr + w_off)
+            s_ptrs = tl.where(routed, s_ptrs, shs_ptr)
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+        if W_FP8:
+            sw = tl.load(s_ptrs + (n0 // SCALE_BN) * stride_wsn + (kk // SCALE_BK) * stride_wsk, mask=col_ok, other=0.0)
+            w = (w.to(tl.float32) * sw[None, :]).to(dt)
+        acc += tl.sum(w.to(tl.float32) * (h * wt)[None, :], axis=1)
+    if HAS_RES:
+        acc += tl.load(res_ptr + t.to(tl.int64) * stride_rm + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n, acc.to(dt), mask=n_ok)
+
+
+# fused_moe takes the decode kernels up to here. scripts/bench_moe_decode.py on the H200: a GLM-5
+# TP8-rank MoE layer (routed + shared + residual) at 1 token 26 µs against 105 µs for the grouped
+# GEMMs, at 16 tokens 284 µs against 188 (the decode kernels read each routed pair's expert,
+# the grouped GEMMs each touched expert once); 2…15 tokens were not measured, so a bound well
+# below where the two lines cross.
+DECODE_MAX_TOKENS = 4
+
+
+def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool) -> dict:
+    """Tiles of the two decode kernels from static shapes only (graph-safe): ``up`` (gate/up:
+    ``BLOCK_N`` rows of I, ``BLOCK_K`` columns of D per step, ``SPLIT_K`` k-splits) and
+    ``down`` (``BLOCK_N`` columns of D, ``BLOCK_K`` of the token's slots × I per step). Tiles of at most 8K
+    elements per 4 warps compile without spills for sm_90a
+    (``test_moe_decode_kernels_compile_for_sm90_without_spills``); the k-split doubles until
+    the gate/up grid has four programs per SM (132 on an H200) or each split is 1024 columns
+    (at one token: 4 splits, the fastest gate/up tile of ``scripts/bench_moe_decode.py``'s sweep)."""
+    slots = num_tokens * (top_k + int(has_shared))
+    up_n = 16
+    split = 1
+    while slots * triton.cdiv(inter, up_n) * split < 4 * 132 and split < 8 and hidden // (2 * split) >= 1024:
+        split *= 2
+    up_k = 512
+    down_n = 16 if num_tokens * triton.cdiv(hidden, 32) < 8 * 132 else 32
+    return {
+        # straight-line k-steps up to 3 (6 take 255 registers on sm_90a and ran slower in the sweep)
+        "up": {"BLOCK_N": up_n, "BLOCK_K": up_k, "SPLIT_K": split, "UNROLL": hidden // split <= 3 * up_k,
+               "num_warps": 4, "num_stages": 1},
+        "down": {"BLOCK_N": down_n, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1},
+    }  # fmt: skip
+
+
+def decode_supported(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    shared: SharedExpert | None = None,
+) -> bool:
+    """Whether :func:`fused_moe_decode` takes these tensors: unit inner strides; FP8 scales one
+    per 128×128 block; a shared expert with the dtypes, shapes and strides of one routed expert."""
+    num_e, two_i, d = w13.shape
+    if w13.stride(2) != 1 or w2.stride(2) != 1 or x.stride(1) != 1 or w2.shape != (num_e, d, two_i // 2):
+        return False
+    if w13_scale is not None and (w13_scale.stride(2) != 1 or w2_scale.stride(2) != 1):
+        return False
+    if shared is None:
+        return True
+    pairs = [(shared.w13, w13), (shared.w2, w2)]
+    if w13_scale is not None:
+        if shared.w13_scale is None or shared.w2_scale is None:
+            return False
+        pairs += [(shared.w13_scale, w13_scale), (shared.w2_scale, w2_scale)]
+    elif shared.w13_scale is not None or shared.w2_scale is not None:
+        return False
+    return all(
+        a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape[1:]) and a.stride() == b.stride()[1:]
+        for a, b in pairs
+    )
+
+
+def fused_moe_decode(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block: tuple[int, int] = (128, 128),
+    *,
+    shared: SharedExpert | None = None,
+    residual: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Routed experts for a few tokens in two launches, reading only the experts the tokens
+    route to (contract of ``fused_moe_ref``, plus ``shared(x)`` and ``residual`` when given).
+
+    Launch 1 (:func:`_decode_up_kernel`): gate/up GEMV + SiLU per (routed pair or shared slot,
+    row tile, k-split), weights dequantised from FP8 per block in registers, one read of each
+    weight tile per pair. Launch 2 (:func:`_decode_down_kernel`): per (token, column tile), the
+    down GEMVs of the token's experts and the weighted sum in fp32 — a deterministic combine
+    with no atomics. No host sync; the grid depends only on ``T·(k + shared)``. ``config``
+    overrides :func:`decode_config` (keys ``up`` / ``down``). ``block`` must be (128, 128) for FP8.
+    """
+    t, d = x.shape
+    k = topk_ids.shape[1]
+    num_e, two_i, _ = w13.shape
+    i = two_i // 2
+    w_fp8 = w13.dtype == FP8_DTYPE
+    if w_fp8 != (w13_scale is not None) or w_fp8 != (w2_scale is not None):
+        raise ValueError("fused_moe_decode: FP8 weights need both block scales, bf16 weights none")
+    if w_fp8 and tuple(block) != (128, 128):
+        raise ValueError(f"fused_moe_decode: FP8 block must be (128, 128), got {tuple(block)}")
+    if not decode_supported(x, w13, w2, w13_scale, w2_scale, shared):
+        raise ValueError("fused_moe_decode: unsupported layout (see decode_supported)")
+    if residual is not None and (residual.shape != x.shape or residual.stride(1) != 1):
+        raise ValueError(f"fused_moe_decode: residual must be [T, D] like x, got {tuple(residual.shape)}")
+    cfg = decode_config(t, k, i, d, shared is not None)
+    for part, over in (config or {}).items():
+        cfg[part] = {**cfg[part], **over}
+    up, down = dict(cfg["up"]), dict(cfg["down"])
+    sbn, sbk = block if w_fp8 else (1, 1)
+    if w_fp8 and (i % sbn or sbn % up["BLOCK_N"] or sbn % down["BLOCK_N"]):
+        raise ValueError(
+            f"fused_moe_decode: FP8 needs I % 128 == 0 and BLOCK_N dividing 128, got I={i}, {up}, {down}"
+        )
+    out = torch.empty_like(x)
+    if t == 0 or d == 0:
+        return out
+    p = t * k
+    slots = p + (t if shared is not None else 0)
+    split = up.pop("SPLIT_K")
+    k_per_split = triton.cdiv(triton.cdiv(d, split), up["BLOCK_K"]) * up["BLOCK_K"]
+    split = triton.cdiv(d, k_per_split)
+    if split == 1:
+        h = torch.empty(1, slots, i, dtype=x.dtype, device=x.device)
+    else:
+        h = torch.empty(split, slots, 2 * i, dtype=torch.float32, device=x.device)
+    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+    tw = topk_weights.float().contiguous()
+    ws = w13_scale if w_fp8 else w13
+    shw = shared.w13 if shared is not None else w13
+    shs = (shared.w13_scale if w_fp8 else shw) if shared is not None else ws
+    ws_strides = (ws.stride(0), ws.stride(1), ws.stride(2)) if w_fp8 else (0, 0, 0)
+    _decode_up_kernel[(slots, triton.cdiv(i, up["BLOCK_N"]), split)](
+        x, ids, w13, ws, shw, shs, h, p, i, d,
+        x.stride(0), w13.stride(0), w13.stride(1), *ws_strides, h.stride(0), h.stride(1),
+        K_PER_SPLIT=k_per_split, TOP_K=k, HAS_SHARED=shared is not None, W_FP8=w_fp8, SPLIT_K=split,
+        SCALE_BN=sbn, SCALE_BK=sbk, **up,
+    )  # fmt: skip
+    ws2 = w2_scale if w_fp8 else w2
+    shw2 = shared.w2 if shared is not None else w2
+    shs2 = (shared.w2_scale if w_fp8 else shw2) if shared is not None else ws2
+    ws2_strides = (ws2.stride(0), ws2.stride(1), ws2.stride(2)) if w_fp8 else (0, 0, 0)
+    res = residual if residual is not None else out
+    _decode_down_kernel[(t, triton.cdiv(d, down["BLOCK_N"]))](
+        h, ids, tw, w2, ws2, shw2, shs2, res, out, p, d,
+        h.stride(0), h.stride(1), w2.stride(0), w2.stride(1), *ws2_strides, res.stride(0), out.stride(0),
+        I=i, TOP_K=k, HAS_SHARED=shared is not None, HAS_RES=residual is not None, W_FP8=w_fp8, SPLIT_K=split,
+        SCALE_BN=sbn, SCALE_BK=sbk, **down,
+    )  # fmt: skip
+    return out

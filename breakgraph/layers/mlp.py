@@ -3,7 +3,9 @@
 Tensor parallelism: the dense MLP is column-parallel (gate‖up) then row-parallel (down, one
 all-reduce). The MoE keeps every expert on every rank and splits each expert's intermediate
 dimension (``w13`` rows, ``w2`` columns) like the shared expert's; routed and shared partial
-sums are added first and all-reduced once. The router is replicated.
+sums are added first and all-reduced once. The router is replicated. Both blocks take the
+residual stream and return ``residual + block(x)``; MoE decode batches fold the shared expert
+and (without tensor parallelism) the residual add into the routed experts' two kernels.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from torch import nn
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_all_reduce
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand, linear_fp32_out
-from breakgraph.kernels.moe import fused_moe, route
+from breakgraph.kernels.moe import SharedExpert, fused_moe, route, takes_decode_path
 from breakgraph.layers.linear import ColumnParallelLinear, RowParallelLinear, WeightShapeError, check_shape
 from breakgraph.models.config import Fp8Config, ModelConfig
 
@@ -30,9 +32,21 @@ class MLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(hidden, [intermediate, intermediate], fp8=fp8, dtype=dtype)
         self.down_proj = RowParallelLinear(intermediate, hidden, fp8=fp8, dtype=dtype, reduce_results=reduce_results)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``down(silu(gate x) ⊙ up x)``, plus ``residual`` when given."""
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out = self.down_proj(F.silu(gate) * up)
+        return out if residual is None else residual + out
+
+    def as_shared_expert(self) -> SharedExpert | None:
+        """This MLP's weights in a routed expert's layout (gate‖up rows, down), or None when it
+        has biases (the expert kernels take none)."""
+        if self.gate_up_proj.bias is not None or self.down_proj.bias is not None:
+            return None
+        return SharedExpert(
+            self.gate_up_proj.weight, self.down_proj.weight,
+            self.gate_up_proj.weight_scale_inv, self.down_proj.weight_scale_inv,
+        )  # fmt: skip
 
 
 class Router(nn.Module):
@@ -105,8 +119,26 @@ class Experts(nn.Module):
         self.w2 = nn.Parameter(torch.empty_like(self.w2, dtype=dtype), requires_grad=False)
         self.w13_scale = self.w2_scale = None
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale, self.block)
+    def forward(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        shared: SharedExpert | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Routed experts' output (see :func:`~breakgraph.kernels.moe.fused_moe`), ``+ shared(x)``
+        and ``+ residual`` when given."""
+        return fused_moe(
+            x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale, self.block,
+            shared=shared, residual=residual,
+        )  # fmt: skip
+
+    def takes_decode_path(self, x: torch.Tensor, topk_ids: torch.Tensor, shared: SharedExpert | None) -> bool:
+        """Whether :meth:`forward` runs ``x`` through the decode kernels, with ``shared`` fused."""
+        return takes_decode_path(
+            x, self.w13, self.w2, topk_ids, self.w13_scale, self.w2_scale, self.block, shared
+        )
 
     def shard(self, proj: str) -> Shard | None:
         """This rank's piece of one expert's ``{proj}_proj`` tensor (weight or scale)."""
@@ -172,11 +204,20 @@ class MoE(nn.Module):
             else None
         )  # fmt: skip
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``routed(x) + shared(x)`` (all-reduced under tensor parallelism), plus ``residual``
+        when given. Decode batches run the shared expert inside the routed experts' kernels, and
+        the residual add too where no all-reduce comes between."""
         topk_weights, topk_ids = self.gate(x)
-        out = self.experts(x, topk_weights, topk_ids)
-        if self.shared_experts is not None:
+        shared = self.shared_experts.as_shared_expert() if self.shared_experts is not None else None
+        if not self.experts.takes_decode_path(x, topk_ids, shared):
+            shared = None
+        fold = residual is not None and self.tp.tp_size == 1 and (shared is not None or self.shared_experts is None)
+        out = self.experts(x, topk_weights, topk_ids, shared, residual if fold else None)
+        if fold:
+            return out
+        if self.shared_experts is not None and shared is None:
             out = out + self.shared_experts(x)
         if self.tp.tp_size > 1:
             out = tp_all_reduce(out.contiguous())
-        return out
+        return out if residual is None else residual + out

@@ -65,7 +65,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         attn, topk = self.self_attn(self.input_layernorm(h), cos, sin, prev_topk)
         normed, h = self.post_attention_layernorm.forward_with_residual(attn, h)
-        h = h + self.mlp(normed)
+        h = self.mlp(normed, residual=h)
         return h, topk
 
 
