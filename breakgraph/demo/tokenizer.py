@@ -72,8 +72,13 @@ def build_corpus(
     n_problems: int = 20000, seed: int = 0, gsm8k_path: str | Path | None = None
 ) -> Iterator[str]:
     """Training texts for the tokenizer: ``n_problems`` formatted training problems (never test
-    ones), then the GSM8K examples at ``gsm8k_path`` if given, so real questions encode compactly too."""
-    for problem in train_split(n_problems, seed):
+    ones; half from the templates, half from the worded generator), then the GSM8K examples at
+    ``gsm8k_path`` if given, so real questions encode compactly too."""
+    from breakgraph.demo.wordings import generate_wordings
+
+    for problem in train_split(n_problems - n_problems // 2, seed):
+        yield format_example(problem)
+    for problem in generate_wordings(n_problems // 2, seed):
         yield format_example(problem)
     if gsm8k_path is not None:
         yield from read_gsm8k_texts(gsm8k_path)
