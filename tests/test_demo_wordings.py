@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 
@@ -132,3 +133,4 @@ def test_score_separates_final_answers_from_annotation_arithmetic():
     assert r.annotation_accuracy == 0.5 and r.misses() == []
     r = score(probs, [" #### 42", " <<2+3=5>>5 #### 5"])
     assert r.correct == 1 and r.misses()[0][2] == 43 and r.annotation_accuracy == 1.0
+    assert math.isnan(score(probs[:1], [" 43"]).annotation_accuracy)

@@ -59,7 +59,8 @@ class EvalResult:
 
     @property
     def annotation_accuracy(self) -> float:
-        return self.annotations_correct / self.annotations if self.annotations else 1.0
+        """Share of the written annotations that are exact; NaN when none was written."""
+        return self.annotations_correct / self.annotations if self.annotations else float("nan")
 
     def misses(self) -> list[tuple[str, str, int]]:
         return [s for s in self.samples if extract_answer(s[1]) != s[2]]
