@@ -560,7 +560,8 @@ def train_demo(
     problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture)
     val_set = problems[a.train_problems :]
     corpus = build_corpus(
-        a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None
+        a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
+        worded_share=0.5,
     )
     tok = train_tokenizer(corpus, vocab_size=a.vocab_size)
     data = encode_problems(tok, problems[: a.train_problems])
