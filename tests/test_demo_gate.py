@@ -1,7 +1,9 @@
-"""The accuracy gate on the shipped demo model: 200 held-out problems, zero-shot, greedy.
+"""The accuracy gate on the shipped demo model, zero-shot and greedy on the CPU in fp32.
 
-Eager prefill must score ≥ 0.92, and the breakable and piecewise prefill backends (CPU graph
-backend) — and the HTTP server — must give the very same answers.
+Eager prefill must score ≥ 0.92 on the held-out phrasing split (all of it) and on 100 held-out
+template problems, and answer every example prompt of the README and the issue tracker right.
+On a subset, the breakable and piecewise prefill backends (CPU graph backend) and the HTTP server
+must give the very same answers as eager.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import torch
 
 from breakgraph import Engine, SamplingParams
 from breakgraph.demo.default_model import ASSETS, SHIPPED_NAME
-from breakgraph.demo.problems import extract_answer, format_prompt, test_split
+from breakgraph.demo.evaluate import score
+from breakgraph.demo.heldout import heldout_phrasings, must_answer
+from breakgraph.demo.problems import format_prompt, test_split
 
 SHIPPED = ASSETS / SHIPPED_NAME
 GATE = 0.92
-N_PROBLEMS = 200
+N_TEMPLATES = 100
 MAX_NEW = 96
 BUCKETS = [256, 512]  # prefill chunks are capped at 512 tokens under graphs
 
@@ -36,8 +40,21 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def problems():
-    return test_split(N_PROBLEMS)
+def splits():
+    return {"phrasings": heldout_phrasings(), "templates": test_split(N_TEMPLATES), "examples": must_answer()}
+
+
+@pytest.fixture(scope="module")
+def problems(splits):
+    return [p for s in splits.values() for p in s]
+
+
+@pytest.fixture(scope="module")
+def subset(splits):
+    """Every sixth phrasing problem, 24 template problems and the examples, as indices into
+    ``problems``: what the graph backends and the server must answer exactly as eager does."""
+    n_ph, n_t = len(splits["phrasings"]), len(splits["templates"])
+    return [*range(0, n_ph, 6), *range(n_ph, n_ph + 24), *range(n_ph + n_t, n_ph + n_t + len(splits["examples"]))]
 
 
 def run(problems, **engine_kwargs) -> tuple[list[str], Engine]:
@@ -51,45 +68,61 @@ def run(problems, **engine_kwargs) -> tuple[list[str], Engine]:
 
 
 @pytest.fixture(scope="module")
-def eager_answers(problems):
+def eager_answers(problems, splits):
     texts, engine = run(problems, cuda_graph_backend_prefill="disabled")
-    mean_len = sum(len(engine.tokenize(format_prompt(p.question))) for p in problems) / len(problems)
+    phrasings = splits["phrasings"]
+    mean_len = sum(len(engine.tokenize(format_prompt(p.question))) for p in phrasings) / len(phrasings)
     assert engine.config.index_topk < mean_len, "the indexer's top-k must be smaller than a typical prompt"
     return texts
 
 
-def test_eager_accuracy_gate(problems, eager_answers):
-    wrong = [(p.question, t) for p, t in zip(problems, eager_answers) if extract_answer(t) != p.final]
-    accuracy = 1 - len(wrong) / len(problems)
-    assert accuracy >= GATE, f"accuracy {accuracy:.3f} < {GATE}; first misses: {wrong[:3]}"
+def _split_texts(name, splits, texts):
+    start = 0
+    for s, items in splits.items():
+        if s == name:
+            return items, texts[start : start + len(items)]
+        start += len(items)
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("split", ["phrasings", "templates"])
+def test_eager_accuracy_gate(split, splits, eager_answers):
+    result = score(*_split_texts(split, splits, eager_answers))
+    assert result.accuracy >= GATE, f"{split}: accuracy {result.accuracy:.3f} < {GATE}; misses: {result.misses()[:3]}"
+
+
+def test_the_example_prompts_are_answered_right(splits, eager_answers):
+    result = score(*_split_texts("examples", splits, eager_answers))
+    assert not result.misses(), result.misses()
 
 
 @pytest.mark.parametrize("backend", ["breakable", "piecewise"])
-def test_graph_backends_give_the_same_answers(backend, problems, eager_answers):
-    texts, engine = run(problems, cuda_graph_backend_prefill=backend, cuda_graph_bs_prefill=BUCKETS)
+def test_graph_backends_give_the_same_answers(backend, problems, subset, eager_answers):
+    texts, engine = run([problems[i] for i in subset], cuda_graph_backend_prefill=backend, cuda_graph_bs_prefill=BUCKETS)
     stats = engine.graph_stats()
     assert stats["replays"] > 0, f"{backend} was selected but prefill never replayed a graph"
-    assert texts == eager_answers
+    assert texts == [eager_answers[i] for i in subset]
 
 
-def test_server_gives_the_same_answers(problems, eager_answers):
+def test_server_gives_the_same_answers(problems, subset, eager_answers):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     from breakgraph.server.app import ServerSettings, create_app, serve_in_thread
 
-    subset = problems[:48]
+    ids = subset[::2]
     engine = Engine(SHIPPED, device="cpu", dtype="float32", page_size=16, context_length=256,
                     cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=BUCKETS)  # fmt: skip
     app = create_app(engine, ServerSettings(served_model_name="demo"))
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=300) as client:
 
-        def ask(p):
-            body = {"model": "demo", "prompt": format_prompt(p.question), "max_tokens": MAX_NEW, "temperature": 0}
+        def ask(i):
+            body = {"model": "demo", "prompt": format_prompt(problems[i].question), "max_tokens": MAX_NEW,
+                    "temperature": 0}  # fmt: skip
             r = client.post("/v1/completions", json=body)
             r.raise_for_status()
             return r.json()["choices"][0]["text"]
 
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            texts = list(pool.map(ask, subset))
-    assert texts == eager_answers[: len(subset)]
+            texts = list(pool.map(ask, ids))
+    assert texts == [eager_answers[i] for i in ids]

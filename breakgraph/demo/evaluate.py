@@ -14,11 +14,14 @@ Run (about a minute on a CPU core for the default model)::
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+
+from tokenizers import Tokenizer
 
 from breakgraph.demo.heldout import heldout_phrasings, must_answer
 from breakgraph.demo.problems import Problem, extract_answer, format_prompt, test_split
@@ -136,12 +139,15 @@ def evaluate_splits(
         results[s] = score(by_split[s], texts[i : i + n], seconds)
         i += n
     results["all"] = score(everything, texts, seconds)
+    tok = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+    topk = json.loads((Path(folder) / "config.json").read_text()).get("index_topk")
     labels = {"templates": f"held-out template accuracy (test_split({n_templates}))",
               "phrasings": "held-out phrasing accuracy (data/heldout_phrasings.jsonl)",
               "examples": "example prompts (README and issue)"}  # fmt: skip
     for s in splits:
         r = results[s]
-        log(f"{labels[s]}: {r.accuracy:.3f} ({r.correct}/{r.total})")
+        mean_len = sum(len(tok.encode(format_prompt(p.question)).ids) for p in by_split[s]) / max(r.total, 1)
+        log(f"{labels[s]}: {r.accuracy:.3f} ({r.correct}/{r.total}) | mean prompt {mean_len:.0f} tokens, index_topk {topk}")
     a = results["all"]
     log(
         f"annotation accuracy (<<a op b=c>> with c exact, all splits): {a.annotation_accuracy:.4f} "

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Rewrite the demo model's held-out phrasing split.")
     p.add_argument("--out", type=Path, default=HELDOUT_FILE, help="JSON-lines file to write")
     args = p.parse_args(argv)
-    print(f"wrote {write(args.out)} problems to {args.out}")
+    print(f"wrote {write(args.out)} problems ({len(PHRASINGS)} phrasings) to {args.out}")
 
 
 if __name__ == "__main__":
