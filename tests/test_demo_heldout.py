@@ -85,5 +85,8 @@ def test_the_check_sees_a_shared_run():
     assert words("Rosa has 12 apples, twelve boxes") == ["#", "has", "#", "*", "#", "*"]
 
 
-def test_must_answer_prompts_are_listed():
-    assert ("2+3?", 5) in [(p.question, p.final) for p in must_answer()]
+def test_the_readme_and_cli_prompts_are_among_those_the_gate_checks():
+    from breakgraph.cli import DEFAULT_PROMPT
+
+    asked = [problems.format_prompt(p.question) for p in must_answer()]
+    assert DEFAULT_PROMPT in asked and problems.format_prompt("2+3?") in asked

@@ -16,17 +16,15 @@ from breakgraph.demo.problems import Problem
 HELDOUT_FILE = Path(__file__).parent / "data" / "heldout_phrasings.jsonl"
 
 # (question, answer): asked as format_prompt(question), i.e. "Question: {q}\nAnswer:".
-# The first is the README's Python example, the second the default prompt of ``breakgraph generate``,
-# then the README's demo-section examples and the ones the issue tracker reported wrong.
+# The README's Python example, the issue tracker's examples (the second is also the default prompt
+# of ``breakgraph generate``) and the prompts the README's demo section shows it answering.
 MUST_ANSWER: tuple[tuple[str, int], ...] = (
     ("2+3?", 5),
-    ("Lena has 12 apples and buys 7 more. How many apples does she have now?", 19),
     ("Tom has 17 apples and buys 26 more. How many apples does he have?", 43),
     ("Tom has 17 apples and buys 26 more. How many apples does he have now?", 43),
-    ("A pen costs $3. How much do 4 pens cost?", 12),
+    ("Ben has 5 boxes with 12 pencils in each box. He gives away 9 pencils. How many pencils does he have left?", 51),
     ("Sara had 20 euros and spent 8 euros on lunch. How much money does she have left?", 12),
     ("What is 48 divided by 6?", 8),
-    ("Ben has 5 boxes with 12 pencils in each box. He gives away 9 pencils. How many pencils does he have left?", 51),
 )
 
 
