@@ -15,7 +15,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from breakgraph.demo.problems import Problem, normalise_question, train_split
+from breakgraph.demo.problems import Problem, _test_keys, normalise_question, train_split
 from breakgraph.demo.wordings import generate_wordings
 
 GSM8K_TRAIN = Path(__file__).resolve().parent.parent / "eval" / "data" / "gsm8k" / "train.jsonl"
@@ -75,8 +75,6 @@ def make_mixture(n: int, seed: int, shares: dict[str, float] | None = None) -> l
     if counts.get("templates"):
         out += train_split(counts["templates"], seed)
     if counts.get("wordings"):
-        from breakgraph.demo.problems import _test_keys
-
         held = _test_keys()
         pool = generate_wordings(counts["wordings"] * 21 // 20 + 10, seed * 7919 + 11)
         out += [p for p in pool if normalise_question(p.question) not in held][: counts["wordings"]]
