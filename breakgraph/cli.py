@@ -98,7 +98,7 @@ def _add_generate(sub) -> None:
     p.set_defaults(func=_run_generate)
 
 
-DEFAULT_PROMPT = "Question: Lena has 12 apples and buys 7 more. How many apples does she have now?\nAnswer:"
+DEFAULT_PROMPT = "Question: Tom has 17 apples and buys 26 more. How many apples does he have?\nAnswer:"
 
 
 def _run_generate(args: argparse.Namespace) -> int:

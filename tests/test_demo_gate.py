@@ -1,8 +1,14 @@
-"""The accuracy gate on the shipped demo model: 200 held-out problems, zero-shot, greedy.
+"""The accuracy gate on the shipped demo model, zero-shot and greedy on the CPU in fp32.
 
-Eager prefill must score ≥ 0.92, and the breakable and piecewise prefill backends (CPU graph
-backend) — and the HTTP server — must give the very same answers; with the FP8 latent KV cache the
+Eager prefill must score ≥ 0.92 on 100 held-out template problems, at least ``GATE["phrasings"]`` on
+the whole held-out phrasing split, and answer every example prompt of the README and the issue
+tracker right. On a subset, the breakable and piecewise prefill backends (CPU graph backend) and
+the HTTP server must give the very same answers as eager; with the FP8 latent KV cache the template
 gate must still hold.
+
+The phrasing floor is what the shipped model reaches (``python -m breakgraph.demo.evaluate``
+prints it; README, "The demo model"), not the 0.92 the model is meant to reach on phrasings it
+was not trained on: the floor only catches a checkpoint that does worse.
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ import torch
 
 from breakgraph import Engine, SamplingParams
 from breakgraph.demo.default_model import ASSETS, SHIPPED_NAME
-from breakgraph.demo.problems import extract_answer, format_prompt, test_split
+from breakgraph.demo.evaluate import score
+from breakgraph.demo.heldout import heldout_phrasings, must_answer
+from breakgraph.demo.problems import format_prompt, test_split
 
 SHIPPED = ASSETS / SHIPPED_NAME
-GATE = 0.92
-N_PROBLEMS = 200
+GATE = {"templates": 0.92, "phrasings": 0.25}  # the shipped model: 0.990 and 0.256 (88/344)
+N_TEMPLATES = 100
 MAX_NEW = 96
 BUCKETS = [256, 512]  # prefill chunks are capped at 512 tokens under graphs
 
@@ -37,8 +45,21 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def problems():
-    return test_split(N_PROBLEMS)
+def splits():
+    return {"phrasings": heldout_phrasings(), "templates": test_split(N_TEMPLATES), "examples": must_answer()}
+
+
+@pytest.fixture(scope="module")
+def problems(splits):
+    return [p for s in splits.values() for p in s]
+
+
+@pytest.fixture(scope="module")
+def subset(splits):
+    """Every eighth phrasing problem, 16 template problems and the examples, as indices into
+    ``problems``: what the graph backends and the server must answer exactly as eager does."""
+    n_ph, n_t = len(splits["phrasings"]), len(splits["templates"])
+    return [*range(0, n_ph, 8), *range(n_ph, n_ph + 16), *range(n_ph + n_t, n_ph + n_t + len(splits["examples"]))]
 
 
 def run(problems, **engine_kwargs) -> tuple[list[str], Engine]:
@@ -52,56 +73,73 @@ def run(problems, **engine_kwargs) -> tuple[list[str], Engine]:
 
 
 @pytest.fixture(scope="module")
-def eager_answers(problems):
+def eager_answers(problems, splits):
     texts, engine = run(problems, cuda_graph_backend_prefill="disabled")
-    mean_len = sum(len(engine.tokenize(format_prompt(p.question))) for p in problems) / len(problems)
+    phrasings = splits["phrasings"]
+    mean_len = sum(len(engine.tokenize(format_prompt(p.question))) for p in phrasings) / len(phrasings)
     assert engine.config.index_topk < mean_len, "the indexer's top-k must be smaller than a typical prompt"
     return texts
 
 
-def test_eager_accuracy_gate(problems, eager_answers):
-    wrong = [(p.question, t) for p, t in zip(problems, eager_answers) if extract_answer(t) != p.final]
-    accuracy = 1 - len(wrong) / len(problems)
-    assert accuracy >= GATE, f"accuracy {accuracy:.3f} < {GATE}; first misses: {wrong[:3]}"
+def _split_texts(name, splits, texts):
+    start = 0
+    for s, items in splits.items():
+        if s == name:
+            return items, texts[start : start + len(items)]
+        start += len(items)
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("split", ["phrasings", "templates"])
+def test_eager_accuracy_gate(split, splits, eager_answers):
+    result, gate = score(*_split_texts(split, splits, eager_answers)), GATE[split]
+    assert result.accuracy >= gate, f"{split}: accuracy {result.accuracy:.3f} < {gate}; misses: {result.misses()[:3]}"
+
+
+def test_the_example_prompts_are_answered_right(splits, eager_answers):
+    result = score(*_split_texts("examples", splits, eager_answers))
+    assert not result.misses(), result.misses()
 
 
 @pytest.mark.parametrize("backend", ["breakable", "piecewise"])
-def test_graph_backends_give_the_same_answers(backend, problems, eager_answers):
-    texts, engine = run(problems, cuda_graph_backend_prefill=backend, cuda_graph_bs_prefill=BUCKETS)
+def test_graph_backends_give_the_same_answers(backend, problems, subset, eager_answers):
+    texts, engine = run([problems[i] for i in subset], cuda_graph_backend_prefill=backend, cuda_graph_bs_prefill=BUCKETS)
     stats = engine.graph_stats()
     assert stats["replays"] > 0, f"{backend} was selected but prefill never replayed a graph"
-    assert texts == eager_answers
+    assert texts == [eager_answers[i] for i in subset]
 
 
-def test_fp8_kv_cache_passes_the_gate(problems, eager_answers):
-    """The FP8 latent KV cache (``--kv-cache-dtype fp8_e4m3``, eager prefill): the gate still holds,
-    and at least 95 % of the answers are the exact cache's."""
-    texts, engine = run(problems, cuda_graph_backend_prefill="disabled", kv_cache_dtype="fp8_e4m3")
+def test_fp8_kv_cache_passes_the_gate(splits, eager_answers):
+    """The FP8 latent KV cache (``--kv-cache-dtype fp8_e4m3``, eager prefill) on the template split:
+    the gate still holds, and at least 95 % of the answers are the exact cache's."""
+    items, want = _split_texts("templates", splits, eager_answers)
+    texts, engine = run(items, cuda_graph_backend_prefill="disabled", kv_cache_dtype="fp8_e4m3")
     assert engine.kv_cache.fp8_latent
-    accuracy = sum(extract_answer(t) == p.final for p, t in zip(problems, texts)) / len(problems)
-    same = sum(a == b for a, b in zip(texts, eager_answers)) / len(problems)
-    assert accuracy >= GATE, f"FP8 cache: accuracy {accuracy:.3f} < {GATE}"
+    result = score(items, texts)
+    same = sum(a == b for a, b in zip(texts, want)) / len(items)
+    assert result.accuracy >= GATE["templates"], f"FP8 cache: accuracy {result.accuracy:.3f} < {GATE['templates']}"
     assert same >= 0.95, f"FP8 cache: {1 - same:.1%} of answers differ from the exact cache's"
 
 
-def test_server_gives_the_same_answers(problems, eager_answers):
+def test_server_gives_the_same_answers(problems, subset, eager_answers):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     from breakgraph.server.app import ServerSettings, create_app, serve_in_thread
 
-    subset = problems[:48]
+    ids = subset[::2]
     engine = Engine(SHIPPED, device="cpu", dtype="float32", page_size=16, context_length=256,
                     cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=BUCKETS)  # fmt: skip
     app = create_app(engine, ServerSettings(served_model_name="demo"))
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=300) as client:
 
-        def ask(p):
-            body = {"model": "demo", "prompt": format_prompt(p.question), "max_tokens": MAX_NEW, "temperature": 0}
+        def ask(i):
+            body = {"model": "demo", "prompt": format_prompt(problems[i].question), "max_tokens": MAX_NEW,
+                    "temperature": 0}  # fmt: skip
             r = client.post("/v1/completions", json=body)
             r.raise_for_status()
             return r.json()["choices"][0]["text"]
 
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            texts = list(pool.map(ask, subset))
-    assert texts == eager_answers[: len(subset)]
+            texts = list(pool.map(ask, ids))
+    assert texts == [eager_answers[i] for i in ids]

@@ -198,3 +198,21 @@ def test_train_demo_cli_writes_a_loadable_checkpoint(tmp_path):
     engine = Engine(tmp_path / "ckpt", device="cpu", dtype="float32")
     assert engine.config.num_hidden_layers == 2 and engine.tokenizer is not None
     assert isinstance(TrainArgs(), TrainArgs) and train_demo is not None
+
+
+def test_final_eval_falls_back_to_the_cpu_when_the_gpu_eval_fails(monkeypatch, tmp_path):
+    from breakgraph.demo import train as T
+    from breakgraph.demo.evaluate import EvalResult
+
+    calls = []
+
+    def fake_evaluate(folder, problems, device, dtype="float32"):
+        calls.append((device, dtype))
+        if device != "cpu":
+            raise RuntimeError("no such device")
+        return EvalResult(1.0, 1, 1, 0.0)
+
+    monkeypatch.setattr(T, "evaluate", fake_evaluate)
+    monkeypatch.setattr(T, "evaluate_splits", lambda folder, device, n_templates, log, dtype: {"device": device})
+    res, val = T._final_eval(tmp_path, [], TrainArgs(final_eval_device="cuda"))
+    assert calls == [("cuda", "bfloat16"), ("cpu", "float32")] and res == {"device": "cpu"} and val.correct == 1

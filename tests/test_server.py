@@ -206,11 +206,13 @@ def test_seeded_sampling_is_reproducible(client):
     assert [c["text"] for c in a] == [c["text"] for c in b]
 
 
+SHORT = "Question: 2+3?\nAnswer:"  # the default model's answer ends in fewer than 29 tokens
 SAMPLING_FIELDS = [  # (the fields, the fields they are compared against)
     ({"presence_penalty": -2, "frequency_penalty": -2, "max_tokens": 20}, {"max_tokens": 20}),
     ({"repetition_penalty": 3}, {}),
-    ({"logit_bias": {"1088": -100, "17": 5}}, {}),
-    ({"min_tokens": 29, "max_tokens": 29, "ignore_eos": False}, {"max_tokens": 29, "ignore_eos": False}),
+    ({"logit_bias": {"340": -100, "17": 5}}, {}),  # 340: the first token of the greedy answer
+    ({"prompt": SHORT, "min_tokens": 29, "max_tokens": 29, "ignore_eos": False},
+     {"prompt": SHORT, "max_tokens": 29, "ignore_eos": False}),  # fmt: skip
     ({"temperature": 2.0, "min_p": 0.5, "seed": 3}, {"temperature": 2.0, "seed": 3}),
 ]
 

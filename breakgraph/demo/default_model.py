@@ -33,6 +33,31 @@ TINY_GLM5 = dict(
 )  # fmt: skip
 
 
+# What /v1/models says about the default model (README.md, "The demo model", says the same at length).
+SHIPPED_DESCRIPTION = (
+    "breakgraph's built-in demo model: a tiny (about 10M parameters) model of the GLM-5 architecture "
+    "(MLA, DSA sparse attention, MoE), trained from scratch only on short arithmetic word problems. "
+    "It is not GLM-5 and not a chat model: it answers one grade-school word problem or sum "
+    "(+ - * /, whole numbers up to 1000) prompted as 'Question: ...\nAnswer:' with worked steps "
+    "and '#### N', and knows nothing else."
+)
+RANDOM_DESCRIPTION = (
+    "breakgraph's fallback default model: a tiny GLM-5-architecture model with random weights; "
+    "its output is noise. It is not GLM-5."
+)
+
+
+def model_description(path: str | Path) -> str | None:
+    """A plain description of the model in ``path`` when it is one of the built-in default
+    models (the shipped demo or the random fallback), else ``None``."""
+    here = Path(path).resolve()
+    if here == (ASSETS / SHIPPED_NAME).resolve():
+        return SHIPPED_DESCRIPTION
+    if here == (cache_home() / RANDOM_NAME).resolve():
+        return RANDOM_DESCRIPTION
+    return None
+
+
 def cache_home() -> Path:
     return Path(env.read("BREAKGRAPH_HOME")).expanduser()
 

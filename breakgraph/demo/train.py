@@ -23,7 +23,8 @@ Recipe (DSA-style indexer training):
   (DeepSeek-V3's auxiliary-loss-free balancing). Gradients reach the router through the
   (unbiased) routing weights of the chosen experts.
 
-Run (prints progress lines and ends with the held-out accuracy)::
+Run (prints progress lines and ends with the accuracy on the held-out template and phrasing
+splits, the example prompts, and the annotation accuracy; see :mod:`breakgraph.demo.evaluate`)::
 
     python -m breakgraph.demo.train --out OUT --device cuda
 """
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -42,15 +42,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from breakgraph.demo.problems import (
-    Problem,
-    extract_answer,
-    format_example,
-    format_prompt,
-    normalise_question,
-    test_split,
-    train_split,
-)
+from breakgraph.demo.evaluate import evaluate, evaluate_splits
+from breakgraph.demo.mixture import DEFAULT_SHARES, GSM8K_TRAIN, make_mixture
+from breakgraph.demo.problems import Problem, format_example, format_prompt
 from breakgraph.demo.tokenizer import EOS, PAD, build_corpus, save_tokenizer, train_tokenizer
 from breakgraph.kernels.moe import route_ref
 from breakgraph.kernels.rope import rope
@@ -59,13 +53,11 @@ from breakgraph.layers.mlp import Experts, MoE
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.glm5 import DsaForCausalLM
 
-GSM8K_TRAIN = Path(__file__).resolve().parent.parent / "eval" / "data" / "gsm8k" / "train.jsonl"
-
 # The shipped model's shape (HF config.json fields); vocab and special ids come from the tokenizer.
 DEMO_SHAPE: dict = {
-    "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128, "num_hidden_layers": 6,
+    "hidden_size": 320, "intermediate_size": 640, "moe_intermediate_size": 160, "num_hidden_layers": 6,
     "num_attention_heads": 8, "num_key_value_heads": 8, "n_routed_experts": 8, "num_experts_per_tok": 2,
-    "n_shared_experts": 1, "kv_lora_rank": 64, "q_lora_rank": 128, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
+    "n_shared_experts": 1, "kv_lora_rank": 64, "q_lora_rank": 160, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
     "v_head_dim": 32, "index_n_heads": 8, "index_head_dim": 32, "index_topk": 16, "first_k_dense_replace": 1,
     "max_position_embeddings": 512, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5,
     "norm_topk_prob": True, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
@@ -345,29 +337,6 @@ class EncodedProblems:
         return ids, labels, valid
 
 
-def make_problems(n: int, seed: int, workers: int = 1) -> list[Problem]:
-    """``n`` distinct training-split problems (never a test question). One worker:
-    ``train_split(n, seed)``. Several: each draws its own seeded stream in a separate process,
-    the streams are merged in order and duplicates dropped; the same arguments always give the
-    same list."""
-    if workers <= 1 or n < 20000:
-        return train_split(n, seed)
-    per = -(-n * 21 // 20 // workers)  # 5% spare for duplicates across streams
-    jobs = [(per, seed * 1009 + 1 + w) for w in range(workers)]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        streams = pool.starmap(train_split, jobs)
-    out, seen = [], set()
-    for stream in streams:
-        for p in stream:
-            key = normalise_question(p.question)
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    if len(out) < n:
-        raise RuntimeError(f"only {len(out)} distinct problems from {workers} streams, wanted {n}")
-    return out[:n]
-
-
 def encode_problems(tok, problems: list[Problem], check: int = 2000, chunk: int = 10000) -> EncodedProblems:
     """Encode ``format_example(p)`` + end-of-text. The answer starts at the first token past the
     prompt's characters; for the first ``check`` problems the prompt is also encoded alone to
@@ -394,6 +363,21 @@ def encode_problems(tok, problems: list[Problem], check: int = 2000, chunk: int 
     for i, r in enumerate(rows):
         tokens[i, : len(r)] = r
     return EncodedProblems(tokens, lengths, torch.tensor(starts))
+
+
+def length_grouped_order(
+    lengths: torch.Tensor, batch_size: int, gen: torch.Generator, group: int = 32
+) -> torch.Tensor:
+    """A random permutation of ``range(len(lengths))`` whose consecutive runs of ``batch_size``
+    hold rows of similar length, so that a batch pads little: shuffle, sort each chunk of
+    ``group`` batches by length, then shuffle the batches."""
+    perm = torch.randperm(len(lengths), generator=gen)
+    chunk = batch_size * group
+    order = torch.cat([perm[c : c + chunk][torch.argsort(lengths[perm[c : c + chunk]], stable=True)]
+                       for c in range(0, len(perm), chunk)])  # fmt: skip
+    n = len(order) // batch_size
+    batches = order[: n * batch_size].view(n, batch_size)[torch.randperm(n, generator=gen)]
+    return torch.cat([batches.reshape(-1), order[n * batch_size :]])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,39 +448,6 @@ def save_checkpoint(
     return folder
 
 
-@dataclass
-class EvalResult:
-    accuracy: float
-    correct: int
-    total: int
-    seconds: float
-    samples: list[tuple[str, str, int]] = field(default_factory=list, repr=False)
-
-
-def evaluate(
-    folder: Path, problems: list[Problem], device: str = "cpu", max_new_tokens: int = 128
-) -> EvalResult:
-    """Zero-shot greedy accuracy of the checkpoint in ``folder`` through breakgraph's ``Engine``
-    (fp32, all prompts in one ``generate`` call). A problem counts as solved when
-    :func:`extract_answer` of the completion equals ``problem.final``."""
-    from breakgraph import Engine, SamplingParams
-
-    t0 = time.perf_counter()
-    prompts = [format_prompt(p.question) for p in problems]
-    page_size = 16
-    per_req = -(-(128 + max_new_tokens) // page_size)
-    engine = Engine(
-        folder, device=device, dtype="float32", page_size=page_size, num_pages=len(prompts) * per_req + 1,
-        context_length=256, max_running_requests=len(prompts), cuda_graph_backend_prefill="disabled",
-    )  # fmt: skip
-    outs = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
-    samples = [(p.question, o.text, p.final) for p, o in zip(problems, outs)]
-    correct = sum(extract_answer(text) == final for _, text, final in samples)
-    return EvalResult(
-        correct / max(len(problems), 1), correct, len(problems), time.perf_counter() - t0, samples
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # Training
 
@@ -517,7 +468,7 @@ class TrainArgs:
     index_kl_weight: float = 1.0
     bias_update_rate: float = 1e-3
     train_problems: int = 300_000
-    data_workers: int = 1
+    mixture: dict = field(default_factory=lambda: dict(DEFAULT_SHARES))
     val_problems: int = 200
     vocab_size: int = 2048
     tokenizer_problems: int = 20000
@@ -564,6 +515,23 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
+def _eval_on(out_dir: Path, val_set: list[Problem], a: TrainArgs, device: str, dtype: str) -> tuple[dict, object]:
+    val = evaluate(out_dir, val_set, device, dtype=dtype)
+    _log(f"val accuracy (training mixture) {val.accuracy:.3f} ({val.correct}/{val.total}) | {val.seconds:.0f}s")
+    return evaluate_splits(out_dir, device=device, n_templates=a.test_problems, log=_log, dtype=dtype), val
+
+
+def _final_eval(out_dir: Path, val_set: list[Problem], a: TrainArgs) -> tuple[dict, object]:
+    """Validation and held-out accuracy on ``a.final_eval_device`` (fp32 on a CPU, bf16 on a GPU);
+    if the GPU run fails, the CPU runs it instead, so a finished training run always reports."""
+    if a.final_eval_device != "cpu":
+        try:
+            return _eval_on(out_dir, val_set, a, a.final_eval_device, "bfloat16")
+        except Exception as exc:  # noqa: BLE001 - fall back to the CPU rather than lose the report
+            _log(f"final eval on {a.final_eval_device} failed ({type(exc).__name__}: {exc}); evaluating on the CPU")
+    return _eval_on(out_dir, val_set, a, "cpu", "float32")
+
+
 def train_demo(
     out_dir: str | Path,
     seed: int = 0,
@@ -595,10 +563,11 @@ def train_demo(
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
 
-    problems = make_problems(a.train_problems + a.val_problems, seed, a.data_workers)
+    problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture)
     val_set = problems[a.train_problems :]
     corpus = build_corpus(
-        a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None
+        a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
+        worded_share=0.5,
     )
     tok = train_tokenizer(corpus, vocab_size=a.vocab_size)
     data = encode_problems(tok, problems[: a.train_problems])
@@ -635,7 +604,7 @@ def train_demo(
     biases = [
         layer.mlp.gate.e_score_correction_bias for layer in model.model.layers if isinstance(layer.mlp, MoE)
     ]
-    order, cursor = torch.randperm(len(data), generator=gen), 0
+    order, cursor = length_grouped_order(data.lengths, a.batch_size, gen), 0
     history: list[dict] = []
     run_loss = run_kl = None
     t_train, eval_s, tokens_seen, step, progress = time.perf_counter(), 0.0, 0, 0, 0.0
@@ -671,7 +640,7 @@ def train_demo(
 
     while progress < 1.0:
         if cursor + a.batch_size > len(data):
-            order, cursor = torch.randperm(len(data), generator=gen), 0
+            order, cursor = length_grouped_order(data.lengths, a.batch_size, gen), 0
         ids, labels, valid = data.batch(order[cursor : cursor + a.batch_size])
         cursor += a.batch_size
         tokens_seen += int(valid.sum())
@@ -743,16 +712,16 @@ def train_demo(
     }  # fmt: skip
     _log(f"saved {out_dir} ({size_mb:.1f} MB) after {train_s:.0f}s of training")
     if final_eval:
-        val = evaluate(out_dir, val_set, a.final_eval_device)
-        _log(f"val accuracy {val.accuracy:.3f} ({val.correct}/{val.total}) | {val.seconds:.0f}s")
-        test = evaluate(out_dir, test_split(a.test_problems), a.final_eval_device)
-        summary.update(val_accuracy=val.accuracy, test_accuracy=test.accuracy)
-        for q, text, final in test.samples[:3]:
-            _log(f"  Q: {q}\n  A: {text!r} (expected {final})")
-        _log(
-            f"held-out accuracy (test_split({a.test_problems}), Engine greedy fp32 on {a.final_eval_device}): "
-            f"{test.accuracy:.3f} ({test.correct}/{test.total}) | {test.seconds:.0f}s | total {time.perf_counter() - t_start:.0f}s"
-        )
+        res, val = _final_eval(out_dir, val_set, a)
+        for name, r in res.items():
+            for q, text, final in r.misses()[:3] if name != "all" else ():
+                _log(f"  [{name} miss] Q: {q}\n  A: {text!r} (expected {final})")
+        summary.update(
+            val_accuracy=val.accuracy, test_accuracy=res["templates"].accuracy,
+            phrasing_accuracy=res["phrasings"].accuracy, examples_accuracy=res["examples"].accuracy,
+            annotation_accuracy=res["all"].annotation_accuracy,
+        )  # fmt: skip
+        _log(f"total {time.perf_counter() - t_start:.0f}s")
     (out_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -814,10 +783,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--train-problems", type=int, default=d.train_problems, help="distinct training problems")
     p.add_argument(
-        "--data-workers",
-        type=int,
-        default=d.data_workers,
-        help="processes generating problems (1: train_split)",
+        "--mixture",
+        type=json.loads,
+        default=d.mixture,
+        help="JSON shares of the training sources (templates, wordings, gsm8k)",
     )
     p.add_argument(
         "--val-problems",
@@ -855,7 +824,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--final-eval-device",
         default=d.final_eval_device,
-        help="device for the final accuracy (cpu = the accuracy test's setting)",
+        help="device for the final accuracy: cpu runs fp32 (the accuracy gate's setting), a GPU bf16, "
+        "falling back to the CPU if it fails",
     )
     p.add_argument(
         "--test-problems", type=int, default=d.test_problems, help="held-out problems for the final accuracy"
@@ -885,7 +855,7 @@ def main(argv: list[str] | None = None) -> dict:
         batch_size=ns.batch_size, lr=ns.lr, min_lr_ratio=ns.min_lr_ratio, warmup_steps=ns.warmup_steps,
         weight_decay=ns.weight_decay, grad_clip=ns.grad_clip, dense_frac=ns.dense_frac, time_budget=ns.time_budget,
         index_kl_weight=ns.index_kl_weight, bias_update_rate=ns.bias_update_rate, train_problems=ns.train_problems,
-        data_workers=ns.data_workers,
+        mixture=ns.mixture,
         val_problems=ns.val_problems, vocab_size=ns.vocab_size, tokenizer_problems=ns.tokenizer_problems,
         tokenizer_gsm8k=not ns.no_tokenizer_gsm8k,
         moe_impl=ns.moe_impl, amp={"auto": None, "on": True, "off": False}[ns.amp], log_every=ns.log_every,

@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from breakgraph.demo.default_model import model_description
 from breakgraph.server.engine_loop import Accepted, EngineLoop, Event, Failed, Handle, Progress, PromptEcho
 from breakgraph.server.errors import (
     DEFAULT_RETRY_AFTER_S,
@@ -455,6 +456,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     card = {"id": name, "object": "model", "created": 0, "owned_by": "breakgraph", "max_model_len": ctx}
+    description = model_description(engine.model_path)
+    if description is not None:  # the built-in default model says what it is, so nobody takes it for GLM-5
+        card["description"] = description
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:

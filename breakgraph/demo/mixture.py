@@ -1,0 +1,85 @@
+"""The demo model's training mixture: the whole-question templates (:mod:`~breakgraph.demo.problems`),
+the worded generator (:mod:`~breakgraph.demo.wordings`) and GSM8K's easiest train problems.
+
+GSM8K (MIT licence, ``breakgraph/eval/data/gsm8k/``) adds human phrasing. Only problems whose
+every calculation is one ``a op b`` on whole numbers up to 1000, at most four of them, whose stated
+numbers are at most 1000 and whose question is under 300 characters are used (about 2,400 of its
+7,473 train problems); the GSM8K test split is never read here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from breakgraph.demo.problems import Problem, _test_keys, normalise_question, train_split
+from breakgraph.demo.wordings import generate_wordings
+
+GSM8K_TRAIN = Path(__file__).resolve().parent.parent / "eval" / "data" / "gsm8k" / "train.jsonl"
+# Shares of the mixture by source.
+DEFAULT_SHARES = {"templates": 0.3, "wordings": 0.65, "gsm8k": 0.05}
+
+_ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
+_BINARY = re.compile(r"(\d+)([-+*/])(\d+)")
+_OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y, "/": lambda x, y: x / y}
+
+
+def _easy(question: str, answer: str) -> bool:
+    calcs = _ANNOTATION.findall(answer)
+    if not 1 <= len(calcs) <= 4 or len(question) >= 300:
+        return False
+    for expr, value in calcs:
+        m = _BINARY.fullmatch(expr.strip())
+        if not m or not value.strip().isdigit():
+            return False
+        x, op, y, v = int(m[1]), m[2], int(m[3]), int(value)
+        if max(x, y, v) > 1000 or (op == "/" and y == 0) or _OPS[op](x, y) != v:
+            return False
+    stated = [float(n) for n in re.findall(r"\d+(?:\.\d+)?", question.replace(",", ""))]
+    return bool(stated) and max(stated) <= 1000
+
+
+@lru_cache(maxsize=1)
+def _gsm8k_easy(path: str) -> tuple[Problem, ...]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                if _easy(row["question"], row["answer"]):
+                    final = int(row["answer"].rsplit("####", 1)[1].strip().replace(",", ""))
+                    out.append(Problem(row["question"], row["answer"], final, "gsm8k"))
+    return tuple(out)
+
+
+def gsm8k_easy(path: str | Path = GSM8K_TRAIN) -> list[Problem]:
+    """GSM8K train problems that pass the filter above (empty when the file is absent)."""
+    return list(_gsm8k_easy(str(path))) if Path(path).is_file() else []
+
+
+def make_mixture(n: int, seed: int, shares: dict[str, float] | None = None) -> list[Problem]:
+    """``n`` training problems drawn by ``shares`` (default ``DEFAULT_SHARES``) and shuffled with
+    ``seed``. Generated problems are distinct; the ~2,400 GSM8K ones repeat when their share asks
+    for more. No question equals one of the template test pool's (``problems.train_split``)."""
+    shares = DEFAULT_SHARES if shares is None else shares
+    unknown = set(shares) - set(DEFAULT_SHARES)
+    if unknown:
+        raise ValueError(f"unknown mixture sources {sorted(unknown)}; use {sorted(DEFAULT_SHARES)}")
+    total = sum(shares.values())
+    counts = {k: int(round(n * v / total)) for k, v in shares.items()}
+    counts[max(counts, key=counts.get)] += n - sum(counts.values())
+    out: list[Problem] = []
+    if counts.get("templates"):
+        out += train_split(counts["templates"], seed)
+    if counts.get("wordings"):
+        held = _test_keys()
+        pool = generate_wordings(counts["wordings"] * 21 // 20 + 10, seed * 7919 + 11)
+        out += [p for p in pool if normalise_question(p.question) not in held][: counts["wordings"]]
+    if counts.get("gsm8k"):
+        easy = gsm8k_easy()
+        out += [easy[i % len(easy)] for i in range(counts["gsm8k"])] if easy else []
+    random.Random(seed).shuffle(out)
+    return out
