@@ -645,7 +645,10 @@ def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_s
     assert decode == (t <= DECODE_MAX_TOKENS)
     got = fused_moe(x, *args, shared=glm5_shared, residual=res)
     want = fused_moe_ref(x, *args) + shared_expert_ref(x, glm5_shared) + res
-    assert _rel(got, want) < 2e-2
+    # Above the bound the shared expert runs through the FP8 dense linears, which quantise its
+    # activations to e4m3 per 128 columns (W8A8, ≈ 2.5 % from the bf16-activation twin on random
+    # data, as tests/test_kernels_fp8.py bounds it): measured 2.1 % here on the H200.
+    assert _rel(got, want) < (2e-2 if decode else 3e-2)
 
 
 @pytest.mark.cuda
