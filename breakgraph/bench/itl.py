@@ -1,7 +1,8 @@
 """``breakgraph bench itl``: inter-token latency of running streams while a long prompt prefills.
 
-Through ``Engine``, as a server drives it. After a warm-up request (one chunk and a bit, two
-new tokens: the prefill and decode shapes run once), ``--streams`` requests of ``--stream-input-len``
+Through ``Engine``, as a server drives it. After a warm-up request (as long as the measured
+prompt, two new tokens: every prefill chunk, the long-context attention and indexer paths and
+the decode shapes run once), ``--streams`` requests of ``--stream-input-len``
 random tokens are prefilled, then decode ``--before-steps`` steps (the ITL *before*); then one
 prompt of ``--input-len`` tokens (default: the context length less one, so it fits with one new
 token) is added and the engine steps until its first token (its TTFT). Every step is one
@@ -91,8 +92,9 @@ def measure(engine, args: argparse.Namespace, input_len: int) -> dict:
     def tokens(n: int) -> list[int]:
         return torch.randint(0, vocab, (n,), generator=g).tolist()
 
-    warmup = engine.add_request(tokens(min(input_len, engine.chunked_prefill_size + 1)),
-                                SamplingParams(max_new_tokens=2, ignore_eos=True))  # fmt: skip
+    # As long as the measured prompt: every chunk shape and the long-context attention and
+    # indexer paths run (and compile) once before anything is timed.
+    warmup = engine.add_request(tokens(input_len), SamplingParams(max_new_tokens=2, ignore_eos=True))
     while not warmup.finished:
         engine.step()
     params = SamplingParams(max_new_tokens=stream_new_tokens(args, input_len, args.chunked_prefill_size), ignore_eos=True)

@@ -53,6 +53,9 @@ def table_from_timings(timings: dict[int, dict[str, float]]) -> tuple[tuple[int,
 
 
 PATHS = ("scaled_mm", "triton", "triton_w8a16")
+#: Largest bucket at which W8A16 is timed: on the H200 it won only below 64 rows (below 512 for
+#: the 256-deep shared-expert down projection), and each timed bucket compiles one more GEMM.
+W8A16_MAX_M = 256
 
 
 def choose(m: int, k: int, n: int, device_index: int, scaled_mm_ok: bool) -> str:
