@@ -78,11 +78,12 @@ def write_model_folder(preset: str, out: Path) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="glm5-tp8-rank", choices=sorted(PRESETS), help="bench preset to write")
-    parser.add_argument("--out", type=Path, required=True, help="folder to write config.json and the tokenizer into")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder to write config.json and the tokenizer into (default: ./PRESET)")
 
 
 def main(args: argparse.Namespace) -> int:
-    folder = write_model_folder(args.preset, args.out)
+    folder = write_model_folder(args.preset, args.out or Path(args.preset))
     print(f"wrote {folder}: config.json of {args.preset} and a tokenizer of {PRESETS[args.preset]['vocab_size']} tokens")
     print(f"serve it with: breakgraph serve --model-path {folder} --load-format dummy")
     return 0
