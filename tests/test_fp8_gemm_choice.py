@@ -13,15 +13,6 @@ def _no_tables():
     choice.clear_tables()
 
 
-def test_bucket_of_takes_the_largest_bucket_not_above_m():
-    assert choice.bucket_of(0) == 1
-    assert choice.bucket_of(1) == 1
-    assert choice.bucket_of(15) == 1
-    assert choice.bucket_of(16) == 16
-    assert choice.bucket_of(1000) == 512
-    assert choice.bucket_of(10**6) == choice.M_BUCKETS[-1]
-
-
 def test_table_from_timings_picks_the_faster_and_skips_failures():
     inf = float("inf")
     timings = {

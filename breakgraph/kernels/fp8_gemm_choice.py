@@ -21,22 +21,13 @@ numerically different paths, as they already take different kernels.
 
 from __future__ import annotations
 
-#: Row-count buckets of the table; ``M`` uses the largest bucket ``<= M``.
+#: Row-count buckets of the table; ``M`` uses the largest timed bucket ``<= M`` (:func:`choose`).
 M_BUCKETS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 #: Rows from which an untuned shape takes ``_scaled_mm`` (where cuBLAS is usable at all).
 UNTUNED_SCALED_MM_MIN_M = 1024
 
 # (device index, K, N) -> ((bucket, path), ...) in ascending bucket order
 _TABLES: dict[tuple[int, int, int], tuple[tuple[int, str], ...]] = {}
-
-
-def bucket_of(m: int) -> int:
-    """The largest :data:`M_BUCKETS` entry ``<= m`` (the first bucket for ``m < 1``)."""
-    best = M_BUCKETS[0]
-    for b in M_BUCKETS:
-        if b <= m:
-            best = b
-    return best
 
 
 def table_from_timings(timings: dict[int, dict[str, float]]) -> tuple[tuple[int, str], ...]:
