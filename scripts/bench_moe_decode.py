@@ -26,6 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 
+from breakgraph.bench.peaks import copy_rate
 from breakgraph.bench.presets import PRESETS, moe_shape
 from breakgraph.kernels.linear import linear
 from breakgraph.kernels.moe import SharedExpert, route
@@ -34,13 +35,6 @@ from breakgraph.kernels.triton_moe import decode_config, fused_moe_decode, fused
 E, D, INTER, TOP_K = moe_shape(PRESETS["glm5-tp8-rank"])
 LAYERS = 6  # 6 × ≥ 38 MB of touched weights: well past the 50 MB L2
 COPY_TBS = 4.3
-
-
-def copy_bandwidth() -> float:
-    """TB/s of a 1 GiB device copy of random bytes, read + write."""
-    src = torch.randint(0, 255, (1 << 30,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e9
 
 
 def make_layer(t: int, gen: torch.Generator) -> dict:
@@ -112,7 +106,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     start = time.monotonic()
-    copy_tbs = copy_bandwidth()
+    copy_tbs = copy_rate(torch.device("cuda")) / 1e12
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           f"copy {copy_tbs:.2f} TB/s; E={E} D={D} I={INTER} top-{TOP_K} + shared, FP8; {LAYERS} layers per replay")  # fmt: skip
     rows, sweep_rows = [], []

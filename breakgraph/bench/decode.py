@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from breakgraph.bench import record
+from breakgraph.bench.peaks import copy_rate
 from breakgraph.bench.prefill import profile
 from breakgraph.bench.presets import PRESETS, preset_folder
 from breakgraph.engine.config import KV_CACHE_DTYPES
@@ -54,23 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="latent KV cache: auto = the activation dtype; fp8_e4m3 = the FP8 latent cache")
     parser.add_argument("--output", default="decode_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes/s of a device-to-device copy (bytes read + written) of 2 GiB, median of 10."""
-    if device.type != "cuda":
-        return float("nan")
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() / statistics.median(times[2:])
 
 
 def step_bytes(engine, batch_size: int, seq_len: int) -> int:
@@ -154,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
         max_running_requests=max(args.batch_size), chunked_prefill_size=max(args.batch_size) * args.input_len,
         cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled", kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
-    bandwidth = copy_bandwidth(engine.device)
+    bandwidth = copy_rate(engine.device)
     samples: dict[tuple[int, int], list[float]] = {}
     captures: dict[int, list[float]] = {}
     profiles: dict[tuple[int, int], dict] = {}

@@ -39,7 +39,11 @@ def _median_seconds(fn, repeats: int = 10, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def _copy_rate(dev: torch.device) -> float:
+def copy_rate(dev: torch.device) -> float:
+    """Bytes/s of a device-to-device copy of 1 GiB (bytes read + written), median of timed runs;
+    NaN off CUDA."""
+    if dev.type != "cuda":
+        return float("nan")
     src = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_()
     dst = torch.empty_like(src)
     return 2 * src.numel() / _median_seconds(lambda: dst.copy_(src))
@@ -56,7 +60,7 @@ def measure_peaks(device: torch.device) -> Peaks:
 @functools.cache
 def _cuda_peaks(device_index: int) -> Peaks:
     dev = torch.device("cuda", device_index)
-    copy = _copy_rate(dev)
+    copy = copy_rate(dev)
     n = 8192
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
