@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX
 
 GROUP = 128  # latent values per scale
-FP8_MAX = 448.0  # largest finite float8 e4m3fn
 
 
 def _align16(n: int) -> int:
@@ -71,7 +71,7 @@ def latent_views(cache: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Te
     scales [N, G] fp32, k_pe [N, rope] bf16)`` (no copies; ``rope`` from the row width)."""
     n, row = cache.shape
     lay = _layout_of(row, rank)
-    c8 = cache[:, :rank].view(torch.float8_e4m3fn)
+    c8 = cache[:, :rank].view(FP8_DTYPE)
     scales = cache.view(torch.float32)[:, lay.scale_off // 4 : lay.scale_off // 4 + lay.groups]
     pe = cache.view(torch.bfloat16)[:, lay.pe_off // 2 : lay.pe_off // 2 + lay.rope]
     return c8, scales, pe
@@ -102,7 +102,7 @@ def quantize_latent_ref(kv: torch.Tensor, rank: int) -> torch.Tensor:
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     codes = torch.where(scale[..., None] > 0, groups / safe[..., None], torch.zeros_like(groups))
     c8, scales, pe = latent_views(out, rank)
-    c8.copy_(codes.view(n, -1)[:, :rank].to(torch.float8_e4m3fn))
+    c8.copy_(codes.view(n, -1)[:, :rank].to(FP8_DTYPE))
     scales.copy_(scale)
     pe.copy_(kv[:, rank:].to(torch.bfloat16))
     return out

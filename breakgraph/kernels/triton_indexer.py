@@ -99,7 +99,7 @@ def _token_scores(
 
 @triton.jit
 def _stacked_scores(
-    Q, W, K, SCORES, pages, t0, pid_l, key_programs, pos, max_pos, mask_t, offs_d, mask_d,
+    Q, W, K, SCORES, pages, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
     stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, FP8: tl.constexpr,
 ):
@@ -187,7 +187,7 @@ def _indexer_scores_kernel(
     if STACKED:
         if one_request:
             _stacked_scores(
-                Q, W, K, SCORES, pages0, t0, pid_l, key_programs, pos, max_pos, mask_t, offs_d, mask_d,
+                Q, W, K, SCORES, pages0, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
                 stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
                 BLOCK_T, BLOCK_H, BLOCK_L, FP8,
             )  # fmt: skip

@@ -857,7 +857,7 @@ def fused_moe_decode(
     """
     t, d = x.shape
     k = topk_ids.shape[1]
-    num_e, two_i, _ = w13.shape
+    two_i = w13.shape[1]
     i = two_i // 2
     w_fp8 = w13.dtype == FP8_DTYPE
     if w_fp8 != (w13_scale is not None) or w_fp8 != (w2_scale is not None):

@@ -466,7 +466,7 @@ def supports(
     tensors = (q, kv_cache, topk_pos, page_table, token_req, out, positions)
     rank = out.shape[-1]
     if is_fp8_latent(kv_cache):
-        width_ok = 0 < rank < q.shape[-1] and kv_cache.shape[-1] == LatentLayout(rank, q.shape[-1] - rank).row_bytes
+        width_ok = kv_cache.shape[-1] == LatentLayout(rank, q.shape[-1] - rank).row_bytes
     else:
         width_ok = kv_cache.dtype == q.dtype and q.shape[-1] == kv_cache.shape[-1]
     return (

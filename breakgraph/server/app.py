@@ -409,9 +409,6 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         why = engine_loop.health()
-        if why is None and engine.tp_failure:
-            logger.warning("health: tensor parallelism failed: %s", engine.tp_failure)
-            why = "tp_failed"
         if why is not None:
             raise APIError(503, _UNHEALTHY[why], type="server_error", code=f"engine_{why}")
         return JSONResponse({"status": "ok"})

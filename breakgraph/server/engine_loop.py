@@ -185,10 +185,14 @@ class EngineLoop:
 
     def health(self) -> str | None:
         """``None`` when healthy; else why not: ``"dead"`` (the loop has stopped), ``"failing"``
-        (the last ``max_step_failures`` steps all raised) or ``"wedged"`` (requests are in
-        flight and the engine thread has not come back from a step for ``stall_timeout_s``)."""
+        (the last ``max_step_failures`` steps all raised), ``"tp_failed"`` (a tensor-parallel rank
+        failed) or ``"wedged"`` (requests are in flight and the engine thread has not come back
+        from a step for ``stall_timeout_s``)."""
         if not self.alive:
             return "dead"
+        if getattr(self.engine, "tp_failure", None):
+            logger.warning("health: tensor parallelism failed: %s", self.engine.tp_failure)
+            return "tp_failed"
         if self.max_step_failures and self.step_failures >= self.max_step_failures:
             return "failing"
         busy = bool(self._live) or self._queued > 0
