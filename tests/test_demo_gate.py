@@ -16,7 +16,6 @@ from __future__ import annotations
 import concurrent.futures
 
 import pytest
-import torch
 
 from breakgraph import Engine, SamplingParams
 from breakgraph.demo.default_model import ASSETS, SHIPPED_NAME
@@ -32,16 +31,9 @@ BUCKETS = [256, 512]  # prefill chunks are capped at 512 tokens under graphs
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.usefixtures("one_intra_op_thread"),  # a model this small gains nothing from a second thread
     pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason=f"no shipped checkpoint in {SHIPPED}"),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small gains nothing from a second intra-op thread
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

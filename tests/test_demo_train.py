@@ -35,14 +35,7 @@ MICRO = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Micro models gain nothing from intra-op threads, and on a busy machine extra threads
-    make these tests many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 @pytest.fixture(scope="module")
