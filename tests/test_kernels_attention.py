@@ -339,6 +339,8 @@ def _interp_indexer_scores():
 
     cases = [
         (_RAGGED, 4, 8, 32, {}),  # blocks of 4 tokens straddle requests
+        (_RAGGED, 4, 8, 32, {"block_t": 8, "block_l": 16}),  # blocks spanning three requests
+        (_RAGGED, 4, 8, 32, {"head_dot": True}),  # head sums by a 0/1 group dot
         (_RAGGED, 2, 16, 64, {"block_t": 2, "block_l": 16}),
         (_RAGGED, 8, 12, 48, {"block_t": 4, "block_l": 32, "key_programs": 3}),  # Hi, Di not powers of two
         (_DECODE, 4, 8, 32, {"block_l": 16, "key_programs": 2}),  # T ≤ B: one token per block
@@ -707,6 +709,29 @@ def test_dense_config_splits_keys_only_when_blocks_cannot_fill_the_gpu():
     assert dense_config(16, 1024, 1024, cpu)["chunk_keys"] == 0
     assert dense_config(64, 1024, 1024, cpu)["chunk_keys"] == 0
     assert dense_config(8)["chunk_keys"] == 0  # no shape: one chunk
+
+
+def test_indexer_scores_compile_for_sm90_pipelined_without_spills():
+    """ptxas for sm_90a at the default prefill (stacked) config, GLM-5 shapes: wgmma, no spills
+    under its register cap, and more cp.async loads than at 2 stages (where only the page-table
+    load runs ahead, the key tile is loaded in the iteration that uses it)."""
+    from test_kernels_fp8 import compile_for_sm90
+
+    from breakgraph.kernels.triton_indexer import _indexer_scores_kernel, default_config
+
+    cfg = default_config(4096, 1, IDX_HEADS, 4096, torch.device("cpu"))
+    a = dict(Q="*bf16", W="*fp32", K="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
+             SCORES="*fp32", stride_qt=IDX_HEADS * IDX_DIM, stride_qh=IDX_DIM, stride_wt=IDX_HEADS, stride_k=IDX_DIM,
+             stride_pt=37, stride_st=4096, num_tokens=4096, num_heads=IDX_HEADS, head_dim=IDX_DIM, page_size=PAGE,
+             skip_below=TOPK, scale=0.088)  # fmt: skip
+    consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=IDX_HEADS, BLOCK_D=IDX_DIM, BLOCK_L=cfg["block_l"], FP8=0,
+                  STACKED=cfg["stacked"])  # fmt: skip
+    info = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
+    two = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], 2, cfg["maxnreg"])
+    print(f"indexer scores {cfg}: {info}; at 2 stages {two}")
+    assert cfg["stacked"] and info["mma"] == ["HGMMA"], info
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    assert info["async_copies"] > two["async_copies"], (info, two)
 
 
 @pytest.mark.parametrize("heads", [8, 64])

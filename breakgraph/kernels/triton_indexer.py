@@ -99,9 +99,10 @@ def _token_scores(
 
 @triton.jit
 def _stacked_scores(
-    Q, W, K, SCORES, pages, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
+    Q, W, K, SCORES, TOKEN_REQ, pages, req_s, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
     stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, FP8: tl.constexpr,
+    HEAD_DOT: tl.constexpr,
 ):
     """Scores of ``BLOCK_T`` tokens of one request: their ``BLOCK_T·Hi`` query rows stacked on
     the columns of one dot per key block, the head sums of each token done by a second dot with a
@@ -111,6 +112,7 @@ def _stacked_scores(
     row_t = t0 + r // BLOCK_H
     row_h = r % BLOCK_H
     row_mask = (row_t < num_tokens) & (row_h < num_heads)
+    row_mask &= tl.load(TOKEN_REQ + row_t, mask=row_mask, other=-1) == req_s
     q = tl.load(
         Q + row_t.to(tl.int64)[:, None] * stride_qt + row_h[:, None] * stride_qh + offs_d[None, :],
         mask=row_mask[:, None] & mask_d[None, :],
@@ -120,21 +122,28 @@ def _stacked_scores(
     if FP8:
         q, q_scale = _quantize_rows_e4m3(q)
         qw = qw * q_scale
-    cols = tl.arange(0, 16)
-    group = ((r // BLOCK_H)[:, None] == cols[None, :]).to(tl.float32).to(tl.bfloat16)  # [BLOCK_T·Hi, 16]
-    pos16 = tl.sum(tl.where(tl.arange(0, BLOCK_T)[:, None] == cols[None, :], pos[:, None], 0), 0)
-    pos16 = tl.where(cols < BLOCK_T, pos16, -1)
+    if HEAD_DOT:
+        cols = tl.arange(0, 16)
+        group = ((r // BLOCK_H)[:, None] == cols[None, :]).to(tl.float32).to(tl.bfloat16)  # [BLOCK_T·Hi, 16]
+        pos_c = tl.sum(tl.where(tl.arange(0, BLOCK_T)[:, None] == cols[None, :], pos[:, None], 0), 0)
+        pos_c = tl.where(cols < BLOCK_T, pos_c, -1)
+    else:
+        cols = tl.arange(0, BLOCK_T)
+        pos_c = pos
     out_rows = SCORES + (t0 + cols).to(tl.int64)[None, :] * stride_st
     for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
         offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
         k_op, k_scale = _load_keys(K, pages, offs_j, offs_j <= max_pos, offs_d, mask_d, stride_k, page_size, FP8)
         logits = tl.dot(k_op, tl.trans(q))  # [BLOCK_L, BLOCK_T·Hi]
         terms = tl.maximum(logits, 0.0) * qw[None, :]
-        hi = terms.to(tl.bfloat16)
-        lo = (terms - hi.to(tl.float32)).to(tl.bfloat16)
-        s = tl.dot(hi, group)
-        s = tl.dot(lo, group, s) * k_scale[:, None]  # [BLOCK_L, 16]: column i is token t0 + i
-        tl.store(out_rows + offs_j[:, None], s, mask=offs_j[:, None] <= pos16[None, :])
+        if HEAD_DOT:
+            hi = terms.to(tl.bfloat16)
+            lo = (terms - hi.to(tl.float32)).to(tl.bfloat16)
+            s = tl.dot(hi, group)
+            s = tl.dot(lo, group, s)  # [BLOCK_L, 16]: column i is token t0 + i
+        else:
+            s = tl.sum(tl.reshape(terms, [BLOCK_L, BLOCK_T, BLOCK_H]), 2)  # [BLOCK_L, BLOCK_T]
+        tl.store(out_rows + offs_j[:, None], s * k_scale[:, None], mask=offs_j[:, None] <= pos_c[None, :])
 
 
 @triton.jit
@@ -164,11 +173,13 @@ def _indexer_scores_kernel(
     BLOCK_L: tl.constexpr,
     FP8: tl.constexpr,
     STACKED: tl.constexpr,
+    SEGMENTS: tl.constexpr = 1,
+    HEAD_DOT: tl.constexpr = False,
 ):
     # Later token blocks have longer causal ranges: start them first.
     t0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_T
     pid_l = tl.program_id(1)
-    key_programs = tl.num_programs(1)
+    key_programs = tl.num_programs(1) // SEGMENTS
     offs_t = t0 + tl.arange(0, BLOCK_T)
     mask_t = offs_t < num_tokens
     pos = tl.load(POSITIONS + offs_t, mask=mask_t, other=-1)
@@ -181,37 +192,47 @@ def _indexer_scores_kernel(
     mask_d = offs_d < head_dim
 
     req = tl.load(TOKEN_REQ + offs_t, mask=mask_t, other=0)
-    req0 = tl.load(TOKEN_REQ + t0)
-    one_request = tl.sum((mask_t & (req != req0)).to(tl.int32), 0) == 0
-    pages0 = PAGE_TABLE + req0.to(tl.int64) * stride_pt
     if STACKED:
-        if one_request:
+        # Program (block, seg·key_programs + l) scores the tokens of the block's seg-th request
+        # (blocks straddle requests rarely; then a second program scores the next request's part).
+        seg = pid_l // key_programs
+        pid_l = pid_l % key_programs
+        prev = tl.load(TOKEN_REQ + offs_t - 1, mask=mask_t & (offs_t > t0), other=0)
+        seg_t = tl.cumsum((mask_t & (offs_t > t0) & (req != prev)).to(tl.int32), 0)
+        mine = mask_t & (seg_t == seg)
+        if tl.sum(mine.to(tl.int32), 0) > 0:
+            req_s = tl.max(tl.where(mine, req, 0), 0)
+            pos_s = tl.where(mine, pos, -1)
             _stacked_scores(
-                Q, W, K, SCORES, pages0, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
-                stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
-                BLOCK_T, BLOCK_H, BLOCK_L, FP8,
+                Q, W, K, SCORES, TOKEN_REQ, PAGE_TABLE + req_s.to(tl.int64) * stride_pt, req_s, t0, pid_l,
+                key_programs, pos_s, tl.max(pos_s, 0), offs_d, mask_d, stride_qt, stride_qh, stride_wt,
+                stride_k, stride_st, num_tokens, num_heads, page_size, scale,
+                BLOCK_T, BLOCK_H, BLOCK_L, FP8, HEAD_DOT,
             )  # fmt: skip
-            return
-    for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
-        offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
-        # The keys of the block's request (none loaded when the block straddles requests).
-        jmask = (offs_j <= max_pos) & one_request
-        k_op, k_scale = _load_keys(K, pages0, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8)
-        for i in tl.static_range(BLOCK_T):
-            t_i = t0 + i
-            if t_i < num_tokens:
-                pos_i = tl.load(POSITIONS + t_i)
-                if kb * BLOCK_L <= pos_i:
-                    if not one_request:  # the block straddles requests: this token's own keys
-                        pages = PAGE_TABLE + tl.load(TOKEN_REQ + t_i).to(tl.int64) * stride_pt
-                        k_op, k_scale = _load_keys(
-                            K, pages, offs_j, offs_j <= pos_i, offs_d, mask_d, stride_k, page_size, FP8
-                        )
-                    s = _token_scores(
-                        Q, W, t_i.to(tl.int64), k_op, k_scale, offs_h, mask_h, offs_d, mask_d,
-                        stride_qt, stride_qh, stride_wt, scale, FP8,
-                    )  # fmt: skip
-                    tl.store(SCORES + t_i.to(tl.int64) * stride_st + offs_j, s, mask=offs_j <= pos_i)
+    else:
+        req0 = tl.load(TOKEN_REQ + t0)
+        one_request = tl.sum((mask_t & (req != req0)).to(tl.int32), 0) == 0
+        pages0 = PAGE_TABLE + req0.to(tl.int64) * stride_pt
+        for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
+            offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
+            # The keys of the block's request (none loaded when the block straddles requests).
+            jmask = (offs_j <= max_pos) & one_request
+            k_op, k_scale = _load_keys(K, pages0, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8)
+            for i in tl.static_range(BLOCK_T):
+                t_i = t0 + i
+                if t_i < num_tokens:
+                    pos_i = tl.load(POSITIONS + t_i)
+                    if kb * BLOCK_L <= pos_i:
+                        if not one_request:  # the block straddles requests: this token's own keys
+                            pages = PAGE_TABLE + tl.load(TOKEN_REQ + t_i).to(tl.int64) * stride_pt
+                            k_op, k_scale = _load_keys(
+                                K, pages, offs_j, offs_j <= pos_i, offs_d, mask_d, stride_k, page_size, FP8
+                            )
+                        s = _token_scores(
+                            Q, W, t_i.to(tl.int64), k_op, k_scale, offs_h, mask_h, offs_d, mask_d,
+                            stride_qt, stride_qh, stride_wt, scale, FP8,
+                        )  # fmt: skip
+                        tl.store(SCORES + t_i.to(tl.int64) * stride_st + offs_j, s, mask=offs_j <= pos_i)
 
 
 @triton.jit
@@ -289,10 +310,10 @@ def default_config(num_tokens: int, num_requests: int, num_heads: int, row_len: 
     block_l = 64 if stacked else 128
     token_blocks = triton.cdiv(num_tokens, block_t)
     key_programs = max(1, min(triton.cdiv(row_len, block_l), triton.cdiv(4 * num_sms(device), token_blocks), 64))
-    # Stacked tiles from the H200 sweep (scripts/bench_kernels_attention.py --sweep): 4 warps with
-    # registers capped at 168 (two programs per SM) beat every uncapped tile at 16K tokens.
+    # Stacked: 3 stages, so the page-table and key loads both run ahead (cp.async); with 2 only
+    # the page-table load does. Registers capped at 168: no spills (the sm_90a compile report).
     return {"block_t": block_t, "block_l": block_l, "key_programs": key_programs, "num_warps": 4 if stacked else 8,
-            "num_stages": 2, "stacked": stacked, "maxnreg": 168 if stacked else None}  # fmt: skip
+            "num_stages": 3 if stacked else 2, "stacked": stacked, "maxnreg": 168 if stacked else None}  # fmt: skip
 
 
 def supports(
@@ -344,6 +365,7 @@ def indexer_scores_triton(
     num_stages: int | None = None,
     stacked: bool | None = None,
     maxnreg: int | None = None,
+    head_dot: bool = False,
 ) -> None:
     """Write the indexer scores of each token ``t`` at positions ``0…positions[t]`` into row
     ``t`` of ``scores`` (fp32, unit last stride, at least ``positions[t] + 1`` wide); nothing
@@ -363,9 +385,11 @@ def indexer_scores_triton(
     cfg = default_config(num_tokens, page_table.shape[0], num_heads, row_len, q.device)
     block_t = block_t or cfg["block_t"]
     use_stacked = (cfg["stacked"] if stacked is None else stacked) and block_t > 1
-    if use_stacked and block_t > 16:
-        raise ValueError(f"the stacked score path sums heads for at most 16 tokens per program, got block_t={block_t}")
-    grid = (triton.cdiv(num_tokens, block_t), key_programs or cfg["key_programs"])
+    if use_stacked and head_dot and block_t > 16:
+        raise ValueError(f"the head-sum dot takes at most 16 tokens per program, got block_t={block_t}")
+    # Stacked blocks of a multi-request batch may straddle requests: a program per request part.
+    segments = block_t if use_stacked and page_table.shape[0] > 1 else 1
+    grid = (triton.cdiv(num_tokens, block_t), (key_programs or cfg["key_programs"]) * segments)
     _indexer_scores_kernel[grid](
         q, weights, k_cache, page_table, token_req, positions, scores,
         q.stride(0), q.stride(1), weights.stride(0), k_cache.stride(0), page_table.stride(0), scores.stride(0),
@@ -373,7 +397,7 @@ def indexer_scores_triton(
         BLOCK_T=block_t, BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
         BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"],
         FP8=2 if k_cache.dtype == torch.uint8 else int(fp8),
-        STACKED=use_stacked,
+        STACKED=use_stacked, SEGMENTS=segments, HEAD_DOT=head_dot,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"],
     )  # fmt: skip
