@@ -66,14 +66,16 @@ def _load_keys(K, pages, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8
     jpos = tl.where(jmask, offs_j, 0)
     page = tl.load(pages + jpos // page_size, mask=jmask, other=0).to(tl.int64)
     rows = K + (page * page_size + jpos % page_size) * stride_k
-    k = tl.load(rows[:, None] + offs_d[None, :], mask=jmask[:, None] & mask_d[None, :], other=0)
-    if FP8 == 2:
-        k_op = k.to(tl.float8e4nv, bitcast=True)
+    if FP8 == 2:  # read as e4m3 (no bitcast between the load and the dot: it stays pipelineable)
+        k_op = tl.load(rows.to(tl.pointer_type(tl.float8e4nv))[:, None] + offs_d[None, :],
+                       mask=jmask[:, None] & mask_d[None, :], other=0.0)  # fmt: skip
         k_scale = tl.load((rows + stride_k - 16).to(tl.pointer_type(tl.float32)), mask=jmask, other=0.0)
-    elif FP8:
-        k_op, k_scale = _quantize_rows_e4m3(k)
     else:
-        k_op, k_scale = k, tl.full([k.shape[0]], 1.0, tl.float32)
+        k = tl.load(rows[:, None] + offs_d[None, :], mask=jmask[:, None] & mask_d[None, :], other=0)
+        if FP8:
+            k_op, k_scale = _quantize_rows_e4m3(k)
+        else:
+            k_op, k_scale = k, tl.full([k.shape[0]], 1.0, tl.float32)
     return k_op, k_scale
 
 
