@@ -7,18 +7,21 @@ same whatever context length the pool was configured for.
 
 Scores (``_indexer_scores_kernel``): ``I[t, j] = Σ_h w[t, h] · ReLU(scale · q[t, h]·k[j])``
 for ``j ≤ positions[t]``. Grid ``(token blocks, key programs)``; a program owns ``BLOCK_T``
-consecutive tokens of one request and walks the key blocks ``0…max pos`` of the block
-(strided over the ``key programs`` of its token block, so a few decode tokens still fill the
-GPU; the loop bound is read on the device, so the grid never depends on lengths). Each
-gathered ``[BLOCK_L, Di]`` key block serves every token of the program: per token one
-tensor-core dot ``keys · q_tᵀ`` gives ``[BLOCK_L, Hi]`` logits with the *heads along the
-columns*, so the ReLU-weighted head sum is a row reduction inside each thread's registers
-(plus a few lane shuffles) instead of a cross-warp reduction. Token blocks whose tokens all
-sit below ``skip_below`` are not scored (their selection is every causal key).
+consecutive tokens and walks the key blocks ``0…max pos`` of the block (strided over the ``key
+programs`` of its token block, so a few decode tokens still fill the GPU; the loop bound is read
+on the device, so the grid never depends on lengths). Each gathered ``[BLOCK_L, Di]`` key block
+serves every token of the program with the *heads along the dot's columns*, so the
+ReLU-weighted head sum is a reduction inside each thread's registers (plus a few lane shuffles).
+Prefill (stacked): the ``BLOCK_T·Hi`` query rows of the block are the columns of one wgmma per
+key block, ``[BLOCK_L, BLOCK_T·Hi]`` in fp32, summed per token by a reshape; 3 pipeline stages
+let the page-table and key loads run ahead of the dot. Token blocks whose tokens all sit below
+``skip_below`` are not scored (their selection is every causal key).
 
 Tokens of one block usually share a request (prefill lays a request's tokens out
-contiguously); a block that straddles requests scores its tokens one at a time against their
-own request's keys (a few boundary blocks per batch). Decode-like batches use ``BLOCK_T = 1``.
+contiguously). In a batch of several requests the stacked grid has ``BLOCK_T`` programs per
+(token block, key program), the ``s``-th scoring the block's tokens of its ``s``-th request
+against that request's keys (the others return at once), so a straddling block costs no
+separate code path. Decode-like batches use ``BLOCK_T = 1``.
 
 Selection (``_topk_select_kernel``): one program per row. A row with ``n = pos + 1 ≤ K``
 keys selects ``0…pos``. A longer row finds the ``K``-th largest score exactly with a radix
@@ -106,10 +109,11 @@ def _stacked_scores(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, FP8: tl.constexpr,
     HEAD_DOT: tl.constexpr,
 ):
-    """Scores of ``BLOCK_T`` tokens of one request: their ``BLOCK_T·Hi`` query rows stacked on
-    the columns of one dot per key block, the head sums of each token done by a second dot with a
-    0/1 group matrix (the ReLU-weighted terms split into bf16 high and low parts: ~2^-17 of
-    each term, fp32 accumulate)."""
+    """Scores of the tokens of ``BLOCK_T`` (``t0…``) in request ``req_s`` (``pos``: their
+    positions, ``-1`` for the others): their ``BLOCK_T·Hi`` query rows stacked on the columns of
+    one dot per key block, each token's head sum a register reduction of the fp32 terms, or with
+    ``HEAD_DOT`` a second dot with a 0/1 group matrix (the terms split into bf16 high and low
+    parts: ~2^-17 of each term, fp32 accumulate)."""
     r = tl.arange(0, BLOCK_T * BLOCK_H)
     row_t = t0 + r // BLOCK_H
     row_h = r % BLOCK_H
@@ -376,7 +380,8 @@ def indexer_scores_triton(
     Arguments as :func:`~breakgraph.kernels.indexer.indexer_topk_ref` (``weights`` fp32
     ``[T, Hi]``); ``fp8`` picks the FP8 e4m3 dot (module docstring); token blocks whose
     positions are all ``< skip_below`` are skipped; ``row_len`` (host int, default the page
-    table's width) bounds the rows for the grid choice only. Graph-safe.
+    table's width) bounds the rows for the grid choice only; ``block_t`` … ``maxnreg`` override
+    :func:`default_config`'s tiles, ``head_dot`` sums heads by the group dot. Graph-safe.
     """
     num_tokens, num_heads, head_dim = q.shape
     if num_tokens == 0:
