@@ -280,9 +280,8 @@ def selection_overlap(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> f
 
 
 # Score-kernel variants the indexer sweep times (stacked prefill path): tokens per program,
-# key block, warps, stages, register cap, head sums by the 0/1 group dot (the earlier kernel).
+# key block, warps, stages, register cap.
 INDEXER_VARIANTS = [
-    dict(block_t=4, block_l=64, num_warps=4, num_stages=2, maxnreg=168, head_dot=True),  # before this round
     dict(block_t=4, block_l=64, num_warps=4, num_stages=2, maxnreg=168),
     dict(block_t=4, block_l=64, num_warps=4, num_stages=3, maxnreg=168),
     dict(block_t=4, block_l=64, num_warps=4, num_stages=3, maxnreg=None),
@@ -290,7 +289,6 @@ INDEXER_VARIANTS = [
     dict(block_t=8, block_l=64, num_warps=8, num_stages=3, maxnreg=None),
     dict(block_t=8, block_l=64, num_warps=8, num_stages=3, maxnreg=128),
     dict(block_t=4, block_l=128, num_warps=8, num_stages=3, maxnreg=168),
-    dict(block_t=16, block_l=64, num_warps=16, num_stages=3, maxnreg=128),
 ]
 # The same on the FP8 key cache (e4m3 rows stored once, read as stored).
 INDEXER_FP8_VARIANTS = [
@@ -336,7 +334,6 @@ def run_indexer(args):
         io = q.numel() * 2 + w.numel() * 4 + n_keys * IDX_DIM * 2
         s_bytes = io + causal * 4
         t_bytes = s_bytes + causal * 4 + topk.numel() * 4
-        cfg = default_config(num, pt.shape[0], IDX_HEADS, row_len, q.device)
         rest = (pt, req, pos, PAGE, IDX_DIM**-0.5)
         flops = 2 * scored * IDX_HEADS * IDX_DIM
         chosen = {}
@@ -345,6 +342,7 @@ def run_indexer(args):
             a = (q, w, kc8 if mode == "fp8 keys" else kc, *rest)
             peak = FP8_TFLOPS if fp8 else BF16_TFLOPS
             tag = f"{layout} {mode}"
+            cfg = default_config(num, pt.shape[0], IDX_HEADS, row_len, q.device, {"bf16": 0, "fp8": 1}.get(mode, 2))
             ms = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8, skip_below=TOPK))
             row(f"{tag} scores [bt {cfg['block_t']} kp {cfg['key_programs']}]", ms, flops, s_bytes, s_bytes, peak)
             summary.append((layout, mode, "default", ms, flops / (ms * 1e-3) / 1e12, 0.0))
@@ -396,9 +394,8 @@ def run_indexer(args):
 
 
 def _short(opts: dict) -> str:
-    """``bt 4 bl 64 w 4 st 3 r 168 dot`` for a score-kernel variant."""
-    name = f"bt {opts['block_t']} bl {opts['block_l']} w {opts['num_warps']} st {opts['num_stages']} r {opts['maxnreg']}"
-    return name + (" dot" if opts.get("head_dot") else "")
+    """``bt 4 bl 64 w 4 st 3 r 168`` for a score-kernel variant."""
+    return f"bt {opts['block_t']} bl {opts['block_l']} w {opts['num_warps']} st {opts['num_stages']} r {opts['maxnreg']}"
 
 
 # ----------------------------------------------------------------------------------------
@@ -453,8 +450,8 @@ def run_aot():
     consts = dict(BLOCK_T=8, HEADS=8, BLOCK_M=64, BLOCK_R=512, BLOCK_C=_MERGE_COLS)
     print(f"  dense_mla merge {aot_report(_dense_mla_merge_kernel, a, consts, 4, 2)}")
     for num, reqs in ((4096, 1), (64, 64)):
-        cfg = idx_cfg(num, reqs, IDX_HEADS, 4096, cpu)
         for fp8 in (False, True):
+            cfg = idx_cfg(num, reqs, IDX_HEADS, 4096, cpu, int(fp8))
             a = dict(
                 Q="*bf16", W="*fp32", K="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
                 SCORES="*fp32", stride_qt=IDX_HEADS * IDX_DIM, stride_qh=IDX_DIM, stride_wt=IDX_HEADS,
@@ -471,7 +468,7 @@ def run_aot():
         k = dict(K="*u8", stride_k=IDX_DIM + 16) if fp8_keys else dict(K="*bf16", stride_k=IDX_DIM)
         for v in variants:
             consts = dict(BLOCK_T=v["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=v["block_l"], FP8=2 if fp8_keys else 0,
-                          STACKED=True, HEAD_DOT=v.get("head_dot", False))  # fmt: skip
+                          STACKED=True)  # fmt: skip
             r = aot_report(_indexer_scores_kernel, a | k, consts, v["num_warps"], v["num_stages"], v["maxnreg"])
             print(f"  indexer sweep T=4096 {keys:<8} {_short(v):<34} {r}")
 

@@ -107,13 +107,10 @@ def _stacked_scores(
     Q, W, K, SCORES, TOKEN_REQ, pages, req_s, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
     stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, FP8: tl.constexpr,
-    HEAD_DOT: tl.constexpr,
 ):
-    """Scores of the tokens of ``BLOCK_T`` (``t0…``) in request ``req_s`` (``pos``: their
-    positions, ``-1`` for the others): their ``BLOCK_T·Hi`` query rows stacked on the columns of
-    one dot per key block, each token's head sum a register reduction of the fp32 terms, or with
-    ``HEAD_DOT`` a second dot with a 0/1 group matrix (the terms split into bf16 high and low
-    parts: ~2^-17 of each term, fp32 accumulate)."""
+    """Scores of the block's tokens (``t0…t0 + BLOCK_T - 1``) of request ``req_s`` (``pos``:
+    their positions, ``-1`` for the others): their ``BLOCK_T·Hi`` query rows stacked on the columns of
+    one dot per key block, each token's head sum a register reduction of the fp32 terms."""
     r = tl.arange(0, BLOCK_T * BLOCK_H)
     row_t = t0 + r // BLOCK_H
     row_h = r % BLOCK_H
@@ -128,28 +125,15 @@ def _stacked_scores(
     if FP8:
         q, q_scale = _quantize_rows_e4m3(q)
         qw = qw * q_scale
-    if HEAD_DOT:
-        cols = tl.arange(0, 16)
-        group = ((r // BLOCK_H)[:, None] == cols[None, :]).to(tl.float32).to(tl.bfloat16)  # [BLOCK_T·Hi, 16]
-        pos_c = tl.sum(tl.where(tl.arange(0, BLOCK_T)[:, None] == cols[None, :], pos[:, None], 0), 0)
-        pos_c = tl.where(cols < BLOCK_T, pos_c, -1)
-    else:
-        cols = tl.arange(0, BLOCK_T)
-        pos_c = pos
+    cols = tl.arange(0, BLOCK_T)
     out_rows = SCORES + (t0 + cols).to(tl.int64)[None, :] * stride_st
     for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
         offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
         k_op, k_scale = _load_keys(K, pages, offs_j, offs_j <= max_pos, offs_d, mask_d, stride_k, page_size, FP8)
         logits = tl.dot(k_op, tl.trans(q))  # [BLOCK_L, BLOCK_T·Hi]
         terms = tl.maximum(logits, 0.0) * qw[None, :]
-        if HEAD_DOT:
-            hi = terms.to(tl.bfloat16)
-            lo = (terms - hi.to(tl.float32)).to(tl.bfloat16)
-            s = tl.dot(hi, group)
-            s = tl.dot(lo, group, s)  # [BLOCK_L, 16]: column i is token t0 + i
-        else:
-            s = tl.sum(tl.reshape(terms, [BLOCK_L, BLOCK_T, BLOCK_H]), 2)  # [BLOCK_L, BLOCK_T]
-        tl.store(out_rows + offs_j[:, None], s * k_scale[:, None], mask=offs_j[:, None] <= pos_c[None, :])
+        s = tl.sum(tl.reshape(terms, [BLOCK_L, BLOCK_T, BLOCK_H]), 2)  # [BLOCK_L, BLOCK_T]
+        tl.store(out_rows + offs_j[:, None], s * k_scale[:, None], mask=offs_j[:, None] <= pos[None, :])
 
 
 @triton.jit
@@ -180,7 +164,6 @@ def _indexer_scores_kernel(
     FP8: tl.constexpr,
     STACKED: tl.constexpr,
     SEGMENTS: tl.constexpr = 1,
-    HEAD_DOT: tl.constexpr = False,
 ):
     # Later token blocks have longer causal ranges: start them first.
     t0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_T
@@ -213,7 +196,7 @@ def _indexer_scores_kernel(
                 Q, W, K, SCORES, TOKEN_REQ, PAGE_TABLE + req_s.to(tl.int64) * stride_pt, req_s, t0, pid_l,
                 key_programs, pos_s, tl.max(pos_s, 0), offs_d, mask_d, stride_qt, stride_qh, stride_wt,
                 stride_k, stride_st, num_tokens, num_heads, page_size, scale,
-                BLOCK_T, BLOCK_H, BLOCK_L, FP8, HEAD_DOT,
+                BLOCK_T, BLOCK_H, BLOCK_L, FP8,
             )  # fmt: skip
     else:
         req0 = tl.load(TOKEN_REQ + t0)
@@ -307,19 +290,27 @@ def _topk_select_kernel(
             equal_seen += tl.sum(eq, 0)
 
 
-def default_config(num_tokens: int, num_requests: int, num_heads: int, row_len: int, device: torch.device) -> dict:
+def default_config(
+    num_tokens: int, num_requests: int, num_heads: int, row_len: int, device: torch.device, fp8: int = 0
+) -> dict:
     """Tiles of the score kernel for a shape: ``block_t`` tokens per program (1 for decode-like
     batches), key blocks of ``block_l``, and ``key_programs`` per token block — enough programs
-    to fill the GPU, capped at 64 so the grid does not grow with the configured context."""
+    to fill the GPU, capped at 64 so the grid does not grow with the configured context.
+    ``fp8``: 0 bf16 keys, 1 FP8 quantised in the kernel, 2 the stored FP8 key cache."""
     stacked = num_tokens > num_requests
-    block_t = 4 if stacked else 1
-    block_l = 64 if stacked else 128
-    token_blocks = triton.cdiv(num_tokens, block_t)
-    key_programs = max(1, min(triton.cdiv(row_len, block_l), triton.cdiv(4 * num_sms(device), token_blocks), 64))
-    # Stacked: 3 stages, so the page-table and key loads both run ahead (cp.async); with 2 only
-    # the page-table load does. Registers capped at 168: no spills (the sm_90a compile report).
-    return {"block_t": block_t, "block_l": block_l, "key_programs": key_programs, "num_warps": 4 if stacked else 8,
-            "num_stages": 3 if stacked else 2, "stacked": stacked, "maxnreg": 168 if stacked else None}  # fmt: skip
+    # Stacked tiles from the H200 sweep (`scripts/bench_kernels_attention.py --only indexer --sweep`):
+    # bf16, 8 tokens and 8 warps (two warpgroups, 4 tokens × 32 heads each), 2 stages, registers
+    # capped at 128 (two programs per SM); FP8, 4 tokens and 4 warps, 3 stages, uncapped (stored
+    # keys) or at 168 (in-kernel quantisation, as measured).
+    if not stacked:
+        tiles = {"block_t": 1, "block_l": 128, "num_warps": 8, "num_stages": 2, "maxnreg": None}
+    elif fp8:
+        tiles = {"block_t": 4, "block_l": 64, "num_warps": 4, "num_stages": 3, "maxnreg": 168 if fp8 == 1 else None}
+    else:
+        tiles = {"block_t": 8, "block_l": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128}
+    token_blocks = triton.cdiv(num_tokens, tiles["block_t"])
+    key_programs = max(1, min(triton.cdiv(row_len, tiles["block_l"]), triton.cdiv(4 * num_sms(device), token_blocks), 64))
+    return {**tiles, "key_programs": key_programs, "stacked": stacked}
 
 
 def supports(
@@ -371,7 +362,6 @@ def indexer_scores_triton(
     num_stages: int | None = None,
     stacked: bool | None = None,
     maxnreg: int | None = None,
-    head_dot: bool = False,
 ) -> None:
     """Write the indexer scores of each token ``t`` at positions ``0…positions[t]`` into row
     ``t`` of ``scores`` (fp32, unit last stride, at least ``positions[t] + 1`` wide); nothing
@@ -381,7 +371,7 @@ def indexer_scores_triton(
     ``[T, Hi]``); ``fp8`` picks the FP8 e4m3 dot (module docstring); token blocks whose
     positions are all ``< skip_below`` are skipped; ``row_len`` (host int, default the page
     table's width) bounds the rows for the grid choice only; ``block_t`` … ``maxnreg`` override
-    :func:`default_config`'s tiles, ``head_dot`` sums heads by the group dot. Graph-safe.
+    :func:`default_config`'s tiles. Graph-safe.
     """
     num_tokens, num_heads, head_dim = q.shape
     if num_tokens == 0:
@@ -389,11 +379,13 @@ def indexer_scores_triton(
     if k_cache.dtype == torch.uint8 and not fp8:
         raise ValueError("an FP8 indexer key cache is scored by the FP8 indexer only (fp8=True)")
     row_len = row_len or page_table.shape[1] * page_size
-    cfg = default_config(num_tokens, page_table.shape[0], num_heads, row_len, q.device)
+    fp8_mode = 2 if k_cache.dtype == torch.uint8 else int(fp8)
+    cfg = default_config(num_tokens, page_table.shape[0], num_heads, row_len, q.device, fp8_mode)
     block_t = block_t or cfg["block_t"]
     use_stacked = (cfg["stacked"] if stacked is None else stacked) and block_t > 1
-    if use_stacked and head_dot and block_t > 16:
-        raise ValueError(f"the head-sum dot takes at most 16 tokens per program, got block_t={block_t}")
+    block_h = max(16, triton.next_power_of_2(num_heads))
+    if use_stacked and block_t * block_h > 256:  # on the H200, 16 × 32 columns gave wrong sums
+        raise ValueError(f"the stacked dot takes at most 256 query rows, got block_t={block_t} × {block_h} heads")
     # Stacked blocks of a multi-request batch may straddle requests: a program per request part.
     segments = block_t if use_stacked and page_table.shape[0] > 1 else 1
     grid = (triton.cdiv(num_tokens, block_t), (key_programs or cfg["key_programs"]) * segments)
@@ -401,10 +393,10 @@ def indexer_scores_triton(
         q, weights, k_cache, page_table, token_req, positions, scores,
         q.stride(0), q.stride(1), weights.stride(0), k_cache.stride(0), page_table.stride(0), scores.stride(0),
         num_tokens, num_heads, head_dim, page_size, skip_below, softmax_scale,
-        BLOCK_T=block_t, BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
+        BLOCK_T=block_t, BLOCK_H=block_h,
         BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"],
-        FP8=2 if k_cache.dtype == torch.uint8 else int(fp8),
-        STACKED=use_stacked, SEGMENTS=segments, HEAD_DOT=head_dot,
+        FP8=fp8_mode,
+        STACKED=use_stacked, SEGMENTS=segments,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"],
     )  # fmt: skip
