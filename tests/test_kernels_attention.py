@@ -711,6 +711,24 @@ def test_dense_config_splits_keys_only_when_blocks_cannot_fill_the_gpu():
     assert dense_config(8)["chunk_keys"] == 0  # no shape: one chunk
 
 
+def test_indexer_stacked_tiles_stay_within_256_query_rows():
+    """Default stacked tiles hold at most 256 query rows (tokens × padded heads) for every head
+    count the kernel takes, and a larger explicit tile is refused before launch (16 × 32 rows
+    gave wrong sums on the H200)."""
+    from breakgraph.kernels.triton_indexer import default_config, indexer_scores_triton
+
+    cpu = torch.device("cpu")
+    for heads in (8, 32, 64, 128):
+        for fp8 in (0, 1, 2):
+            cfg = default_config(4096, 1, heads, 8192, cpu, fp8)
+            assert cfg["stacked"] and 2 <= cfg["block_t"] and cfg["block_t"] * max(16, heads) <= 256, (heads, cfg)
+    batch = make_batch(**_RAGGED, page_size=4)
+    q, w, kc = indexer_inputs(batch, 32, 32, torch.bfloat16)
+    args = (batch["page_table"], batch["token_req"], batch["positions"], 4, 0.2)
+    with pytest.raises(ValueError, match="block_t=16"):
+        indexer_scores_triton(q, w, kc, *args, torch.empty(q.shape[0], 64), block_t=16)
+
+
 def test_indexer_scores_compile_for_sm90_without_spills():
     """ptxas for sm_90a at the default prefill (stacked) config, GLM-5 shapes: wgmma, and no
     spills within its register cap (128: two programs of 8 warps per SM)."""

@@ -302,12 +302,15 @@ def default_config(
     # bf16, 8 tokens and 8 warps (two warpgroups, 4 tokens × 32 heads each), 2 stages, registers
     # capped at 128 (two programs per SM); FP8, 4 tokens and 4 warps, 3 stages, uncapped (stored
     # keys) or at 168 (in-kernel quantisation, as measured).
+    # At most 256 query rows per program (more heads: fewer tokens).
+    rows = 256 // max(16, triton.next_power_of_2(num_heads))
     if not stacked:
         tiles = {"block_t": 1, "block_l": 128, "num_warps": 8, "num_stages": 2, "maxnreg": None}
     elif fp8:
-        tiles = {"block_t": 4, "block_l": 64, "num_warps": 4, "num_stages": 3, "maxnreg": 168 if fp8 == 1 else None}
+        tiles = {"block_t": min(4, rows), "block_l": 64, "num_warps": 4, "num_stages": 3,
+                 "maxnreg": 168 if fp8 == 1 else None}  # fmt: skip
     else:
-        tiles = {"block_t": 8, "block_l": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128}
+        tiles = {"block_t": min(8, rows), "block_l": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128}
     token_blocks = triton.cdiv(num_tokens, tiles["block_t"])
     key_programs = max(1, min(triton.cdiv(row_len, tiles["block_l"]), triton.cdiv(4 * num_sms(device), token_blocks), 64))
     return {**tiles, "key_programs": key_programs, "stacked": stacked}
