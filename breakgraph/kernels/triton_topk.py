@@ -162,14 +162,15 @@ def _linear_digit(x, lo, scale):
 
 
 @triton.jit
-def _linear_select(row, out, n, topk, RESIDENT: tl.constexpr):
+def _linear_select(row, out, n, topk, RESIDENT: tl.constexpr, WRITE_BLOCK: tl.constexpr):
     """Select of a row of at most ``RESIDENT`` keys, read once into registers, whose first two
     digits are buckets of the row's value range instead of key bits: 256 equal slices of
     ``[min, max]``, then 256 slices of the chosen one. The buckets are non-decreasing in the
     score, so they select like radix digits, and they spread the scores evenly (the top 8 key
     bits are sign and exponent: a few buckets hold nearly every score, and the histogram's
     atomics collide). Where the second slice still holds more keys than are needed, exact 8-bit
-    key digits follow over its keys."""
+    key digits follow over its keys. ``WRITE_BLOCK`` > 0: the positions are written from a second
+    read of the row in blocks of that many keys (the row is in cache), else from the registers."""
     offs = tl.arange(0, RESIDENT)
     valid = offs < n
     x = tl.load(row + offs, mask=valid, other=0.0)
@@ -197,6 +198,24 @@ def _linear_select(row, out, n, topk, RESIDENT: tl.constexpr):
     if count > need:
         inside = valid & (_linear_digit(x, mn, scale0) == d0) & (_linear_digit(x, lo1, scale1) == d1)
         prefix, shift, need, count = _threshold(row, n, need, u, inside, 8, 8, 8, 8, True, RESIDENT)
+    if WRITE_BLOCK > 0:  # re-read the row (from cache) in blocks: no scan over the whole tile
+        _write_streamed(row, out, n, mn, scale0, d0, lo1, scale1, d1, prefix, shift, need, count > need, WRITE_BLOCK)
+    else:
+        above, eq = _classify(x, u, valid, mn, scale0, d0, lo1, scale1, d1, prefix, shift)
+        if count > need:  # ties at the threshold: the lowest positions among them
+            eq_i = eq.to(tl.int32)
+            take = above | (eq & (tl.cumsum(eq_i, 0) - eq_i < need))
+        else:
+            take = above | eq
+        take_i = take.to(tl.int32)
+        tl.store(out + tl.cumsum(take_i, 0) - take_i, offs, mask=take)
+
+
+@triton.jit
+def _classify(x, u, valid, mn, scale0, d0, lo1, scale1, d1, prefix, shift):
+    """``(above, eq)``: the keys above the threshold bucket, and those inside it — the bucket
+    is value-range digits ``d0, d1`` (of slices from ``mn`` by ``scale0``, from ``lo1`` by
+    ``scale1``), then the key bits above ``shift`` equal to ``prefix``'s (``shift`` 32: none)."""
     b0 = _linear_digit(x, mn, scale0)
     b1 = _linear_digit(x, lo1, scale1)
     sh = tl.minimum(shift, 31).to(tl.uint32)
@@ -204,14 +223,108 @@ def _linear_select(row, out, n, topk, RESIDENT: tl.constexpr):
     key_gt = (shift < 32) & ((u >> sh) > (prefix >> sh))
     in1 = (b0 == d0) & (b1 == d1)
     above = valid & ((b0 > d0) | ((b0 == d0) & (b1 > d1)) | (in1 & key_gt))
-    eq = valid & in1 & key_eq
-    if count > need:  # ties at the threshold: the lowest positions among them
-        eq_i = eq.to(tl.int32)
-        take = above | (eq & (tl.cumsum(eq_i, 0) - eq_i < need))
-    else:
-        take = above | eq
-    take_i = take.to(tl.int32)
-    tl.store(out + tl.cumsum(take_i, 0) - take_i, offs, mask=take)
+    return above, valid & in1 & key_eq
+
+
+@triton.jit
+def _inside_hist(
+    row, n, mn, scale0, d0, lo1, scale1, d1, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr,
+    FIRST: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """:func:`_streamed_hist` of the keys inside the value-range slice ``d0, d1``."""
+    hist = tl.zeros([1 << BITS], tl.int32)
+    for b in range(0, n, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        valid = offs < n
+        x = tl.load(row + offs, mask=valid, other=0.0)
+        inside = valid & (_linear_digit(x, mn, scale0) == d0) & (_linear_digit(x, lo1, scale1) == d1)
+        hist += _resident_hist(_order_key(x), inside, prefix, SHIFT, BITS, FIRST)
+    return hist
+
+
+@triton.jit
+def _write_streamed(
+    row, out, n, mn, scale0, d0, lo1, scale1, d1, prefix, shift, need, ties, BLOCK: tl.constexpr
+):  # fmt: skip
+    """Write the taken positions of ``row[0:n]`` (see :func:`_classify`; with ``ties``, only the
+    ``need`` lowest-positioned of the bucket) in ascending order, reading the row in blocks."""
+    written = tl.zeros([], tl.int32)
+    equal_seen = tl.zeros([], tl.int32)
+    for b in range(0, n, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        valid = offs < n
+        x = tl.load(row + offs, mask=valid, other=0.0)
+        above, eq = _classify(x, _order_key(x), valid, mn, scale0, d0, lo1, scale1, d1, prefix, shift)
+        if ties:
+            eq_i = eq.to(tl.int32)
+            take = above | (eq & (equal_seen + tl.cumsum(eq_i, 0) - eq_i < need))
+            equal_seen += tl.sum(eq_i, 0)
+        else:
+            take = above | eq
+        take_i = take.to(tl.int32)
+        tl.store(out + written + tl.cumsum(take_i, 0) - take_i, offs, mask=take)
+        written += tl.sum(take_i, 0)
+
+
+@triton.jit
+def _streamed_linear_select(row, out, n, topk, BLOCK: tl.constexpr):
+    """:func:`_linear_select` of a row of any length, read in blocks: once for its range, once
+    per digit, once to write."""
+    offs0 = tl.arange(0, BLOCK)
+    mx = tl.full([], float("-inf"), tl.float32)
+    mn = tl.full([], float("inf"), tl.float32)
+    for b in range(0, n, BLOCK):
+        valid = b + offs0 < n
+        x = tl.load(row + b + offs0, mask=valid, other=0.0)
+        mx = tl.maximum(mx, tl.max(tl.where(valid, x, float("-inf")), 0))
+        mn = tl.minimum(mn, tl.min(tl.where(valid, x, float("inf")), 0))
+    ok = (mx - mn > 1e-30) & (mx - mn < 3e38)
+    scale0 = tl.where(ok, 256.0 / (mx - mn), 0.0)
+    width0 = tl.where(ok, (mx - mn) * (1.0 / 256.0), 0.0)
+    hist0 = tl.zeros([256], tl.int32)
+    for b in range(0, n, BLOCK):
+        valid = b + offs0 < n
+        x = tl.load(row + b + offs0, mask=valid, other=0.0)
+        hist0 += tl.histogram(_linear_digit(x, mn, scale0), 256, mask=valid)
+    d0u, need, count = _pick_digit(hist0, topk, 8)
+    d0 = d0u.to(tl.int32)
+    lo1 = mn + d0.to(tl.float32) * width0
+    scale1 = tl.zeros([], tl.float32)
+    d1 = tl.zeros([], tl.int32)
+    if count > need:
+        scale1 = scale0 * 256.0
+        hist1 = tl.zeros([256], tl.int32)
+        for b in range(0, n, BLOCK):
+            valid = b + offs0 < n
+            x = tl.load(row + b + offs0, mask=valid, other=0.0)
+            cand = valid & (_linear_digit(x, mn, scale0) == d0)
+            hist1 += tl.histogram(_linear_digit(x, lo1, scale1), 256, mask=cand)
+        d1u, need, count = _pick_digit(hist1, need, 8)
+        d1 = d1u.to(tl.int32)
+    prefix = tl.zeros([], tl.uint32)
+    shift = tl.full([], 32, tl.int32)
+    # 8-bit key digits over the slice's keys, each only while the bucket must be split.
+    if count > need:
+        hist = _inside_hist(row, n, mn, scale0, d0, lo1, scale1, d1, prefix, 24, 8, True, BLOCK)
+        digit, need, count = _pick_digit(hist, need, 8)
+        prefix = digit << 24
+        shift = tl.full([], 24, tl.int32)
+    if count > need:
+        hist = _inside_hist(row, n, mn, scale0, d0, lo1, scale1, d1, prefix, 16, 8, False, BLOCK)
+        digit, need, count = _pick_digit(hist, need, 8)
+        prefix = prefix | (digit << 16)
+        shift = tl.full([], 16, tl.int32)
+    if count > need:
+        hist = _inside_hist(row, n, mn, scale0, d0, lo1, scale1, d1, prefix, 8, 8, False, BLOCK)
+        digit, need, count = _pick_digit(hist, need, 8)
+        prefix = prefix | (digit << 8)
+        shift = tl.full([], 8, tl.int32)
+    if count > need:
+        hist = _inside_hist(row, n, mn, scale0, d0, lo1, scale1, d1, prefix, 0, 8, False, BLOCK)
+        digit, need, count = _pick_digit(hist, need, 8)
+        prefix = prefix | digit
+        shift = tl.full([], 0, tl.int32)
+    _write_streamed(row, out, n, mn, scale0, d0, lo1, scale1, d1, prefix, shift, need, count > need, BLOCK)
 
 
 @triton.jit
@@ -233,11 +346,21 @@ def _streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT: tl.constexpr, LINEAR: tl.constexpr):
+def _held_select(
+    row, out, n, topk, R0, R1, R2, R3, RESIDENT: tl.constexpr, LINEAR: tl.constexpr, WRITE_BLOCK: tl.constexpr
+):  # fmt: skip
     if LINEAR:
-        _linear_select(row, out, n, topk, RESIDENT)
+        _linear_select(row, out, n, topk, RESIDENT, WRITE_BLOCK)
     else:
         _resident_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT)
+
+
+@triton.jit
+def _any_streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK: tl.constexpr, LINEAR: tl.constexpr):
+    if LINEAR:
+        _streamed_linear_select(row, out, n, topk, BLOCK)
+    else:
+        _streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK)
 
 
 @triton.jit
@@ -261,6 +384,8 @@ def _topk_select_kernel(
     RESIDENT: tl.constexpr,
     RESIDENT_SMALL: tl.constexpr,
     LINEAR: tl.constexpr,
+    STREAM_LINEAR: tl.constexpr,
+    WRITE_BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     # R*: the digit plan of rows held in registers, B*: of streamed rows.
@@ -273,22 +398,23 @@ def _topk_select_kernel(
             offs = o + tl.arange(0, BLOCK_K)
             tl.store(out + offs, tl.where(offs < n, offs, -1), mask=offs < topk)
     elif RESIDENT == 0:
-        _streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK)
+        _any_streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK, STREAM_LINEAR)
     elif n > RESIDENT:
-        _streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK)
+        _any_streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK, STREAM_LINEAR)
     elif RESIDENT_SMALL == 0:
-        _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT, LINEAR)
+        _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT, LINEAR, WRITE_BLOCK)
     elif n > RESIDENT_SMALL:
-        _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT, LINEAR)
+        _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT, LINEAR, WRITE_BLOCK)
     else:
-        _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT_SMALL, LINEAR)
+        _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT_SMALL, LINEAR, WRITE_BLOCK)
 
 
 def select_config(row_len: int) -> dict:
     """Launch options of :func:`topk_select_triton` for rows of at most ``row_len`` keys (see
     there)."""
     return {"bits": DIGIT_PLANS["8/8/8/8"], "stream_bits": DIGIT_PLANS["8/8/8/8"], "block": 2048,
-            "resident": min(8192, triton.next_power_of_2(row_len)), "resident_small": 0, "linear": True,
+            "resident": min(16384, triton.next_power_of_2(row_len)), "resident_small": 0, "linear": True,
+            "stream_linear": True, "write_block": 2048,
             "num_warps": 16}  # fmt: skip
 
 
@@ -308,6 +434,8 @@ def topk_select_triton(
     resident: int | None = None,
     resident_small: int | None = None,
     linear: bool | None = None,
+    stream_linear: bool | None = None,
+    write_block: int | None = None,
     num_warps: int | None = None,
 ) -> None:
     """Causal top-k of each row: ``topk_out[t]`` (int32 ``[T, K]``) gets the ``K`` positions
@@ -320,8 +448,10 @@ def topk_select_triton(
     tile for rows that fit it (0: none; both powers of two); ``bits`` and ``stream_bits`` the
     radix digits from the top of the register-held and the streamed rows (four widths summing
     to 32, a trailing 0 for three digits); ``linear``: register-held rows take
-    :func:`_linear_select`'s value-range digits instead of ``bits``; ``block`` the keys per
-    streamed block. Scores must be finite.
+    :func:`_linear_select`'s value-range digits instead of ``bits``, ``stream_linear`` streamed
+    rows likewise (:func:`_streamed_linear_select`) instead of ``stream_bits``; ``write_block``
+    (linear register-held rows) > 0: write from a second read of the row in blocks of that many
+    keys; ``block`` the keys per streamed block. Scores must be finite.
     """
     num_tokens, topk = topk_out.shape
     if num_tokens == 0:
@@ -340,5 +470,7 @@ def topk_select_triton(
         B0=stream_bits[0], B1=stream_bits[1], B2=stream_bits[2], B3=stream_bits[3],
         BLOCK=block or cfg["block"], RESIDENT=resident, RESIDENT_SMALL=small,
         LINEAR=cfg["linear"] if linear is None else linear,
+        STREAM_LINEAR=cfg["stream_linear"] if stream_linear is None else stream_linear,
+        WRITE_BLOCK=cfg["write_block"] if write_block is None else write_block,
         BLOCK_K=min(1024, triton.next_power_of_2(topk)), num_warps=num_warps or cfg["num_warps"],
     )  # fmt: skip
