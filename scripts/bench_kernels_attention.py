@@ -357,14 +357,15 @@ def run_indexer(args):
 
 def topk_variants() -> dict:
     """Name → options of :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (``held``:
-    rows up to that many keys sit in registers; longer ones stream)."""
+    rows up to that many keys sit in registers, longer ones stream; ``write b2048``: held rows
+    write from a blocked second read; options left out take the defaults)."""
     from breakgraph.kernels.triton_topk import DIGIT_PLANS as P
 
     radix = dict(linear=False, stream_linear=False)
     return {
         "stream 8/8/8/8 b512 w4 (old tiles)": radix | dict(resident=0, block=512, num_warps=4),
         "default": {},
-        "linear held 16k w16": dict(resident=16384, num_warps=16),
+        "linear held 16k w16": dict(resident=16384, num_warps=16, write_block=0),
         "linear held 16k w16 write b2048": dict(resident=16384, num_warps=16, write_block=2048),
         "linear held 16k+8k w16 write b2048": dict(resident=16384, resident_small=8192, num_warps=16,
                                                    write_block=2048),
@@ -372,11 +373,12 @@ def topk_variants() -> dict:
         "linear stream b2048 w16": dict(resident=0, block=2048, num_warps=16),
         "linear stream b4096 w16": dict(resident=0, block=4096, num_warps=16),
         "linear stream b2048 w8": dict(resident=0, block=2048, num_warps=8),
-        "linear held 16k+8k w16": dict(resident=16384, resident_small=8192, num_warps=16),
-        "linear held 8k w16": dict(resident=8192, num_warps=16),
-        "linear held 8k w16, radix stream": dict(resident=8192, num_warps=16, stream_linear=False),
-        "linear held 8k w8": dict(resident=8192, num_warps=8),
-        "linear held 16k w32": dict(resident=16384, num_warps=32),
+        "linear held 16k+8k w16": dict(resident=16384, resident_small=8192, num_warps=16, write_block=0),
+        "linear held 8k w16": dict(resident=8192, num_warps=16, write_block=0),
+        "linear held 8k w16 write b2048, radix stream": dict(resident=8192, num_warps=16, write_block=2048,
+                                                          stream_linear=False),
+        "linear held 8k w8": dict(resident=8192, num_warps=8, write_block=0),
+        "linear held 16k w32": dict(resident=16384, num_warps=32, write_block=0),
         "radix 8/8/8/8 held 16k w16": radix | dict(resident=16384, num_warps=16),
         "radix 8/8/8/8 held 8k w8": radix | dict(resident=8192, num_warps=8),
         "stream 8/8/8/8 b2048 w8": radix | dict(resident=0, block=2048, num_warps=8),

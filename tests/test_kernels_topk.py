@@ -133,6 +133,10 @@ def test_select_options_are_checked():
         topk_select_triton(s, p, o, resident=3000)
     with pytest.raises(ValueError, match="resident"):
         topk_select_triton(s, p, o, resident=1024, resident_small=1024)
+    with pytest.raises(TypeError, match="blocks"):
+        from breakgraph.kernels.triton_topk import kernel_constants
+
+        kernel_constants(8, 4, blocks=64)
 
 
 @pytest.mark.parametrize("row_len", [8192, 16384])
@@ -140,19 +144,15 @@ def test_default_select_compiles_without_spills_for_sm90(row_len):
     """The default tiles for rows up to 8K and 16K keys: no spill to local memory at 8K, at most
     a few words at 16K (16 warps cap the registers at 128 per thread)."""
     from breakgraph.kernels import aot
-    from breakgraph.kernels.triton_topk import _topk_select_kernel, select_config
+    from breakgraph.kernels.triton_topk import _topk_select_kernel, kernel_constants
 
     if not aot.tools_available():
         pytest.skip("this triton has no bundled ptxas/cuobjdump")
-    cfg = select_config(row_len)
-    r, b = cfg["bits"], cfg["stream_bits"]
+    consts, warps = kernel_constants(row_len, TOPK)
     args = dict(SCORES="*fp32", POSITIONS="*i64", OUT="*i32", stride_st=row_len, stride_ot=TOPK, num_rows="i32",
                 topk=TOPK)  # fmt: skip
-    consts = dict(R0=r[0], R1=r[1], R2=r[2], R3=r[3], B0=b[0], B1=b[1], B2=b[2], B3=b[3], BLOCK=cfg["block"],
-                  RESIDENT=cfg["resident"], RESIDENT_SMALL=cfg["resident_small"], LINEAR=cfg["linear"],
-                  STREAM_LINEAR=cfg["stream_linear"], WRITE_BLOCK=cfg["write_block"], BLOCK_K=1024)  # fmt: skip
-    info = aot.compile_for_sm90(_topk_select_kernel, args, consts, cfg["num_warps"], 1)
-    print(cfg, info)
+    info = aot.compile_for_sm90(_topk_select_kernel, args, consts, warps, 1)
+    print(consts, warps, info)
     if row_len <= 8192:
         assert info["stack"] == 0 and info["local_insts"] == 0, info
     else:

@@ -423,6 +423,30 @@ def _check_plan(name: str, bits: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must be four digit widths of at most 13 summing to 32 (last may be 0), got {bits}")
 
 
+def kernel_constants(row_len: int, topk: int, **opts) -> tuple[dict, int]:
+    """``(constexprs of _topk_select_kernel, num_warps)`` for :func:`topk_select_triton`'s
+    options ``opts`` (missing or ``None`` ones from :func:`select_config` of ``row_len``); also
+    what the sm_90a compile checks take."""
+    cfg = select_config(row_len)
+    unknown = set(opts) - set(cfg)
+    if unknown:
+        raise TypeError(f"unknown select options {sorted(unknown)}")
+    cfg |= {k: v for k, v in opts.items() if v is not None}
+    bits, stream_bits, resident, small = cfg["bits"], cfg["stream_bits"], cfg["resident"], cfg["resident_small"]
+    _check_plan("bits", bits)
+    _check_plan("stream_bits", stream_bits)
+    if resident & (resident - 1) or small & (small - 1) or (small and small >= resident):
+        raise ValueError(f"resident, resident_small must be 0 or powers of two, the second smaller: {resident}, {small}")
+    consts = dict(
+        R0=bits[0], R1=bits[1], R2=bits[2], R3=bits[3],
+        B0=stream_bits[0], B1=stream_bits[1], B2=stream_bits[2], B3=stream_bits[3],
+        BLOCK=cfg["block"], RESIDENT=resident, RESIDENT_SMALL=small, LINEAR=bool(cfg["linear"]),
+        STREAM_LINEAR=bool(cfg["stream_linear"]), WRITE_BLOCK=cfg["write_block"],
+        BLOCK_K=min(1024, triton.next_power_of_2(topk)),
+    )  # fmt: skip
+    return consts, cfg["num_warps"]
+
+
 def topk_select_triton(
     scores: torch.Tensor,
     positions: torch.Tensor,
@@ -454,23 +478,14 @@ def topk_select_triton(
     keys; ``block`` the keys per streamed block. Scores must be finite.
     """
     num_tokens, topk = topk_out.shape
+    consts, warps = kernel_constants(
+        scores.shape[1], topk, bits=bits, stream_bits=stream_bits, block=block, resident=resident,
+        resident_small=resident_small, linear=linear, stream_linear=stream_linear, write_block=write_block,
+        num_warps=num_warps,
+    )  # fmt: skip
     if num_tokens == 0:
         return
-    cfg = select_config(scores.shape[1])
-    bits, stream_bits = bits or cfg["bits"], stream_bits or cfg["stream_bits"]
-    resident = cfg["resident"] if resident is None else resident
-    small = cfg["resident_small"] if resident_small is None else resident_small
-    _check_plan("bits", bits)
-    _check_plan("stream_bits", stream_bits)
-    if resident & (resident - 1) or small & (small - 1) or (small and small >= resident):
-        raise ValueError(f"resident, resident_small must be 0 or powers of two, the second smaller: {resident}, {small}")
     _topk_select_kernel[(num_tokens,)](
-        scores, positions, topk_out, scores.stride(0), topk_out.stride(0), num_tokens, topk,
-        R0=bits[0], R1=bits[1], R2=bits[2], R3=bits[3],
-        B0=stream_bits[0], B1=stream_bits[1], B2=stream_bits[2], B3=stream_bits[3],
-        BLOCK=block or cfg["block"], RESIDENT=resident, RESIDENT_SMALL=small,
-        LINEAR=cfg["linear"] if linear is None else linear,
-        STREAM_LINEAR=cfg["stream_linear"] if stream_linear is None else stream_linear,
-        WRITE_BLOCK=cfg["write_block"] if write_block is None else write_block,
-        BLOCK_K=min(1024, triton.next_power_of_2(topk)), num_warps=num_warps or cfg["num_warps"],
+        scores, positions, topk_out, scores.stride(0), topk_out.stride(0), num_tokens, topk, **consts,
+        num_warps=warps,
     )  # fmt: skip
