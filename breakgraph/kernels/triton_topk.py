@@ -3,18 +3,25 @@ twin: ``torch.topk`` over each row's causal range, ties to the lower position).
 
 One program per row, longest rows first (the grid runs backwards over the tokens, and a prefill
 lays a request's tokens out by ascending position), so the long rows do not leave the GPU idle at
-the tail. A row with ``n = pos + 1 ≤ K`` keys selects ``0…pos``. A longer row finds the ``K``-th
-largest score exactly with a radix select over the scores' order-preserving 32-bit keys: a few
-digits from the top (``bits``, e.g. 12/10/10), each a masked ``tl.histogram`` over the keys that
-still match the digits chosen so far. The select stops early once the bucket that holds the
-``K``-th key is taken whole (usually after two digits: a 12-bit first digit leaves a few hundred
-keys in the bucket, a 10-bit second digit splits them into buckets of one or two). Then it writes,
-in ascending position order, every position whose key lies above the threshold bucket and the
-lowest-positioned ones inside it (ties go to the lower position: deterministic).
+the tail. A row with ``n = pos + 1 ≤ K`` keys selects ``0…pos``. A longer row finds its ``K``-th
+largest score exactly, digit by digit, each digit a masked 256-bin ``tl.histogram`` over the
+keys still in the running:
 
-Rows of at most ``resident`` keys are read once into registers and every digit and the write run
-on them; longer rows stream their keys in blocks of ``block`` per digit (one more read per digit,
-mostly from L2).
+1. two *value-range* digits: 256 equal slices of the row's ``[min, max]``, then 256 slices of
+   the chosen slice. They are non-decreasing in the score, so they select like radix digits, and
+   they spread the scores over the bins: the top 8 bits of the scores' order-preserving 32-bit
+   key — sign and exponent — put nearly every score in a few bins, whose histogram atomics
+   collide (the previous kernel's first digit);
+2. only while the chosen bucket holds more keys than are still needed (equal or nearly equal
+   scores), 8-bit digits of the order-preserving key, from the top, over that bucket's keys.
+
+The select stops as soon as the bucket holding the ``K``-th key is taken whole (usually after the
+two value-range digits). Then it writes, in ascending position order, every position above the
+threshold bucket and the lowest-positioned ones inside it (ties go to the lower position:
+deterministic), re-reading the row in blocks (from cache).
+
+Rows of at most ``resident`` keys are read once into registers for the digits; longer rows
+stream from memory: one read for the range, one per digit, one to write. Scores must be finite.
 
 The set equals ``torch.topk``'s wherever the ``K``-th score is not tied; the order is by
 position, not by score (attention does not care). Graph-safe: the grid is the row count, no
@@ -27,9 +34,6 @@ import torch
 import triton
 import triton.language as tl
 
-# Radix digit plans (bits per digit from the top; they sum to 32).
-DIGIT_PLANS = {"8/8/8/8": (8, 8, 8, 8), "11/11/10": (11, 11, 10, 0), "12/10/10": (12, 10, 10, 0)}
-
 
 @triton.jit
 def _order_key(x):
@@ -40,184 +44,87 @@ def _order_key(x):
 
 
 @triton.jit
-def _pick_digit(hist, need, BITS: tl.constexpr):
-    """The digit of the ``need``-th largest key among those counted in ``hist``: ``(digit,
-    how many of its bucket still have to be taken, the bucket's size)``."""
+def _pick_digit(hist, need):
+    """The digit of the ``need``-th largest key among those counted in ``hist`` (256 bins):
+    ``(digit, how many of its bucket still have to be taken, the bucket's size)``."""
     # at_least[d] = keys whose digit is ≥ d (non-increasing in d): the wanted digit is the
     # largest d with at_least[d] ≥ need.
     at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
     digit = tl.sum((at_least >= need).to(tl.int32), 0) - 1
-    bins = tl.arange(0, 1 << BITS)
+    bins = tl.arange(0, 256)
     above = tl.sum(tl.where(bins > digit, hist, 0), 0)
     count = tl.sum(tl.where(bins == digit, hist, 0), 0)
-    return digit.to(tl.uint32), need - above, count
+    return digit, need - above, count
 
 
 @triton.jit
-def _resident_hist(u, valid, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr, FIRST: tl.constexpr):
-    """Histogram of the digit ``(u >> SHIFT) & (2^BITS − 1)`` over the keys in registers that
-    match ``prefix`` above it."""
-    if not FIRST:
-        valid = valid & ((u >> (SHIFT + BITS)) == (prefix >> (SHIFT + BITS)))
-    return tl.histogram(((u >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32), 1 << BITS, mask=valid)
-
-
-@triton.jit
-def _streamed_hist(
-    row, n, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr, FIRST: tl.constexpr, BLOCK: tl.constexpr
-):
-    """:func:`_resident_hist` over ``row[0:n]`` read in blocks."""
-    hist = tl.zeros([1 << BITS], tl.int32)
-    for b in range(0, n, BLOCK):
-        offs = b + tl.arange(0, BLOCK)
-        valid = offs < n
-        u = _order_key(tl.load(row + offs, mask=valid, other=0.0))
-        hist += _resident_hist(u, valid, prefix, SHIFT, BITS, FIRST)
-    return hist
-
-
-@triton.jit
-def _threshold(
-    row, n, topk, u, valid, B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
-    RESIDENT: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """Radix select of the ``topk``-th largest key: ``(prefix, shift, need, count)`` — the keys
-    whose bits above ``shift`` equal ``prefix``'s form the threshold bucket (``count`` keys), of
-    which the ``need`` lowest-positioned are taken, with every key above it. ``RESIDENT``: the
-    keys are ``u`` (masked by ``valid``), else they are streamed from ``row``."""
-    S0: tl.constexpr = 32 - B0
-    S1: tl.constexpr = S0 - B1
-    S2: tl.constexpr = S1 - B2
-    S3: tl.constexpr = S2 - B3
-    if RESIDENT:
-        hist0 = _resident_hist(u, valid, 0, S0, B0, True)
-    else:
-        hist0 = _streamed_hist(row, n, 0, S0, B0, True, BLOCK)
-    digit, need, count = _pick_digit(hist0, topk, B0)
-    prefix = digit << S0
-    shift = tl.full([], S0, tl.int32)
-    # Each further digit only where the bucket must be split (count > need).
-    if count > need:
-        if RESIDENT:
-            hist1 = _resident_hist(u, valid, prefix, S1, B1, False)
-        else:
-            hist1 = _streamed_hist(row, n, prefix, S1, B1, False, BLOCK)
-        digit, need, count = _pick_digit(hist1, need, B1)
-        prefix = prefix | (digit << S1)
-        shift = tl.full([], S1, tl.int32)
-    if count > need:
-        if RESIDENT:
-            hist2 = _resident_hist(u, valid, prefix, S2, B2, False)
-        else:
-            hist2 = _streamed_hist(row, n, prefix, S2, B2, False, BLOCK)
-        digit, need, count = _pick_digit(hist2, need, B2)
-        prefix = prefix | (digit << S2)
-        shift = tl.full([], S2, tl.int32)
-    if B3 > 0:
-        if count > need:
-            if RESIDENT:
-                hist3 = _resident_hist(u, valid, prefix, S3, B3, False)
-            else:
-                hist3 = _streamed_hist(row, n, prefix, S3, B3, False, BLOCK)
-            digit, need, count = _pick_digit(hist3, need, B3)
-            prefix = prefix | (digit << S3)
-            shift = tl.full([], S3, tl.int32)
-    return prefix, shift, need, count
-
-
-@triton.jit
-def _write_taken(out, offs, u, valid, p, shift, need, ties, written, equal_seen):
-    """Store the positions ``offs`` taken from one block in ascending order after ``written``
-    earlier ones: keys above the threshold bucket ``p`` (the keys' bits above ``shift``), and
-    (``ties``) the bucket's keys only while fewer than ``need`` of them came before."""
-    hi = u >> shift.to(tl.uint32)
-    if ties:
-        eq = (valid & (hi == p)).to(tl.int32)
-        take = (valid & (hi > p)) | ((eq == 1) & (equal_seen + tl.cumsum(eq, 0) - eq < need))
-        equal_seen += tl.sum(eq, 0)
-    else:
-        take = valid & (hi >= p)
-    take_i = take.to(tl.int32)
-    tl.store(out + written + tl.cumsum(take_i, 0) - take_i, offs, mask=take)
-    return written + tl.sum(take_i, 0), equal_seen
-
-
-@triton.jit
-def _resident_select(row, out, n, topk, B0, B1, B2, B3, RESIDENT: tl.constexpr):
-    """Select of a row of at most ``RESIDENT`` keys, read once into registers."""
-    offs = tl.arange(0, RESIDENT)
-    valid = offs < n
-    u = _order_key(tl.load(row + offs, mask=valid, other=0.0))
-    prefix, shift, need, count = _threshold(row, n, topk, u, valid, B0, B1, B2, B3, True, RESIDENT)
-    zero = tl.zeros([], tl.int32)
-    _write_taken(out, offs, u, valid, prefix >> shift.to(tl.uint32), shift, need, count > need, zero, zero)
-
-
-@triton.jit
-def _linear_digit(x, lo, scale):
-    """Bucket ``0…255`` of ``x`` on a linear scale from ``lo`` (non-decreasing in ``x``; all 0
-    where ``scale`` is 0)."""
+def _range_digit(x, lo, scale):
+    """Slice ``0…255`` of ``x`` from ``lo`` by ``scale`` (non-decreasing in ``x``; all 0 where
+    ``scale`` is 0)."""
     y = tl.where(scale > 0.0, (x - lo) * scale, 0.0)
     return tl.minimum(tl.maximum(y, 0.0), 255.0).to(tl.int32)
 
 
 @triton.jit
-def _linear_select(row, out, n, topk, RESIDENT: tl.constexpr, WRITE_BLOCK: tl.constexpr):
-    """Select of a row of at most ``RESIDENT`` keys, read once into registers, whose first two
-    digits are buckets of the row's value range instead of key bits: 256 equal slices of
-    ``[min, max]``, then 256 slices of the chosen one. The buckets are non-decreasing in the
-    score, so they select like radix digits, and they spread the scores evenly (the top 8 key
-    bits are sign and exponent: a few buckets hold nearly every score, and the histogram's
-    atomics collide). Where the second slice still holds more keys than are needed, exact 8-bit
-    key digits follow over its keys. ``WRITE_BLOCK`` > 0: the positions are written from a second
-    read of the row in blocks of that many keys (the row is in cache), else from the registers."""
-    offs = tl.arange(0, RESIDENT)
-    valid = offs < n
-    x = tl.load(row + offs, mask=valid, other=0.0)
-    mx = tl.max(tl.where(valid, x, float("-inf")), 0)
-    mn = tl.min(tl.where(valid, x, float("inf")), 0)
-    # A range too narrow (or too wide) for a finite scale puts every key in one bucket.
-    ok = (mx - mn > 1e-30) & (mx - mn < 3e38)
-    scale0 = tl.where(ok, 256.0 / (mx - mn), 0.0)
-    width0 = tl.where(ok, (mx - mn) * (1.0 / 256.0), 0.0)
-    hist0 = tl.histogram(_linear_digit(x, mn, scale0), 256, mask=valid)
-    d0u, need, count = _pick_digit(hist0, topk, 8)
-    d0 = d0u.to(tl.int32)
-    lo1 = mn + d0.to(tl.float32) * width0
-    scale1 = tl.zeros([], tl.float32)  # 0: the second digit is 0 for every key
-    d1 = tl.zeros([], tl.int32)
-    if count > need:
-        scale1 = scale0 * 256.0
-        cand = valid & (_linear_digit(x, mn, scale0) == d0)
-        hist1 = tl.histogram(_linear_digit(x, lo1, scale1), 256, mask=cand)
-        d1u, need, count = _pick_digit(hist1, need, 8)
-        d1 = d1u.to(tl.int32)
-    u = _order_key(x)
-    prefix = tl.zeros([], tl.uint32)
-    shift = tl.full([], 32, tl.int32)  # 32: no key digit was needed
-    if count > need:
-        inside = valid & (_linear_digit(x, mn, scale0) == d0) & (_linear_digit(x, lo1, scale1) == d1)
-        prefix, shift, need, count = _threshold(row, n, need, u, inside, 8, 8, 8, 8, True, RESIDENT)
-    if WRITE_BLOCK > 0:  # re-read the row (from cache) in blocks: no scan over the whole tile
-        _write_streamed(row, out, n, mn, scale0, d0, lo1, scale1, d1, prefix, shift, need, count > need, WRITE_BLOCK)
-    else:
-        above, eq = _classify(x, u, valid, mn, scale0, d0, lo1, scale1, d1, prefix, shift)
-        if count > need:  # ties at the threshold: the lowest positions among them
-            eq_i = eq.to(tl.int32)
-            take = above | (eq & (tl.cumsum(eq_i, 0) - eq_i < need))
-        else:
-            take = above | eq
-        take_i = take.to(tl.int32)
-        tl.store(out + tl.cumsum(take_i, 0) - take_i, offs, mask=take)
+def _in_bucket(x, mn, scale0, d0, lo1, scale1, d1):
+    """Whether ``x`` lies in value-range slice ``d0`` and, inside it, slice ``d1``."""
+    return (_range_digit(x, mn, scale0) == d0) & (_range_digit(x, lo1, scale1) == d1)
 
 
 @triton.jit
-def _classify(x, u, valid, mn, scale0, d0, lo1, scale1, d1, prefix, shift):
-    """``(above, eq)``: the keys above the threshold bucket, and those inside it — the bucket
-    is value-range digits ``d0, d1`` (of slices from ``mn`` by ``scale0``, from ``lo1`` by
-    ``scale1``), then the key bits above ``shift`` equal to ``prefix``'s (``shift`` 32: none)."""
-    b0 = _linear_digit(x, mn, scale0)
-    b1 = _linear_digit(x, lo1, scale1)
+def _digit_hist(
+    row, n, x, u, valid, lo, scale, mn, scale0, d0, lo1, scale1, d1, prefix, SHIFT: tl.constexpr,
+    KIND: tl.constexpr, HELD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One digit's 256-bin histogram. ``KIND`` 0: the first value-range slice (from ``lo`` by
+    ``scale``) of every key; 1: the second (from ``lo`` by ``scale``) of the keys in slice
+    ``d0``; 2: the key's first byte (bits ``SHIFT…SHIFT+7``) of the keys in the bucket
+    ``d0, d1``; 3: a later key byte, of those whose bits above it equal ``prefix``'s. ``HELD``:
+    the scores are ``x`` (masked by ``valid``; for the key bytes ``u`` are their keys and
+    ``valid`` already the bucket), else they stream from ``row[0:n]`` in blocks."""
+    if HELD:
+        if KIND >= 2:  # the keys and the bucket mask, computed once for all key digits
+            inside = valid
+            if KIND == 3:
+                inside = inside & ((u >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+            hist = tl.histogram(((u >> SHIFT) & 0xFF).to(tl.int32), 256, mask=inside)
+        else:
+            hist = _digit_hist_block(x, valid, lo, scale, mn, scale0, d0, lo1, scale1, d1, prefix, SHIFT, KIND)
+    else:
+        hist = tl.zeros([256], tl.int32)
+        for b in range(0, n, BLOCK):
+            offs = b + tl.arange(0, BLOCK)
+            m = offs < n
+            xb = tl.load(row + offs, mask=m, other=0.0)
+            hist += _digit_hist_block(xb, m, lo, scale, mn, scale0, d0, lo1, scale1, d1, prefix, SHIFT, KIND)
+    return hist
+
+
+@triton.jit
+def _digit_hist_block(x, valid, lo, scale, mn, scale0, d0, lo1, scale1, d1, prefix, SHIFT: tl.constexpr,
+                      KIND: tl.constexpr):  # fmt: skip
+    """:func:`_digit_hist` of the scores ``x`` in registers."""
+    if KIND == 0:
+        hist = tl.histogram(_range_digit(x, lo, scale), 256, mask=valid)
+    elif KIND == 1:
+        hist = tl.histogram(_range_digit(x, lo, scale), 256, mask=valid & (_range_digit(x, mn, scale0) == d0))
+    else:
+        u = _order_key(x)
+        inside = valid & _in_bucket(x, mn, scale0, d0, lo1, scale1, d1)
+        if KIND == 3:
+            inside = inside & ((u >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+        hist = tl.histogram(((u >> SHIFT) & 0xFF).to(tl.int32), 256, mask=inside)
+    return hist
+
+
+@triton.jit
+def _classify(x, valid, mn, scale0, d0, lo1, scale1, d1, prefix, shift):
+    """``(above, eq)``: the scores above the threshold bucket, and those inside it — the bucket
+    is value-range slices ``d0, d1``, then the key bits above ``shift`` equal to ``prefix``'s
+    (``shift`` 32: no key digit)."""
+    u = _order_key(x)
+    b0 = _range_digit(x, mn, scale0)
+    b1 = _range_digit(x, lo1, scale1)
     sh = tl.minimum(shift, 31).to(tl.uint32)
     key_eq = (shift == 32) | ((u >> sh) == (prefix >> sh))
     key_gt = (shift < 32) & ((u >> sh) > (prefix >> sh))
@@ -227,34 +134,86 @@ def _classify(x, u, valid, mn, scale0, d0, lo1, scale1, d1, prefix, shift):
 
 
 @triton.jit
-def _inside_hist(
-    row, n, mn, scale0, d0, lo1, scale1, d1, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr,
-    FIRST: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """:func:`_streamed_hist` of the keys inside the value-range slice ``d0, d1``."""
-    hist = tl.zeros([1 << BITS], tl.int32)
-    for b in range(0, n, BLOCK):
-        offs = b + tl.arange(0, BLOCK)
+def _select_row(row, out, n, topk, HELD: tl.constexpr, RESIDENT: tl.constexpr, BLOCK: tl.constexpr):
+    """Select of one row with ``n > topk`` keys (module docstring); ``HELD``: the row fits the
+    ``RESIDENT``-key register tile."""
+    if HELD:
+        offs = tl.arange(0, RESIDENT)
         valid = offs < n
         x = tl.load(row + offs, mask=valid, other=0.0)
-        inside = valid & (_linear_digit(x, mn, scale0) == d0) & (_linear_digit(x, lo1, scale1) == d1)
-        hist += _resident_hist(_order_key(x), inside, prefix, SHIFT, BITS, FIRST)
-    return hist
-
-
-@triton.jit
-def _write_streamed(
-    row, out, n, mn, scale0, d0, lo1, scale1, d1, prefix, shift, need, ties, BLOCK: tl.constexpr
-):  # fmt: skip
-    """Write the taken positions of ``row[0:n]`` (see :func:`_classify`; with ``ties``, only the
-    ``need`` lowest-positioned of the bucket) in ascending order, reading the row in blocks."""
-    written = tl.zeros([], tl.int32)
-    equal_seen = tl.zeros([], tl.int32)
+        mx = tl.max(tl.where(valid, x, float("-inf")), 0)
+        mn = tl.min(tl.where(valid, x, float("inf")), 0)
+    else:
+        offs = tl.arange(0, BLOCK)
+        valid = offs < 0
+        x = tl.zeros([BLOCK], tl.float32)  # unused: the digits stream the row
+        mx = tl.full([], float("-inf"), tl.float32)
+        mn = tl.full([], float("inf"), tl.float32)
+        for b in range(0, n, BLOCK):
+            m = b + offs < n
+            xb = tl.load(row + b + offs, mask=m, other=0.0)
+            mx = tl.maximum(mx, tl.max(tl.where(m, xb, float("-inf")), 0))
+            mn = tl.minimum(mn, tl.min(tl.where(m, xb, float("inf")), 0))
+    # A range too narrow (or too wide) for a finite scale puts every key in slice 0.
+    ok = (mx - mn > 1e-30) & (mx - mn < 3e38)
+    scale0 = tl.where(ok, 256.0 / (mx - mn), 0.0)
+    width0 = tl.where(ok, (mx - mn) * (1.0 / 256.0), 0.0)
+    zero_f = tl.zeros([], tl.float32)
+    zero_i = tl.zeros([], tl.int32)
+    prefix = tl.zeros([], tl.uint32)
+    hist = _digit_hist(row, n, x, x, valid, mn, scale0, mn, scale0, zero_i, zero_f, zero_f, zero_i, prefix, 0, 0,
+                       HELD, BLOCK)  # fmt: skip
+    d0, need, count = _pick_digit(hist, topk)
+    lo1 = mn + d0.to(tl.float32) * width0
+    scale1 = zero_f  # 0: every key's second slice is 0
+    d1 = zero_i
+    # Each further digit only while the bucket must be split (count > need).
+    if count > need:
+        scale1 = scale0 * 256.0
+        hist = _digit_hist(row, n, x, x, valid, lo1, scale1, mn, scale0, d0, lo1, scale1, d1, prefix, 0, 1,
+                           HELD, BLOCK)  # fmt: skip
+        d1, need, count = _pick_digit(hist, need)
+    shift = tl.full([], 32, tl.int32)  # 32: no key digit taken
+    # Key bytes over the bucket's keys, each only while the bucket must be split.
+    if HELD:
+        u = _order_key(x)
+        bucket = valid & _in_bucket(x, mn, scale0, d0, lo1, scale1, d1)
+    else:
+        u = x.to(tl.uint32, bitcast=True)  # unused: the digits stream the row
+        bucket = valid
+    if count > need:
+        hist = _digit_hist(row, n, x, u, bucket, mn, scale0, mn, scale0, d0, lo1, scale1, d1, prefix, 24, 2,
+                           HELD, BLOCK)  # fmt: skip
+        digit, need, count = _pick_digit(hist, need)
+        prefix = digit.to(tl.uint32) << 24
+        shift = tl.full([], 24, tl.int32)
+    if count > need:
+        hist = _digit_hist(row, n, x, u, bucket, mn, scale0, mn, scale0, d0, lo1, scale1, d1, prefix, 16, 3,
+                           HELD, BLOCK)  # fmt: skip
+        digit, need, count = _pick_digit(hist, need)
+        prefix = prefix | (digit.to(tl.uint32) << 16)
+        shift = tl.full([], 16, tl.int32)
+    if count > need:
+        hist = _digit_hist(row, n, x, u, bucket, mn, scale0, mn, scale0, d0, lo1, scale1, d1, prefix, 8, 3,
+                           HELD, BLOCK)  # fmt: skip
+        digit, need, count = _pick_digit(hist, need)
+        prefix = prefix | (digit.to(tl.uint32) << 8)
+        shift = tl.full([], 8, tl.int32)
+    if count > need:
+        hist = _digit_hist(row, n, x, u, bucket, mn, scale0, mn, scale0, d0, lo1, scale1, d1, prefix, 0, 3,
+                           HELD, BLOCK)  # fmt: skip
+        digit, need, count = _pick_digit(hist, need)
+        prefix = prefix | digit.to(tl.uint32)
+        shift = tl.full([], 0, tl.int32)
+    # Write: re-read the row in blocks (no scan over a whole register tile).
+    ties = count > need  # the bucket's keys are equal: only the `need` lowest-positioned
+    written = zero_i
+    equal_seen = zero_i
     for b in range(0, n, BLOCK):
-        offs = b + tl.arange(0, BLOCK)
-        valid = offs < n
-        x = tl.load(row + offs, mask=valid, other=0.0)
-        above, eq = _classify(x, _order_key(x), valid, mn, scale0, d0, lo1, scale1, d1, prefix, shift)
+        offs_b = b + tl.arange(0, BLOCK)
+        m = offs_b < n
+        xb = tl.load(row + offs_b, mask=m, other=0.0)
+        above, eq = _classify(xb, m, mn, scale0, d0, lo1, scale1, d1, prefix, shift)
         if ties:
             eq_i = eq.to(tl.int32)
             take = above | (eq & (equal_seen + tl.cumsum(eq_i, 0) - eq_i < need))
@@ -262,105 +221,8 @@ def _write_streamed(
         else:
             take = above | eq
         take_i = take.to(tl.int32)
-        tl.store(out + written + tl.cumsum(take_i, 0) - take_i, offs, mask=take)
+        tl.store(out + written + tl.cumsum(take_i, 0) - take_i, offs_b, mask=take)
         written += tl.sum(take_i, 0)
-
-
-@triton.jit
-def _streamed_linear_select(row, out, n, topk, BLOCK: tl.constexpr):
-    """:func:`_linear_select` of a row of any length, read in blocks: once for its range, once
-    per digit, once to write."""
-    offs0 = tl.arange(0, BLOCK)
-    mx = tl.full([], float("-inf"), tl.float32)
-    mn = tl.full([], float("inf"), tl.float32)
-    for b in range(0, n, BLOCK):
-        valid = b + offs0 < n
-        x = tl.load(row + b + offs0, mask=valid, other=0.0)
-        mx = tl.maximum(mx, tl.max(tl.where(valid, x, float("-inf")), 0))
-        mn = tl.minimum(mn, tl.min(tl.where(valid, x, float("inf")), 0))
-    ok = (mx - mn > 1e-30) & (mx - mn < 3e38)
-    scale0 = tl.where(ok, 256.0 / (mx - mn), 0.0)
-    width0 = tl.where(ok, (mx - mn) * (1.0 / 256.0), 0.0)
-    hist0 = tl.zeros([256], tl.int32)
-    for b in range(0, n, BLOCK):
-        valid = b + offs0 < n
-        x = tl.load(row + b + offs0, mask=valid, other=0.0)
-        hist0 += tl.histogram(_linear_digit(x, mn, scale0), 256, mask=valid)
-    d0u, need, count = _pick_digit(hist0, topk, 8)
-    d0 = d0u.to(tl.int32)
-    lo1 = mn + d0.to(tl.float32) * width0
-    scale1 = tl.zeros([], tl.float32)
-    d1 = tl.zeros([], tl.int32)
-    if count > need:
-        scale1 = scale0 * 256.0
-        hist1 = tl.zeros([256], tl.int32)
-        for b in range(0, n, BLOCK):
-            valid = b + offs0 < n
-            x = tl.load(row + b + offs0, mask=valid, other=0.0)
-            cand = valid & (_linear_digit(x, mn, scale0) == d0)
-            hist1 += tl.histogram(_linear_digit(x, lo1, scale1), 256, mask=cand)
-        d1u, need, count = _pick_digit(hist1, need, 8)
-        d1 = d1u.to(tl.int32)
-    prefix = tl.zeros([], tl.uint32)
-    shift = tl.full([], 32, tl.int32)
-    # 8-bit key digits over the slice's keys, each only while the bucket must be split.
-    if count > need:
-        hist = _inside_hist(row, n, mn, scale0, d0, lo1, scale1, d1, prefix, 24, 8, True, BLOCK)
-        digit, need, count = _pick_digit(hist, need, 8)
-        prefix = digit << 24
-        shift = tl.full([], 24, tl.int32)
-    if count > need:
-        hist = _inside_hist(row, n, mn, scale0, d0, lo1, scale1, d1, prefix, 16, 8, False, BLOCK)
-        digit, need, count = _pick_digit(hist, need, 8)
-        prefix = prefix | (digit << 16)
-        shift = tl.full([], 16, tl.int32)
-    if count > need:
-        hist = _inside_hist(row, n, mn, scale0, d0, lo1, scale1, d1, prefix, 8, 8, False, BLOCK)
-        digit, need, count = _pick_digit(hist, need, 8)
-        prefix = prefix | (digit << 8)
-        shift = tl.full([], 8, tl.int32)
-    if count > need:
-        hist = _inside_hist(row, n, mn, scale0, d0, lo1, scale1, d1, prefix, 0, 8, False, BLOCK)
-        digit, need, count = _pick_digit(hist, need, 8)
-        prefix = prefix | digit
-        shift = tl.full([], 0, tl.int32)
-    _write_streamed(row, out, n, mn, scale0, d0, lo1, scale1, d1, prefix, shift, need, count > need, BLOCK)
-
-
-@triton.jit
-def _streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK: tl.constexpr):
-    """Select of a row of any length, read in blocks of ``BLOCK`` keys per digit and once more
-    to write."""
-    offs0 = tl.arange(0, BLOCK)
-    prefix, shift, need, count = _threshold(row, n, topk, offs0.to(tl.uint32), offs0 < 0, B0, B1, B2, B3, False,
-                                            BLOCK)  # fmt: skip
-    p = prefix >> shift.to(tl.uint32)
-    ties = count > need
-    written = tl.zeros([], tl.int32)
-    equal_seen = tl.zeros([], tl.int32)
-    for b in range(0, n, BLOCK):
-        offs = b + offs0
-        valid = offs < n
-        u = _order_key(tl.load(row + offs, mask=valid, other=0.0))
-        written, equal_seen = _write_taken(out, offs, u, valid, p, shift, need, ties, written, equal_seen)
-
-
-@triton.jit
-def _held_select(
-    row, out, n, topk, R0, R1, R2, R3, RESIDENT: tl.constexpr, LINEAR: tl.constexpr, WRITE_BLOCK: tl.constexpr
-):  # fmt: skip
-    if LINEAR:
-        _linear_select(row, out, n, topk, RESIDENT, WRITE_BLOCK)
-    else:
-        _resident_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT)
-
-
-@triton.jit
-def _any_streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK: tl.constexpr, LINEAR: tl.constexpr):
-    if LINEAR:
-        _streamed_linear_select(row, out, n, topk, BLOCK)
-    else:
-        _streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK)
 
 
 @triton.jit
@@ -372,23 +234,10 @@ def _topk_select_kernel(
     stride_ot,
     num_rows,
     topk,
-    R0: tl.constexpr,
-    R1: tl.constexpr,
-    R2: tl.constexpr,
-    R3: tl.constexpr,
-    B0: tl.constexpr,
-    B1: tl.constexpr,
-    B2: tl.constexpr,
-    B3: tl.constexpr,
     BLOCK: tl.constexpr,
     RESIDENT: tl.constexpr,
-    RESIDENT_SMALL: tl.constexpr,
-    LINEAR: tl.constexpr,
-    STREAM_LINEAR: tl.constexpr,
-    WRITE_BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    # R*: the digit plan of rows held in registers, B*: of streamed rows.
     t = (num_rows - 1 - tl.program_id(0)).to(tl.int64)  # longest rows first
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     row = SCORES + t * stride_st
@@ -398,52 +247,36 @@ def _topk_select_kernel(
             offs = o + tl.arange(0, BLOCK_K)
             tl.store(out + offs, tl.where(offs < n, offs, -1), mask=offs < topk)
     elif RESIDENT == 0:
-        _any_streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK, STREAM_LINEAR)
+        _select_row(row, out, n, topk, False, BLOCK, BLOCK)
     elif n > RESIDENT:
-        _any_streamed_select(row, out, n, topk, B0, B1, B2, B3, BLOCK, STREAM_LINEAR)
-    elif RESIDENT_SMALL == 0:
-        _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT, LINEAR, WRITE_BLOCK)
-    elif n > RESIDENT_SMALL:
-        _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT, LINEAR, WRITE_BLOCK)
+        _select_row(row, out, n, topk, False, RESIDENT, BLOCK)
     else:
-        _held_select(row, out, n, topk, R0, R1, R2, R3, RESIDENT_SMALL, LINEAR, WRITE_BLOCK)
+        _select_row(row, out, n, topk, True, RESIDENT, BLOCK)
 
 
 def select_config(row_len: int) -> dict:
-    """Launch options of :func:`topk_select_triton` for rows of at most ``row_len`` keys (see
-    there)."""
-    return {"bits": DIGIT_PLANS["8/8/8/8"], "stream_bits": DIGIT_PLANS["8/8/8/8"], "block": 2048,
-            "resident": min(16384, triton.next_power_of_2(row_len)), "resident_small": 0, "linear": True,
-            "stream_linear": True, "write_block": 2048,
-            "num_warps": 16}  # fmt: skip
-
-
-def _check_plan(name: str, bits: tuple[int, ...]) -> None:
-    if len(bits) != 4 or sum(bits) != 32 or min(bits[:3]) < 1 or max(bits) > 13:
-        raise ValueError(f"{name} must be four digit widths of at most 13 summing to 32 (last may be 0), got {bits}")
+    """Launch options of :func:`topk_select_triton` for rows of at most ``row_len`` keys: rows
+    up to 16K keys held in registers (the row width rounded up to a power of two, at least one
+    key per thread), blocks of 2048 keys, 16 warps. sm_90a: 128 registers, no spill up to 8K keys,
+    40 bytes of stack at 16K (``tests/test_kernels_topk.py``)."""
+    warps = 16
+    resident = min(16384, max(triton.next_power_of_2(row_len), 32 * warps))
+    return {"resident": resident, "block": 2048, "num_warps": warps}
 
 
 def kernel_constants(row_len: int, topk: int, **opts) -> tuple[dict, int]:
     """``(constexprs of _topk_select_kernel, num_warps)`` for :func:`topk_select_triton`'s
     options ``opts`` (missing or ``None`` ones from :func:`select_config` of ``row_len``); also
-    what the sm_90a compile checks take."""
+    what the sm_90a compile check takes."""
     cfg = select_config(row_len)
     unknown = set(opts) - set(cfg)
     if unknown:
         raise TypeError(f"unknown select options {sorted(unknown)}")
     cfg |= {k: v for k, v in opts.items() if v is not None}
-    bits, stream_bits, resident, small = cfg["bits"], cfg["stream_bits"], cfg["resident"], cfg["resident_small"]
-    _check_plan("bits", bits)
-    _check_plan("stream_bits", stream_bits)
-    if resident & (resident - 1) or small & (small - 1) or (small and small >= resident):
-        raise ValueError(f"resident, resident_small must be 0 or powers of two, the second smaller: {resident}, {small}")
-    consts = dict(
-        R0=bits[0], R1=bits[1], R2=bits[2], R3=bits[3],
-        B0=stream_bits[0], B1=stream_bits[1], B2=stream_bits[2], B3=stream_bits[3],
-        BLOCK=cfg["block"], RESIDENT=resident, RESIDENT_SMALL=small, LINEAR=bool(cfg["linear"]),
-        STREAM_LINEAR=bool(cfg["stream_linear"]), WRITE_BLOCK=cfg["write_block"],
-        BLOCK_K=min(1024, triton.next_power_of_2(topk)),
-    )  # fmt: skip
+    for name in ("resident", "block"):
+        if cfg[name] & (cfg[name] - 1) or (name == "block" and cfg[name] < 16):
+            raise ValueError(f"{name} must be a power of two (resident may be 0), got {cfg[name]}")
+    consts = {"BLOCK": cfg["block"], "RESIDENT": cfg["resident"], "BLOCK_K": min(1024, triton.next_power_of_2(topk))}
     return consts, cfg["num_warps"]
 
 
@@ -452,37 +285,21 @@ def topk_select_triton(
     positions: torch.Tensor,
     topk_out: torch.Tensor,
     *,
-    bits: tuple[int, int, int, int] | None = None,
-    stream_bits: tuple[int, int, int, int] | None = None,
-    block: int | None = None,
     resident: int | None = None,
-    resident_small: int | None = None,
-    linear: bool | None = None,
-    stream_linear: bool | None = None,
-    write_block: int | None = None,
+    block: int | None = None,
     num_warps: int | None = None,
 ) -> None:
     """Causal top-k of each row: ``topk_out[t]`` (int32 ``[T, K]``) gets the ``K`` positions
     ``j ≤ positions[t]`` with the largest ``scores[t, j]`` in ascending position order (ties to
     the lower position), or ``0…positions[t]`` then ``-1`` when the row has at most ``K`` keys.
-    Reads ``scores[t, :positions[t] + 1]`` only (fp32, unit last stride). Graph-safe.
+    Reads ``scores[t, :positions[t] + 1]`` only (fp32, finite, unit last stride). Graph-safe.
 
     Options default to :func:`select_config` of the scores' row width: ``resident`` the longest
-    row held in registers (0: stream every row), ``resident_small`` a second, shorter register
-    tile for rows that fit it (0: none; both powers of two); ``bits`` and ``stream_bits`` the
-    radix digits from the top of the register-held and the streamed rows (four widths summing
-    to 32, a trailing 0 for three digits); ``linear``: register-held rows take
-    :func:`_linear_select`'s value-range digits instead of ``bits``, ``stream_linear`` streamed
-    rows likewise (:func:`_streamed_linear_select`) instead of ``stream_bits``; ``write_block``
-    (linear register-held rows) > 0: write from a second read of the row in blocks of that many
-    keys; ``block`` the keys per streamed block. Scores must be finite.
+    row held in registers (a power of two; 0: stream every row), ``block`` the keys per streamed
+    block (a power of two ≥ 16), ``num_warps``.
     """
     num_tokens, topk = topk_out.shape
-    consts, warps = kernel_constants(
-        scores.shape[1], topk, bits=bits, stream_bits=stream_bits, block=block, resident=resident,
-        resident_small=resident_small, linear=linear, stream_linear=stream_linear, write_block=write_block,
-        num_warps=num_warps,
-    )  # fmt: skip
+    consts, warps = kernel_constants(scores.shape[1], topk, resident=resident, block=block, num_warps=num_warps)
     if num_tokens == 0:
         return
     _topk_select_kernel[(num_tokens,)](
