@@ -91,7 +91,7 @@ def record_triton(mode: Launches) -> None:
 
 def patches(stack: ExitStack, prefill: bool) -> None:
     """Make the dispatchers see the H200: CUDA tensors take Triton, FP8 paths from the table."""
-    from breakgraph.kernels import dispatch, fp8_gemm_choice, triton_fp8
+    from breakgraph.kernels import fp8_gemm_choice, triton_fp8
     from breakgraph.layers import attention, dsa
 
     stack.enter_context(mock.patch.object(torch.Tensor, "is_cuda", property(lambda self: True)))
@@ -162,7 +162,9 @@ def count(tokens: int, context: int) -> dict[str, Counter]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 1024], help="1 = decode step; more = prefill")
+    ap.add_argument(
+        "--tokens", type=int, nargs="+", default=[1, 1024], help="1 = decode step; more = prefill"
+    )
     ap.add_argument("--context", type=int, default=1024, help="tokens cached before a decode step")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") != "1":
