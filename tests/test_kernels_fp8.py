@@ -184,6 +184,19 @@ def check_fp8_linear_triton_paths():
     assert _rel(got.reshape(-1, 256), want) < 1e-3
     got = fp8_linear(x, w8, ws, (128, 128), bias, path="triton_w8a16")
     assert _rel(got, fp8_block_linear_ref(x, w8, ws, (128, 128), bias)) < 1e-3
+    # activations quantised by their producer (column-major scales, padded rows): W8A8 takes
+    # them instead of quantising (a different quantisation shows through), W8A16 ignores them
+    from breakgraph.kernels.triton_fp8 import act_quant
+
+    x2 = x.reshape(-1, 384)
+    given = act_quant(x2, column_major_scale=True, pad_rows=16)
+    plain = fp8_linear(x, w8, ws, (128, 128), bias, path="triton")
+    assert torch.equal(fp8_linear(x, w8, ws, (128, 128), bias, path="triton", x_fp8=given), plain)
+    other = act_quant(2 * x2, column_major_scale=True, pad_rows=16)
+    doubled = fp8_linear(x, w8, ws, (128, 128), None, path="triton", x_fp8=other)
+    assert _rel(doubled, 2 * fp8_linear(x, w8, ws, (128, 128), path="triton")) < 1e-2
+    w8a16 = fp8_linear(x, w8, ws, (128, 128), bias, path="triton_w8a16")
+    assert torch.equal(fp8_linear(x, w8, ws, (128, 128), bias, path="triton_w8a16", x_fp8=other), w8a16)
     # other block shapes fall back to dequantise + matmul
     w8b, wsb = block_quant(torch.randn(96, 384), (64, 64))
     got = fp8_linear(x, w8b, wsb, (64, 64))
@@ -309,6 +322,11 @@ def test_scaled_mm_path_matches_twin_where_it_is_taken(name, k, n, m):
     want = fp8_gemm_ref(*act_quant_ref(x), w8, ws, out_dtype=torch.float32)
     got = fp8_linear(x, w8, ws, (128, 128), path="scaled_mm")
     assert got.shape == (m, n) and _rel(got, want) < 1e-2, (name, m, _rel(got, want))
+    # activations quantised by their producer (the fused norm's layout) give the same product
+    from breakgraph.kernels.triton_fp8 import act_quant, quant_pad_rows
+
+    given = act_quant(x, column_major_scale=True, pad_rows=quant_pad_rows(dev))
+    assert torch.equal(fp8_linear(x, w8, ws, (128, 128), path="scaled_mm", x_fp8=given), got)
 
 
 @pytest.mark.cuda

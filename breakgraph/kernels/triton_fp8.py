@@ -409,12 +409,20 @@ _SCALED_MM_MODE: dict[int, str | None] = {}
 
 
 def _scaled_mm_call(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, pad_rows: int
-) -> torch.Tensor:
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, pad_rows: int,
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
     m = x.shape[0]
-    a8, sa = act_quant(x, QUANT_GROUP, column_major_scale=True, pad_rows=pad_rows)
+    a8, sa = x_fp8 if x_fp8 is not None else act_quant(x, QUANT_GROUP, column_major_scale=True, pad_rows=pad_rows)
     out = torch._scaled_mm(a8, weight.t(), scale_a=sa, scale_b=scale.t(), out_dtype=torch.bfloat16)
     return out if out.shape[0] == m else out[:m]
+
+
+def quant_pad_rows(device: torch.device) -> int:
+    """The row padding ``_scaled_mm`` needs of quantised activations on ``device`` (16 where the
+    probe answered ``"pad16"``, else 1): what a producer that quantises for the FP8 linears
+    (:func:`~breakgraph.kernels.triton_norm.rms_norm_quant_triton`) pads to."""
+    return 16 if scaled_mm_blockwise_mode(device) == "pad16" else 1
 
 
 # cuBLASLt reads the 128×128 weight scales with their row stride rounded up to 4 k-blocks: a K
@@ -489,6 +497,7 @@ def fp8_linear(
     bias: torch.Tensor | None = None,
     *,
     path: str = "auto",
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """GPU FP8 block-scaled linear ``x [..., K] @ dequant(weight [N, K]).T`` (+ bias).
 
@@ -496,6 +505,11 @@ def fp8_linear(
     and W8A16 GEMMs as :mod:`breakgraph.kernels.fp8_gemm_choice` measured it), ``scaled_mm``
     (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8), ``triton_w8a16``
     (bf16 activations), ``dequant``.
+
+    ``x_fp8``: ``x`` already quantised, ``(q [Mp, K] e4m3, scale [Mp, K/128] fp32)`` with
+    ``column_major_scale=True`` and ``pad_rows=quant_pad_rows(device)`` as :func:`act_quant`
+    returns them for ``x``'s rows (``Mp ≥ M``): the W8A8 paths take it instead of quantising;
+    W8A16 ignores it.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = weight.shape[0]
@@ -509,15 +523,20 @@ def fp8_linear(
     if path == "auto":
         path = fp8_gemm_choice.choose(x2.shape[0], k, n, device_index(x.device), cublas_ok)
     if path == "scaled_mm" and cublas_ok:
-        mode = scaled_mm_blockwise_mode(x.device)
-        out = _scaled_mm_call(x2, weight, scale, 16 if mode == "pad16" else 1)
+        pad = quant_pad_rows(x.device)
+        given = x_fp8 if x_fp8 is not None and x_fp8[0].shape[0] == -(-x2.shape[0] // pad) * pad else None
+        out = _scaled_mm_call(x2, weight, scale, pad, given)
         if bias is not None:
             out = out + bias
         return out.reshape(*lead, n)
     if path == "triton_w8a16":
         out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias)
     else:
-        a8, sa = act_quant(x2, QUANT_GROUP, column_major_scale=False)
+        m = x2.shape[0]
+        if x_fp8 is not None and x_fp8[0].shape[0] >= m:
+            a8, sa = x_fp8[0][:m], x_fp8[1][:m]
+        else:
+            a8, sa = act_quant(x2, QUANT_GROUP, column_major_scale=False)
         out = fp8_gemm(a8, sa, weight, scale, block, x.dtype, bias)
     return out.reshape(*lead, n)
 

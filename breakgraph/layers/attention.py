@@ -96,13 +96,13 @@ class Indexer(nn.Module):
 
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        k_proj: torch.Tensor | None = None,
+        k_proj: torch.Tensor | None = None, q_resid_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32.
         ``k_proj [T, Di]``: ``wk(x)`` where the caller computed it (a merged projection; then
-        ``wk`` is None)."""
+        ``wk`` is None). ``q_resid_fp8``: ``q_resid`` quantised by its norm, for ``wq_b``."""
         t = x.shape[0]
-        q = self._rope(self.wq_b(q_resid).view(t, self.n_heads, self.head_dim), cos, sin)
+        q = self._rope(self.wq_b(q_resid, q_resid_fp8).view(t, self.n_heads, self.head_dim), cos, sin)
         k = self._rope(self.k_norm(self.wk(x) if k_proj is None else k_proj), cos, sin)
         w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
         weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
@@ -162,23 +162,35 @@ class MLAttention(nn.Module):
             self.indexer.wk = None
         return True
 
-    def a_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    def takes_fp8_input(self) -> bool:
+        """Whether the projections of the layer's input are FP8 (the input norm then quantises
+        for them)."""
+        first = self.fused_a_proj if self.fused_a_proj is not None else self.q_a_proj
+        return first.quantized
+
+    def a_projections(
+        self, x: torch.Tensor, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """``(q_a(x), wk(x) or None without an indexer, kv_a(x))`` for ``x [..., D]``, from the
-        merged linear when there is one (the three are then views of its output)."""
+        merged linear when there is one (the three are then views of its output). ``x_fp8``:
+        ``x`` quantised by its norm."""
         if self.fused_a_proj is None:
-            k_proj = self.indexer.wk(x) if self.indexer is not None else None
-            return self.q_a_proj(x), k_proj, self.kv_a_proj_with_mqa(x)
-        out = self.fused_a_proj(x).split(self.fused_a_proj.output_sizes, dim=-1)
+            k_proj = self.indexer.wk(x, x_fp8) if self.indexer is not None else None
+            return self.q_a_proj(x, x_fp8), k_proj, self.kv_a_proj_with_mqa(x, x_fp8)
+        out = self.fused_a_proj(x, x_fp8).split(self.fused_a_proj.output_sizes, dim=-1)
         return (out[0], out[1], out[2]) if len(out) == 3 else (out[0], None, out[1])
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None,
+        x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [T, D]`` → ``(out [T, D], topk [T, K])``; ``prev_topk`` feeds "shared" layers."""
+        """``x [T, D]`` → ``(out [T, D], topk [T, K])``; ``prev_topk`` feeds "shared" layers.
+        ``x_fp8``: ``x`` quantised by the input norm, for the FP8 projections of ``x``."""
         t = x.shape[0]
-        q_a, k_proj, kv_a = self.a_projections(x)
-        q_resid = self.q_a_layernorm(q_a)
-        q_nope, q_pe = _split_q_nope_pe(self.q_b_proj(q_resid).view(t, self.num_heads, self.dn + self.dr), self.dn, self.dr)
+        q_a, k_proj, kv_a = self.a_projections(x, x_fp8)
+        q_resid, _, q_resid_fp8 = self.q_a_layernorm.forward_fp8(q_a, quantize=self.q_b_proj.quantized)
+        q = self.q_b_proj(q_resid, q_resid_fp8).view(t, self.num_heads, self.dn + self.dr)
+        q_nope, q_pe = _split_q_nope_pe(q, self.dn, self.dr)
         c, k_pe = kv_a.split([self.rank, self.dr], dim=-1)
         c = self.kv_a_layernorm(c)
         q_pe = rope(q_pe, cos, sin, interleaved=True)
@@ -187,7 +199,7 @@ class MLAttention(nn.Module):
         # The plan's buffers are made before the indexer break, so the code between the
         # indexer and attention breaks stays empty (no one-kernel segment).
         plan = _make_mla_bmm_fusion_plan(q_nope, q_pe, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
-        topk = self.indexer(x, q_resid, cos, sin, k_proj) if self.indexer is not None else prev_topk
+        topk = self.indexer(x, q_resid, cos, sin, k_proj, q_resid_fp8) if self.indexer is not None else prev_topk
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
         if plan is not None:

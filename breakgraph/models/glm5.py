@@ -49,7 +49,9 @@ def fp8_excluded(module_name: str, fp8: Fp8Config) -> bool:
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (MLP dense or MoE)."""
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (MLP dense or MoE). Where the
+    block after a norm starts with FP8 linears, the norm quantises its output for them
+    (:meth:`~breakgraph.layers.norm.RMSNorm.forward_fp8`)."""
 
     def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -63,9 +65,10 @@ class DecoderLayer(nn.Module):
     def forward(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        attn, topk = self.self_attn(self.input_layernorm(h), cos, sin, prev_topk)
-        normed, h = self.post_attention_layernorm.forward_with_residual(attn, h)
-        h = self.mlp(normed, residual=h)
+        normed, _, x_fp8 = self.input_layernorm.forward_fp8(h, quantize=self.self_attn.takes_fp8_input())
+        attn, topk = self.self_attn(normed, cos, sin, prev_topk, x_fp8)
+        normed, h, x_fp8 = self.post_attention_layernorm.forward_fp8(attn, h, quantize=self.mlp.takes_fp8_input())
+        h = self.mlp(normed, residual=h, x_fp8=x_fp8)
         return h, topk
 
 
