@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from breakgraph.graphs import opaque_op
-from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.dispatch import use_triton, use_triton_inference
 from breakgraph.kernels.fp8 import FP8_DTYPE, fp8_block_linear_ref
 
 
@@ -97,3 +97,15 @@ def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         out = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
         return out.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x.float(), weight.float())
+
+
+def bmm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = a @ b`` (``[B, M, K] × [B, K, N]``) into ``out``, a strided view (a slice of a
+    wider buffer, heads-first view of a tokens-first tensor). CUDA outside autograd recording:
+    ``torch.bmm(out=)``, which cuBLAS writes in place wherever each matrix of ``out`` has a
+    unit column stride (no copy kernel); else the product is copied in (autograd cannot
+    record ``out=``)."""
+    if use_triton_inference(out, a, b):
+        torch.bmm(a, b, out=out)
+    else:
+        out.copy_(torch.bmm(a, b))

@@ -42,3 +42,33 @@ def rope(
         if triton_rope.supports(x, cos, sin, rope_dim):
             return triton_rope.rope_triton(x, cos, sin, interleaved, rope_dim)
     return rope_ref(x, cos, sin, interleaved, rope_dim)
+
+
+def mla_rope_kv(
+    q: torch.Tensor, kv_a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA's steps between its projections and attention, for ``q [T, H, nope + dr]`` (q_b's
+    output) and ``kv_a [T, r + dr]`` (``r = weight.shape[0]``, interleaved RoPE):
+
+    returns ``(q_full [T, H, r + dr], kv [T, r + dr])`` with ``q_full[..., r:] =
+    rope(q[..., nope:])`` — its first ``r`` columns are left for the caller (``q_nope · w_kc``)
+    — and ``kv = [rms_norm(kv_a[:, :r], weight, eps) ‖ rope(kv_a[:, r:])]``. CUDA tensors outside
+    autograd recording take one Triton kernel
+    (:func:`~breakgraph.kernels.triton_rope.mla_rope_kv_triton`: the norm kernel's and the rope
+    kernel's arithmetic, so the same values as the dispatchers give), everything else the twins."""
+    t, h, _ = q.shape
+    r = weight.shape[0]
+    dr = kv_a.shape[-1] - r
+    q_full = q.new_empty(t, h, r + dr)
+    if use_triton_inference(q, kv_a, cos, sin, weight):
+        from breakgraph.kernels import triton_rope
+
+        if triton_rope.mla_rope_kv_supports(q, kv_a, cos, weight) and cos.shape[1] * 2 == dr:
+            kv = kv_a.new_empty(t, r + dr)
+            triton_rope.mla_rope_kv_triton(q, kv_a, cos, sin, weight, eps, q_full, kv)
+            return q_full, kv
+    from breakgraph.kernels.norm import rms_norm
+
+    c, k_pe = kv_a.split([r, dr], dim=-1)
+    q_full[..., r:] = rope(q[..., q.shape[-1] - dr :], cos, sin, interleaved=True)
+    return q_full, torch.cat([rms_norm(c, weight, eps), rope(k_pe, cos, sin, interleaved=True)], dim=-1)

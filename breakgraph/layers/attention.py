@@ -20,8 +20,8 @@ from torch import nn
 
 from breakgraph.distributed import get_parallel_state
 from breakgraph.kernels.fp8 import block_dequant
-from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand
-from breakgraph.kernels.rope import rope
+from breakgraph.kernels.linear import bmm_into, exact_bf16_weight, fp32_out_operand
+from breakgraph.kernels.rope import mla_rope_kv, rope
 from breakgraph.layers.dsa import (
     MlaBmmFusionPlan,
     dsa_indexer_graph_dispatch,
@@ -41,19 +41,13 @@ from breakgraph.layers.norm import LayerNorm, RMSNorm
 from breakgraph.models.config import ModelConfig
 
 
-def _split_q_nope_pe(q: torch.Tensor, nope_dim: int, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q [T, H, dn+dr]`` → views ``(q_nope [T, H, dn], q_pe [T, H, dr])``."""
-    return q.split([nope_dim, rope_dim], dim=-1)
-
-
-def _make_mla_bmm_fusion_plan(q_nope: torch.Tensor, q_pe: torch.Tensor, rank: int) -> MlaBmmFusionPlan:
+def _make_mla_bmm_fusion_plan(q_nope: torch.Tensor, q_full: torch.Tensor, rank: int) -> MlaBmmFusionPlan:
+    """The plan over ``q_full [T, H, r+dr]``, whose rotary columns already hold ``rope(q_pe)``."""
     t, h, _ = q_nope.shape
-    buf = q_nope.new_empty(t, h, rank + q_pe.shape[-1])
-    buf[..., rank:].copy_(q_pe)
     return MlaBmmFusionPlan(
         q_nope_t=q_nope.transpose(0, 1),
-        q_nope_out_buf=buf,
-        q_nope_out_view=buf[..., :rank].transpose(0, 1),
+        q_nope_out_buf=q_full,
+        q_nope_out_view=q_full[..., :rank].transpose(0, 1),
         attn_output_buf=q_nope.new_empty(t, h, rank),
     )
 
@@ -190,15 +184,12 @@ class MLAttention(nn.Module):
         q_a, k_proj, kv_a = self.a_projections(x, x_fp8)
         q_resid, _, q_resid_fp8 = self.q_a_layernorm.forward_fp8(q_a, quantize=self.q_b_proj.quantized)
         q = self.q_b_proj(q_resid, q_resid_fp8).view(t, self.num_heads, self.dn + self.dr)
-        q_nope, q_pe = _split_q_nope_pe(q, self.dn, self.dr)
-        c, k_pe = kv_a.split([self.rank, self.dr], dim=-1)
-        c = self.kv_a_layernorm(c)
-        q_pe = rope(q_pe, cos, sin, interleaved=True)
-        k_pe = rope(k_pe, cos, sin, interleaved=True)
-        kv = torch.cat([c, k_pe], dim=-1)
+        q_nope = q[..., : self.dn]
+        # [· ‖ rope(q_pe)] and the latent entry [norm(c) ‖ rope(k_pe)]: one kernel on CUDA
+        q_full, kv = mla_rope_kv(q, kv_a, cos, sin, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps)
         # The plan's buffers are made before the indexer break, so the code between the
         # indexer and attention breaks stays empty (no one-kernel segment).
-        plan = _make_mla_bmm_fusion_plan(q_nope, q_pe, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
+        plan = _make_mla_bmm_fusion_plan(q_nope, q_full, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
         topk = self.indexer(x, q_resid, cos, sin, k_proj, q_resid_fp8) if self.indexer is not None else prev_topk
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
@@ -208,8 +199,9 @@ class MLAttention(nn.Module):
             )
             attn = plan.attn_output_buf
         else:
-            q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_kc).transpose(0, 1)  # [T, H, r]
+            bmm_into(q_nope.transpose(0, 1), self.w_kc, q_full[..., : self.rank].transpose(0, 1))  # q_latent
             attn = torch.empty(t, self.num_heads, self.rank, dtype=x.dtype, device=x.device)
-            sparse_mla_attention(torch.cat([q_latent, q_pe], dim=-1), kv, topk, attn, self.layer_id, self.scale)
-        out = torch.bmm(attn.transpose(0, 1), self.w_vc.transpose(1, 2)).transpose(0, 1)  # [T, H, dv]
-        return self.o_proj(out.reshape(t, self.num_heads * self.dv)), topk
+            sparse_mla_attention(q_full, kv, topk, attn, self.layer_id, self.scale)
+        out = x.new_empty(t, self.num_heads, self.dv)
+        bmm_into(attn.transpose(0, 1), self.w_vc.transpose(1, 2), out.transpose(0, 1))
+        return self.o_proj(out.view(t, self.num_heads * self.dv)), topk

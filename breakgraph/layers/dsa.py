@@ -27,7 +27,7 @@ from breakgraph.forward_context import ForwardBatch, ForwardMode, get_forward_ba
 from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
 from breakgraph.kernels.indexer import indexer_topk
 from breakgraph.kernels.latent_fp8 import store_latent
-from breakgraph.kernels.linear import linear_fp32_out
+from breakgraph.kernels.linear import bmm_into, linear_fp32_out
 from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
 
 
@@ -159,5 +159,5 @@ def mla_bmm_then_unified_attention(
     segment holds the BMM alone. Only the real rows are computed."""
     n = get_forward_batch().num_tokens
     rank = attn_output_buf.shape[-1]
-    q_nope_out_buf[:n, :, :rank].copy_(torch.bmm(q_nope_t[:, :n], w_kc).transpose(0, 1))
+    bmm_into(q_nope_t[:, :n], w_kc, q_nope_out_buf[:n, :, :rank].transpose(0, 1))
     _attend(q_nope_out_buf, kv, topk, attn_output_buf, layer_id, scale)
