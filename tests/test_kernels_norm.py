@@ -102,7 +102,11 @@ def check_norm_quant_is_norm_then_act_quant():
     bit for bit: same normed rows, same residual, same e4m3 codes and scales, zero padding rows;
     and the fp32 reference (the twin's norm, ``act_quant_ref``) agrees."""
     from breakgraph.kernels.triton_fp8 import act_dequant, act_quant, act_quant_ref
-    from breakgraph.kernels.triton_norm import fused_add_rms_norm_triton, rms_norm_quant_triton, rms_norm_triton
+    from breakgraph.kernels.triton_norm import (
+        fused_add_rms_norm_triton,
+        rms_norm_quant_triton,
+        rms_norm_triton,
+    )
 
     for m, n, pad in ((5, 256, 1), (3, 384, 16), (1, 2048, 1)):
         w = _weight(n, torch.bfloat16)
@@ -208,7 +212,11 @@ def test_rms_norm_quant_gpu_glm5_shapes(n, rows):
     before q_b and wq_b), decode and prefill rows: the fused norm + quantisation is the norm
     kernel then ``act_quant`` bit for bit, with and without the residual add."""
     from breakgraph.kernels.triton_fp8 import act_quant
-    from breakgraph.kernels.triton_norm import fused_add_rms_norm_triton, rms_norm_quant_triton, rms_norm_triton
+    from breakgraph.kernels.triton_norm import (
+        fused_add_rms_norm_triton,
+        rms_norm_quant_triton,
+        rms_norm_triton,
+    )
 
     x = (torch.randn(rows, n, device="cuda") * 3).bfloat16()
     residual = torch.randn_like(x)

@@ -73,15 +73,16 @@ def _check_mla_rope_kv(q, kv_a, cos, sin, w, exact_norm) -> None:
 
 
 def check_mla_rope_kv_matches_the_twins():
+    from test_kernels_norm import _check_up_to_summation_order
+
     from breakgraph.kernels.norm import rms_norm_ref
     from breakgraph.kernels.triton_norm import rms_norm_triton
-    from test_kernels_norm import _check_up_to_summation_order
 
     for dtype in (torch.bfloat16, torch.float32):
         for t, h, nope, dr, r in ((5, 3, 24, 16, 256), (2, 8, 192, 64, 512), (3, 1, 8, 8, 96)):
             q, kv_a, cos, sin, w = _mla_inputs(t, h, nope, dr, r, dtype)
 
-            def exact(got, c):
+            def exact(got, c, dtype=dtype, w=w):
                 if dtype != torch.float32:
                     assert torch.equal(got, rms_norm_triton(c, w, 1e-6))
                     _check_up_to_summation_order(got, c, w)
