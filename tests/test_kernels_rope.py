@@ -92,11 +92,48 @@ def check_mla_rope_kv_matches_the_twins():
             _check_mla_rope_kv(q, kv_a, cos, sin, w, exact)
 
 
+def _indexer_inputs(t: int, h: int, d: int, r: int, dtype: torch.dtype, device: str = "cpu"):
+    """wq_b's output viewed ``[T, H, D]`` and wk's ``[T, D]`` (a slice of a merged output)."""
+    q = (torch.randn(t, h * d, device=device) * 2).to(dtype).view(t, h, d)
+    k = (torch.randn(t, 70 + d, device=device) * 3 + 0.5).to(dtype)[:, 70:]
+    w = (1 + 0.3 * torch.randn(d, device=device)).to(dtype)
+    b = (0.1 * torch.randn(d, device=device)).to(dtype)
+    cos, sin = _tables(t, r // 2, dtype, device)
+    return q, k, cos, sin, w, b
+
+
+def _check_indexer_rope_qk(q, k, cos, sin, w, b, interleaved: bool) -> None:
+    """The queries bit for bit against ``rope_ref``; the key against the twin
+    ``rope_ref(layer_norm(k))`` within one rounding of the LayerNorm's output (its fp32 sums
+    run in another order than torch's)."""
+    from breakgraph.kernels.rope import indexer_rope_qk
+
+    r = cos.shape[1] * 2
+    gq, gk = indexer_rope_qk(q, k, cos, sin, w, b, 1e-6, interleaved, r)
+    assert gq.is_contiguous() and gq.shape == q.shape and gk.shape == k.shape
+    assert torch.equal(gq, rope_ref(q, cos, sin, interleaved, r))
+    want = rope_ref(torch.nn.functional.layer_norm(k, (k.shape[-1],), w, b, 1e-6), cos, sin, interleaved, r)
+    ulp = 2.0**-7 if k.dtype == torch.bfloat16 else 2.0**-20
+    err = (gk.float() - want.float()).abs() / want.float().abs().clamp(min=1e-2)
+    assert err.max().item() <= 3 * ulp, err.max().item()
+    assert (gk != want).float().mean().item() < 0.05
+
+
+def check_indexer_rope_qk_matches_the_twins():
+    for dtype in (torch.bfloat16, torch.float32):
+        for t, h, d, r in ((5, 4, 48, 16), (2, 32, 128, 64), (3, 3, 40, 40)):
+            for interleaved in (True, False):
+                _check_indexer_rope_qk(*_indexer_inputs(t, h, d, r, dtype), interleaved)
+
+
 # --------------------------------------------------------------------------------------------
 # CPU tests
 
 
-@pytest.mark.parametrize("name", ["check_bit_identical_to_the_twin", "check_mla_rope_kv_matches_the_twins"])
+@pytest.mark.parametrize(
+    "name",
+    ["check_bit_identical_to_the_twin", "check_mla_rope_kv_matches_the_twins", "check_indexer_rope_qk_matches_the_twins"],
+)
 def test_triton_rope_under_interpreter(interp_results, name):
     _expect(interp_results, name)
 
@@ -111,6 +148,28 @@ def test_mla_rope_kv_twin_is_the_separate_steps():
     assert torch.equal(q_full[..., 96:], rope_ref(q[..., 24:], cos, sin, True))
     want = torch.cat([rms_norm_ref(kv_a[:, :96], w, 1e-6), rope_ref(kv_a[:, 96:], cos, sin, True)], dim=-1)
     assert torch.equal(kv, want)
+
+
+def test_indexer_rope_qk_twin_is_the_separate_steps():
+    """On CPU ``indexer_rope_qk`` is the rotation of ``q`` and the LayerNorm + rotation of ``k``."""
+    from breakgraph.kernels.rope import indexer_rope_qk
+
+    q, k, cos, sin, w, b = _indexer_inputs(3, 2, 48, 16, torch.float32)
+    gq, gk = indexer_rope_qk(q, k, cos, sin, w, b, 1e-6, False, 16)
+    assert torch.equal(gq, rope_ref(q, cos, sin, False, 16))
+    assert torch.equal(gk, rope_ref(torch.nn.functional.layer_norm(k, (48,), w, b, 1e-6), cos, sin, False, 16))
+
+
+def test_indexer_rope_qk_compiles_for_sm90_without_spills():
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_rope
+
+    types = {p: "*bf16" for p in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "w_ptr", "b_ptr", "q_out_ptr", "k_out_ptr")}
+    types |= {"inv_d": "fp32", "eps": "fp32"}
+    constexprs = {"INTERLEAVED": True, "BLOCK_H": 32, "BLOCK_D": 128, "BLOCK_HALF": 32, "INTERP": False}
+    info = compile_for_sm90(triton_rope._indexer_rope_qk_kernel, types, constexprs, 4, 1)
+    print(f"indexer_rope_qk: {info}")
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 @pytest.mark.parametrize("heads", [8, 1])
@@ -179,6 +238,15 @@ def test_mla_rope_kv_gpu_glm5_tp8_rank(t):
 
     q, kv_a, cos, sin, w = _mla_inputs(t, 8, 192, 64, 512, torch.bfloat16, "cuda")
     _check_mla_rope_kv(q, kv_a, cos, sin, w, lambda got, c: _check_up_to_summation_order(got, c, w))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [1, 1024])
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_indexer_rope_qk_gpu_glm5_shapes(t, interleaved):
+    """The indexer at glm5-tp8-rank shapes (32 heads of 128, 64 rotated; GLM-5 interleaved,
+    DeepSeek-V3.2 half-split) against the twins."""
+    _check_indexer_rope_qk(*_indexer_inputs(t, 32, 128, 64, torch.bfloat16, "cuda"), interleaved)
 
 
 @pytest.mark.cuda

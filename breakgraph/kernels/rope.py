@@ -72,3 +72,22 @@ def mla_rope_kv(
     c, k_pe = kv_a.split([r, dr], dim=-1)
     q_full[..., r:] = rope(q[..., q.shape[-1] - dr :], cos, sin, interleaved=True)
     return q_full, torch.cat([rms_norm(c, weight, eps), rope(k_pe, cos, sin, interleaved=True)], dim=-1)
+
+
+def indexer_rope_qk(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor,
+    bias: torch.Tensor, eps: float, interleaved: bool, rope_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The DSA indexer's steps before scoring: ``(rope(q), rope(layer_norm(k)))`` for queries
+    ``q [T, H, D]`` and the key ``k [T, D]`` (``layer_norm`` over ``D`` with ``weight``, ``bias``,
+    ``eps``; the first ``rope_dim`` columns rotated). CUDA tensors outside autograd recording
+    take one Triton kernel (:func:`~breakgraph.kernels.triton_rope.indexer_rope_qk_triton`: the
+    rotations are the rope kernel's bits; the LayerNorm is fp32 like torch's, rounded once, its
+    sums in another order), everything else the twins."""
+    if use_triton_inference(q, k, cos, sin, weight, bias):
+        from breakgraph.kernels import triton_rope
+
+        if triton_rope.indexer_rope_qk_supports(q, k, cos, weight) and 2 * cos.shape[1] == rope_dim:
+            return triton_rope.indexer_rope_qk_triton(q, k, cos, sin, weight, bias, eps, interleaved)
+    k = torch.nn.functional.layer_norm(k, (k.shape[-1],), weight, bias, eps)
+    return rope(q, cos, sin, interleaved, rope_dim), rope(k, cos, sin, interleaved, rope_dim)

@@ -21,7 +21,7 @@ from torch import nn
 from breakgraph.distributed import get_parallel_state
 from breakgraph.kernels.fp8 import block_dequant
 from breakgraph.kernels.linear import bmm_into, exact_bf16_weight, fp32_out_operand
-from breakgraph.kernels.rope import mla_rope_kv, rope
+from breakgraph.kernels.rope import indexer_rope_qk, mla_rope_kv
 from breakgraph.layers.dsa import (
     MlaBmmFusionPlan,
     dsa_indexer_graph_dispatch,
@@ -85,9 +85,6 @@ class Indexer(nn.Module):
         self.weights_proj_bf16 = exact_bf16_weight(self.weights_proj.weight)
         return self.weights_proj_bf16 is not None
 
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return rope(x, cos, sin, self.interleaved, self.rope_dim)
-
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         k_proj: torch.Tensor | None = None, q_resid_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -96,8 +93,11 @@ class Indexer(nn.Module):
         ``k_proj [T, Di]``: ``wk(x)`` where the caller computed it (a merged projection; then
         ``wk`` is None). ``q_resid_fp8``: ``q_resid`` quantised by its norm, for ``wq_b``."""
         t = x.shape[0]
-        q = self._rope(self.wq_b(q_resid, q_resid_fp8).view(t, self.n_heads, self.head_dim), cos, sin)
-        k = self._rope(self.k_norm(self.wk(x) if k_proj is None else k_proj), cos, sin)
+        q = self.wq_b(q_resid, q_resid_fp8).view(t, self.n_heads, self.head_dim)
+        k = self.wk(x) if k_proj is None else k_proj
+        # rope(q) and rope(k_norm(k)): one kernel on CUDA
+        n = self.k_norm
+        q, k = indexer_rope_qk(q, k, cos, sin, n.weight, n.bias, n.eps, self.interleaved, self.rope_dim)
         w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
         weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
