@@ -25,6 +25,7 @@ import torch
 
 from breakgraph.forward_context import ForwardBatch, ForwardMode, get_forward_batch
 from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
+from breakgraph.kernels.causal_topk import causal_topk
 from breakgraph.kernels.indexer import indexer_topk
 from breakgraph.kernels.latent_fp8 import store_latent
 from breakgraph.kernels.linear import bmm_into, linear_fp32_out
@@ -73,8 +74,7 @@ def k_cache_and_topk_result(
     store_latent(cache, fb.out_cache_loc, k[:n], k.shape[-1])  # FP8 key rows: codes + scale, no RoPE part
     top = topk_result[:n]
     if _should_skip_logits_computation(fb, topk_result.shape[1]):
-        cols = torch.arange(topk_result.shape[1], device=top.device, dtype=torch.int32)
-        top.copy_(torch.where(cols[None, :] <= fb.positions[:, None], cols[None, :], -1))
+        causal_topk(fb.positions, top)
         return
     indexer_topk(
         q_fp8[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale, top,
