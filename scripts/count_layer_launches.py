@@ -152,9 +152,10 @@ def count(tokens: int, context: int) -> dict[str, Counter]:
         stack.enter_context(torch.inference_mode())
         out = {}
         for kind, layer in zip(("dense", "moe"), layers):
-            layer(h, cos, sin, None)  # once unrecorded: one-time allocations (split-K counters) stay out
             mode = Launches()
             record_triton(mode)
+            layer(h, cos, sin, None)  # once before counting: one-time allocations (split-K counters) stay out
+            mode.kernels.clear()
             with mode:
                 layer(h, cos, sin, None)
             out[kind] = Counter(mode.kernels)
