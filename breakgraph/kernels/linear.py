@@ -104,8 +104,8 @@ def bmm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     wider buffer, heads-first view of a tokens-first tensor). CUDA outside autograd recording:
     ``torch.bmm(out=)``, which cuBLAS writes in place wherever each matrix of ``out`` has a
     unit column stride (no copy kernel); else the product is copied in (autograd cannot
-    record ``out=``)."""
-    if use_triton_inference(out, a, b):
+    record ``out=``; under ``torch.compile`` tracing the compiler places the product itself)."""
+    if use_triton_inference(out, a, b) and not torch.compiler.is_compiling():
         torch.bmm(a, b, out=out)
     else:
         out.copy_(torch.bmm(a, b))
