@@ -48,6 +48,13 @@ class MLP(nn.Module):
             out = self.down_proj(F.silu(gate) * up)
         return out if residual is None else residual + out
 
+    def forward_deferred(
+        self, x: torch.Tensor, residual: torch.Tensor, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(out, residual)``: :meth:`forward` without the residual add, which the caller leaves
+        to the next norm (``out + residual``)."""
+        return self(x, x_fp8=x_fp8), residual
+
     def takes_fp8_input(self) -> bool:
         """Whether the first linear is FP8 (its input is worth quantising where it is produced)."""
         return self.gate_up_proj.quantized
@@ -230,6 +237,15 @@ class MoE(nn.Module):
         when given. Decode batches run the shared expert inside the routed experts' kernels, and
         the residual add too where no all-reduce comes between. ``x_fp8``: ``x`` quantised by
         its producer, for the shared expert outside decode batches."""
+        out, pending = self.forward_deferred(x, residual, x_fp8)
+        return out if pending is None else pending + out
+
+    def forward_deferred(
+        self, x: torch.Tensor, residual: torch.Tensor | None, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` as ``(out, pending)``: the result is ``out + pending`` where
+        ``pending`` is returned — the residual, when no kernel here could add it (the caller
+        leaves the add to the next norm) — else ``out``."""
         topk_weights, topk_ids = self.gate(x)
         shared = self.shared_experts.as_shared_expert() if self.shared_experts is not None else None
         if not self.experts.takes_decode_path(x, topk_ids, shared):
@@ -237,9 +253,9 @@ class MoE(nn.Module):
         fold = residual is not None and self.tp.tp_size == 1 and (shared is not None or self.shared_experts is None)
         out = self.experts(x, topk_weights, topk_ids, shared, residual if fold else None)
         if fold:
-            return out
+            return out, None
         if self.shared_experts is not None and shared is None:
             out = out + self.shared_experts(x, x_fp8=x_fp8)
         if self.tp.tp_size > 1:
             out = tp_all_reduce(out.contiguous())
-        return out if residual is None else residual + out
+        return out, residual
