@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from breakgraph.kernels.dispatch import use_triton_inference
+from breakgraph.kernels.norm import rms_norm
 
 
 def rope_ref(
@@ -67,8 +68,6 @@ def mla_rope_kv(
             kv = kv_a.new_empty(t, r + dr)
             triton_rope.mla_rope_kv_triton(q, kv_a, cos, sin, weight, eps, q_full, kv)
             return q_full, kv
-    from breakgraph.kernels.norm import rms_norm
-
     c, k_pe = kv_a.split([r, dr], dim=-1)
     q_full[..., r:] = rope(q[..., q.shape[-1] - dr :], cos, sin, interleaved=True)
     return q_full, torch.cat([rms_norm(c, weight, eps), rope(k_pe, cos, sin, interleaved=True)], dim=-1)
