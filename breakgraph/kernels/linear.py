@@ -41,7 +41,7 @@ def linear(
 
 def _fp8_linear_shape(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None,
-    x_q: torch.Tensor | None, x_scale: torch.Tensor | None,
+    x_q: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
@@ -49,7 +49,7 @@ def _fp8_linear_shape(
 @opaque_op(name="fp8_linear", fake_impl=_fp8_linear_shape)
 def _fp8_linear_cuda(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None,
-    x_q: torch.Tensor | None, x_scale: torch.Tensor | None,
+    x_q: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     from breakgraph.kernels.triton_fp8 import fp8_linear
 

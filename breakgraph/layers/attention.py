@@ -21,7 +21,7 @@ from torch import nn
 from breakgraph.distributed import get_parallel_state
 from breakgraph.kernels.fp8 import block_dequant
 from breakgraph.kernels.linear import bmm_into, exact_bf16_weight, fp32_out_operand
-from breakgraph.kernels.rope import indexer_rope_qk, mla_rope_kv
+from breakgraph.kernels.rope import indexer_rope_qk, mla_rope_kv, rope
 from breakgraph.layers.dsa import (
     MlaBmmFusionPlan,
     dsa_indexer_graph_dispatch,
@@ -84,6 +84,10 @@ class Indexer(nn.Module):
         buffer that moves with the module; returns whether it is kept."""
         self.weights_proj_bf16 = exact_bf16_weight(self.weights_proj.weight)
         return self.weights_proj_bf16 is not None
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The indexer's rotation of ``x`` on its own (the training forward's batched layout)."""
+        return rope(x, cos, sin, self.interleaved, self.rope_dim)
 
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
