@@ -9,6 +9,7 @@
                                                           # sparse MLA on a bf16 and an FP8 latent cache
     python scripts/bench_kernels_attention.py --only dense --heads 8 16 64 --sweep
                                                           # dense-causal path: old vs new, chunks
+    python scripts/bench_kernels_attention.py --only topk # top-k select variants, exactness checked
 
 Every row prints the physical floor next to the time: ``max(bytes / 4.3 TB/s, flops / peak)``
 (H200: 4.3 TB/s copy, ~790 TFLOP/s bf16 dense, ~2× that in FP8). Bytes count each unique
@@ -398,6 +399,83 @@ def _short(opts: dict) -> str:
     return f"bt {opts['block_t']} bl {opts['block_l']} w {opts['num_warps']} st {opts['num_stages']} r {opts['maxnreg']}"
 
 
+def topk_variants() -> dict:
+    """Name → options of :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (``held``:
+    rows up to that many keys sit in registers, longer ones stream; options left out take the
+    defaults)."""
+    return {"default": {}, "held 8k": dict(resident=8192), "stream every row": dict(resident=0)}
+
+
+def topk_rows(layout: str, g) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, positions) of one shape: the prefill layouts score random GLM-5-shaped queries and
+    keys with the indexer kernel (rows below K are left unscored, as the engine leaves them);
+    "decode B=64 (L~128k)" is 64 rows of 124K–128K random normal scores."""
+    from breakgraph.kernels.triton_indexer import indexer_scores_triton
+
+    if layout == "decode B=64 (L~128k)":
+        pos = torch.tensor([131071 - 97 * i for i in range(64)], device="cuda")
+        return torch.randn(64, 131072, generator=g, device="cuda"), pos
+    batch = make_batch(*LAYOUTS[layout], seed=1)
+    num = batch["positions"].shape[0]
+    q = torch.randn(num, IDX_HEADS, IDX_DIM, generator=g, device="cuda").bfloat16()
+    w = torch.randn(num, IDX_HEADS, generator=g, device="cuda") * IDX_HEADS**-0.5
+    kc = torch.randn(batch["num_slots"], IDX_DIM, generator=g, device="cuda").bfloat16()
+    pt, pos = batch["page_table"], batch["positions"]
+    scores = torch.empty(num, pt.shape[1] * PAGE, device="cuda")
+    indexer_scores_triton(q, w, kc, pt, batch["token_req"], pos, PAGE, IDX_DIM**-0.5, scores, skip_below=TOPK)
+    return scores, pos
+
+
+def topk_exact(got: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor) -> bool:
+    """Whether every row of ``got`` holds the exact top-K set of its causal scores (the
+    lowest positions among ties at the K-th score) in ascending order, ``-1`` after short rows."""
+    j = torch.arange(scores.shape[1], device=scores.device)
+    causal = j[None, :] <= pos[:, None]
+    masked = scores.masked_fill(~causal, float("-inf"))
+    kth = masked.topk(TOPK, dim=1).values[:, -1:]
+    above = (masked > kth) & causal
+    ties = (masked == kth) & causal
+    need = TOPK - above.sum(1, keepdim=True)
+    want = above | (ties & (ties.cumsum(1) <= need))
+    short = pos < TOPK
+    want[short] = causal[short]
+    valid = got >= 0
+    width = scores.shape[1]
+    hit = torch.zeros(want.shape[0], width + 1, dtype=torch.bool, device=want.device)  # last column: the -1s
+    hit.scatter_(1, torch.where(valid, got.long(), width), True)
+    ordered = bool(((got[:, 1:] > got[:, :-1]) | ~valid[:, 1:]).all())
+    tails = bool((valid[:, :-1] | ~valid[:, 1:]).all())  # -1 only after the positions
+    return ordered and tails and torch.equal(hit[:, :width], want) and torch.equal(valid.sum(1), want.sum(1))
+
+
+def run_topk(args):
+    """Time every select variant per shape against ``torch.topk`` over the same causal rows,
+    check each against the exact set; the table comes last."""
+    from breakgraph.kernels.triton_topk import topk_select_triton
+
+    print("\nDSA top-k select (K=2048): one layer, ms; 'x topk': speed-up over torch.topk of the causal rows")
+    table = []
+    for layout in _layouts(args, ["prefill 16k", "prefill 8k", "decode B=64 (L~128k)"]):
+        g = torch.Generator(device="cuda").manual_seed(1)
+        scores, pos = topk_rows(layout, g)
+        j = torch.arange(scores.shape[1], device="cuda")
+        masked = scores.masked_fill(j[None, :] > pos[:, None], float("-inf"))
+        base = bench(partial(torch.topk, masked, TOPK, dim=1), rep=50)
+        table.append((layout, "torch.topk (causal rows, -inf past them)", base, 1.0, base * 78, "-"))
+        del masked
+        topk = torch.empty(pos.shape[0], TOPK, dtype=torch.int32, device="cuda")
+        for name, opts in topk_variants().items():
+            topk.fill_(-7)
+            topk_select_triton(scores, pos, topk, **opts)
+            exact = topk_exact(topk, scores, pos)
+            ms = bench(partial(topk_select_triton, scores, pos, topk, **opts), rep=50)
+            table.append((layout, name, ms, base / ms, ms * 78, exact))
+            print(f"    {layout:<22} {name:<40} {ms:8.3f} ms  exact={exact}", flush=True)
+    print(f"\n{'layout':<22} {'variant':<40} {'ms':>8} {'x topk':>6} {'78 layers ms':>13} exact")
+    for layout, name, ms, speedup, total, exact in table:
+        print(f"{layout:<22} {name:<40} {ms:8.3f} {speedup:6.2f} {total:13.1f} {exact}")
+
+
 # ----------------------------------------------------------------------------------------
 # --aot: compile for sm_90 without a GPU (Triton ships ptxas) and read the resource report
 # ----------------------------------------------------------------------------------------
@@ -478,12 +556,13 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true", help="try block configs per shape and print the best")
     p.add_argument("--twin", action="store_true", help="also time the plain-PyTorch twins")
     p.add_argument("--aot", action="store_true", help="compile for sm_90 only (no GPU) and print resources")
-    p.add_argument("--only", choices=("mla", "indexer", "dense"),
-                   help="run one kernel (dense: the dense-causal MLA path, old vs new)")
+    p.add_argument("--only", choices=("mla", "indexer", "dense", "topk"),
+                   help="run one kernel (dense: the dense-causal MLA path, old vs new; topk: the select variants)")
     p.add_argument("--dense-layouts", nargs="+", choices=sorted(DENSE_LAYOUTS), help="shapes of --only dense")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds for --only dense/indexer --sweep; past it only the defaults are timed")
-    p.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), help="shapes to run (default: all of a kernel's)")
+    p.add_argument("--layouts", nargs="+", choices=sorted([*LAYOUTS, "decode B=64 (L~128k)"]),
+                   help="shapes to run (default: all of a kernel's; 'decode B=64 (L~128k)': --only topk only)")
     p.add_argument("--heads", type=int, nargs="+", default=[8, 64], help="MLA heads per GPU (8: TP8, 64: TP1)")
     p.add_argument("--kv-cache-dtype", nargs="+", default=["bfloat16"], choices=("bfloat16", "fp8_e4m3"),
                    help="latent cache(s) the MLA rows run on (fp8_e4m3: the FP8 latent cache, 656-byte rows)")
@@ -503,6 +582,9 @@ def main() -> None:
     )
     if args.only == "dense":
         run_dense(args)
+        return
+    if args.only == "topk":
+        run_topk(args)
         return
     if args.only in (None, "mla"):
         run_mla(args)

@@ -180,3 +180,34 @@ def test_sse_parser() -> None:
     assert parse_sse_line("") is None
     with pytest.raises(ValueError):
         parse_sse_line("data: {not json")
+
+
+def test_sse_lines_split_only_at_sse_line_ends() -> None:
+    """Generated text may hold U+2028 or U+0085 raw inside the JSON; a line ends only at CRLF,
+    LF or CR, also when a CRLF is cut between two chunks."""
+    import asyncio
+
+    import httpx
+
+    from breakgraph.bench.openai_client import sse_lines
+
+    chunks = [
+        'data: {"t": "a\u2028b"}\r'.encode(),
+        '\ndata: {"t": "c\u0085d\u2029"}\n\n'.encode(),
+        b"data: [DO",
+        b"NE]\r\n",
+    ]
+
+    async def body():
+        for chunk in chunks:
+            yield chunk
+
+    async def read() -> list[str]:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body()))
+        async with httpx.AsyncClient(transport=transport) as client:
+            async with client.stream("GET", "http://test/") as resp:
+                return [line async for line in sse_lines(resp)]
+
+    lines = asyncio.run(read())
+    assert lines == ['data: {"t": "a\u2028b"}', 'data: {"t": "c\u0085d\u2029"}', "", "data: [DONE]"]
+    assert [parse_sse_line(line) for line in lines] == [{"t": "a\u2028b"}, {"t": "c\u0085d\u2029"}, None, None]

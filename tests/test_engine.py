@@ -129,3 +129,14 @@ def test_stop_string_cuts_text(tmp_path):
     stop = free.text[2:4]
     cut = engine.generate([prompt], SamplingParams(max_new_tokens=12, stop=[stop], ignore_eos=True))[0]
     assert cut.finish_reason == "stop" and cut.text == free.text[: free.text.find(stop)]
+
+
+def test_startup_log_names_each_part(glm, caplog):
+    """The runner logs how long start-up took and which part took it, graph captures included."""
+    with caplog.at_level("INFO", logger="breakgraph.engine.model_runner"):
+        engine = Engine(glm, device="cpu", dtype="float32", page_size=4, cuda_graph_backend_prefill="breakable")
+    parts = engine.runner.startup_s
+    assert list(parts) == ["load", "prefill graphs", "decode graphs"]  # no FP8 tuning off CUDA
+    assert all(seconds >= 0 for seconds in parts.values()) and parts["prefill graphs"] > 0
+    ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready in")]
+    assert len(ready) == 1 and "prefill graphs" in ready[0] and "load" in ready[0]

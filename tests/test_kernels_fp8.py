@@ -126,6 +126,12 @@ def check_act_quant_matches_twin_and_layout():
             assert _rel(act_dequant(q2, s2), xd.float()) < 0.04
 
 
+def _split_k_locks_in_use() -> bool:
+    from breakgraph.kernels.triton_fp8 import _SPLIT_K_LOCKS
+
+    return any(bool(locks.any()) for locks in _SPLIT_K_LOCKS.values())
+
+
 def check_fp8_gemm_w8a8_matches_twin():
     from breakgraph.kernels.triton_fp8 import act_quant, fp8_gemm, fp8_gemm_ref
 
@@ -145,6 +151,10 @@ def check_fp8_gemm_w8a8_matches_twin():
             got = fp8_gemm(a8, sa, w8, ws, out_dtype=torch.float32, bias=bias, config=cfg)
             want = fp8_gemm_ref(a8, sa, w8, ws, out_dtype=torch.float32, bias=bias)
             assert _rel(got, want) < 1e-3, (m, n, k, cfg, _rel(got, want))
+            if cfg and cfg.get("SPLIT_K", 1) > 1:  # the epilogue's reduction is the sum kernel's, bit for bit
+                two = fp8_gemm(a8, sa, w8, ws, out_dtype=torch.float32, bias=bias, config=dict(cfg, FIXUP=False))
+                assert torch.equal(got, two), (m, n, k, cfg)
+                assert not _split_k_locks_in_use(), "the last program must reset its tile's counter"
         # column-major scales (the _scaled_mm layout) read the same
         a8, sa = act_quant(x, column_major_scale=True)
         got = fp8_gemm(a8, sa, w8, ws, out_dtype=torch.bfloat16)
@@ -160,9 +170,10 @@ def check_fp8_gemm_w8a16_matches_twin():
         w8, ws = block_quant(torch.randn(n, k))
         x = torch.randn(m, k)
         bias = torch.randn(n)
-        for cfg in (None, {"SPLIT_K": 2}):
+        for cfg in (None, {"SPLIT_K": 2}, {"SPLIT_K": 2, "FIXUP": False}):
             got = fp8_gemm(x, None, w8, ws, out_dtype=torch.float32, bias=bias, config=cfg)
             assert _rel(got, fp8_block_linear_ref(x, w8, ws, (128, 128), bias)) < 1e-3, cfg
+        assert not _split_k_locks_in_use()
         got = fp8_gemm(x.bfloat16(), None, w8, ws, out_dtype=torch.bfloat16)
         assert _rel(got, fp8_block_linear_ref(x.bfloat16().float(), w8, ws, (128, 128))) < 2e-2
     # K = 0: the product is empty, the output is the bias
@@ -184,6 +195,19 @@ def check_fp8_linear_triton_paths():
     assert _rel(got.reshape(-1, 256), want) < 1e-3
     got = fp8_linear(x, w8, ws, (128, 128), bias, path="triton_w8a16")
     assert _rel(got, fp8_block_linear_ref(x, w8, ws, (128, 128), bias)) < 1e-3
+    # activations quantised by their producer (column-major scales, padded rows): W8A8 takes
+    # them instead of quantising (a different quantisation shows through), W8A16 ignores them
+    from breakgraph.kernels.triton_fp8 import act_quant
+
+    x2 = x.reshape(-1, 384)
+    given = act_quant(x2, column_major_scale=True, pad_rows=16)
+    plain = fp8_linear(x, w8, ws, (128, 128), bias, path="triton")
+    assert torch.equal(fp8_linear(x, w8, ws, (128, 128), bias, path="triton", x_fp8=given), plain)
+    other = act_quant(2 * x2, column_major_scale=True, pad_rows=16)
+    doubled = fp8_linear(x, w8, ws, (128, 128), None, path="triton", x_fp8=other)
+    assert _rel(doubled, 2 * fp8_linear(x, w8, ws, (128, 128), path="triton")) < 1e-2
+    w8a16 = fp8_linear(x, w8, ws, (128, 128), bias, path="triton_w8a16")
+    assert torch.equal(fp8_linear(x, w8, ws, (128, 128), bias, path="triton_w8a16", x_fp8=other), w8a16)
     # other block shapes fall back to dequantise + matmul
     w8b, wsb = block_quant(torch.randn(96, 384), (64, 64))
     got = fp8_linear(x, w8b, wsb, (64, 64))
@@ -209,7 +233,8 @@ def test_triton_fp8_under_interpreter(interp_results, name):
 
 @pytest.mark.parametrize("a_fp8", [True, False])
 @pytest.mark.parametrize(
-    "cfg", [(16, 64, True, 4, 1), (64, 128, False, 4, 1), (128, 128, False, 8, 1), (128, 128, False, 8, 4)]
+    "cfg",
+    [(16, 64, True, 4, 1), (16, 64, True, 4, 4), (64, 128, False, 4, 1), (128, 128, False, 8, 1), (128, 128, False, 8, 4)],
 )
 def test_fp8_gemm_compiles_for_sm90_without_spills(a_fp8, cfg):
     pytest.importorskip("triton")
@@ -217,9 +242,11 @@ def test_fp8_gemm_compiles_for_sm90_without_spills(a_fp8, cfg):
 
     bm, bn, swap, warps, split = cfg
     types = {"a_ptr": "*fp8e4nv" if a_fp8 else "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32",
-             "bias_ptr": "*bf16", "c_ptr": "*fp32" if split > 1 else "*bf16", "K_PER_SPLIT": 768}  # fmt: skip
+             "bias_ptr": "*bf16", "c_ptr": "*fp32" if split > 1 else "*bf16", "K_PER_SPLIT": 768, "out_ptr": "*bf16",
+             "lock_ptr": "*i32"}  # fmt: skip
     constexprs = {"A_FP8": a_fp8, "HAS_BIAS": False, "SWAP_AB": swap, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128,
-                  "SCALE_BN": 128, "SCALE_BK": 128, "GROUP_M": 8, "INTERP": False, "SPLIT_K": split}  # fmt: skip
+                  "SCALE_BN": 128, "SCALE_BK": 128, "GROUP_M": 8, "INTERP": False, "SPLIT_K": split,
+                  "FIXUP": split > 1}  # fmt: skip
     info = compile_for_sm90(triton_fp8._fp8_gemm_kernel, types, constexprs, warps, 3)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     assert info["mma"] == (["QGMMA"] if a_fp8 else ["HGMMA"]), info
@@ -309,6 +336,11 @@ def test_scaled_mm_path_matches_twin_where_it_is_taken(name, k, n, m):
     want = fp8_gemm_ref(*act_quant_ref(x), w8, ws, out_dtype=torch.float32)
     got = fp8_linear(x, w8, ws, (128, 128), path="scaled_mm")
     assert got.shape == (m, n) and _rel(got, want) < 1e-2, (name, m, _rel(got, want))
+    # activations quantised by their producer (the fused norm's layout) give the same product
+    from breakgraph.kernels.triton_fp8 import act_quant, quant_pad_rows
+
+    given = act_quant(x, column_major_scale=True, pad_rows=quant_pad_rows(dev))
+    assert torch.equal(fp8_linear(x, w8, ws, (128, 128), path="scaled_mm", x_fp8=given), got)
 
 
 @pytest.mark.cuda
@@ -435,3 +467,30 @@ def test_fp8_linear_custom_op_passes_opcheck(m, with_bias):
     x = torch.randn(m, k, device="cuda").bfloat16()
     bias = torch.randn(n, device="cuda").bfloat16() if with_bias else None
     torch.library.opcheck(torch.ops.breakgraph.fp8_linear.default, (x, w8, ws, [128, 128], bias), test_utils=OPCHECK_FP8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("k,n", [(6144, 2752), (2048, 2048), (2048, 4096)])
+@pytest.mark.parametrize("m", [1, 16])
+def test_split_k_epilogue_matches_the_sum_kernel_in_graph_replays(k, n, m):
+    """glm5-tp8-rank decode shapes that split K (q_a ‖ wk ‖ kv_a, q_b, the indexer's wq_b): the
+    reduction by the last program of each tile gives the sum kernel's bits, W8A8 and W8A16,
+    eagerly and in many replays of one CUDA graph (the arrival counters return to zero)."""
+    from breakgraph.kernels.triton_fp8 import _SPLIT_K_LOCKS, _gemm_config, act_quant, fp8_gemm
+
+    dev = torch.device("cuda")
+    assert _gemm_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)["SPLIT_K"] > 1
+    w8, ws = block_quant(torch.randn(n, k, device=dev) / k**0.5)
+    x = torch.randn(m, k, device=dev).bfloat16()
+    for a, sa in (act_quant(x, column_major_scale=False), (x, None)):
+        want = fp8_gemm(a, sa, w8, ws, config={"FIXUP": False})
+        assert torch.equal(fp8_gemm(a, sa, w8, ws), want)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = fp8_gemm(a, sa, w8, ws)
+        for _ in range(20):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static, want)
+    assert not any(bool(locks.any()) for locks in _SPLIT_K_LOCKS.values())

@@ -728,3 +728,21 @@ def test_moe_block_folds_shared_expert_and_residual(monkeypatch, decode, fp8):
     assert seen and seen[-1] is not None, "the shared expert was offered to the experts' call"
     assert _rel(got, want) < 1e-6
     assert _rel(moe(x), want - res) < 1e-6
+
+
+@pytest.mark.parametrize("groups", [8, 40])
+def test_grouped_linear_fp32_matches_each_group_alone(groups):
+    """The fp32 path (every-group product, or per-row weights past 32 groups) gives each row its
+    own group's product, empty groups included."""
+    from breakgraph.kernels import moe
+
+    assert (groups <= moe._EVERY_GROUP_MAX) == (groups == 8)  # both paths are taken
+    g = torch.Generator().manual_seed(groups)
+    counts = torch.randint(0, 5, (groups,), generator=g)
+    counts[1] = 0
+    offsets = counts.cumsum(0).to(torch.int32)
+    x = torch.randn(int(counts.sum()), 16, generator=g)
+    weight = torch.randn(groups, 24, 16, generator=g)
+    want = torch.cat([x[lo:hi] @ weight[e].T for e, (lo, hi) in enumerate(zip([0, *offsets[:-1].tolist()], offsets.tolist()))])
+    got = moe.grouped_linear(x, weight, offsets)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -3,8 +3,9 @@
 
 CPU: the Triton kernel runs under Triton's interpreter in one subprocess against the twins
 (``rms_norm_ref``, ``fused_add_rms_norm_ref``): bit-identical where the fp32 sum of squares is
-exact in any order, else equal up to what the summation order can change; sm_90a compiles
-without spills; the dispatchers take the twins on CPU. GPU (``cuda`` marker): GLM-5 widths
+exact in any order, else equal up to what the summation order can change; the norm with the
+FP8 quantisation of its output fused in is the norm then ``act_quant`` bit for bit; sm_90a
+compiles without spills; the dispatchers take the twins on CPU. GPU (``cuda`` marker): GLM-5 widths
 (6144 hidden, 2048 ``q_lora_rank``, 512 ``kv_lora_rank``) × 1024 rows in bf16, CUDA-graph
 replay, and the twin under autograd.
 """
@@ -95,13 +96,56 @@ def check_matches_twin_up_to_summation_order():
             _check_up_to_summation_order(normed, want_res, w)
 
 
+def check_norm_quant_is_norm_then_act_quant():
+    """``rms_norm_quant_triton`` (with and without the residual, padded rows, a strided input) =
+    ``rms_norm_triton`` / ``fused_add_rms_norm_triton`` then ``act_quant(column_major_scale=True)``
+    bit for bit: same normed rows, same residual, same e4m3 codes and scales, zero padding rows;
+    and the fp32 reference (the twin's norm, ``act_quant_ref``) agrees."""
+    from breakgraph.kernels.triton_fp8 import act_dequant, act_quant, act_quant_ref
+    from breakgraph.kernels.triton_norm import (
+        fused_add_rms_norm_triton,
+        rms_norm_quant_triton,
+        rms_norm_triton,
+    )
+
+    for m, n, pad in ((5, 256, 1), (3, 384, 16), (1, 2048, 1)):
+        w = _weight(n, torch.bfloat16)
+        x = (torch.randn(m, n) * torch.rand(m, 1) * 4).bfloat16()
+        wide = torch.randn(m, n + 64).bfloat16()[:, 32 : 32 + n]
+        residual = torch.randn(m, n).bfloat16()
+        for inp, res in ((x, None), (wide, None), (x, residual)):
+            normed, res_out, q, s = rms_norm_quant_triton(inp, w, EPS, res, pad)
+            if res is None:
+                want, want_res = rms_norm_triton(inp, w, EPS), None
+                assert res_out is None
+            else:
+                want, want_res = fused_add_rms_norm_triton(inp, res, w, EPS)
+                assert torch.equal(res_out, want_res)
+            assert torch.equal(normed, want)
+            wq, ws = act_quant(want, column_major_scale=True, pad_rows=pad)
+            mp = -(-m // pad) * pad
+            assert q.shape == (mp, n) and s.shape == (mp, n // 128) and s.stride() == (1, mp), (q.shape, s.stride())
+            assert torch.equal(q.view(torch.uint8), wq.view(torch.uint8)), "codes differ from act_quant"
+            assert torch.equal(s, ws), "scales differ from act_quant"
+            assert (q[m:].float() == 0).all()
+            # fp32 reference: the twin's norm of the fp32 input, quantised by act_quant_ref
+            ref_in = inp.float() if res is None else (inp.float() + res.float())
+            ref = rms_norm_ref(ref_in, w.float(), EPS)
+            rq, rs = act_quant_ref(ref)
+            assert (act_dequant(q[:m], s[:m]) - act_dequant(rq, rs)).norm() < 0.05 * ref.norm()
+
+
 # --------------------------------------------------------------------------------------------
 # CPU tests
 
 
 @pytest.mark.parametrize(
     "name",
-    ["check_bit_identical_when_the_sum_of_squares_is_exact", "check_matches_twin_up_to_summation_order"],
+    [
+        "check_bit_identical_when_the_sum_of_squares_is_exact",
+        "check_matches_twin_up_to_summation_order",
+        "check_norm_quant_is_norm_then_act_quant",
+    ],
 )
 def test_triton_norm_under_interpreter(interp_results, name):
     _expect(interp_results, name)
@@ -113,14 +157,17 @@ def test_rms_norm_compiles_for_sm90_without_spills(residual, block, warps):
     pytest.importorskip("triton")
     from breakgraph.kernels import triton_norm
 
-    types = {p: "*bf16" for p in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "res_out_ptr")}
-    types |= {"inv_n": "fp32", "eps": "fp32"}
-    constexprs = {"HAS_RESIDUAL": residual, "BLOCK": block, "INTERP": False}
-    if not residual:
-        constexprs |= {"res_ptr": None, "res_out_ptr": None}
-    info = compile_for_sm90(triton_norm._rms_norm_kernel, types, constexprs, warps, 1)
-    print(f"rms_norm BLOCK={block} warps={warps} residual={residual}: {info}")
-    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    for quant in (False, True):
+        types = {p: "*bf16" for p in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "res_out_ptr")}
+        types |= {"inv_n": "fp32", "eps": "fp32", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
+        constexprs = {"HAS_RESIDUAL": residual, "QUANT": quant, "GROUP": 128, "BLOCK": block, "INTERP": False}
+        if not residual:
+            constexprs |= {"res_ptr": None, "res_out_ptr": None}
+        if not quant:
+            constexprs |= {"q_ptr": None, "s_ptr": None}
+        info = compile_for_sm90(triton_norm._rms_norm_kernel, types, constexprs, warps, 1)
+        print(f"rms_norm BLOCK={block} warps={warps} residual={residual} quant={quant}: {info}")
+        assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 def test_dispatchers_take_twins_on_cpu_and_the_module_math_is_unchanged():
@@ -156,6 +203,30 @@ def test_rms_norm_gpu_glm5_widths(n):
     assert torch.equal(new_res, residual + x)
     frac_fused = _check_up_to_summation_order(normed, new_res, w)
     print(f"hidden {n}: elements differing from the twin: {frac:.2e} (plain), {frac_fused:.2e} (fused)")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,rows", [(6144, 1), (6144, 1024), (2048, 1), (2048, 1024)])
+def test_rms_norm_quant_gpu_glm5_shapes(n, rows):
+    """glm5-tp8-rank widths (6144 hidden before the q_a ‖ wk ‖ kv_a projection, 2048 q_lora
+    before q_b and wq_b), decode and prefill rows: the fused norm + quantisation is the norm
+    kernel then ``act_quant`` bit for bit, with and without the residual add."""
+    from breakgraph.kernels.triton_fp8 import act_quant
+    from breakgraph.kernels.triton_norm import (
+        fused_add_rms_norm_triton,
+        rms_norm_quant_triton,
+        rms_norm_triton,
+    )
+
+    x = (torch.randn(rows, n, device="cuda") * 3).bfloat16()
+    residual = torch.randn_like(x)
+    w = _weight(n, torch.bfloat16, "cuda")
+    for res in (None, residual):
+        normed, res_out, q, s = rms_norm_quant_triton(x, w, EPS, res, 16)
+        want = rms_norm_triton(x, w, EPS) if res is None else fused_add_rms_norm_triton(x, res, w, EPS)[0]
+        wq, ws = act_quant(want, column_major_scale=True, pad_rows=16)
+        assert torch.equal(normed, want) and torch.equal(s, ws)
+        assert torch.equal(q.view(torch.uint8), wq.view(torch.uint8))
 
 
 @pytest.mark.cuda

@@ -4,7 +4,8 @@ CPU: the kernel runs under Triton's interpreter in one subprocess against ``rope
 random inputs — bf16/fp16/fp32, interleaved and half-split pairs, ``[T, D]`` and ``[T, H, D]``
 (strided views), full and partial rotation — and must be bit-identical (it rounds each
 product and sum as torch does); sm_90a compiles without spills; on CPU the dispatcher is the
-twin. GPU (``cuda`` marker): GLM-5 shapes (MLA ``q_pe``/``k_pe``, indexer ``q``/``k``) bit-identical
+twin. MLA's fused step (``mla_rope_kv``: kv_a norm, both rotations, the latent entry and the
+query's rotary columns in one kernel) against the twins the same way. GPU (``cuda`` marker): GLM-5 shapes (MLA ``q_pe``/``k_pe``, indexer ``q``/``k``) bit-identical
 to the twin, inside a CUDA graph too, and the twin under autograd.
 """
 
@@ -47,12 +48,140 @@ def check_bit_identical_to_the_twin():
             assert torch.equal(got, want), (dtype, tuple(x.shape), rope_dim, interleaved)
 
 
+def _mla_inputs(t: int, h: int, nope: int, dr: int, r: int, dtype: torch.dtype, device: str = "cpu"):
+    """q_b's output ``[T, H, nope + dr]`` and kv_a as the slice of a merged projection's output."""
+    q = (torch.randn(t, h, nope + dr, device=device) * 3).to(dtype)
+    merged = (torch.randn(t, 40 + r + dr, device=device) * torch.rand(t, 1, device=device) * 4).to(dtype)
+    kv_a = merged[:, 40:]
+    w = (1 + 0.3 * torch.randn(r, device=device)).to(dtype)
+    cos, sin = _tables(t, dr // 2, dtype, device)
+    return q, kv_a, cos, sin, w
+
+
+def _check_mla_rope_kv(q, kv_a, cos, sin, w, exact_norm) -> None:
+    """``mla_rope_kv``'s outputs against the twins: the rotary parts bit for bit, the latent
+    norm by ``exact_norm(got, c)`` (bit for bit against the norm kernel under the interpreter,
+    up to the summation order of Σc² against the twin on the GPU)."""
+    from breakgraph.kernels.rope import mla_rope_kv
+
+    r, dr = w.shape[0], cos.shape[1] * 2
+    q_full, kv = mla_rope_kv(q, kv_a, cos, sin, w, 1e-6)
+    assert q_full.shape == (q.shape[0], q.shape[1], r + dr) and kv.shape == kv_a.shape
+    assert torch.equal(q_full[..., r:], rope_ref(q[..., -dr:], cos, sin, True))
+    assert torch.equal(kv[:, r:], rope_ref(kv_a[:, r:], cos, sin, True))
+    exact_norm(kv[:, :r].contiguous(), kv_a[:, :r])
+
+
+def check_mla_rope_kv_matches_the_twins():
+    from test_kernels_norm import _check_up_to_summation_order
+
+    from breakgraph.kernels.norm import rms_norm_ref
+    from breakgraph.kernels.triton_norm import rms_norm_triton
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for t, h, nope, dr, r in ((5, 3, 24, 16, 256), (2, 8, 192, 64, 512), (3, 1, 8, 8, 96)):
+            q, kv_a, cos, sin, w = _mla_inputs(t, h, nope, dr, r, dtype)
+
+            def exact(got, c, dtype=dtype, w=w):
+                if dtype != torch.float32:
+                    assert torch.equal(got, rms_norm_triton(c, w, 1e-6))
+                    _check_up_to_summation_order(got, c, w)
+                else:  # the interpreter's fp32 sums depend on memory alignment (numpy's SIMD loops)
+                    torch.testing.assert_close(got, rms_norm_ref(c, w, 1e-6), rtol=2**-20, atol=0)
+
+            _check_mla_rope_kv(q, kv_a, cos, sin, w, exact)
+
+
+def _indexer_inputs(t: int, h: int, d: int, r: int, dtype: torch.dtype, device: str = "cpu"):
+    """wq_b's output viewed ``[T, H, D]`` and wk's ``[T, D]`` (a slice of a merged output)."""
+    q = (torch.randn(t, h * d, device=device) * 2).to(dtype).view(t, h, d)
+    k = (torch.randn(t, 70 + d, device=device) * 3 + 0.5).to(dtype)[:, 70:]
+    w = (1 + 0.3 * torch.randn(d, device=device)).to(dtype)
+    b = (0.1 * torch.randn(d, device=device)).to(dtype)
+    cos, sin = _tables(t, r // 2, dtype, device)
+    return q, k, cos, sin, w, b
+
+
+def _check_indexer_rope_qk(q, k, cos, sin, w, b, interleaved: bool) -> None:
+    """The queries bit for bit against ``rope_ref``; the key against the twin
+    ``rope_ref(layer_norm(k))`` within one rounding of the LayerNorm's output (its fp32 sums
+    run in another order than torch's)."""
+    from breakgraph.kernels.rope import indexer_rope_qk
+
+    r = cos.shape[1] * 2
+    gq, gk = indexer_rope_qk(q, k, cos, sin, w, b, 1e-6, interleaved, r)
+    assert gq.is_contiguous() and gq.shape == q.shape and gk.shape == k.shape
+    assert torch.equal(gq, rope_ref(q, cos, sin, interleaved, r))
+    want = rope_ref(torch.nn.functional.layer_norm(k, (k.shape[-1],), w, b, 1e-6), cos, sin, interleaved, r)
+    ulp = 2.0**-7 if k.dtype == torch.bfloat16 else 2.0**-20
+    err = (gk.float() - want.float()).abs() / want.float().abs().clamp(min=1e-2)
+    assert err.max().item() <= 3 * ulp, err.max().item()
+    assert (gk != want).float().mean().item() < 0.05
+
+
+def check_indexer_rope_qk_matches_the_twins():
+    for dtype in (torch.bfloat16, torch.float32):
+        for t, h, d, r in ((5, 4, 48, 16), (2, 32, 128, 64), (3, 3, 40, 40)):
+            for interleaved in (True, False):
+                _check_indexer_rope_qk(*_indexer_inputs(t, h, d, r, dtype), interleaved)
+
+
 # --------------------------------------------------------------------------------------------
 # CPU tests
 
 
-def test_triton_rope_under_interpreter(interp_results):
-    _expect(interp_results, "check_bit_identical_to_the_twin")
+@pytest.mark.parametrize(
+    "name",
+    ["check_bit_identical_to_the_twin", "check_mla_rope_kv_matches_the_twins", "check_indexer_rope_qk_matches_the_twins"],
+)
+def test_triton_rope_under_interpreter(interp_results, name):
+    _expect(interp_results, name)
+
+
+def test_mla_rope_kv_twin_is_the_separate_steps():
+    """On CPU ``mla_rope_kv`` is the norm, the two rotations and the concatenation it replaces."""
+    from breakgraph.kernels.norm import rms_norm_ref
+    from breakgraph.kernels.rope import mla_rope_kv
+
+    q, kv_a, cos, sin, w = _mla_inputs(4, 2, 24, 16, 96, torch.float32)
+    q_full, kv = mla_rope_kv(q, kv_a, cos, sin, w, 1e-6)
+    assert torch.equal(q_full[..., 96:], rope_ref(q[..., 24:], cos, sin, True))
+    want = torch.cat([rms_norm_ref(kv_a[:, :96], w, 1e-6), rope_ref(kv_a[:, 96:], cos, sin, True)], dim=-1)
+    assert torch.equal(kv, want)
+
+
+def test_indexer_rope_qk_twin_is_the_separate_steps():
+    """On CPU ``indexer_rope_qk`` is the rotation of ``q`` and the LayerNorm + rotation of ``k``."""
+    from breakgraph.kernels.rope import indexer_rope_qk
+
+    q, k, cos, sin, w, b = _indexer_inputs(3, 2, 48, 16, torch.float32)
+    gq, gk = indexer_rope_qk(q, k, cos, sin, w, b, 1e-6, False, 16)
+    assert torch.equal(gq, rope_ref(q, cos, sin, False, 16))
+    assert torch.equal(gk, rope_ref(torch.nn.functional.layer_norm(k, (48,), w, b, 1e-6), cos, sin, False, 16))
+
+
+def test_indexer_rope_qk_compiles_for_sm90_without_spills():
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_rope
+
+    types = {p: "*bf16" for p in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "w_ptr", "b_ptr", "q_out_ptr", "k_out_ptr")}
+    types |= {"inv_d": "fp32", "eps": "fp32"}
+    constexprs = {"INTERLEAVED": True, "BLOCK_H": 32, "BLOCK_D": 128, "BLOCK_HALF": 32, "INTERP": False}
+    info = compile_for_sm90(triton_rope._indexer_rope_qk_kernel, types, constexprs, 4, 1)
+    print(f"indexer_rope_qk: {info}")
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
+
+
+@pytest.mark.parametrize("heads", [8, 1])
+def test_mla_rope_kv_compiles_for_sm90_without_spills(heads):
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_rope
+
+    types = {p: "*bf16" for p in ("q_ptr", "kva_ptr", "cos_ptr", "sin_ptr", "w_ptr", "q_out_ptr", "kv_ptr")}
+    types |= {"inv_r": "fp32", "eps": "fp32"}
+    constexprs = {"INTERLEAVED": True, "BLOCK_R": 512, "BLOCK_H": heads, "BLOCK_HALF": 32, "INTERP": False}
+    info = compile_for_sm90(triton_rope._mla_rope_kv_kernel, types, constexprs, 4, 1)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 @pytest.mark.parametrize("block_h,half,rest", [(16, 32, 0), (16, 32, 64), (1, 32, 0)])
@@ -97,6 +226,27 @@ def test_rope_gpu_glm5_shapes_bit_identical(shape, rope_dim):
     cos, sin = _tables(shape[0], r // 2, torch.bfloat16, "cuda")
     for interleaved in (True, False):
         assert torch.equal(rope(x, cos, sin, interleaved, rope_dim), rope_ref(x, cos, sin, interleaved, rope_dim))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [1, 1024])
+def test_mla_rope_kv_gpu_glm5_tp8_rank(t):
+    """glm5-tp8-rank: 8 heads of 192 + 64, latent 512 + 64 as the slice of the merged
+    q_a ‖ wk ‖ kv_a output; rotations bit-identical to the twin, the norm up to the summation
+    order of Σc²."""
+    from test_kernels_norm import _check_up_to_summation_order
+
+    q, kv_a, cos, sin, w = _mla_inputs(t, 8, 192, 64, 512, torch.bfloat16, "cuda")
+    _check_mla_rope_kv(q, kv_a, cos, sin, w, lambda got, c: _check_up_to_summation_order(got, c, w))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [1, 1024])
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_indexer_rope_qk_gpu_glm5_shapes(t, interleaved):
+    """The indexer at glm5-tp8-rank shapes (32 heads of 128, 64 rotated; GLM-5 interleaved,
+    DeepSeek-V3.2 half-split) against the twins."""
+    _check_indexer_rope_qk(*_indexer_inputs(t, 32, 128, 64, torch.bfloat16, "cuda"), interleaved)
 
 
 @pytest.mark.cuda

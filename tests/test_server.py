@@ -412,3 +412,15 @@ def test_prefill_graph_counters_come_from_the_engine_stats():
     assert families["breakgraph_prefill_graph_backend"].samples[0].labels == {"backend": "breakable"}
     assert families["breakgraph_num_queued_requests"].samples[0].value == 3
     assert families["breakgraph_decode_graph_replays"].samples[0].value == 5
+
+
+def test_sse_event_is_one_line_for_every_client_splitter():
+    """Text with U+2028, U+2029 or U+0085 (random token ids decode to them) stays on one line
+    even for clients that split like str.splitlines (httpx's iter_lines), and decodes back."""
+    from breakgraph.server.sse import sse
+
+    text = "a\u2028b\u0085c\u2029d\ne\rf\x1cg"
+    event = sse({"choices": [{"text": text}]})
+    lines = event.splitlines()
+    assert lines[1:] == [""] and lines[0].startswith("data: ")
+    assert json.loads(lines[0][len("data: ") :]) == {"choices": [{"text": text}]}

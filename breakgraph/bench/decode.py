@@ -32,7 +32,7 @@ from breakgraph.bench import record
 from breakgraph.bench.peaks import copy_rate
 from breakgraph.bench.prefill import profile
 from breakgraph.bench.presets import PRESETS, preset_folder
-from breakgraph.engine.config import KV_CACHE_DTYPES
+from breakgraph.engine.config import KV_CACHE_DTYPES, EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
                         help="profile one more step per (context, batch size) in the last round: kernels per step "
                              "and per layer, GPU busy, and the N kernels with the most GPU time (CUDA only)")
+    parser.add_argument("--page-size", type=int, default=EngineConfig.page_size,
+                        help="tokens per KV-cache page (the engine's and the server's default)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="latent KV cache: auto = the activation dtype; fp8_e4m3 = the FP8 latent cache")
     parser.add_argument("--output", default="decode_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
@@ -130,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
 
     folder = Path(args.model_path) if args.model_path else preset_folder(args.preset)
     name = args.model_path or args.preset
-    page = 64
+    page = args.page_size
     per_req = args.input_len + args.steps + 4
     engine = Engine(
         folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page,

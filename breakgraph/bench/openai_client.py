@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import httpx  # imported where used: httpx comes with the bench, eval and serve extras
 
 DEFAULT_BASE_URL = "http://127.0.0.1:30000"
+_SSE_LINE_END = re.compile(r"\r\n|\n|\r")
 
 
 class EndpointError(RuntimeError):
@@ -83,6 +86,23 @@ async def fetch_model_id(client: httpx.AsyncClient, base_url: str) -> str:
         raise EndpointError(
             f"{url} did not list any model ({resp.text[:200]!r}); pass --model explicitly"
         ) from exc
+
+
+async def sse_lines(resp: httpx.Response) -> AsyncIterator[str]:
+    """The lines of a server-sent-events body as the SSE format defines them: ended by CRLF,
+    LF or CR only. (``httpx``'s ``aiter_lines`` also splits at U+2028, U+0085 and the other
+    ``str.splitlines`` breaks, which may stand raw inside a JSON string.)"""
+    pending = ""
+    async for text in resp.aiter_text():
+        pending += text
+        held_cr = pending.endswith("\r")  # a CRLF cut between two chunks ends one line, not two
+        *lines, pending = _SSE_LINE_END.split(pending[:-1] if held_cr else pending)
+        if held_cr:
+            pending += "\r"
+        for line in lines:
+            yield line
+    if pending:
+        yield pending.removesuffix("\r")
 
 
 def parse_sse_line(line: str) -> dict[str, Any] | None:

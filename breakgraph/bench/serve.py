@@ -49,6 +49,7 @@ from breakgraph.bench.openai_client import (
     http_error_message,
     normalize_base_url,
     parse_sse_line,
+    sse_lines,
     transport_error_message,
 )
 
@@ -256,7 +257,7 @@ async def send_request(
                 raw = await resp.aread()
                 rec.error = http_error_message(url, resp.status_code, raw.decode(errors="replace"), limit=500)
                 return rec
-            async for line in resp.aiter_lines():
+            async for line in sse_lines(resp):
                 obj = parse_sse_line(line)
                 if obj is None:
                     continue

@@ -116,8 +116,11 @@ class ModelRunner:
             "loaded %s (%s, %s) in %.1fs", config.model_path, spec.model_config.model_type, spec.dtype,
             time.perf_counter() - t0,
         )  # fmt: skip
+        self.startup_s = {"load": time.perf_counter() - t0}
         if spec.model_config.fp8 is not None and spec.device.type == "cuda":
+            t1 = time.perf_counter()
             self._tune_fp8_linears()  # now, before any capture: every backend then takes the same GEMMs
+            self.startup_s["fp8 tuning"] = time.perf_counter() - t1
         num_pages = config.num_pages or self._default_num_pages()
         if tp is not None:
             num_pages = tp.agree_on_num_pages(num_pages)
@@ -134,7 +137,10 @@ class ModelRunner:
         self.prefill_backend = "disabled"
         on_cuda = spec.device.type == "cuda"
         prefill = config.cuda_graph_backend_prefill or ("breakable" if on_cuda else "disabled")
+        t1 = time.perf_counter()
         self.set_prefill_backend(prefill, config.cuda_graph_bs_prefill, config.cuda_graph_max_bs_prefill)
+        self.startup_s["prefill graphs"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
         decode_default = "full" if on_cuda and not backends.lookup("prefill", prefill).runs_decode else "disabled"
         decode = backends.lookup("decode", config.cuda_graph_backend_decode or decode_default)
         if decode.build is not None:
@@ -143,6 +149,11 @@ class ModelRunner:
                 self.model, spec.device, default_decode_buckets(max_bs), kv_cache=self.kv_cache,
                 max_pages=self.kv_cache.pool.pages_for(spec.context_length),
             ))  # fmt: skip
+        self.startup_s["decode graphs"] = time.perf_counter() - t1
+        logger.info(
+            "ready in %.1fs (%s)", time.perf_counter() - t0,
+            ", ".join(f"{part} {seconds:.1f}s" for part, seconds in self.startup_s.items()),
+        )  # fmt: skip
 
     def _tune_fp8_linears(self) -> None:
         """Time the FP8 GEMM paths (``_scaled_mm``, Triton W8A8 and W8A16) for every FP8 linear

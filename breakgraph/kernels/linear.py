@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from breakgraph.graphs import opaque_op
-from breakgraph.kernels.dispatch import use_triton
+from breakgraph.kernels.dispatch import use_triton, use_triton_inference
 from breakgraph.kernels.fp8 import FP8_DTYPE, fp8_block_linear_ref
 
 
@@ -19,34 +19,42 @@ def linear(
     scale: torch.Tensor | None,
     block: tuple[int, int] | None,
     bias: torch.Tensor | None = None,
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``x [..., K] @ W.T``; ``W`` is dequantised per block when ``scale`` is given.
 
     FP8 on CUDA: activations quantised per (token, 128 columns) to e4m3, then
     ``torch._scaled_mm``'s blockwise recipe when this torch accepts it (probed once), else a
     Triton block-scaled GEMM (:func:`breakgraph.kernels.triton_fp8.fp8_linear`). The weight
-    and its ``weight_scale_inv`` are used as loaded; no preparation step.
+    and its ``weight_scale_inv`` are used as loaded; no preparation step. ``x_fp8``: ``x``
+    quantised by its producer (``(codes, scales)``, see
+    :func:`~breakgraph.kernels.triton_fp8.fp8_linear`), which the FP8 GEMMs that quantise their
+    input take instead; ignored elsewhere.
     """
     if scale is None:
         return F.linear(x, weight, bias)
     if use_triton(x) and weight.dtype == FP8_DTYPE and block is not None:
-        return _fp8_linear_cuda(x, weight, scale, list(block), bias)
+        q, s = x_fp8 if x_fp8 is not None else (None, None)
+        return _fp8_linear_cuda(x, weight, scale, list(block), bias, q, s)
     return fp8_block_linear_ref(x, weight, scale, block, bias)
 
 
 def _fp8_linear_shape(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None
-) -> torch.Tensor:
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None,
+    x_q: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 @opaque_op(name="fp8_linear", fake_impl=_fp8_linear_shape)
 def _fp8_linear_cuda(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None
-) -> torch.Tensor:
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None,
+    x_q: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     from breakgraph.kernels.triton_fp8 import fp8_linear
 
-    return fp8_linear(x, weight, scale, tuple(block), bias)
+    x_fp8 = (x_q, x_scale) if x_q is not None and x_scale is not None else None
+    return fp8_linear(x, weight, scale, tuple(block), bias, x_fp8=x_fp8)
 
 
 @functools.cache
@@ -89,3 +97,15 @@ def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         out = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
         return out.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x.float(), weight.float())
+
+
+def bmm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = a @ b`` (``[B, M, K] × [B, K, N]``) into ``out``, a strided view (a slice of a
+    wider buffer, heads-first view of a tokens-first tensor). CUDA outside autograd recording:
+    ``torch.bmm(out=)``, which cuBLAS writes in place wherever each matrix of ``out`` has a
+    unit column stride (no copy kernel); else the product is copied in (autograd cannot
+    record ``out=``; under ``torch.compile`` tracing the compiler places the product itself)."""
+    if use_triton_inference(out, a, b) and not torch.compiler.is_compiling():
+        torch.bmm(a, b, out=out)
+    else:
+        out.copy_(torch.bmm(a, b))

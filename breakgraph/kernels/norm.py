@@ -60,3 +60,26 @@ def fused_add_rms_norm(
 
         return fused_add_rms_norm_triton(x, residual, weight, eps)
     return fused_add_rms_norm_ref(x, residual, weight, eps)
+
+
+def rms_norm_fp8(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
+    """:func:`rms_norm` (or :func:`fused_add_rms_norm` with ``residual``) for a norm whose output
+    feeds FP8 linears: returns ``(normed, x + residual or None, x_fp8)``, where ``x_fp8`` is
+    ``normed`` quantised for the FP8 GEMMs (``(codes, scales)``, the ``x_fp8`` argument of
+    :func:`~breakgraph.kernels.linear.linear`) from the same kernel on CUDA (bf16, width a
+    multiple of 128: :func:`~breakgraph.kernels.triton_norm.rms_norm_quant_triton`), else None
+    (the twins: the linears quantise, or not, as before)."""
+    if _triton_ok(x, weight, residual):
+        from breakgraph.kernels import triton_fp8, triton_norm
+
+        if triton_norm.supports_quant(x, weight, residual):
+            normed, res_out, q, scale = triton_norm.rms_norm_quant_triton(
+                x, weight, eps, residual, triton_fp8.quant_pad_rows(x.device)
+            )
+            return normed, res_out, (q, scale)
+    if residual is None:
+        return rms_norm(x, weight, eps), None, None
+    normed, res_out = fused_add_rms_norm(x, residual, weight, eps)
+    return normed, res_out, None

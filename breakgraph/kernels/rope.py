@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from breakgraph.kernels.dispatch import use_triton_inference
+from breakgraph.kernels.norm import rms_norm
 
 
 def rope_ref(
@@ -42,3 +43,50 @@ def rope(
         if triton_rope.supports(x, cos, sin, rope_dim):
             return triton_rope.rope_triton(x, cos, sin, interleaved, rope_dim)
     return rope_ref(x, cos, sin, interleaved, rope_dim)
+
+
+def mla_rope_kv(
+    q: torch.Tensor, kv_a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA's steps between its projections and attention, for ``q [T, H, nope + dr]`` (q_b's
+    output) and ``kv_a [T, r + dr]`` (``r = weight.shape[0]``, interleaved RoPE):
+
+    returns ``(q_full [T, H, r + dr], kv [T, r + dr])`` with ``q_full[..., r:] =
+    rope(q[..., nope:])`` — its first ``r`` columns are left for the caller (``q_nope · w_kc``)
+    — and ``kv = [rms_norm(kv_a[:, :r], weight, eps) ‖ rope(kv_a[:, r:])]``. CUDA tensors outside
+    autograd recording take one Triton kernel
+    (:func:`~breakgraph.kernels.triton_rope.mla_rope_kv_triton`: the norm kernel's and the rope
+    kernel's arithmetic, so the same values as the dispatchers give), everything else the twins."""
+    t, h, _ = q.shape
+    r = weight.shape[0]
+    dr = kv_a.shape[-1] - r
+    q_full = q.new_empty(t, h, r + dr)
+    if use_triton_inference(q, kv_a, cos, sin, weight):
+        from breakgraph.kernels import triton_rope
+
+        if triton_rope.mla_rope_kv_supports(q, kv_a, cos, weight) and cos.shape[1] * 2 == dr:
+            kv = kv_a.new_empty(t, r + dr)
+            triton_rope.mla_rope_kv_triton(q, kv_a, cos, sin, weight, eps, q_full, kv)
+            return q_full, kv
+    c, k_pe = kv_a.split([r, dr], dim=-1)
+    q_full[..., r:] = rope(q[..., q.shape[-1] - dr :], cos, sin, interleaved=True)
+    return q_full, torch.cat([rms_norm(c, weight, eps), rope(k_pe, cos, sin, interleaved=True)], dim=-1)
+
+
+def indexer_rope_qk(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor,
+    bias: torch.Tensor, eps: float, interleaved: bool, rope_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The DSA indexer's steps before scoring: ``(rope(q), rope(layer_norm(k)))`` for queries
+    ``q [T, H, D]`` and the key ``k [T, D]`` (``layer_norm`` over ``D`` with ``weight``, ``bias``,
+    ``eps``; the first ``rope_dim`` columns rotated). CUDA tensors outside autograd recording
+    take one Triton kernel (:func:`~breakgraph.kernels.triton_rope.indexer_rope_qk_triton`: the
+    rotations are the rope kernel's bits; the LayerNorm is fp32 like torch's, rounded once, its
+    sums in another order), everything else the twins."""
+    if use_triton_inference(q, k, cos, sin, weight, bias):
+        from breakgraph.kernels import triton_rope
+
+        if triton_rope.indexer_rope_qk_supports(q, k, cos, weight) and 2 * cos.shape[1] == rope_dim:
+            return triton_rope.indexer_rope_qk_triton(q, k, cos, sin, weight, bias, eps, interleaved)
+    k = torch.nn.functional.layer_norm(k, (k.shape[-1],), weight, bias, eps)
+    return rope(q, cos, sin, interleaved, rope_dim), rope(k, cos, sin, interleaved, rope_dim)

@@ -17,7 +17,8 @@
    computes it, so it matches the twin to summation order). Where the output tiles cannot
    fill the GPU (a short prompt through a projection with large ``K`` and small ``N``), the
    K range is split over several programs that store fp32 partials, summed in a fixed order
-   by a second kernel (deterministic).
+   (deterministic) by the last of a tile's programs to finish (arrivals counted per tile), or
+   by a second kernel where the counters cannot be used.
    Paths 1 and 2 are chosen per shape and row count by measurement
    (:mod:`breakgraph.kernels.fp8_gemm_choice`).
 3. Dequantise + matmul (:func:`breakgraph.kernels.fp8.fp8_block_linear_ref`) for other blocks.
@@ -212,11 +213,11 @@ def scaled_update(
 
 @triton.jit
 def _fp8_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr,
+    a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr, out_ptr, lock_ptr,
     M, N, K, K_PER_SPLIT,
     stride_am, stride_asm, stride_asg, stride_wn, stride_wsn, stride_wsk, stride_cm,
     A_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GROUP_M: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """``c = Σ_kb (a[:, kb] · w[:, kb]ᵀ) · sa[:, kb] · sw[n // SCALE_BN, kb]``; ``a`` fp8 (with
@@ -224,7 +225,10 @@ def _fp8_gemm_kernel(
     ``SWAP_AB`` computes the transposed tile so that weight rows fill the 64-row MMA side.
     ``SPLIT_K > 1``: program ``(·, s)`` sums the k-range ``[s·K_PER_SPLIT, (s+1)·K_PER_SPLIT)``
     and stores its fp32 partial (no bias) in slice ``s`` of ``c`` (an ``[SPLIT_K, M, N]``
-    workspace); :func:`_split_k_sum_kernel` adds the slices in order."""
+    workspace); :func:`_split_k_sum_kernel` adds the slices in order, or with ``FIXUP`` the
+    last of a tile's programs to arrive does (``lock_ptr[pid]`` counts the arrivals and is
+    reset to 0 by that program) and writes ``out`` (the same order and arithmetic as the sum
+    kernel: the same bits, one launch fewer)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -269,18 +273,42 @@ def _fp8_gemm_kernel(
         acc = scaled_update(acc, a, w, sw, sa, True, A_FP8, SWAP_AB, INTERP)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if SPLIT_K > 1:
-        c_ptr += split.to(tl.int64) * M * stride_cm
     if SWAP_AB:
-        if HAS_BIAS and SPLIT_K == 1:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-        c_ptrs = c_ptr + rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[None, :] & n_ok[:, None])
+        offs = rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
+        mask = m_ok[None, :] & n_ok[:, None]
     else:
-        if HAS_BIAS and SPLIT_K == 1:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        offs = rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+        mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += _bias_tile(bias_ptr, rn, n_ok, SWAP_AB)
+        tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(c_ptr + split.to(tl.int64) * M * stride_cm + offs, acc, mask=mask)
+        if FIXUP:
+            tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+            arrived = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                # the slices in order, read from L2 (.cg: not a stale L1 line), as the sum kernel adds them
+                slice_ptrs = c_ptr + offs
+                total = tl.load(slice_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                for _ in tl.static_range(1, SPLIT_K):
+                    slice_ptrs += M * stride_cm
+                    total += tl.load(slice_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += _bias_tile(bias_ptr, rn, n_ok, SWAP_AB)
+                tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(lock_ptr + pid, 0)  # ready for the next launch (and graph replay)
+
+
+@triton.jit
+def _bias_tile(bias_ptr, rn, n_ok, SWAP_AB: tl.constexpr):
+    """The fp32 bias of columns ``rn``, broadcast along the tile's row side."""
+    b = tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+    if SWAP_AB:
+        return b[:, None]
+    else:
+        return b[None, :]
 
 
 @triton.jit
@@ -303,6 +331,23 @@ def _split_k_sum_kernel(
 
 SPLIT_K_MAX = 8
 SPLIT_K_MIN_BLOCKS = 4  # k-blocks of 128 per split, at least
+#: Output tiles one split-K GEMM may count arrivals for (a split GEMM has fewer tiles than SMs).
+SPLIT_K_LOCK_SLOTS = 1024
+_SPLIT_K_LOCKS: dict[str, torch.Tensor] = {}
+
+
+def _split_k_locks(device: torch.device) -> torch.Tensor | None:
+    """The per-device arrival counters of the split-K epilogue (int32 zeros, kept at zero by the
+    programs that use them), or None while a CUDA graph is being captured before they exist
+    (then the sum kernel reduces). GEMMs on one device run one after another on one stream
+    (the engine's), so one set of counters serves them all."""
+    key = str(device)
+    locks = _SPLIT_K_LOCKS.get(key)
+    if locks is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        locks = _SPLIT_K_LOCKS[key] = torch.zeros(SPLIT_K_LOCK_SLOTS, dtype=torch.int32, device=device)
+    return locks
 
 
 def _gemm_config(m: int, n: int, k: int, num_sms: int) -> dict:
@@ -340,7 +385,8 @@ def fp8_gemm(
     ``a`` is either e4m3 with ``a_scale [M, ceil(K/128)]`` (any strides; :func:`act_quant`'s
     output) or bf16/fp16/fp32 with ``a_scale=None`` (weight tiles are dequantised to ``a``'s
     dtype in registers). ``weight_scale [ceil(N/bn), ceil(K/bk)]``. Needs ``block == (128, 128)``.
-    Graph-safe.
+    ``config`` overrides the tile choice (``FIXUP=False``: reduce a split K with the separate
+    sum kernel). Graph-safe.
     """
     if tuple(block) != (128, 128):
         raise ValueError(f"fp8_gemm supports block (128, 128), got {tuple(block)}")
@@ -353,7 +399,7 @@ def fp8_gemm(
     a_fp8 = a.dtype == FP8_DTYPE
     if a_fp8 != (a_scale is not None):
         raise ValueError("fp8_gemm: a_scale must be given exactly when a is float8_e4m3fn")
-    cfg = dict(_gemm_config(m, n, k, num_sms(a.device)), BLOCK_K=128, GROUP_M=8)
+    cfg = dict(_gemm_config(m, n, k, num_sms(a.device)), BLOCK_K=128, GROUP_M=8, FIXUP=True)
     cfg.update(config or {})
     if 128 % cfg["BLOCK_N"] or cfg["BLOCK_K"] != 128:
         raise ValueError(f"fp8_gemm: BLOCK_N must divide 128 and BLOCK_K must be 128, got {cfg}")
@@ -365,16 +411,17 @@ def fp8_gemm(
     split = max(1, triton.cdiv(k, k_per_split))  # no empty split
     target = torch.empty(split, m, n, dtype=torch.float32, device=a.device) if split > 1 else out
     sa = a_scale if a_fp8 else weight_scale  # placeholder pointer when unused
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), split)
-    _fp8_gemm_kernel[grid](
-        a, sa, weight, weight_scale, bias if bias is not None else out, target,
+    tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+    locks = _split_k_locks(a.device) if split > 1 and cfg["FIXUP"] and tiles <= SPLIT_K_LOCK_SLOTS else None
+    _fp8_gemm_kernel[(tiles, split)](
+        a, sa, weight, weight_scale, bias if bias is not None else out, target, out, locks if locks is not None else out,
         m, n, k, k_per_split,
         a.stride(0), sa.stride(0), sa.stride(1), weight.stride(0), weight_scale.stride(0), weight_scale.stride(1),
         target.stride(-2),
         A_FP8=a_fp8, HAS_BIAS=bias is not None, SCALE_BN=block[0], SCALE_BK=block[1], INTERP=interpreting(),
-        **dict(cfg, SPLIT_K=split),
+        **dict(cfg, SPLIT_K=split, FIXUP=locks is not None),
     )  # fmt: skip
-    if split > 1:
+    if split > 1 and locks is None:
         block_sum = 1024
         _split_k_sum_kernel[(triton.cdiv(m * n, block_sum),)](
             target, bias if bias is not None else out, out, m * n, n,
@@ -409,12 +456,20 @@ _SCALED_MM_MODE: dict[int, str | None] = {}
 
 
 def _scaled_mm_call(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, pad_rows: int
-) -> torch.Tensor:
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, pad_rows: int,
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
     m = x.shape[0]
-    a8, sa = act_quant(x, QUANT_GROUP, column_major_scale=True, pad_rows=pad_rows)
+    a8, sa = x_fp8 if x_fp8 is not None else act_quant(x, QUANT_GROUP, column_major_scale=True, pad_rows=pad_rows)
     out = torch._scaled_mm(a8, weight.t(), scale_a=sa, scale_b=scale.t(), out_dtype=torch.bfloat16)
     return out if out.shape[0] == m else out[:m]
+
+
+def quant_pad_rows(device: torch.device) -> int:
+    """The row padding ``_scaled_mm`` needs of quantised activations on ``device`` (16 where the
+    probe answered ``"pad16"``, else 1): what a producer that quantises for the FP8 linears
+    (:func:`~breakgraph.kernels.triton_norm.rms_norm_quant_triton`) pads to."""
+    return 16 if scaled_mm_blockwise_mode(device) == "pad16" else 1
 
 
 # cuBLASLt reads the 128×128 weight scales with their row stride rounded up to 4 k-blocks: a K
@@ -489,6 +544,7 @@ def fp8_linear(
     bias: torch.Tensor | None = None,
     *,
     path: str = "auto",
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """GPU FP8 block-scaled linear ``x [..., K] @ dequant(weight [N, K]).T`` (+ bias).
 
@@ -496,6 +552,11 @@ def fp8_linear(
     and W8A16 GEMMs as :mod:`breakgraph.kernels.fp8_gemm_choice` measured it), ``scaled_mm``
     (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8), ``triton_w8a16``
     (bf16 activations), ``dequant``.
+
+    ``x_fp8``: ``x`` already quantised, ``(q [Mp, K] e4m3, scale [Mp, K/128] fp32)`` with
+    ``column_major_scale=True`` and ``pad_rows=quant_pad_rows(device)`` as :func:`act_quant`
+    returns them for ``x``'s rows (``Mp ≥ M``): the W8A8 paths take it instead of quantising;
+    W8A16 ignores it.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = weight.shape[0]
@@ -509,15 +570,20 @@ def fp8_linear(
     if path == "auto":
         path = fp8_gemm_choice.choose(x2.shape[0], k, n, device_index(x.device), cublas_ok)
     if path == "scaled_mm" and cublas_ok:
-        mode = scaled_mm_blockwise_mode(x.device)
-        out = _scaled_mm_call(x2, weight, scale, 16 if mode == "pad16" else 1)
+        pad = quant_pad_rows(x.device)
+        given = x_fp8 if x_fp8 is not None and x_fp8[0].shape[0] == -(-x2.shape[0] // pad) * pad else None
+        out = _scaled_mm_call(x2, weight, scale, pad, given)
         if bias is not None:
             out = out + bias
         return out.reshape(*lead, n)
     if path == "triton_w8a16":
         out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias)
     else:
-        a8, sa = act_quant(x2, QUANT_GROUP, column_major_scale=False)
+        m = x2.shape[0]
+        if x_fp8 is not None and x_fp8[0].shape[0] >= m:
+            a8, sa = x_fp8[0][:m], x_fp8[1][:m]
+        else:
+            a8, sa = act_quant(x2, QUANT_GROUP, column_major_scale=False)
         out = fp8_gemm(a8, sa, weight, scale, block, x.dtype, bias)
     return out.reshape(*lead, n)
 

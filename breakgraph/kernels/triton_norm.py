@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from breakgraph.kernels.triton_fp8 import interpreting
+from breakgraph.kernels.fp8 import FP8_DTYPE
+from breakgraph.kernels.triton_fp8 import QUANT_GROUP, interpreting, to_fp8
 
 MAX_HIDDEN = 8192
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -56,14 +57,20 @@ def _mul_rn(a, b, INTERP: tl.constexpr):
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    N, stride_x, stride_res, inv_n, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr,
+    M, N, stride_x, stride_res, stride_sm, stride_sg, inv_n, eps,
+    HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    INTERP: tl.constexpr,
 ):  # fmt: skip
+    """Row ``pid`` of ``M``: ``out = norm(x (+ res))`` (and ``res_out = x + res``). ``QUANT``: also
+    the e4m3 codes ``q [Mp, N]`` and fp32 scales ``s`` (strides ``stride_sm, stride_sg``) of ``out``
+    per ``GROUP`` columns, as ``_act_quant_kernel`` computes them from ``out``; programs
+    ``M ≤ pid < Mp`` write the zero padding rows (codes 0, scale 1e-12/448)."""
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    mask = cols < N
+    real = row < M
+    mask = (cols < N) & real
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -76,7 +83,19 @@ def _rms_norm_kernel(
     rstd = tl.math.rsqrt(_mul_rn(tl.sum(_mul_rn(h, h, INTERP), axis=0), inv_n, INTERP) + eps)
     h = _round_to(h * rstd, dtype, INTERP).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * N + cols, _round_to(w * h, dtype, INTERP), mask=mask)
+    y = _round_to(w * h, dtype, INTERP)
+    tl.store(out_ptr + row * N + cols, y, mask=mask)
+    if QUANT:
+        groups: tl.constexpr = BLOCK // GROUP
+        yg = tl.reshape(y.to(tl.float32), (groups, GROUP))
+        amax = tl.max(tl.abs(yg), axis=1)
+        # IEEE-rounded divisions, as _act_quant_kernel does them: the same codes and scales
+        scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
+        q = to_fp8(tl.math.div_rn(yg, scale[:, None] + tl.zeros_like(yg)), INTERP)
+        offs = tl.reshape(cols, (groups, GROUP))
+        tl.store(q_ptr + row * N + offs, q, mask=offs < N)
+        g = tl.arange(0, groups)
+        tl.store(s_ptr + row * stride_sm + g * stride_sg, scale, mask=g * GROUP < N)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
@@ -94,21 +113,31 @@ def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | Non
     )
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+def _launch(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, quant_pad_rows: int = 0
+):
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
+    m = x2.shape[0]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     res = None if residual is None else residual.reshape(-1, n)
     res_out = None if residual is None else torch.empty_like(out)
-    if x2.shape[0]:
+    q = scale = None
+    rows = m
+    if quant_pad_rows:
+        rows = -(-m // quant_pad_rows) * quant_pad_rows
+        q = torch.empty(rows, n, dtype=FP8_DTYPE, device=x.device)
+        scale = torch.empty(n // QUANT_GROUP, rows, dtype=torch.float32, device=x.device).t()
+    if rows:
         block = triton.next_power_of_2(n)
-        _rms_norm_kernel[(x2.shape[0],)](
-            x2, res, weight, out, res_out,
-            n, x2.stride(0), 0 if res is None else res.stride(0), 1.0 / n, eps,
-            HAS_RESIDUAL=res is not None, BLOCK=block, INTERP=interpreting(),
-            num_warps=max(1, min(16, block // 512)),
+        _rms_norm_kernel[(rows,)](
+            x2, res, weight, out, res_out, q, scale,
+            m, n, x2.stride(0), 0 if res is None else res.stride(0), *(scale.stride() if quant_pad_rows else (0, 0)),
+            1.0 / n, eps,
+            HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), GROUP=QUANT_GROUP, BLOCK=block,
+            INTERP=interpreting(), num_warps=max(1, min(16, block // 512)),
         )  # fmt: skip
-    return out, res_out
+    return out, res_out, q, scale
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -122,4 +151,23 @@ def fused_add_rms_norm_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`~breakgraph.kernels.norm.fused_add_rms_norm_ref` in one kernel: returns new
     contiguous ``(rms_norm(x + residual), x + residual)``. Needs :func:`supports`. Graph-safe."""
-    return _launch(x, residual, weight, eps)
+    return _launch(x, residual, weight, eps)[:2]
+
+
+def supports_quant(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
+    """Whether :func:`rms_norm_quant_triton` handles these tensors: :func:`supports`, bf16, and a
+    width that is a whole number of quantisation groups."""
+    return supports(x, weight, residual) and x.dtype == torch.bfloat16 and x.shape[-1] % QUANT_GROUP == 0
+
+
+def rms_norm_quant_triton(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, pad_rows: int = 1
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """RMSNorm (with the residual add when ``residual`` is given) and the FP8 quantisation of its
+    output in one kernel: returns ``(normed, x + residual or None, q, scale)`` where ``normed``
+    (and the sum) are what :func:`rms_norm_triton` (:func:`fused_add_rms_norm_triton`) return
+    and ``(q [Mp, N] e4m3, scale [Mp, N/128] fp32, column-major)`` is
+    :func:`~breakgraph.kernels.triton_fp8.act_quant` of ``normed`` (2-D view ``[M, N]``) with
+    ``column_major_scale=True`` and ``pad_rows``, bit for bit. Needs :func:`supports_quant`.
+    Graph-safe."""
+    return _launch(x, residual, weight, eps, quant_pad_rows=max(1, pad_rows))

@@ -20,8 +20,8 @@ from torch import nn
 
 from breakgraph.distributed import get_parallel_state
 from breakgraph.kernels.fp8 import block_dequant
-from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand
-from breakgraph.kernels.rope import rope
+from breakgraph.kernels.linear import bmm_into, exact_bf16_weight, fp32_out_operand
+from breakgraph.kernels.rope import indexer_rope_qk, mla_rope_kv, rope
 from breakgraph.layers.dsa import (
     MlaBmmFusionPlan,
     dsa_indexer_graph_dispatch,
@@ -41,19 +41,13 @@ from breakgraph.layers.norm import LayerNorm, RMSNorm
 from breakgraph.models.config import ModelConfig
 
 
-def _split_q_nope_pe(q: torch.Tensor, nope_dim: int, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q [T, H, dn+dr]`` → views ``(q_nope [T, H, dn], q_pe [T, H, dr])``."""
-    return q.split([nope_dim, rope_dim], dim=-1)
-
-
-def _make_mla_bmm_fusion_plan(q_nope: torch.Tensor, q_pe: torch.Tensor, rank: int) -> MlaBmmFusionPlan:
+def _make_mla_bmm_fusion_plan(q_nope: torch.Tensor, q_full: torch.Tensor, rank: int) -> MlaBmmFusionPlan:
+    """The plan over ``q_full [T, H, r+dr]``, whose rotary columns already hold ``rope(q_pe)``."""
     t, h, _ = q_nope.shape
-    buf = q_nope.new_empty(t, h, rank + q_pe.shape[-1])
-    buf[..., rank:].copy_(q_pe)
     return MlaBmmFusionPlan(
         q_nope_t=q_nope.transpose(0, 1),
-        q_nope_out_buf=buf,
-        q_nope_out_view=buf[..., :rank].transpose(0, 1),
+        q_nope_out_buf=q_full,
+        q_nope_out_view=q_full[..., :rank].transpose(0, 1),
         attn_output_buf=q_nope.new_empty(t, h, rank),
     )
 
@@ -92,18 +86,22 @@ class Indexer(nn.Module):
         return self.weights_proj_bf16 is not None
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The indexer's rotation of ``x`` on its own (the training forward's batched layout)."""
         return rope(x, cos, sin, self.interleaved, self.rope_dim)
 
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        k_proj: torch.Tensor | None = None,
+        k_proj: torch.Tensor | None = None, q_resid_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32.
         ``k_proj [T, Di]``: ``wk(x)`` where the caller computed it (a merged projection; then
-        ``wk`` is None)."""
+        ``wk`` is None). ``q_resid_fp8``: ``q_resid`` quantised by its norm, for ``wq_b``."""
         t = x.shape[0]
-        q = self._rope(self.wq_b(q_resid).view(t, self.n_heads, self.head_dim), cos, sin)
-        k = self._rope(self.k_norm(self.wk(x) if k_proj is None else k_proj), cos, sin)
+        q = self.wq_b(q_resid, q_resid_fp8).view(t, self.n_heads, self.head_dim)
+        k = self.wk(x) if k_proj is None else k_proj
+        # rope(q) and rope(k_norm(k)): one kernel on CUDA
+        n = self.k_norm
+        q, k = indexer_rope_qk(q, k, cos, sin, n.weight, n.bias, n.eps, self.interleaved, self.rope_dim)
         w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
         weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
@@ -162,32 +160,41 @@ class MLAttention(nn.Module):
             self.indexer.wk = None
         return True
 
-    def a_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    def takes_fp8_input(self) -> bool:
+        """Whether the projections of the layer's input are FP8 (the input norm then quantises
+        for them)."""
+        first = self.fused_a_proj if self.fused_a_proj is not None else self.q_a_proj
+        return first.quantized
+
+    def a_projections(
+        self, x: torch.Tensor, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """``(q_a(x), wk(x) or None without an indexer, kv_a(x))`` for ``x [..., D]``, from the
-        merged linear when there is one (the three are then views of its output)."""
+        merged linear when there is one (the three are then views of its output). ``x_fp8``:
+        ``x`` quantised by its norm."""
         if self.fused_a_proj is None:
-            k_proj = self.indexer.wk(x) if self.indexer is not None else None
-            return self.q_a_proj(x), k_proj, self.kv_a_proj_with_mqa(x)
-        out = self.fused_a_proj(x).split(self.fused_a_proj.output_sizes, dim=-1)
+            k_proj = self.indexer.wk(x, x_fp8) if self.indexer is not None else None
+            return self.q_a_proj(x, x_fp8), k_proj, self.kv_a_proj_with_mqa(x, x_fp8)
+        out = self.fused_a_proj(x, x_fp8).split(self.fused_a_proj.output_sizes, dim=-1)
         return (out[0], out[1], out[2]) if len(out) == 3 else (out[0], None, out[1])
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None,
+        x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [T, D]`` → ``(out [T, D], topk [T, K])``; ``prev_topk`` feeds "shared" layers."""
+        """``x [T, D]`` → ``(out [T, D], topk [T, K])``; ``prev_topk`` feeds "shared" layers.
+        ``x_fp8``: ``x`` quantised by the input norm, for the FP8 projections of ``x``."""
         t = x.shape[0]
-        q_a, k_proj, kv_a = self.a_projections(x)
-        q_resid = self.q_a_layernorm(q_a)
-        q_nope, q_pe = _split_q_nope_pe(self.q_b_proj(q_resid).view(t, self.num_heads, self.dn + self.dr), self.dn, self.dr)
-        c, k_pe = kv_a.split([self.rank, self.dr], dim=-1)
-        c = self.kv_a_layernorm(c)
-        q_pe = rope(q_pe, cos, sin, interleaved=True)
-        k_pe = rope(k_pe, cos, sin, interleaved=True)
-        kv = torch.cat([c, k_pe], dim=-1)
+        q_a, k_proj, kv_a = self.a_projections(x, x_fp8)
+        q_resid, _, q_resid_fp8 = self.q_a_layernorm.forward_fp8(q_a, quantize=self.q_b_proj.quantized)
+        q = self.q_b_proj(q_resid, q_resid_fp8).view(t, self.num_heads, self.dn + self.dr)
+        q_nope = q[..., : self.dn]
+        # [· ‖ rope(q_pe)] and the latent entry [norm(c) ‖ rope(k_pe)]: one kernel on CUDA
+        q_full, kv = mla_rope_kv(q, kv_a, cos, sin, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps)
         # The plan's buffers are made before the indexer break, so the code between the
         # indexer and attention breaks stays empty (no one-kernel segment).
-        plan = _make_mla_bmm_fusion_plan(q_nope, q_pe, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
-        topk = self.indexer(x, q_resid, cos, sin, k_proj) if self.indexer is not None else prev_topk
+        plan = _make_mla_bmm_fusion_plan(q_nope, q_full, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
+        topk = self.indexer(x, q_resid, cos, sin, k_proj, q_resid_fp8) if self.indexer is not None else prev_topk
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
         if plan is not None:
@@ -196,8 +203,9 @@ class MLAttention(nn.Module):
             )
             attn = plan.attn_output_buf
         else:
-            q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_kc).transpose(0, 1)  # [T, H, r]
+            bmm_into(q_nope.transpose(0, 1), self.w_kc, q_full[..., : self.rank].transpose(0, 1))  # q_latent
             attn = torch.empty(t, self.num_heads, self.rank, dtype=x.dtype, device=x.device)
-            sparse_mla_attention(torch.cat([q_latent, q_pe], dim=-1), kv, topk, attn, self.layer_id, self.scale)
-        out = torch.bmm(attn.transpose(0, 1), self.w_vc.transpose(1, 2)).transpose(0, 1)  # [T, H, dv]
-        return self.o_proj(out.reshape(t, self.num_heads * self.dv)), topk
+            sparse_mla_attention(q_full, kv, topk, attn, self.layer_id, self.scale)
+        out = x.new_empty(t, self.num_heads, self.dv)
+        bmm_into(attn.transpose(0, 1), self.w_vc.transpose(1, 2), out.transpose(0, 1))
+        return self.o_proj(out.view(t, self.num_heads * self.dv)), topk

@@ -25,9 +25,10 @@ import torch
 
 from breakgraph.forward_context import ForwardBatch, ForwardMode, get_forward_batch
 from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
+from breakgraph.kernels.causal_topk import causal_topk
 from breakgraph.kernels.indexer import indexer_topk
 from breakgraph.kernels.latent_fp8 import store_latent
-from breakgraph.kernels.linear import linear_fp32_out
+from breakgraph.kernels.linear import bmm_into, linear_fp32_out
 from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
 
 
@@ -73,8 +74,7 @@ def k_cache_and_topk_result(
     store_latent(cache, fb.out_cache_loc, k[:n], k.shape[-1])  # FP8 key rows: codes + scale, no RoPE part
     top = topk_result[:n]
     if _should_skip_logits_computation(fb, topk_result.shape[1]):
-        cols = torch.arange(topk_result.shape[1], device=top.device, dtype=torch.int32)
-        top.copy_(torch.where(cols[None, :] <= fb.positions[:, None], cols[None, :], -1))
+        causal_topk(fb.positions, top)
         return
     indexer_topk(
         q_fp8[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale, top,
@@ -159,5 +159,5 @@ def mla_bmm_then_unified_attention(
     segment holds the BMM alone. Only the real rows are computed."""
     n = get_forward_batch().num_tokens
     rank = attn_output_buf.shape[-1]
-    q_nope_out_buf[:n, :, :rank].copy_(torch.bmm(q_nope_t[:, :n], w_kc).transpose(0, 1))
+    bmm_into(q_nope_t[:, :n], w_kc, q_nope_out_buf[:n, :, :rank].transpose(0, 1))
     _attend(q_nope_out_buf, kv, topk, attn_output_buf, layer_id, scale)

@@ -87,8 +87,10 @@ class LinearBase(nn.Module):
             nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.weight_scale_inv, self.block, self.bias)
+    def forward(self, x: torch.Tensor, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``x @ W.T (+ b)``; ``x_fp8``: ``x`` already quantised by its producer (see
+        :func:`~breakgraph.kernels.linear.linear`)."""
+        return linear(x, self.weight, self.weight_scale_inv, self.block, self.bias, x_fp8)
 
     def keep_high_precision(self, dtype: torch.dtype) -> None:
         """Hold this layer in ``dtype`` instead of FP8 (a module the checkpoint's FP8 exclusion
@@ -167,10 +169,10 @@ class RowParallelLinear(LinearBase):
             )
         self.reduce_results = reduce_results
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if self.tp.tp_size == 1:
-            return linear(x, self.weight, self.weight_scale_inv, self.block, self.bias)
-        y = linear(x, self.weight, self.weight_scale_inv, self.block)
+            return linear(x, self.weight, self.weight_scale_inv, self.block, self.bias, x_fp8)
+        y = linear(x, self.weight, self.weight_scale_inv, self.block, x_fp8=x_fp8)
         if self.reduce_results:
             y = tp_all_reduce(y.contiguous())
         return y + self.bias if self.bias is not None else y

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_all_reduce
+from breakgraph.kernels.dispatch import use_triton_inference
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand, linear_fp32_out
 from breakgraph.kernels.moe import SharedExpert, fused_moe, route, takes_decode_path
@@ -32,11 +33,31 @@ class MLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(hidden, [intermediate, intermediate], fp8=fp8, dtype=dtype)
         self.down_proj = RowParallelLinear(intermediate, hidden, fp8=fp8, dtype=dtype, reduce_results=reduce_results)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``down(silu(gate x) ⊙ up x)``, plus ``residual`` when given."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        out = self.down_proj(F.silu(gate) * up)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """``down(silu(gate x) ⊙ up x)``, plus ``residual`` when given; ``x_fp8``: ``x`` quantised
+        by its producer (see :meth:`takes_fp8_input`)."""
+        gate_up = self.gate_up_proj(x, x_fp8)
+        if use_triton_inference(gate_up) and gate_up.dim() == 2:
+            from breakgraph.kernels.triton_moe import silu_mul
+
+            out = self.down_proj(silu_mul(gate_up))  # one kernel; SiLU and product in fp32, rounded once
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            out = self.down_proj(F.silu(gate) * up)
         return out if residual is None else residual + out
+
+    def forward_deferred(
+        self, x: torch.Tensor, residual: torch.Tensor, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(out, residual)``: :meth:`forward` without the residual add, which the caller leaves
+        to the next norm (``out + residual``)."""
+        return self(x, x_fp8=x_fp8), residual
+
+    def takes_fp8_input(self) -> bool:
+        """Whether the first linear is FP8 (its input is worth quantising where it is produced)."""
+        return self.gate_up_proj.quantized
 
     def as_shared_expert(self) -> SharedExpert | None:
         """This MLP's weights in a routed expert's layout (gate‖up rows, down), or None when it
@@ -204,10 +225,27 @@ class MoE(nn.Module):
             else None
         )  # fmt: skip
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def takes_fp8_input(self) -> bool:
+        """Whether the shared expert's first linear is FP8 (outside decode batches it quantises
+        ``x``; the routed experts' kernels take bf16 ``x``)."""
+        return self.shared_experts is not None and self.shared_experts.takes_fp8_input()
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """``routed(x) + shared(x)`` (all-reduced under tensor parallelism), plus ``residual``
         when given. Decode batches run the shared expert inside the routed experts' kernels, and
-        the residual add too where no all-reduce comes between."""
+        the residual add too where no all-reduce comes between. ``x_fp8``: ``x`` quantised by
+        its producer, for the shared expert outside decode batches."""
+        out, pending = self.forward_deferred(x, residual, x_fp8)
+        return out if pending is None else pending + out
+
+    def forward_deferred(
+        self, x: torch.Tensor, residual: torch.Tensor | None, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` as ``(out, pending)``: the result is ``out + pending`` where
+        ``pending`` is returned — the residual, when no kernel here could add it (the caller
+        leaves the add to the next norm) — else ``out``."""
         topk_weights, topk_ids = self.gate(x)
         shared = self.shared_experts.as_shared_expert() if self.shared_experts is not None else None
         if not self.experts.takes_decode_path(x, topk_ids, shared):
@@ -215,9 +253,9 @@ class MoE(nn.Module):
         fold = residual is not None and self.tp.tp_size == 1 and (shared is not None or self.shared_experts is None)
         out = self.experts(x, topk_weights, topk_ids, shared, residual if fold else None)
         if fold:
-            return out
+            return out, None
         if self.shared_experts is not None and shared is None:
-            out = out + self.shared_experts(x)
+            out = out + self.shared_experts(x, x_fp8=x_fp8)
         if self.tp.tp_size > 1:
             out = tp_all_reduce(out.contiguous())
-        return out if residual is None else residual + out
+        return out, residual

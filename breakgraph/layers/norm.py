@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from breakgraph.kernels.norm import fused_add_rms_norm, rms_norm
+from breakgraph.kernels.norm import fused_add_rms_norm, rms_norm, rms_norm_fp8
 
 
 class RMSNorm(nn.Module):
@@ -26,6 +26,20 @@ class RMSNorm(nn.Module):
         """``h = residual + x`` (rounded to the dtype, as a separate add would be); returns
         ``(norm(h), h)``. One kernel on CUDA (:func:`~breakgraph.kernels.norm.fused_add_rms_norm`)."""
         return fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def forward_fp8(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, quantize: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
+        """:meth:`forward` (or :meth:`forward_with_residual` with ``residual``) for an output
+        that feeds FP8 linears: ``(normed, h or None, x_fp8)``, ``x_fp8`` the normed rows
+        quantised for them by the same kernel where there is one (CUDA), else None — always
+        None without ``quantize`` (the consumer is not FP8). See
+        :func:`~breakgraph.kernels.norm.rms_norm_fp8`."""
+        if not quantize:
+            if residual is None:
+                return self.forward(x), None, None
+            return (*self.forward_with_residual(x, residual), None)
+        return rms_norm_fp8(x, self.weight, self.eps, residual)
 
 
 class LayerNorm(nn.Module):

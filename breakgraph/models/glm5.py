@@ -49,7 +49,10 @@ def fp8_excluded(module_name: str, fp8: Fp8Config) -> bool:
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (MLP dense or MoE)."""
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (MLP dense or MoE). Where the
+    block after a norm starts with FP8 linears, the norm quantises its output for them
+    (:meth:`~breakgraph.layers.norm.RMSNorm.forward_fp8`); where the MLP does not add the
+    residual in its own kernels, the next norm does (the layer returns the two parts)."""
 
     def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -61,12 +64,19 @@ class DecoderLayer(nn.Module):
         )
 
     def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        attn, topk = self.self_attn(self.input_layernorm(h), cos, sin, prev_topk)
-        normed, h = self.post_attention_layernorm.forward_with_residual(attn, h)
-        h = self.mlp(normed, residual=h)
-        return h, topk
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None,
+        residual: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``(h, residual, topk)``: the layer's output is ``h + residual`` where ``residual`` is
+        returned (the add is left to the next norm, which fuses it), else ``h``; the input is
+        ``h (+ residual)`` the same way."""
+        quantize = self.self_attn.takes_fp8_input()
+        normed, h_sum, x_fp8 = self.input_layernorm.forward_fp8(h, residual, quantize=quantize)
+        h = h if residual is None else h_sum
+        attn, topk = self.self_attn(normed, cos, sin, prev_topk, x_fp8)
+        normed, h, x_fp8 = self.post_attention_layernorm.forward_fp8(attn, h, quantize=self.mlp.takes_fp8_input())
+        out, residual = self.mlp.forward_deferred(normed, h, x_fp8)
+        return out, residual, topk
 
 
 class Backbone(nn.Module):
@@ -140,10 +150,10 @@ class DsaForCausalLM(nn.Module):
         """
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary.lookup(positions, h.dtype)
-        topk = None
+        topk = residual = None
         for layer in self.model.layers:
-            h, topk = layer(h, cos, sin, topk)
-        return self.model.norm(h)
+            h, residual, topk = layer(h, cos, sin, topk, residual)
+        return self.model.norm(h) if residual is None else self.model.norm.forward_with_residual(h, residual)[0]
 
     def compile_regions(self) -> list[nn.Module]:
         """The regions regional ``torch.compile`` compiles one by one: the decoder layers."""

@@ -27,6 +27,12 @@ class EventStream(StreamingResponse):
             self._on_close()
 
 
+# Characters Python's str.splitlines (and so httpx's iter_lines) ends a line at that JSON leaves
+# raw in a string; every other line end (\n, \r, \x0b, \x0c, \x1c-\x1e) JSON escapes already.
+_LINE_BREAKS_LEFT_RAW = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(obj: dict[str, Any]) -> str:
-    """One ``data:`` event holding ``obj`` as JSON."""
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    """One ``data:`` event holding ``obj`` as JSON on a single line, whatever text it holds:
+    characters some clients split lines at (U+0085, U+2028, U+2029) are written as escapes."""
+    return f"data: {json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS_LEFT_RAW)}\n\n"

@@ -1,0 +1,241 @@
+"""The DSA top-k select (``breakgraph.kernels.triton_topk``) against an exact torch reference.
+
+CPU: the defaults, small register tiles (rows past them stream) and streaming every row run
+under Triton's interpreter in a child process on rows built to break a select: all-negative rows, ``+0.0``/``-0.0`` ties, many ties at the K-th
+score, ties in the lowest key bits, constant rows, an outlier that keeps every score in one
+value-range slice, a range too wide for a finite scale, consecutive floats; NaN past each row's
+position proves it reads only the causal range. The sm_90a compile of the default tiles is
+checked for registers and spills.
+GPU (``-m cuda``): the defaults and streaming every row (the bench's variants, by name), on
+ragged rows up to 128K keys (shorter and longer than K, the hard rows stretched to thousands of
+keys); the indexer's own score distribution on a ragged batch with cached prefixes, also through
+``indexer_topk_triton``; replay in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TOPK = 2048
+
+
+def exact_topk(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> torch.Tensor:
+    """The contract, row by row in plain torch: the ``topk`` positions ``j ≤ positions[t]`` with
+    the largest scores, the lowest positions among ties at the ``topk``-th, ascending; rows with
+    fewer keys give ``0…positions[t]`` then ``-1``."""
+    out = torch.full((scores.shape[0], topk), -1, dtype=torch.int32, device=scores.device)
+    for t, p in enumerate(positions.tolist()):
+        vals = scores[t, : p + 1]
+        if p + 1 <= topk:
+            out[t, : p + 1] = torch.arange(p + 1, device=scores.device, dtype=torch.int32)
+            continue
+        kth = vals.topk(topk).values[-1]
+        above = (vals > kth).nonzero().flatten()
+        ties = (vals == kth).nonzero().flatten()
+        out[t] = torch.cat([above, ties[: topk - above.numel()]]).sort().values.int()
+    return out
+
+
+def hard_rows(topk: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores ``[16, width]``, positions ``[16]``): random rows across six decades of scale, and
+    one row per way to break a select (module docstring), their lengths ``topk / 24`` times those
+    of the ``topk = 24``, ``width = 300`` original (so the pattern rows stay longer than K)."""
+    g = torch.Generator().manual_seed(seed)
+    s = topk / 24
+
+    def n(x):
+        return round(x * s)
+
+    lens = [1, 6, topk, topk + 1, topk + 2, n(70), n(150), width, n(180), 4, n(120), n(200), width, n(250), n(260),
+            n(280)]  # fmt: skip
+    assert max(lens) <= width
+    pos = torch.tensor(lens) - 1
+    scores = torch.randn(pos.shape[0], width, generator=g) * torch.logspace(-3, 3, pos.shape[0])[:, None]
+    scores[1] = -scores[1].abs()
+    scores[5, : n(71)] = torch.randint(-1, 2, (n(71),), generator=g).float() * 0.0  # +0.0 and -0.0 tie
+    scores[5, [2, 9, 40]] = 5.0
+    scores[10, : n(121)] = torch.randint(0, 3, (n(121),), generator=g).float()  # many ties at the K-th
+    scores[11, : n(201)] = 1.0 + torch.randint(0, 2, (n(201),), generator=g).float() * 2**-20  # low-bit ties
+    scores[12] = 0.75  # constant
+    scores[13, : n(251)] = torch.rand(n(251), generator=g)
+    scores[13, 7] = 1e6  # every other score in the lowest value-range slice, twice
+    scores[14, : n(261)] = torch.randn(n(261), generator=g) * 1e37
+    scores[14, 3], scores[14, 4] = 3e38, -3e38  # max − min overflows fp32
+    scores[15, : n(281)] = 1.0 + torch.arange(n(281)).float() * 2**-23  # consecutive floats
+    return scores, pos
+
+
+def _variants() -> list[dict]:
+    """Options of the interpreter check: the defaults, small register tiles (rows past them
+    stream), every row streamed."""
+    return [{}, dict(resident=512), dict(resident=256, block=64), dict(resident=0, block=32), dict(resident=0)]
+
+
+def _interp_select_variants():
+    from test_kernels_attention import _install_interpreter_fixes
+
+    _install_interpreter_fixes()
+    from breakgraph.kernels.triton_topk import topk_select_triton
+
+    topk = 24
+    scores, pos = hard_rows(topk, 300, seed=40)
+    poisoned = scores.clone()
+    for t, p in enumerate(pos.tolist()):
+        poisoned[t, p + 1 :] = float("nan")  # must never be read
+    want = exact_topk(scores, pos, topk)
+    for opts in _variants():
+        got = torch.full((pos.shape[0], topk), -7, dtype=torch.int32)
+        topk_select_triton(poisoned, pos, got, **opts)
+        bad = [t for t in range(pos.shape[0]) if not torch.equal(got[t], want[t])]
+        assert not bad, f"{opts}: rows {bad} differ from the exact top-k (ties to the lower position)"
+        print(f"select {opts}: ok")
+    assert (scores[5, :71] == 0).sum() > topk and (scores[10, :121] == 1).sum() > topk, "tie rows must tie"
+
+
+def test_select_variants_are_exact_interpreted():
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, __file__, "_interp_select_variants"], env=env, capture_output=True,
+                       text=True, timeout=900, check=False)  # fmt: skip
+    assert r.returncode == 0, f"failed under the Triton interpreter:\n{r.stdout}\n{r.stderr[-6000:]}"
+
+
+def test_select_options_are_checked():
+    from breakgraph.kernels.triton_topk import topk_select_triton
+
+    s, p, o = torch.zeros(2, 8), torch.tensor([3, 7]), torch.zeros(2, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="resident"):
+        topk_select_triton(s, p, o, resident=3000)
+    with pytest.raises(ValueError, match="block"):
+        topk_select_triton(s, p, o, block=8)
+    with pytest.raises(TypeError, match="blocks"):
+        from breakgraph.kernels.triton_topk import kernel_constants
+
+        kernel_constants(8, 4, blocks=64)
+
+
+@pytest.mark.parametrize("row_len", [8192, 16384])
+def test_default_select_compiles_without_spills_for_sm90(row_len):
+    """The default tiles for rows up to 8K and 16K keys: no spill to local memory at 8K, at most
+    a few words at 16K (16 warps cap the registers at 128 per thread; 40 bytes today)."""
+    from breakgraph.kernels import aot
+    from breakgraph.kernels.triton_topk import _topk_select_kernel, kernel_constants
+
+    if not aot.tools_available():
+        pytest.skip("this triton has no bundled ptxas/cuobjdump")
+    consts, warps = kernel_constants(row_len, TOPK)
+    args = dict(SCORES="*fp32", POSITIONS="*i64", OUT="*i32", stride_st=row_len, stride_ot=TOPK, num_rows="i32",
+                topk=TOPK)  # fmt: skip
+    info = aot.compile_for_sm90(_topk_select_kernel, args, consts, warps, 1)
+    print(consts, warps, info)
+    if row_len <= 8192:
+        assert info["stack"] == 0 and info["local_insts"] == 0, info
+    else:
+        assert info["stack"] <= 64 and info["local_insts"] <= 32, info
+
+
+# ---------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------
+
+
+def _bench_variants() -> dict:
+    """The variants ``scripts/bench_kernels_attention.py --only topk`` times, by name."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_kernels_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_kernels_attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.topk_variants()
+
+
+def _long_rows(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of 1 to 128K keys on the GPU: the lengths around K and the register tiles, random
+    lengths, and the hard rows of the CPU check stretched to thousands of keys; 64 rows, so the
+    kernels specialise as in the bench (row counts and widths multiples of 16) and compile once."""
+    width = 131072
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    special = [0, TOPK - 1, TOPK, TOPK + 1, 4095, 4096, 4097, 8191, 8192, 8193, 16383, 16384, 16385, width - 1]
+    pos = torch.cat([torch.tensor(special, device="cuda"), torch.randint(0, width, (34,), generator=g, device="cuda")])
+    scores = torch.randn(pos.shape[0], width, generator=g, device="cuda")
+    scores *= torch.logspace(-3, 3, pos.shape[0], device="cuda")[:, None]
+    hard, hard_pos = hard_rows(TOPK, 24000, seed)
+    hard = torch.nn.functional.pad(hard, (0, width - hard.shape[1]))
+    return torch.cat([scores, hard.cuda()]), torch.cat([pos, hard_pos.cuda()])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["default", "stream every row"])
+def test_select_variants_are_exact_on_gpu(name):
+    from breakgraph.kernels.triton_topk import topk_select_triton
+
+    scores, pos = _long_rows(seed=3)
+    j = torch.arange(scores.shape[1], device="cuda")
+    poisoned = scores.masked_fill(j[None, :] > pos[:, None], float("nan"))
+    got = torch.full((pos.shape[0], TOPK), -7, dtype=torch.int32, device="cuda")
+    topk_select_triton(poisoned, pos, got, **_bench_variants()[name])
+    want = exact_topk(scores, pos, TOPK)
+    bad = [(t, int(pos[t])) for t in range(pos.shape[0]) if not torch.equal(got[t], want[t])]
+    assert not bad, f"rows (index, position) {bad} differ from the exact top-k"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["default", "stream every row"])
+def test_select_on_indexer_scores_with_cached_prefixes_on_gpu(name):
+    """The indexer's own score distribution, ragged requests with cached prefixes (rows shorter
+    and longer than K and than the register tiles): exact, and ``indexer_topk_triton`` (the
+    engine's call) selects the same."""
+    from test_kernels_attention import IDX_DIM, IDX_HEADS, PAGE, indexer_inputs, make_batch
+
+    from breakgraph.kernels.triton_indexer import indexer_scores_triton, indexer_topk_triton
+    from breakgraph.kernels.triton_topk import topk_select_triton
+
+    batch = make_batch([3000, 0, 20000, 1500], [700, 2500, 300, 4], page_size=PAGE, device="cuda", seed=5)
+    q, w, kc = indexer_inputs(batch, IDX_HEADS, IDX_DIM, torch.bfloat16, device="cuda", seed=5)
+    args = (batch["page_table"], batch["token_req"], batch["positions"], PAGE, IDX_DIM**-0.5)
+    pos = batch["positions"]
+    scores = torch.empty(pos.shape[0], batch["page_table"].shape[1] * PAGE, device="cuda")
+    indexer_scores_triton(q, w, kc, *args, scores)
+    got = torch.full((pos.shape[0], TOPK), -7, dtype=torch.int32, device="cuda")
+    topk_select_triton(scores, pos, got, **_bench_variants()[name])
+    assert torch.equal(got, exact_topk(scores, pos, TOPK)), "select differs from the exact top-k"
+    engine = torch.full_like(got, -7)
+    indexer_topk_triton(q, w, kc, *args, engine)
+    assert torch.equal(engine, got), "the engine's call selects differently from the select on the same scores"
+
+
+@pytest.mark.cuda
+def test_select_replays_in_cuda_graph_with_new_inputs():
+    """Captured once with one set of rows, replayed after the scores and positions are refilled
+    (other lengths, other tiles taken): equals an eager call."""
+    from breakgraph.kernels.triton_topk import topk_select_triton
+
+    scores, pos = _long_rows(seed=4)
+    out = torch.empty(pos.shape[0], TOPK, dtype=torch.int32, device="cuda")
+    topk_select_triton(scores, pos, out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk_select_triton(scores, pos, out)
+    new_scores, new_pos = _long_rows(seed=5)
+    scores.copy_(new_scores)
+    pos.copy_(new_pos.flip(0))
+    graph.replay()
+    want = torch.empty_like(out)
+    topk_select_triton(scores, pos, want)
+    assert torch.equal(out, want) and torch.equal(out, exact_topk(scores, pos, TOPK))
+
+
+if __name__ == "__main__":  # child process of the interpreter check
+    globals()[sys.argv[1]]()
