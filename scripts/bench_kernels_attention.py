@@ -280,8 +280,28 @@ def selection_overlap(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> f
     return float((common.sum(1).float() / (a >= 0).sum(1).clamp(min=1)).mean())
 
 
+# Score-kernel variants the indexer sweep times (stacked prefill path): tokens per program,
+# key block, warps, stages, register cap.
+INDEXER_VARIANTS = [
+    dict(block_t=4, block_l=64, num_warps=4, num_stages=2, maxnreg=168),
+    dict(block_t=4, block_l=64, num_warps=4, num_stages=3, maxnreg=168),
+    dict(block_t=4, block_l=64, num_warps=4, num_stages=3, maxnreg=None),
+    dict(block_t=8, block_l=64, num_warps=8, num_stages=2, maxnreg=128),
+    dict(block_t=8, block_l=64, num_warps=8, num_stages=3, maxnreg=None),
+    dict(block_t=8, block_l=64, num_warps=8, num_stages=3, maxnreg=128),
+    dict(block_t=4, block_l=128, num_warps=8, num_stages=3, maxnreg=168),
+]
+# The same on the FP8 key cache (e4m3 rows stored once, read as stored).
+INDEXER_FP8_VARIANTS = [
+    dict(block_t=4, block_l=64, num_warps=4, num_stages=3, maxnreg=None),
+    dict(block_t=8, block_l=64, num_warps=8, num_stages=3, maxnreg=None),
+    dict(block_t=4, block_l=128, num_warps=8, num_stages=3, maxnreg=None),
+]
+
+
 def run_indexer(args):
     from breakgraph.kernels.indexer import indexer_topk_ref
+    from breakgraph.kernels.latent_fp8 import store_latent
     from breakgraph.kernels.triton_indexer import (
         default_config,
         indexer_scores_triton,
@@ -291,9 +311,11 @@ def run_indexer(args):
 
     print("\nDSA indexer (Hi=32, Di=128, K=2048, page 64): length-true scores, radix top-k select, both;")
     print("  TFLOP/s count the causal work of the scored tokens (2·Σ_{pos≥K}(pos+1)·Hi·Di);")
-    print("  'torch.topk (full width)' sorts the score rows over the whole page-table width, as the engine did before")
+    print("  'torch.topk (full width)' sorts the score rows over the whole page-table width, as the engine did before;")
+    print("  'fp8' quantises bf16 keys in the kernel, 'fp8 keys' reads the FP8 key cache (e4m3 rows stored once)")
     print(HEADER)
     default = [k for k in LAYOUTS if k not in ("prefill 8k (2×4k)",)]
+    summary, start = [], time.monotonic()
     for layout in _layouts(args, default):
         batch = make_batch(*LAYOUTS[layout], seed=1)
         g = torch.Generator(device="cuda").manual_seed(1)
@@ -301,6 +323,8 @@ def run_indexer(args):
         q = torch.randn(num, IDX_HEADS, IDX_DIM, generator=g, device="cuda").bfloat16()
         w = torch.randn(num, IDX_HEADS, generator=g, device="cuda") * IDX_HEADS**-0.5
         kc = torch.randn(batch["num_slots"], IDX_DIM, generator=g, device="cuda").bfloat16()
+        kc8 = torch.zeros(kc.shape[0], IDX_DIM + 16, dtype=torch.uint8, device="cuda")
+        store_latent(kc8, torch.arange(kc.shape[0], device="cuda"), kc, IDX_DIM)
         pt, req, pos = batch["page_table"], batch["token_req"], batch["positions"]
         row_len = pt.shape[1] * PAGE
         scores = torch.empty(num, row_len, device="cuda")
@@ -311,16 +335,19 @@ def run_indexer(args):
         io = q.numel() * 2 + w.numel() * 4 + n_keys * IDX_DIM * 2
         s_bytes = io + causal * 4
         t_bytes = s_bytes + causal * 4 + topk.numel() * 4
-        cfg = default_config(num, pt.shape[0], IDX_HEADS, row_len, q.device)
-        a = (q, w, kc, pt, req, pos, PAGE, IDX_DIM**-0.5)
+        rest = (pt, req, pos, PAGE, IDX_DIM**-0.5)
         flops = 2 * scored * IDX_HEADS * IDX_DIM
         chosen = {}
-        for fp8 in (False, True):
+        for mode in ("bf16", "fp8", "fp8 keys"):
+            fp8 = mode != "bf16"
+            a = (q, w, kc8 if mode == "fp8 keys" else kc, *rest)
             peak = FP8_TFLOPS if fp8 else BF16_TFLOPS
-            tag = f"{layout} {'fp8' if fp8 else 'bf16'}"
+            tag = f"{layout} {mode}"
+            cfg = default_config(num, pt.shape[0], IDX_HEADS, row_len, q.device, {"bf16": 0, "fp8": 1}.get(mode, 2))
             ms = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8, skip_below=TOPK))
             row(f"{tag} scores [bt {cfg['block_t']} kp {cfg['key_programs']}]", ms, flops, s_bytes, s_bytes, peak)
-            if not fp8:
+            summary.append((layout, mode, "default", ms, flops / (ms * 1e-3) / 1e12, 0.0))
+            if mode == "bf16":
                 ms = bench(partial(topk_select_triton, scores, pos, topk))
                 row(f"{layout} select", ms, 0, causal * 4, causal * 4, peak)
                 if num * row_len <= 1 << 28 and row_len >= TOPK:
@@ -328,31 +355,48 @@ def run_indexer(args):
                     row(f"{layout} torch.topk (full width)", ms, 0, scores.numel() * 4, scores.numel() * 4, peak)
             ms = bench(partial(indexer_topk_triton, *a, topk, fp8=fp8))
             row(f"{tag} scores+select", ms, flops, t_bytes, t_bytes, peak)
-            chosen[fp8] = topk.clone()
-            if args.sweep and not fp8 and (layout.startswith("prefill 16k") or args.layouts):
+            chosen[mode] = topk.clone()
+            stacked = num > pt.shape[0]
+            if args.sweep and mode != "fp8" and stacked and (layout.startswith("prefill 16k") or args.layouts):
+                scores.zero_()
+                indexer_scores_triton(*a, scores, fp8=fp8, skip_below=TOPK)
+                want = scores.clone()
                 best = (1e9, None)
-                bts = (1,) if num <= pt.shape[0] else (4,)
-                for bt, bl, nw, ns, st, mr in itertools.product(bts, (64, 128), (4, 8), (2, 3), (True,), (None, 168, 128)):
-                    opts = dict(block_t=bt, block_l=bl, num_warps=nw, num_stages=ns, stacked=st, maxnreg=mr)
-                    try:
-                        t = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8, skip_below=TOPK, **opts))
-                    except Exception as e:  # noqa: BLE001
-                        print(f"    {opts}: {type(e).__name__}")
+                for opts in INDEXER_VARIANTS if mode == "bf16" else INDEXER_FP8_VARIANTS:
+                    if args.budget and time.monotonic() - start > args.budget:
+                        print(f"    out of --budget: {opts} not timed")
                         continue
-                    print(f"    {t:8.3f} ms  {flops / (t * 1e-3) / 1e12:6.1f} TFLOP/s  {opts}", flush=True)
+                    try:
+                        scores.zero_()
+                        indexer_scores_triton(*a, scores, fp8=fp8, skip_below=TOPK, **opts)
+                        diff = ((scores - want).norm() / want.norm()).item()
+                        t = bench(partial(indexer_scores_triton, *a, scores, fp8=fp8, skip_below=TOPK, **opts), rep=40)
+                    except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
+                        print(f"    {opts}: {type(e).__name__} {str(e)[:120]}")
+                        continue
+                    tf = flops / (t * 1e-3) / 1e12
+                    print(f"    {t:8.3f} ms  {tf:6.1f} TFLOP/s  vs default {diff:.1e}  {opts}", flush=True)
+                    summary.append((layout, mode, _short(opts), t, tf, diff))
                     if t < best[0]:
                         best = (t, opts)
                 print(f"    best scores {best[0]:.3f} ms with {best[1]}")
-                for blk, nw in itertools.product((512, 1024, 2048), (4, 8, 16)):
-                    t = bench(partial(topk_select_triton, scores, pos, topk, block=blk, num_warps=nw))
-                    print(f"    select {t:8.3f} ms  block {blk} warps {nw}", flush=True)
         sparse_rows = (pos >= TOPK).nonzero().flatten()[::16]
         if sparse_rows.numel():
-            print(f"    {layout}: FP8 selection keeps {selection_overlap(chosen[False], chosen[True], sparse_rows):.2%} "
-                  f"of the bf16 selection (rows past K, every 16th)")  # fmt: skip
+            for mode in ("fp8", "fp8 keys"):
+                print(f"    {layout}: {mode} selection keeps {selection_overlap(chosen['bf16'], chosen[mode], sparse_rows):.2%} "
+                      f"of the bf16 selection (rows past K, every 16th)")  # fmt: skip
         if args.twin:
-            ms = bench(partial(indexer_topk_ref, *a, topk))
+            ms = bench(partial(indexer_topk_ref, q, w, kc, *rest, topk))
             row(f"{layout} [twin]", ms, 2 * causal * IDX_HEADS * IDX_DIM, t_bytes, t_bytes, BF16_TFLOPS)
+    if args.sweep and summary:
+        print(f"\nindexer scores, one layer: {'layout':<12} {'keys':<9} {'variant':<34} {'ms':>7} {'TFLOP/s':>8} {'vs default':>10}")
+        for layout, mode, name, t, tf, diff in summary:
+            print(f"  {layout:<12} {mode:<9} {name:<34} {t:7.3f} {tf:8.1f} {diff:10.1e}")
+
+
+def _short(opts: dict) -> str:
+    """``bt 4 bl 64 w 4 st 3 r 168`` for a score-kernel variant."""
+    return f"bt {opts['block_t']} bl {opts['block_l']} w {opts['num_warps']} st {opts['num_stages']} r {opts['maxnreg']}"
 
 
 def topk_variants() -> dict:
@@ -484,8 +528,8 @@ def run_aot():
     consts = dict(BLOCK_T=8, HEADS=8, BLOCK_M=64, BLOCK_R=512, BLOCK_C=_MERGE_COLS)
     print(f"  dense_mla merge {aot_report(_dense_mla_merge_kernel, a, consts, 4, 2)}")
     for num, reqs in ((4096, 1), (64, 64)):
-        cfg = idx_cfg(num, reqs, IDX_HEADS, 4096, cpu)
         for fp8 in (False, True):
+            cfg = idx_cfg(num, reqs, IDX_HEADS, 4096, cpu, int(fp8))
             a = dict(
                 Q="*bf16", W="*fp32", K="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
                 SCORES="*fp32", stride_qt=IDX_HEADS * IDX_DIM, stride_qh=IDX_DIM, stride_wt=IDX_HEADS,
@@ -496,6 +540,15 @@ def run_aot():
                           STACKED=cfg["stacked"])  # fmt: skip
             r = aot_report(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
             print(f"  indexer T={num:<5} B={reqs:<3} fp8={fp8!s:<5} {cfg} {r}")
+    a |= dict(num_tokens=4096)
+    for keys, variants in (("bf16", INDEXER_VARIANTS), ("fp8 keys", INDEXER_FP8_VARIANTS)):
+        fp8_keys = keys == "fp8 keys"
+        k = dict(K="*u8", stride_k=IDX_DIM + 16) if fp8_keys else dict(K="*bf16", stride_k=IDX_DIM)
+        for v in variants:
+            consts = dict(BLOCK_T=v["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=v["block_l"], FP8=2 if fp8_keys else 0,
+                          STACKED=True)  # fmt: skip
+            r = aot_report(_indexer_scores_kernel, a | k, consts, v["num_warps"], v["num_stages"], v["maxnreg"])
+            print(f"  indexer sweep T=4096 {keys:<8} {_short(v):<34} {r}")
 
 
 def main() -> None:
@@ -507,7 +560,7 @@ def main() -> None:
                    help="run one kernel (dense: the dense-causal MLA path, old vs new; topk: the select variants)")
     p.add_argument("--dense-layouts", nargs="+", choices=sorted(DENSE_LAYOUTS), help="shapes of --only dense")
     p.add_argument("--budget", type=float, default=0.0,
-                   help="seconds for --only dense --sweep; past it only old and default are timed")
+                   help="seconds for --only dense/indexer --sweep; past it only the defaults are timed")
     p.add_argument("--layouts", nargs="+", choices=sorted([*LAYOUTS, "decode B=64 (L~128k)"]),
                    help="shapes to run (default: all of a kernel's; 'decode B=64 (L~128k)': --only topk only)")
     p.add_argument("--heads", type=int, nargs="+", default=[8, 64], help="MLA heads per GPU (8: TP8, 64: TP1)")

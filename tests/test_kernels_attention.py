@@ -335,10 +335,11 @@ def _interp_indexer_scores():
     """bf16 scores match the twin's fp32 math; FP8 scores match an exact emulation of the
     quantisation; length-true: nothing past a row's position is written, and token blocks
     below ``skip_below`` are not scored at all."""
-    from breakgraph.kernels.triton_indexer import indexer_scores_triton
+    from breakgraph.kernels.triton_indexer import default_config, indexer_scores_triton
 
     cases = [
-        (_RAGGED, 4, 8, 32, {}),  # blocks of 4 tokens straddle requests
+        (_RAGGED, 4, 8, 32, {}),  # default tiles (bf16 8, FP8 4 tokens): blocks straddle requests
+        (_RAGGED, 4, 8, 32, {"block_t": 8, "block_l": 16}),  # blocks spanning three requests
         (_RAGGED, 2, 16, 64, {"block_t": 2, "block_l": 16}),
         (_RAGGED, 8, 12, 48, {"block_t": 4, "block_l": 32, "key_programs": 3}),  # Hi, Di not powers of two
         (_DECODE, 4, 8, 32, {"block_l": 16, "key_programs": 2}),  # T ≤ B: one token per block
@@ -370,7 +371,8 @@ def _interp_indexer_scores():
         skip = 12
         out = torch.full((q.shape[0], max_len), float("nan"))
         indexer_scores_triton(q, w, kc, *args, out, skip_below=skip, **opts)
-        block_t = opts.get("block_t", 1 if q.shape[0] <= batch["page_table"].shape[0] else 4)
+        cfg = default_config(q.shape[0], batch["page_table"].shape[0], heads, max_len, torch.device("cpu"))
+        block_t = opts.get("block_t", cfg["block_t"])
         pos = batch["positions"]
         pad = -pos.shape[0] % block_t
         block_max = torch.cat([pos, pos.new_full((pad,), -1)]).view(-1, block_t).amax(1)
@@ -707,6 +709,44 @@ def test_dense_config_splits_keys_only_when_blocks_cannot_fill_the_gpu():
     assert dense_config(16, 1024, 1024, cpu)["chunk_keys"] == 0
     assert dense_config(64, 1024, 1024, cpu)["chunk_keys"] == 0
     assert dense_config(8)["chunk_keys"] == 0  # no shape: one chunk
+
+
+def test_indexer_stacked_tiles_stay_within_256_query_rows():
+    """Default stacked tiles hold at most 256 query rows (tokens × padded heads) for every head
+    count the kernel takes, and a larger explicit tile is refused before launch (16 × 32 rows
+    gave wrong sums on the H200)."""
+    from breakgraph.kernels.triton_indexer import default_config, indexer_scores_triton
+
+    cpu = torch.device("cpu")
+    for heads in (8, 32, 64, 128):
+        for fp8 in (0, 1, 2):
+            cfg = default_config(4096, 1, heads, 8192, cpu, fp8)
+            assert cfg["stacked"] and 2 <= cfg["block_t"] and cfg["block_t"] * max(16, heads) <= 256, (heads, cfg)
+    batch = make_batch(**_RAGGED, page_size=4)
+    q, w, kc = indexer_inputs(batch, 32, 32, torch.bfloat16)
+    args = (batch["page_table"], batch["token_req"], batch["positions"], 4, 0.2)
+    with pytest.raises(ValueError, match="block_t=16"):
+        indexer_scores_triton(q, w, kc, *args, torch.empty(q.shape[0], 64), block_t=16)
+
+
+def test_indexer_scores_compile_for_sm90_without_spills():
+    """ptxas for sm_90a at the default prefill (stacked) config, GLM-5 shapes: wgmma, and no
+    spills within its register cap (128: two programs of 8 warps per SM)."""
+    from test_kernels_fp8 import compile_for_sm90
+
+    from breakgraph.kernels.triton_indexer import _indexer_scores_kernel, default_config
+
+    cfg = default_config(4096, 1, IDX_HEADS, 4096, torch.device("cpu"))
+    a = dict(Q="*bf16", W="*fp32", K="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
+             SCORES="*fp32", stride_qt=IDX_HEADS * IDX_DIM, stride_qh=IDX_DIM, stride_wt=IDX_HEADS, stride_k=IDX_DIM,
+             stride_pt=37, stride_st=4096, num_tokens=4096, num_heads=IDX_HEADS, head_dim=IDX_DIM, page_size=PAGE,
+             skip_below=TOPK, scale=0.088)  # fmt: skip
+    consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=IDX_HEADS, BLOCK_D=IDX_DIM, BLOCK_L=cfg["block_l"], FP8=0,
+                  STACKED=cfg["stacked"])  # fmt: skip
+    info = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
+    print(f"indexer scores {cfg}: {info}")
+    assert cfg["stacked"] and info["mma"] == ["HGMMA"], info
+    assert info["regs"] <= cfg["maxnreg"] and info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 @pytest.mark.parametrize("heads", [8, 64])

@@ -324,9 +324,9 @@ def test_fp8_key_scores_compile_for_sm90_no_worse_than_in_kernel_quantisation(nu
 
     from breakgraph.kernels.triton_indexer import _indexer_scores_kernel, default_config
 
-    cfg = default_config(num, reqs, 32, 4096, torch.device("cpu"))
     info = {}
     for fp8, k_type, stride_k in ((1, "*bf16", 128), (2, "*u8", 144)):
+        cfg = default_config(num, reqs, 32, 4096, torch.device("cpu"), fp8)
         a = dict(Q="*bf16", W="*fp32", K=k_type, PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
                  SCORES="*fp32", stride_qt=32 * 128, stride_qh=128, stride_wt=32, stride_k=stride_k, stride_pt=37,
                  stride_st=4096, num_tokens=num, num_heads=32, head_dim=128, page_size=64, skip_below=2048,

@@ -41,8 +41,9 @@ def _specialise(name: str, value: Any, constexprs: dict) -> tuple[str, bool]:
 def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
-    """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B"}``
-    (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma).
+    """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
+    "async_copies"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
@@ -89,4 +90,5 @@ def compile_for_sm90(
         "local_insts": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
         "mma": sorted(set(re.findall(r"\b(HGMMA|QGMMA|HMMA)\b", sass))),
         "smem_B": kernel.metadata.shared,
+        "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
     }

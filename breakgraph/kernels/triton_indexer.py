@@ -7,18 +7,21 @@ same whatever context length the pool was configured for.
 
 Scores (``_indexer_scores_kernel``): ``I[t, j] = Σ_h w[t, h] · ReLU(scale · q[t, h]·k[j])``
 for ``j ≤ positions[t]``. Grid ``(token blocks, key programs)``; a program owns ``BLOCK_T``
-consecutive tokens of one request and walks the key blocks ``0…max pos`` of the block
-(strided over the ``key programs`` of its token block, so a few decode tokens still fill the
-GPU; the loop bound is read on the device, so the grid never depends on lengths). Each
-gathered ``[BLOCK_L, Di]`` key block serves every token of the program: per token one
-tensor-core dot ``keys · q_tᵀ`` gives ``[BLOCK_L, Hi]`` logits with the *heads along the
-columns*, so the ReLU-weighted head sum is a row reduction inside each thread's registers
-(plus a few lane shuffles) instead of a cross-warp reduction. Token blocks whose tokens all
-sit below ``skip_below`` are not scored (their selection is every causal key).
+consecutive tokens and walks the key blocks ``0…max pos`` of the block (strided over the ``key
+programs`` of its token block, so a few decode tokens still fill the GPU; the loop bound is read
+on the device, so the grid never depends on lengths). Each gathered ``[BLOCK_L, Di]`` key block
+serves every token of the program with the *heads along the dot's columns*, so the
+ReLU-weighted head sum is a reduction inside each thread's registers (plus a few lane shuffles).
+Prefill (stacked): the ``BLOCK_T·Hi`` query rows of the block are the columns of one wgmma per
+key block, ``[BLOCK_L, BLOCK_T·Hi]`` in fp32, summed per token by a reshape; 3 pipeline stages
+let the page-table and key loads run ahead of the dot. Token blocks whose tokens all sit below
+``skip_below`` are not scored (their selection is every causal key).
 
 Tokens of one block usually share a request (prefill lays a request's tokens out
-contiguously); a block that straddles requests scores its tokens one at a time against their
-own request's keys (a few boundary blocks per batch). Decode-like batches use ``BLOCK_T = 1``.
+contiguously). In a batch of several requests the stacked grid has ``BLOCK_T`` programs per
+(token block, key program), the ``s``-th scoring the block's tokens of its ``s``-th request
+against that request's keys (the others return at once), so a straddling block costs no
+separate code path. Decode-like batches use ``BLOCK_T = 1``.
 
 Selection: :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (exact radix select over
 each row's causal range, ties to the lower position, positions in ascending order).
@@ -62,14 +65,16 @@ def _load_keys(K, pages, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8
     jpos = tl.where(jmask, offs_j, 0)
     page = tl.load(pages + jpos // page_size, mask=jmask, other=0).to(tl.int64)
     rows = K + (page * page_size + jpos % page_size) * stride_k
-    k = tl.load(rows[:, None] + offs_d[None, :], mask=jmask[:, None] & mask_d[None, :], other=0)
-    if FP8 == 2:
-        k_op = k.to(tl.float8e4nv, bitcast=True)
+    if FP8 == 2:  # read as e4m3 (no bitcast between the load and the dot: it stays pipelineable)
+        k_op = tl.load(rows.to(tl.pointer_type(tl.float8e4nv))[:, None] + offs_d[None, :],
+                       mask=jmask[:, None] & mask_d[None, :], other=0.0)  # fmt: skip
         k_scale = tl.load((rows + stride_k - 16).to(tl.pointer_type(tl.float32)), mask=jmask, other=0.0)
-    elif FP8:
-        k_op, k_scale = _quantize_rows_e4m3(k)
     else:
-        k_op, k_scale = k, tl.full([k.shape[0]], 1.0, tl.float32)
+        k = tl.load(rows[:, None] + offs_d[None, :], mask=jmask[:, None] & mask_d[None, :], other=0)
+        if FP8:
+            k_op, k_scale = _quantize_rows_e4m3(k)
+        else:
+            k_op, k_scale = k, tl.full([k.shape[0]], 1.0, tl.float32)
     return k_op, k_scale
 
 
@@ -95,18 +100,18 @@ def _token_scores(
 
 @triton.jit
 def _stacked_scores(
-    Q, W, K, SCORES, pages, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
+    Q, W, K, SCORES, TOKEN_REQ, pages, req_s, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
     stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, FP8: tl.constexpr,
 ):
-    """Scores of ``BLOCK_T`` tokens of one request: their ``BLOCK_T·Hi`` query rows stacked on
-    the columns of one dot per key block, the head sums of each token done by a second dot with a
-    0/1 group matrix (the ReLU-weighted terms split into bf16 high and low parts: ~2^-17 of
-    each term, fp32 accumulate)."""
+    """Scores of the block's tokens (``t0…t0 + BLOCK_T - 1``) of request ``req_s`` (``pos``:
+    their positions, ``-1`` for the others): their ``BLOCK_T·Hi`` query rows stacked on the columns of
+    one dot per key block, each token's head sum a register reduction of the fp32 terms."""
     r = tl.arange(0, BLOCK_T * BLOCK_H)
     row_t = t0 + r // BLOCK_H
     row_h = r % BLOCK_H
     row_mask = (row_t < num_tokens) & (row_h < num_heads)
+    row_mask &= tl.load(TOKEN_REQ + row_t, mask=row_mask, other=-1) == req_s
     q = tl.load(
         Q + row_t.to(tl.int64)[:, None] * stride_qt + row_h[:, None] * stride_qh + offs_d[None, :],
         mask=row_mask[:, None] & mask_d[None, :],
@@ -116,21 +121,15 @@ def _stacked_scores(
     if FP8:
         q, q_scale = _quantize_rows_e4m3(q)
         qw = qw * q_scale
-    cols = tl.arange(0, 16)
-    group = ((r // BLOCK_H)[:, None] == cols[None, :]).to(tl.float32).to(tl.bfloat16)  # [BLOCK_T·Hi, 16]
-    pos16 = tl.sum(tl.where(tl.arange(0, BLOCK_T)[:, None] == cols[None, :], pos[:, None], 0), 0)
-    pos16 = tl.where(cols < BLOCK_T, pos16, -1)
+    cols = tl.arange(0, BLOCK_T)
     out_rows = SCORES + (t0 + cols).to(tl.int64)[None, :] * stride_st
     for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
         offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
         k_op, k_scale = _load_keys(K, pages, offs_j, offs_j <= max_pos, offs_d, mask_d, stride_k, page_size, FP8)
         logits = tl.dot(k_op, tl.trans(q))  # [BLOCK_L, BLOCK_T·Hi]
         terms = tl.maximum(logits, 0.0) * qw[None, :]
-        hi = terms.to(tl.bfloat16)
-        lo = (terms - hi.to(tl.float32)).to(tl.bfloat16)
-        s = tl.dot(hi, group)
-        s = tl.dot(lo, group, s) * k_scale[:, None]  # [BLOCK_L, 16]: column i is token t0 + i
-        tl.store(out_rows + offs_j[:, None], s, mask=offs_j[:, None] <= pos16[None, :])
+        s = tl.sum(tl.reshape(terms, [BLOCK_L, BLOCK_T, BLOCK_H]), 2)  # [BLOCK_L, BLOCK_T]
+        tl.store(out_rows + offs_j[:, None], s * k_scale[:, None], mask=offs_j[:, None] <= pos[None, :])
 
 
 @triton.jit
@@ -160,11 +159,12 @@ def _indexer_scores_kernel(
     BLOCK_L: tl.constexpr,
     FP8: tl.constexpr,
     STACKED: tl.constexpr,
+    SEGMENTS: tl.constexpr = 1,
 ):
     # Later token blocks have longer causal ranges: start them first.
     t0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_T
     pid_l = tl.program_id(1)
-    key_programs = tl.num_programs(1)
+    key_programs = tl.num_programs(1) // SEGMENTS
     offs_t = t0 + tl.arange(0, BLOCK_T)
     mask_t = offs_t < num_tokens
     pos = tl.load(POSITIONS + offs_t, mask=mask_t, other=-1)
@@ -177,52 +177,73 @@ def _indexer_scores_kernel(
     mask_d = offs_d < head_dim
 
     req = tl.load(TOKEN_REQ + offs_t, mask=mask_t, other=0)
-    req0 = tl.load(TOKEN_REQ + t0)
-    one_request = tl.sum((mask_t & (req != req0)).to(tl.int32), 0) == 0
-    pages0 = PAGE_TABLE + req0.to(tl.int64) * stride_pt
     if STACKED:
-        if one_request:
+        # Program (block, seg·key_programs + l) scores the tokens of the block's seg-th request
+        # (blocks straddle requests rarely; then a second program scores the next request's part).
+        seg = pid_l // key_programs
+        pid_l = pid_l % key_programs
+        prev = tl.load(TOKEN_REQ + offs_t - 1, mask=mask_t & (offs_t > t0), other=0)
+        seg_t = tl.cumsum((mask_t & (offs_t > t0) & (req != prev)).to(tl.int32), 0)
+        mine = mask_t & (seg_t == seg)
+        if tl.sum(mine.to(tl.int32), 0) > 0:
+            req_s = tl.max(tl.where(mine, req, 0), 0)
+            pos_s = tl.where(mine, pos, -1)
             _stacked_scores(
-                Q, W, K, SCORES, pages0, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
-                stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
+                Q, W, K, SCORES, TOKEN_REQ, PAGE_TABLE + req_s.to(tl.int64) * stride_pt, req_s, t0, pid_l,
+                key_programs, pos_s, tl.max(pos_s, 0), offs_d, mask_d, stride_qt, stride_qh, stride_wt,
+                stride_k, stride_st, num_tokens, num_heads, page_size, scale,
                 BLOCK_T, BLOCK_H, BLOCK_L, FP8,
             )  # fmt: skip
-            return
-    for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
-        offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
-        # The keys of the block's request (none loaded when the block straddles requests).
-        jmask = (offs_j <= max_pos) & one_request
-        k_op, k_scale = _load_keys(K, pages0, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8)
-        for i in tl.static_range(BLOCK_T):
-            t_i = t0 + i
-            if t_i < num_tokens:
-                pos_i = tl.load(POSITIONS + t_i)
-                if kb * BLOCK_L <= pos_i:
-                    if not one_request:  # the block straddles requests: this token's own keys
-                        pages = PAGE_TABLE + tl.load(TOKEN_REQ + t_i).to(tl.int64) * stride_pt
-                        k_op, k_scale = _load_keys(
-                            K, pages, offs_j, offs_j <= pos_i, offs_d, mask_d, stride_k, page_size, FP8
-                        )
-                    s = _token_scores(
-                        Q, W, t_i.to(tl.int64), k_op, k_scale, offs_h, mask_h, offs_d, mask_d,
-                        stride_qt, stride_qh, stride_wt, scale, FP8,
-                    )  # fmt: skip
-                    tl.store(SCORES + t_i.to(tl.int64) * stride_st + offs_j, s, mask=offs_j <= pos_i)
+    else:
+        req0 = tl.load(TOKEN_REQ + t0)
+        one_request = tl.sum((mask_t & (req != req0)).to(tl.int32), 0) == 0
+        pages0 = PAGE_TABLE + req0.to(tl.int64) * stride_pt
+        for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
+            offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
+            # The keys of the block's request (none loaded when the block straddles requests).
+            jmask = (offs_j <= max_pos) & one_request
+            k_op, k_scale = _load_keys(K, pages0, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8)
+            for i in tl.static_range(BLOCK_T):
+                t_i = t0 + i
+                if t_i < num_tokens:
+                    pos_i = tl.load(POSITIONS + t_i)
+                    if kb * BLOCK_L <= pos_i:
+                        if not one_request:  # the block straddles requests: this token's own keys
+                            pages = PAGE_TABLE + tl.load(TOKEN_REQ + t_i).to(tl.int64) * stride_pt
+                            k_op, k_scale = _load_keys(
+                                K, pages, offs_j, offs_j <= pos_i, offs_d, mask_d, stride_k, page_size, FP8
+                            )
+                        s = _token_scores(
+                            Q, W, t_i.to(tl.int64), k_op, k_scale, offs_h, mask_h, offs_d, mask_d,
+                            stride_qt, stride_qh, stride_wt, scale, FP8,
+                        )  # fmt: skip
+                        tl.store(SCORES + t_i.to(tl.int64) * stride_st + offs_j, s, mask=offs_j <= pos_i)
 
 
-def default_config(num_tokens: int, num_requests: int, num_heads: int, row_len: int, device: torch.device) -> dict:
+def default_config(
+    num_tokens: int, num_requests: int, num_heads: int, row_len: int, device: torch.device, fp8: int = 0
+) -> dict:
     """Tiles of the score kernel for a shape: ``block_t`` tokens per program (1 for decode-like
     batches), key blocks of ``block_l``, and ``key_programs`` per token block — enough programs
-    to fill the GPU, capped at 64 so the grid does not grow with the configured context."""
+    to fill the GPU, capped at 64 so the grid does not grow with the configured context.
+    ``fp8``: 0 bf16 keys, 1 FP8 quantised in the kernel, 2 the stored FP8 key cache."""
     stacked = num_tokens > num_requests
-    block_t = 4 if stacked else 1
-    block_l = 64 if stacked else 128
-    token_blocks = triton.cdiv(num_tokens, block_t)
-    key_programs = max(1, min(triton.cdiv(row_len, block_l), triton.cdiv(4 * num_sms(device), token_blocks), 64))
-    # Stacked tiles from the H200 sweep (scripts/bench_kernels_attention.py --sweep): 4 warps with
-    # registers capped at 168 (two programs per SM) beat every uncapped tile at 16K tokens.
-    return {"block_t": block_t, "block_l": block_l, "key_programs": key_programs, "num_warps": 4 if stacked else 8,
-            "num_stages": 2, "stacked": stacked, "maxnreg": 168 if stacked else None}  # fmt: skip
+    # Stacked tiles from the H200 sweep (`scripts/bench_kernels_attention.py --only indexer --sweep`):
+    # bf16, 8 tokens and 8 warps (two warpgroups, 4 tokens × 32 heads each), 2 stages, registers
+    # capped at 128 (two programs per SM); FP8, 4 tokens and 4 warps, 3 stages, uncapped (stored
+    # keys) or at 168 (in-kernel quantisation, as measured).
+    # At most 256 query rows per program (more heads: fewer tokens).
+    rows = 256 // max(16, triton.next_power_of_2(num_heads))
+    if not stacked:
+        tiles = {"block_t": 1, "block_l": 128, "num_warps": 8, "num_stages": 2, "maxnreg": None}
+    elif fp8:
+        tiles = {"block_t": min(4, rows), "block_l": 64, "num_warps": 4, "num_stages": 3,
+                 "maxnreg": 168 if fp8 == 1 else None}  # fmt: skip
+    else:
+        tiles = {"block_t": min(8, rows), "block_l": 64, "num_warps": 8, "num_stages": 2, "maxnreg": 128}
+    token_blocks = triton.cdiv(num_tokens, tiles["block_t"])
+    key_programs = max(1, min(triton.cdiv(row_len, tiles["block_l"]), triton.cdiv(4 * num_sms(device), token_blocks), 64))
+    return {**tiles, "key_programs": key_programs, "stacked": stacked}
 
 
 def supports(
@@ -282,7 +303,8 @@ def indexer_scores_triton(
     Arguments as :func:`~breakgraph.kernels.indexer.indexer_topk_ref` (``weights`` fp32
     ``[T, Hi]``); ``fp8`` picks the FP8 e4m3 dot (module docstring); token blocks whose
     positions are all ``< skip_below`` are skipped; ``row_len`` (host int, default the page
-    table's width) bounds the rows for the grid choice only. Graph-safe.
+    table's width) bounds the rows for the grid choice only; ``block_t`` … ``maxnreg`` override
+    :func:`default_config`'s tiles. Graph-safe.
     """
     num_tokens, num_heads, head_dim = q.shape
     if num_tokens == 0:
@@ -290,20 +312,24 @@ def indexer_scores_triton(
     if k_cache.dtype == torch.uint8 and not fp8:
         raise ValueError("an FP8 indexer key cache is scored by the FP8 indexer only (fp8=True)")
     row_len = row_len or page_table.shape[1] * page_size
-    cfg = default_config(num_tokens, page_table.shape[0], num_heads, row_len, q.device)
+    fp8_mode = 2 if k_cache.dtype == torch.uint8 else int(fp8)
+    cfg = default_config(num_tokens, page_table.shape[0], num_heads, row_len, q.device, fp8_mode)
     block_t = block_t or cfg["block_t"]
     use_stacked = (cfg["stacked"] if stacked is None else stacked) and block_t > 1
-    if use_stacked and block_t > 16:
-        raise ValueError(f"the stacked score path sums heads for at most 16 tokens per program, got block_t={block_t}")
-    grid = (triton.cdiv(num_tokens, block_t), key_programs or cfg["key_programs"])
+    block_h = max(16, triton.next_power_of_2(num_heads))
+    if use_stacked and block_t * block_h > 256:  # on the H200, 16 × 32 columns gave wrong sums
+        raise ValueError(f"the stacked dot takes at most 256 query rows, got block_t={block_t} × {block_h} heads")
+    # Stacked blocks of a multi-request batch may straddle requests: a program per request part.
+    segments = block_t if use_stacked and page_table.shape[0] > 1 else 1
+    grid = (triton.cdiv(num_tokens, block_t), (key_programs or cfg["key_programs"]) * segments)
     _indexer_scores_kernel[grid](
         q, weights, k_cache, page_table, token_req, positions, scores,
         q.stride(0), q.stride(1), weights.stride(0), k_cache.stride(0), page_table.stride(0), scores.stride(0),
         num_tokens, num_heads, head_dim, page_size, skip_below, softmax_scale,
-        BLOCK_T=block_t, BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
+        BLOCK_T=block_t, BLOCK_H=block_h,
         BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"],
-        FP8=2 if k_cache.dtype == torch.uint8 else int(fp8),
-        STACKED=use_stacked,
+        FP8=fp8_mode,
+        STACKED=use_stacked, SEGMENTS=segments,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"],
     )  # fmt: skip
