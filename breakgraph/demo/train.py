@@ -567,7 +567,8 @@ def train_demo(
     val_set = problems[a.train_problems :]
     corpus = build_corpus(
         a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
-        worded_share=0.5,
+        worded_share=0.3,
+        phrased_share=0.4,
     )
     tok = train_tokenizer(corpus, vocab_size=a.vocab_size)
     data = encode_problems(tok, problems[: a.train_problems])
