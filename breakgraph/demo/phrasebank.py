@@ -26,7 +26,8 @@ The answer keeps the demo format, one exact calculation per line then the final 
     #### 17
 
 Ranges: every result is an integer in 1-1000; start amounts 5-100; a product of word problems
-has one factor 2-12 and the other 2-50; a division has a divisor 2-12 and a quotient 2-25.
+has one factor 2-12 and the other 2-80 (or doubles or triples an amount); a division has a
+divisor 2-12 and a quotient 2-25.
 The drills go further (products of two 2-digit numbers up to 1000, 3-digit dividends over 2-digit
 divisors with quotients up to 50, sums and differences of 3-digit numbers).
 
@@ -168,7 +169,18 @@ class _W:
         self.named: set[str] = set()
 
     def pick(self, *options):
-        return self.rng.choice(options)
+        """One of ``options``; the people a chosen sentence names count as introduced (the options
+        are all written before one is chosen, so a mention is only settled here)."""
+        choice = self.rng.choice(options)
+        text = choice[1] if isinstance(choice, tuple) else choice
+        if isinstance(text, str):
+            self.mark(text)
+        return choice
+
+    def mark(self, text: str) -> None:
+        for p in (self.a, self.b, self.c):
+            if p.name in text:
+                self.named.add(p.name)
 
     def r(self, lo: int, hi: int) -> int:
         return self.rng.randint(lo, hi)
@@ -188,13 +200,11 @@ class _W:
     def who(self, p: _P) -> str:
         """The first mention names ``p`` (sometimes with a role); later ones name or use the pronoun."""
         if p.name not in self.named:
-            self.named.add(p.name)
-            return self.pick(p.name, p.name, p.name, f"{p.name}, {self.pick(*ROLES)},")
+            return self.rng.choice((p.name, p.name, p.name, f"{p.name}, {self.rng.choice(ROLES)},"))
         return p.name if self.rng.random() < 0.5 else p.he()
 
     def whom(self, p: _P) -> str:
         if p.name not in self.named:
-            self.named.add(p.name)
             return p.name
         return p.name if self.rng.random() < 0.5 else p.him()
 
@@ -228,7 +238,16 @@ def _gain_text(w: _W, h: _P, k: int) -> tuple[_P | None, str]:
     o, n = w.b if h is not w.b else w.a, w.n(k)
     x = w.pick("", f" {pl}")
     rel = w.pick(*RELATIVES)
-    subj = (h, w.pick(
+    if w.rng.random() < 0.3:
+        who_o = w.who(o)
+        return (None, w.pick(
+            f"{who_o} {w.v('gives/gave')} {h.him()} {n} more{x}", f"{who_o} {w.v('hands/handed')} {h.him()} {n}{x}",
+            f"{who_o} {w.v('sends/sent')} {h.him()} another {n}{x}", f"{who_o} {w.v('passes/passed')} {n}{x} to {h.name}",
+            f"{h.his().capitalize()} {rel} {w.v('buys/bought')} {h.him()} {n} more{x}",
+            f"{n} more {pl} {w.v('are/were')} given to {h.name}", f"{n} {pl} {w.v('are/were')} added to {h.his()} pile",
+            f"{who_o} {w.v('donates/donated')} {n}{x} to {h.name}", f"{who_o} {w.v('brings/brought')} {h.him()} {n} extra{x}",
+        ))  # fmt: skip
+    return (h, w.pick(
         f"{w.v('buys/bought')} {n} more{x}", f"{w.v('gets/got')} {n} more{x}", f"{w.v('gets/got')} another {n}{x}",
         f"{w.v('receives/received')} {n}{x} from {w.whom(o)}", f"{w.v('is/was')} given {n} more{x}",
         f"{w.v('is/was')} given {n}{x} by {w.whom(o)}", f"{w.v('gets/got')} {n}{x} as a gift",
@@ -243,16 +262,6 @@ def _gain_text(w: _W, h: _P, k: int) -> tuple[_P | None, str]:
         f"{w.v('trades/traded')} for {n} more{x}", f"{w.v('earns/earned')} {n} more{x}",
         f"{w.v('gets/got')} {n} extra{x} from {h.his()} {rel}", f"{w.v('is/was')} gifted {n}{x}",
     ))  # fmt: skip
-    if w.rng.random() < 0.3:
-        who_o = w.who(o)
-        return (None, w.pick(
-            f"{who_o} {w.v('gives/gave')} {h.him()} {n} more{x}", f"{who_o} {w.v('hands/handed')} {h.him()} {n}{x}",
-            f"{who_o} {w.v('sends/sent')} {h.him()} another {n}{x}", f"{who_o} {w.v('passes/passed')} {n}{x} to {h.name}",
-            f"{h.his().capitalize()} {rel} {w.v('buys/bought')} {h.him()} {n} more{x}",
-            f"{n} more {pl} {w.v('are/were')} given to {h.name}", f"{n} {pl} {w.v('are/were')} added to {h.his()} pile",
-            f"{who_o} {w.v('donates/donated')} {n}{x} to {h.name}", f"{who_o} {w.v('brings/brought')} {h.him()} {n} extra{x}",
-        ))  # fmt: skip
-    return subj
 
 
 def _loss_text(w: _W, h: _P, k: int) -> tuple[_P | None, str]:
@@ -437,7 +446,7 @@ def _story_changes(w: _W, s: _S) -> None:
         s.facts.append(_start_fact(w, h, k))
         gain, loss, ask = _gain_text, _loss_text, _count_question
     s.value = k
-    n_events = w.pick(1, 1, 2, 2, 3)
+    n_events = w.pick(1, 2, 2, 3, 3, 3)
     last_losing = False
     for _ in range(n_events):
         roll = w.rng.random()
@@ -568,11 +577,20 @@ def _story_groups(w: _W, s: _S) -> None:
         s.calc(s.value, "-", d)
         s.question = _money_question(w, h, True)
         return
-    if unit == "count" and w.rng.random() < 0.35 and s.value > 2:
-        d = w.r(1, s.value - 1)
-        s.facts.append(_loss_text(w, h, d))
-        s.calc(s.value, "-", d)
-        s.question = _count_question(w, h, True)
+    if unit == "count" and w.rng.random() < 0.5:  # then gains and losses
+        losing = False
+        for _ in range(w.pick(1, 2, 2, 3)):
+            if w.rng.random() < 0.55 and s.value > 2:
+                d = w.r(1, s.value - 1)
+                s.facts.append(_loss_text(w, h, d))
+                s.calc(s.value, "-", d)
+                losing = True
+            elif s.value <= MAX_RESULT - 2:
+                d = w.r(1, min(60, MAX_RESULT - s.value))
+                s.facts.append(_gain_text(w, h, d))
+                s.calc(s.value, "+", d)
+                losing = False
+        s.question = _count_question(w, h, losing)
         return
     if unit == "count":
         s.question = w.pick(f"How many {pl} {w.does()} {hn} have in total?", f"How many {pl} are there altogether?",
@@ -967,6 +985,7 @@ def _sentences(w: _W, facts: list[tuple[_P | None, str]], events: bool) -> list[
         nxt = facts[i + 1] if i + 1 < len(facts) else None
         name = w.who(subj) if subj is not None else None
         first = f"{name} {text}" if name else text
+        w.mark(first)
         if nxt is not None and subj is not None and nxt[0] is subj and w.rng.random() < 0.45:
             join = w.rng.random()
             if (
@@ -1003,6 +1022,7 @@ def make_problem(rng: random.Random) -> Problem:
     q = s.question
     shape = rng.random()
     if_form = shape < 0.15 and s.if_form and len(s.facts) <= 3 and q.startswith("How")
+    w.named = set()  # the question was written first; the sentences introduce the people in order
     sentences = _sentences(w, s.facts, kind in ("changes", "shopping", "transfer") and not if_form)
     if (
         if_form
