@@ -787,7 +787,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--mixture",
         type=json.loads,
         default=d.mixture,
-        help="JSON shares of the training sources (templates, wordings, gsm8k)",
+        help="JSON shares of the training sources (templates, wordings, phrases, gsm8k)",
     )
     p.add_argument(
         "--val-problems",
