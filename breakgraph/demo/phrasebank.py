@@ -38,6 +38,7 @@ written here (``tests/test_demo_heldout.py``).
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -143,6 +144,7 @@ class _S:
     question: str = ""
     value: int = 0
     if_form: bool = True  # whether the story reads well as one "If ..., ...?" sentence
+    hypothetical: bool = False  # the first sentence becomes "Suppose ..." and the question asks what would be
 
     def calc(self, a: int, op: str, b: int) -> int:
         v = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
@@ -485,6 +487,13 @@ def _story_changes(w: _W, s: _S) -> None:
         s.calc(s.value, "/", k)
         s.question = w.pick(f"How many {pl} does each one get?", f"How many {pl} {'is' if not w.past else 'was'} in each share?",
                             "How many is that for each?", f"How many {pl} per person?")  # fmt: skip
+        return
+    if ask is _count_question and not w.past and w.rng.random() < 0.15:  # "Suppose ..., how many would ...?"
+        s.hypothetical = True
+        pl = w.item[1]
+        s.question = w.pick(f"How many {pl} would {h.he()} have then?", f"How many {pl} would {h.name} end up with?",
+                            f"How many {pl} would be left?" if last_losing else f"How many {pl} would {h.he()} have in all?",
+                            f"What would {h.name}'s total be?", f"How many would {h.he()} have?")  # fmt: skip
         return
     s.question = ask(w, h, last_losing)
 
@@ -898,6 +907,44 @@ def _story_measure(w: _W, s: _S) -> None:
         )
 
 
+def _story_asked(w: _W, s: _S) -> None:
+    """A price, a group size or a stock is stated; the question names how many are bought, filled
+    or sharing ("One pen costs $3. How much do 4 pens cost?")."""
+    sg, pl, _ = w.item
+    g, gs = w.group
+    h = w.a
+    form = w.rng.randrange(3)
+    if form == 0:
+        a, b = w.r(2, 12), w.r(2, 50)
+        price = w.money(b)
+        s.facts.append((None, w.pick(f"One {sg} {w.v('costs/cost')} {price}", f"A {sg} {w.v('costs/cost')} {price}",
+                                     f"{_cap(pl)} {w.v('are/were')} {price} each", f"Each {sg} {w.v('sells/sold')} for {price}",
+                                     f"The shop {w.v('charges/charged')} {price} for one {sg}")))  # fmt: skip
+        s.question = w.pick(f"How much do {w.n(a)} {pl} cost?", f"What is the cost of {w.n(a)} {pl}?",
+                            f"How much would {w.n(a)} {pl} cost?", f"What do {w.n(a)} {pl} cost altogether?",
+                            f"How much must {h.name} pay for {w.n(a)} {pl}?", f"Find the price of {w.n(a)} {pl}.",
+                            f"How much does {h.name} spend on {w.n(a)} {pl}?")  # fmt: skip
+        s.calc(a, "*", b)
+    elif form == 1:
+        a, b = w.r(2, 12), w.r(2, 50)
+        s.facts.append((None, w.pick(f"Each {g} {w.v('holds/held')} {w.n(b)} {pl}", f"A {g} {w.v('has/had')} room for {w.n(b)} {pl}",
+                                     f"There {w.v('are/were')} {w.n(b)} {pl} in every {g}", f"One {g} {w.v('takes/took')} {w.n(b)} {pl}")))  # fmt: skip
+        s.question = w.pick(f"How many {pl} are in {w.n(a)} {gs}?", f"How many {pl} do {w.n(a)} {gs} hold?",
+                            f"How many {pl} would fill {w.n(a)} {gs}?", f"How many {pl} are there in {w.n(a)} full {gs}?",
+                            f"Find the number of {pl} in {w.n(a)} {gs}.")  # fmt: skip
+        s.calc(a, "*", b)
+    else:
+        k, q = w.r(2, 12), w.r(2, 25)
+        people = w.pick("friends", "children", "students", "kids", "people", "players")
+        s.facts.append((h, w.pick(f"{w.has()} {_count(w, k * q)}", f"{w.v('makes/made')} {_count(w, k * q)}" if w.item[2]
+                                  else f"{w.v('buys/bought')} {_count(w, k * q)}", f"{w.v('collects/collected')} {_count(w, k * q)}")))  # fmt: skip
+        s.question = w.pick(f"If {h.he()} {'shares' if not w.past else 'shared'} them equally among {w.n(k)} {people}, how many does each get?",
+                            f"How many does each of {w.n(k)} {people} get if they share the {pl} equally?",
+                            f"If {w.n(k)} {people} share the {pl} fairly, how many does each one get?",
+                            f"How many {gs} of {w.n(k)} can {h.he()} fill?", f"How many groups of {w.n(k)} can be made?")  # fmt: skip
+        s.calc(k * q, "/", k)
+
+
 _DRILL = {
     "+": ("{a}+{b}", "{a} + {b}", "{a} plus {b}", "the sum of {a} and {b}", "{a} added to {b}"),
     "-": ("{a}-{b}", "{a} - {b}", "{a} minus {b}", "{b} subtracted from {a}", "{a} take away {b}", "the difference of {a} and {b}"),
@@ -949,9 +996,9 @@ def _story_drill(w: _W, s: _S) -> None:
 
 
 STORIES = {
-    "changes": (_story_changes, 0.32), "groups": (_story_groups, 0.16), "share": (_story_share, 0.14),
+    "changes": (_story_changes, 0.3), "groups": (_story_groups, 0.16), "share": (_story_share, 0.14),
     "compare": (_story_compare, 0.13), "transfer": (_story_transfer, 0.04), "shopping": (_story_shopping, 0.09),
-    "measure": (_story_measure, 0.04), "drill": (_story_drill, 0.08),
+    "measure": (_story_measure, 0.04), "drill": (_story_drill, 0.08), "asked": (_story_asked, 0.06),
 }  # fmt: skip
 
 
@@ -967,7 +1014,7 @@ def _distractor(w: _W) -> str:
         f"It takes {w.r(5, 50)} minutes to get to the shop", f"The shop opens at {w.r(7, 11)} o'clock",
         f"{w.a.name}'s {w.pick('cousin', 'friend', 'neighbour')} {c.name} looks after {w.n(w.r(2, 9))} pets", f"There are {w.r(12, 35)} students in the class",
         f"The thermometer shows {w.r(10, 35)} degrees", f"{w.a.name} lives at number {w.r(2, 99)}",
-        f"The bus ride takes {w.r(10, 60)} minutes", f"{c.name} owns {w.n(w.r(2, 15))} {other}",
+        f"The bus ride takes {w.r(10, 60)} minutes", f"{c.name} collects {other} and has {w.n(w.r(2, 15))} of them",
         f"{w.a.name} is in grade {w.r(1, 8)}", f"A {w.pick(*ITEMS_FOR_SALE)} costs {w.money(w.r(2, 60))} at another shop",
         f"{w.a.name}'s dog weighs {w.r(3, 40)} kg", f"The park is {w.n(w.r(2, 15))} km away",
         f"{c.name} scored {w.r(2, 99)} points yesterday", f"There are {w.n(w.r(2, 12))} trees on the street",
@@ -1032,11 +1079,17 @@ def make_problem(rng: random.Random) -> Problem:
     ):
         text = f"If {' and '.join(_lower(t) for t in sentences)}, {_lower(q)}"
     else:
+        if s.hypothetical:
+            sentences[0] = rng.choice(("Suppose ", "Imagine that ", "Let's say ", "Say ")) + _lower(
+                sentences[0]
+            )
         for _ in range(rng.choice((0, 0, 0, 1, 1, 2))):
-            sentences.insert(rng.randrange(len(sentences) + 1), _distractor(w))
+            sentences.insert(rng.randrange(not s.hypothetical, len(sentences) + 1), _distractor(w))
         facts = " ".join(t + "." for t in sentences)
-        text = f"{q} {facts}" if shape < 0.3 else f"{facts} {q}"
-    return Problem(text.replace("..", "."), answer, final, f"phrases/{kind}")
+        first = shape < 0.3 and kind != "asked" and not s.hypothetical
+        text = f"{q} {facts}" if first else f"{facts} {q}"
+    text = re.sub(r"\b([Aa]) (?=[aeiou])", r"\1n ", text.replace("..", "."))
+    return Problem(text, answer, final, f"phrases/{kind}")
 
 
 def iter_phrases(seed: int) -> Iterator[Problem]:
