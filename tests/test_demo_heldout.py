@@ -8,13 +8,13 @@ import re
 
 import pytest
 
-from breakgraph.demo import heldout_writer, problems, wordings
+from breakgraph.demo import heldout_writer, phrasebank, problems, wordings
 from breakgraph.demo.heldout import HELDOUT_FILE, heldout_phrasings, must_answer
 from breakgraph.demo.mixture import gsm8k_easy
 
 RUN = 5
 
-_NAMES = {n.lower() for n, _ in problems.NAMES + wordings.PEOPLE + heldout_writer.PEOPLE}
+_NAMES = {n.lower() for n, _ in problems.NAMES + wordings.PEOPLE + phrasebank.PEOPLE + heldout_writer.PEOPLE}
 _NUMBER_WORDS = set(wordings.NUMBER_WORDS) | set(heldout_writer.WORDS)
 _NOUNS = sorted(
     {n for sg, pl, _ in wordings.THINGS for n in (sg, pl)}
@@ -41,9 +41,10 @@ def runs(text: str) -> set[tuple[str, ...]]:
 
 def training_texts() -> list[str]:
     """A large sample of every training source's questions: the templates (several seeds), the
-    worded generator and the GSM8K problems the mixture uses."""
+    worded generator, the phrase generator and the GSM8K problems the mixture can use."""
     texts = [p.question for seed in (0, 1, 2) for p in problems.generate(20000, seed)]
     texts += [p.question for seed in (0, 1, 2, 3) for p in wordings.generate_wordings(40000, seed)]
+    texts += [p.question for seed in (0, 1, 2, 3, 4) for p in phrasebank.generate_phrases(40000, seed)]
     texts += [p.question for p in gsm8k_easy()]
     return texts
 

@@ -1,4 +1,4 @@
-"""The worded problem generator, the training mixture and the evaluation's scoring (CPU, seconds)."""
+"""The worded problem generators, the training mixture and the evaluation's scoring (CPU, seconds)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from breakgraph.demo import mixture, problems, wordings
+from breakgraph.demo import mixture, phrasebank, problems, wordings
 from breakgraph.demo.evaluate import annotation_correct, annotations, score
 from breakgraph.demo.train import length_grouped_order
 
@@ -81,6 +81,115 @@ def test_pronouns_agree_with_the_only_person_named():
     assert checked > 500
 
 
+# ------------------------------------------------------------------------------------- phrasebank
+
+
+@pytest.fixture(scope="module")
+def phrased() -> list[problems.Problem]:
+    return phrasebank.generate_phrases(8000, seed=4)
+
+
+def _check_steps(p: problems.Problem) -> list[tuple[int, str, int, int]]:
+    """The answer's steps ``(a, op, b, c)`` after checking the format, the arithmetic and the range."""
+    *lines, last = p.answer.split("\n")
+    assert 1 <= len(lines) <= 4 and last == f"#### {p.final}", p.answer
+    out = []
+    for line in lines:
+        m = _STEP.match(line)
+        assert m, line
+        a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
+        assert {"+": a + b, "-": a - b, "*": a * b, "/": a / b}[op] == c and 1 <= c <= 1000, line
+        out.append((a, op, b, c))
+    assert out[-1][3] == p.final
+    return out
+
+
+def test_phrases_steps_are_exact_in_range_and_end_in_the_answer(phrased):
+    for p in phrased:
+        for a, op, b, c in _check_steps(p):
+            if p.template != "phrases/drill" and op == "*":
+                assert (min(a, b) <= 12 and max(a, b) <= 80) or min(a, b) in (2, 3), p.answer
+            if p.template != "phrases/drill" and op == "/":
+                assert b <= 12 and c <= 25, p.answer
+
+
+def test_phrases_use_the_numbers_they_state():
+    """Every operand of a word problem is a number the question states (as digits or a word), an
+    earlier result, or the 2 or 3 of "twice"/"double"/"three times"/"triple"."""
+    words = {w: i for i, w in enumerate(phrasebank.NUMBER_WORDS)}
+    for p in phrasebank.generate_phrases(3000, seed=8):
+        stated = {int(x) for x in re.findall(r"\d+", p.question)}
+        stated |= {words[w] for w in re.findall(r"[a-z]+", p.question.lower()) if w in words}
+        known = set(stated)
+        for a, _, b, c in _check_steps(p):
+            implied = {2} if re.search(r"twice|doubl", p.question) else set()
+            implied |= {3} if re.search(r"three times|tripl", p.question) else set()
+            assert {a, b} <= known | implied, (p.question, p.answer)
+            known.add(c)
+
+
+def test_phrases_stories_and_solutions_are_right_on_examples():
+    """Hand-checked semantics: gaining adds, losing subtracts, groups multiply, sharing divides,
+    change is the payment minus the cost, more/fewer than compares."""
+    seen = set()
+    for p in phrasebank.generate_phrases(4000, seed=12):
+        q, ops = p.question, "".join(op for _, op, _, _ in _check_steps(p))
+        if p.template == "phrases/share":
+            assert ops[-1] == "/", (q, p.answer)
+        if p.template == "phrases/shopping" and "change" in q.lower():
+            a, op, b, _ = _check_steps(p)[-1]
+            assert op == "-" and a in (5, 10, 20, 50, 100), q
+        if p.template == "phrases/transfer":
+            assert ops in ("+", "-"), q
+        seen.add(p.template)
+    assert seen == {f"phrases/{k}" for k in phrasebank.STORIES}
+
+
+def test_phrases_cover_the_surface_forms(phrased):
+    text = " ".join(p.question for p in phrased)
+    low = text.lower()
+    for phrase in ("left", "remain", "altogether", "in total", "each", "per ", "apiece", "change", "more than",
+                   "fewer than", "times as many", "combined", "how much", "how many", "what is", "find ", "work out",
+                   "determine", "calculate", "if ", " who ", "is given", "are shared", "as a gift", "stay"):  # fmt: skip
+        assert phrase in low, phrase
+    assert all(w in low.split() for w in ("seven", "twelve", "nineteen", "twenty"))
+    assert all(c in text for c in ("$", "£", "€", "dollars", "litres", "km", "kg"))
+    first = sum(
+        p.question.startswith(("How", "What", "Find", "Work", "Determine")) and "?" not in p.question[-2:]
+        for p in phrased
+    )
+    assert first > 0.08 * len(phrased), "a share of the questions come first"
+    steps = Counter(p.answer.count("<<") for p in phrased)
+    assert all(steps[k] > 0.02 * len(phrased) for k in (1, 2, 3, 4)), steps
+    ops = Counter(op for p in phrased for op in re.findall(r"<<\d+([-+*/])", p.answer))
+    assert all(ops[o] > 0.08 * sum(ops.values()) for o in "+-*/"), ops
+
+
+def test_phrase_drills_cover_two_digit_products_and_three_digit_quotients(phrased):
+    drills = [s for p in phrased if p.template == "phrases/drill" for s in _check_steps(p)]
+    assert any(op == "*" and min(a, b) >= 10 for a, op, b, _ in drills)
+    assert any(op == "/" and a >= 100 and b >= 10 for a, op, b, _ in drills)
+
+
+def test_phrase_pronouns_agree_with_the_only_person_named():
+    wrong = {"f": r"\b([Hh]e|[Hh]is|him)\b", "m": r"\b([Ss]he|[Hh]er)\b"}
+    checked = 0
+    for p in phrasebank.generate_phrases(3000, 2):
+        named = [(n, sex) for n, sex in phrasebank.PEOPLE if re.search(rf"\b{n}\b", p.question)]
+        if len(named) == 1:
+            checked += 1
+            assert not re.search(wrong[named[0][1]], p.question), p.question
+    assert checked > 500
+
+
+def test_phrase_generation_is_deterministic_and_prefix_stable():
+    assert phrasebank.generate_phrases(300, 9) == phrasebank.generate_phrases(300, 9)
+    assert phrasebank.generate_phrases(100, 9) == phrasebank.generate_phrases(300, 9)[:100]
+    assert phrasebank.generate_phrases(100, 9) != phrasebank.generate_phrases(100, 10)
+    with pytest.raises(ValueError, match="n must be"):
+        phrasebank.generate_phrases(-1, 0)
+
+
 # ------------------------------------------------------------------------------------- mixture
 
 
@@ -95,11 +204,15 @@ def test_gsm8k_filter_keeps_only_small_exact_single_operation_steps():
 def test_mixture_draws_each_source_by_its_share_and_never_a_template_test_question():
     mix = mixture.make_mixture(4000, seed=3)
     assert len(mix) == 4000
-    source = Counter("gsm8k" if p.template == "gsm8k" else p.template.split("/")[0] for p in mix)
-    assert abs(source["wordings"] - 2600) <= 1 and abs(source["gsm8k"] - 200) <= 1, source
+    kind = lambda t: t if t == "gsm8k" else t.split("/")[0] if t.startswith(("wordings/", "phrases/")) else "templates"  # noqa: E731
+    source = Counter(kind(p.template) for p in mix)
+    want = {k: 4000 * v for k, v in mixture.DEFAULT_SHARES.items()}
+    assert all(abs(source[k] - n) <= 1 for k, n in want.items()) and not source["gsm8k"], source
     test_keys = {problems.normalise_question(p.question) for p in problems.test_split(problems.TEST_POOL)}
     assert not test_keys & {problems.normalise_question(p.question) for p in mix}
     assert mixture.make_mixture(4000, seed=3) == mix
+    with_gsm8k = mixture.make_mixture(1000, 3, {"templates": 0.5, "gsm8k": 0.5})
+    assert Counter(p.template == "gsm8k" for p in with_gsm8k)[True] == 500
     with pytest.raises(ValueError, match="unknown mixture sources"):
         mixture.make_mixture(10, 0, {"web": 1.0})
 

@@ -30,6 +30,16 @@ def chat_prompts(engine: Engine, n: int) -> list[str]:
     ]
 
 
+def question_prompts(n: int) -> list[str]:
+    """Three-step word problems: the demo model answers each in ~50 tokens, so twenty of them
+    outgrow the 40 pages while they decode."""
+    return [
+        f"Question: Ben has {i + 3} boxes with 12 pencils in each box. He buys {i + 5} more pencils and gives "
+        f"away 9. How many pencils does he have left?\nAnswer:"
+        for i in range(n)
+    ]
+
+
 def unlimited(engine: Engine, prompt: str, seed: int | None = None) -> SamplingParams:
     """As many new tokens as the context holds (a chat request without max_tokens); seeded
     sampling at temperature 0.8 when ``seed`` is given, else greedy."""
@@ -39,7 +49,7 @@ def unlimited(engine: Engine, prompt: str, seed: int | None = None) -> SamplingP
 
 def test_unlimited_requests_run_together_preempt_and_equal_each_alone(small_pool):
     engine = small_pool
-    prompts = chat_prompts(engine, 20)
+    prompts = question_prompts(20)
     params = [unlimited(engine, p, seed=100 + i if i % 4 == 3 else None) for i, p in enumerate(prompts)]
     budget_pages = engine.kv_cache.pool.pages_for(engine.context_length)
     whole_budget_limit = engine.kv_usage().total // budget_pages

@@ -207,10 +207,12 @@ def test_seeded_sampling_is_reproducible(client):
 
 
 SHORT = "Question: 2+3?\nAnswer:"  # the default model's answer ends in fewer than 29 tokens
+# unlike any training problem, so the default model's next tokens are uncertain enough for each field to matter
+UNSURE = "Question: Tell me a story about a dog.\nAnswer:"
 SAMPLING_FIELDS = [  # (the fields, the fields they are compared against)
     ({"presence_penalty": -2, "frequency_penalty": -2, "max_tokens": 20}, {"max_tokens": 20}),
     ({"repetition_penalty": 3}, {}),
-    ({"logit_bias": {"340": -100, "17": 5}}, {}),  # 340: the first token of the greedy answer
+    ({"logit_bias": {"225": -100, "17": 5}}, {}),  # 225: the first token of the greedy answer to UNSURE
     ({"prompt": SHORT, "min_tokens": 29, "max_tokens": 29, "ignore_eos": False},
      {"prompt": SHORT, "max_tokens": 29, "ignore_eos": False}),  # fmt: skip
     ({"temperature": 2.0, "min_p": 0.5, "seed": 3}, {"temperature": 2.0, "seed": 3}),
@@ -227,7 +229,7 @@ def engine_generate(ref: Engine, body: dict):
 def test_sampling_fields_reach_the_sampler(client, reference, fields, base):
     """The server gives what Engine.generate gives with the same SamplingParams, streamed or
     not, and the field changes the output."""
-    head = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    head = {"prompt": UNSURE, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     body = {**head, **fields}
     want = engine_generate(reference, body)
     assert want.token_ids != engine_generate(reference, {**head, **base}).token_ids, "the field changed nothing"

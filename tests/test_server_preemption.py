@@ -34,8 +34,9 @@ def test_chat_requests_without_max_tokens_share_a_small_pool():
     engine = Engine(None, device="cpu", dtype="float32", num_pages=41)
     budget_pages = engine.kv_cache.pool.pages_for(engine.context_length)
     assert engine.kv_usage().total // budget_pages == 1
-    messages = [[{"role": "user", "content": f"Tom has {i + 3} apples and buys {2 * i + 5} more. How many apples does he have?"}]
-                for i in range(N)]  # fmt: skip
+    # three-step problems: the demo model answers each in ~50-70 tokens, so N of them outgrow the pool
+    messages = [[{"role": "user", "content": f"Ben has {i + 3} boxes with 12 pencils in each box. He buys {i + 5} more "
+                  "pencils and gives away 9. How many pencils does he have left?"}] for i in range(N)]  # fmt: skip
     seeds = [7 + i if i % 4 == 3 else None for i in range(N)]
     bodies = [{"messages": m, "temperature": 0.8 if s is not None else 0, **({"seed": s} if s is not None else {})}
               for m, s in zip(messages, seeds)]  # fmt: skip

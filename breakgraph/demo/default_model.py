@@ -35,7 +35,7 @@ TINY_GLM5 = dict(
 
 # What /v1/models says about the default model (README.md, "The demo model", says the same at length).
 SHIPPED_DESCRIPTION = (
-    "breakgraph's built-in demo model: a tiny (about 10M parameters) model of the GLM-5 architecture "
+    "breakgraph's built-in demo model: a tiny (about 12M parameters) model of the GLM-5 architecture "
     "(MLA, DSA sparse attention, MoE), trained from scratch only on short arithmetic word problems. "
     "It is not GLM-5 and not a chat model: it answers one grade-school word problem or sum "
     "(+ - * /, whole numbers up to 1000) prompted as 'Question: ...\nAnswer:' with worked steps "

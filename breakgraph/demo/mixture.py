@@ -1,7 +1,11 @@
 """The demo model's training mixture: the whole-question templates (:mod:`~breakgraph.demo.problems`),
-the worded generator (:mod:`~breakgraph.demo.wordings`) and GSM8K's easiest train problems.
+the worded generator (:mod:`~breakgraph.demo.wordings`), the phrase generator
+(:mod:`~breakgraph.demo.phrasebank`) and, on request, GSM8K's easiest train problems.
 
-GSM8K (MIT licence, ``breakgraph/eval/data/gsm8k/``) adds human phrasing. Only problems whose
+The default mixture has no GSM8K share: problems far beyond the model taught it to answer an
+unfamiliar question with invented GSM8K-style prose instead of calculations on the question's
+own numbers. GSM8K (MIT licence, ``breakgraph/eval/data/gsm8k/``) can still be mixed in
+(``{"gsm8k": share}``); only problems whose
 every calculation is one ``a op b`` on whole numbers up to 1000, at most four of them, whose stated
 numbers are at most 1000 and whose question is under 300 characters are used (about 2,400 of its
 7,473 train problems); the GSM8K test split is never read here.
@@ -15,12 +19,14 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from breakgraph.demo.phrasebank import generate_phrases
 from breakgraph.demo.problems import Problem, _test_keys, normalise_question, train_split
 from breakgraph.demo.wordings import generate_wordings
 
 GSM8K_TRAIN = Path(__file__).resolve().parent.parent / "eval" / "data" / "gsm8k" / "train.jsonl"
+SOURCES = ("templates", "wordings", "phrases", "gsm8k")
 # Shares of the mixture by source.
-DEFAULT_SHARES = {"templates": 0.3, "wordings": 0.65, "gsm8k": 0.05}
+DEFAULT_SHARES = {"templates": 0.25, "wordings": 0.3, "phrases": 0.45}
 
 _ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
 _BINARY = re.compile(r"(\d+)([-+*/])(\d+)")
@@ -65,19 +71,20 @@ def make_mixture(n: int, seed: int, shares: dict[str, float] | None = None) -> l
     ``seed``. Generated problems are distinct; the ~2,400 GSM8K ones repeat when their share asks
     for more. No question equals one of the template test pool's (``problems.train_split``)."""
     shares = DEFAULT_SHARES if shares is None else shares
-    unknown = set(shares) - set(DEFAULT_SHARES)
+    unknown = set(shares) - set(SOURCES)
     if unknown:
-        raise ValueError(f"unknown mixture sources {sorted(unknown)}; use {sorted(DEFAULT_SHARES)}")
+        raise ValueError(f"unknown mixture sources {sorted(unknown)}; use {sorted(SOURCES)}")
     total = sum(shares.values())
     counts = {k: int(round(n * v / total)) for k, v in shares.items()}
     counts[max(counts, key=counts.get)] += n - sum(counts.values())
     out: list[Problem] = []
     if counts.get("templates"):
         out += train_split(counts["templates"], seed)
-    if counts.get("wordings"):
-        held = _test_keys()
-        pool = generate_wordings(counts["wordings"] * 21 // 20 + 10, seed * 7919 + 11)
-        out += [p for p in pool if normalise_question(p.question) not in held][: counts["wordings"]]
+    held = _test_keys()
+    for source, generate, salt in (("wordings", generate_wordings, 11), ("phrases", generate_phrases, 23)):
+        if counts.get(source):
+            pool = generate(counts[source] * 21 // 20 + 10, seed * 7919 + salt)
+            out += [p for p in pool if normalise_question(p.question) not in held][: counts[source]]
     if counts.get("gsm8k"):
         easy = gsm8k_easy()
         out += [easy[i % len(easy)] for i in range(counts["gsm8k"])] if easy else []

@@ -55,7 +55,7 @@ from breakgraph.models.glm5 import DsaForCausalLM
 
 # The shipped model's shape (HF config.json fields); vocab and special ids come from the tokenizer.
 DEMO_SHAPE: dict = {
-    "hidden_size": 320, "intermediate_size": 640, "moe_intermediate_size": 160, "num_hidden_layers": 6,
+    "hidden_size": 320, "intermediate_size": 640, "moe_intermediate_size": 192, "num_hidden_layers": 6,
     "num_attention_heads": 8, "num_key_value_heads": 8, "n_routed_experts": 8, "num_experts_per_tok": 2,
     "n_shared_experts": 1, "kv_lora_rank": 64, "q_lora_rank": 160, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
     "v_head_dim": 32, "index_n_heads": 8, "index_head_dim": 32, "index_topk": 16, "first_k_dense_replace": 1,
@@ -567,7 +567,8 @@ def train_demo(
     val_set = problems[a.train_problems :]
     corpus = build_corpus(
         a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
-        worded_share=0.5,
+        worded_share=0.3,
+        phrased_share=0.4,
     )
     tok = train_tokenizer(corpus, vocab_size=a.vocab_size)
     data = encode_problems(tok, problems[: a.train_problems])
@@ -786,7 +787,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--mixture",
         type=json.loads,
         default=d.mixture,
-        help="JSON shares of the training sources (templates, wordings, gsm8k)",
+        help="JSON shares of the training sources (templates, wordings, phrases, gsm8k)",
     )
     p.add_argument(
         "--val-problems",
