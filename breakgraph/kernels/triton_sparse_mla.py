@@ -8,9 +8,16 @@ its rope part, so ``D = r + dr = 576`` needs no power-of-two padding:
 
 Sparse path (``_sparse_mla_fwd_kernel``). One program owns one token and a block of
 ``BLOCK_H`` heads (all heads when ``H ≤ 64``) and gathers that token's ``K`` top-k rows, so
-a gathered row serves one token's heads only (at 8 heads per GPU the head block is padded to
-16: half the MMA rows are idle). ``-1`` positions are masked out of the loads (no memory
-traffic), but the program still walks all ``K`` columns.
+a gathered row serves one token's heads only. ``-1`` positions are masked out of the loads (no
+memory traffic), but the program still walks all ``K`` columns. Heads as the dots' M side
+(``_softmax_step``) needs 16 rows for ``mma.sync``: at 8 heads half of them are padding, every
+warp re-reads the whole ``[16, 576]`` query from shared memory per key block, and Triton's
+pipeliner, which splits ``num_stages`` over the three dependent loads (top-k position → page →
+row), keeps a single key buffer at 2–6 stages, so a program's row copies wait for its own dots.
+The few-heads prefill therefore runs swap-AB (``SWAP_AB``, ``_softmax_step_t``): the key block
+is the M side (``sᵀ = k·qᵀ``, ``accᵀ += cᵀ·pᵀ``), so with 64 keys both dots run on wgmma
+straight from the shared-memory key tile (the queries, transposed, are the small B operand;
+the P·V product has no padding rows) and the pipeliner double-buffers the key tile.
 
 Dense-causal path (``_dense_mla_fwd_kernel``; on when the caller passes ``positions`` and
 ``dense_below``). The DSA indexer selects ``min(K, pos + 1)`` keys, so a token at ``pos < K``
@@ -92,6 +99,24 @@ def _softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
 
 
 @triton.jit
+def _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, keep, qk_scale, m_i, l_i, acc_t):
+    """:func:`_softmax_step` with the key block as the dots' M side (swap-AB): ``sᵀ = k·qᵀ``
+    ``[BLOCK_N, BLOCK_H]`` where ``keep`` (``[BLOCK_N, 1]``), else ``-inf``; ``accᵀ += cᵀ·pᵀ``
+    ``[BLOCK_R, BLOCK_H]``. With 64 keys per block both dots fit wgmma (M ≥ 64) reading the key
+    tile from shared memory, so the few heads need no registers for the queries."""
+    s = tl.dot(c, q_nope_t)
+    s = tl.dot(k_pe, q_pe_t, s)
+    s = tl.where(keep, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    acc_t = tl.dot(tl.trans(c), p.to(c.dtype), acc_t * alpha[None, :])
+    return m_new, l_i, acc_t
+
+
+@triton.jit
 def _sparse_mla_fwd_kernel(
     Q,
     KV,
@@ -126,6 +151,7 @@ def _sparse_mla_fwd_kernel(
     SPLIT: tl.constexpr,
     DENSE_T: tl.constexpr,  # token block of the dense kernel; 0: no dense path
     KV_FP8: tl.constexpr = False,  # KV is the uint8 FP8 latent cache (kernels/latent_fp8.py)
+    SWAP_AB: tl.constexpr = False,  # keys as the dots' M side (_softmax_step_t)
 ):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
@@ -151,7 +177,11 @@ def _sparse_mla_fwd_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
+    if SWAP_AB:
+        q_nope_t, q_pe_t = tl.trans(q_nope), tl.trans(q_pe)
+        acc_t = tl.zeros([BLOCK_R, BLOCK_H], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
 
     k_start = split * keys_per_split
     k_end = tl.minimum(k_start + keys_per_split, topk)
@@ -162,8 +192,12 @@ def _sparse_mla_fwd_kernel(
         pos = tl.where(valid, pos, 0)
         page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
         c, k_pe = load_latent_rows(KV, page * page_size + pos % page_size, valid, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
-
-        m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
+        if SWAP_AB:
+            m_i, l_i, acc_t = _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, valid[:, None], qk_scale, m_i, l_i, acc_t)
+        else:
+            m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
+    if SWAP_AB:
+        acc = tl.trans(acc_t)
 
     # A row that saw no valid key has l = 0: write 0 (the twin gives NaN there; callers
     # always pass at least the token's own position).
@@ -391,16 +425,26 @@ def default_config(
     if programs < sms and not (dense and num_tokens >= DENSE_MIN_TOKENS):
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
     few_heads_fp8 = kv_fp8 and block_h == 16
+    if block_h == 16 and splits == 1 and not kv_fp8:
+        # Few heads, one split, bf16 cache: swap-AB, 64-key blocks on wgmma, two key buffers
+        # in flight (see _SWAP_TILE).
+        return {"block_h": 16, "num_splits": 1, "swap_ab": True, **_SWAP_TILE}
     return {
         "block_h": block_h,
         "block_n": block_n,
         "num_warps": num_warps,
         "num_stages": 1 if few_heads_fp8 and splits == 1 else 2,
         "num_splits": splits,
-        # Few heads, one split, bf16 cache: capping registers at 168 fits a third program per
-        # SM, which outweighs the few spilled bytes (they stay in L1).
-        "maxnreg": 168 if block_h == 16 and splits == 1 and not kv_fp8 else None,
+        "maxnreg": None,
+        "swap_ab": False,
     }
+
+
+# The swap-AB tile of the few-heads prefill (``BLOCK_H = 16``: 8 or 16 heads, bf16 cache, one
+# split). The key block is the dots' M side, so both dots run on wgmma straight from the
+# shared-memory key tile (no query fragments in registers, no padding rows in the P·V
+# product), and the pipeliner keeps two 64-key buffers (2 × 73.7 KB) in flight.
+_SWAP_TILE = {"block_n": 64, "num_warps": 8, "num_stages": 4, "maxnreg": None}
 
 
 # (key block, stages) of the dense kernel by the largest key block dividing the page size
@@ -503,6 +547,7 @@ def sparse_mla_attention_triton(
     dense_chunk_keys: int | None = None,
     dense_page_blocks: bool | None = None,
     maxnreg: int | None = None,
+    swap_ab: bool | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -520,7 +565,8 @@ def sparse_mla_attention_triton(
     The keyword arguments after ``dense_below`` override :func:`default_config` and
     :func:`dense_config` (benchmarks, tests; ``dense_block_t`` is a power of two;
     ``dense_chunk_keys = 0``: one chunk; ``dense_page_blocks``: one page-table entry per key
-    block, which needs ``page_size`` divisible by the key block — by default on where it is).
+    block, which needs ``page_size`` divisible by the key block — by default on where it is;
+    ``maxnreg = 0``: no register cap; ``swap_ab``: the sparse kernel's swap-AB form).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
     (``< page_table.shape[1] · page_size``), which bounds the dense path's key chunks.
@@ -541,6 +587,7 @@ def sparse_mla_attention_triton(
     splits = num_splits or cfg["num_splits"]
     keys_per_split = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
     splits = triton.cdiv(topk, keys_per_split)
+    swap = cfg["swap_ab"] if swap_ab is None else swap_ab
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
@@ -592,7 +639,8 @@ def sparse_mla_attention_triton(
         out.stride(0), out.stride(1),
         num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1, DENSE_T=dense_t,
-        KV_FP8=kv_fp8, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg or cfg["maxnreg"],
+        KV_FP8=kv_fp8, SWAP_AB=swap, num_warps=num_warps, num_stages=num_stages,
+        maxnreg=(maxnreg if maxnreg is not None else cfg["maxnreg"]) or None,
     )  # fmt: skip
     if splits > 1:
         _sparse_mla_merge_kernel[(num_tokens, num_heads)](
