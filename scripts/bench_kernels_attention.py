@@ -184,18 +184,26 @@ def run_mla(args):
 
 
 # The few-heads prefill (BLOCK_H = 16: 8 or 16 heads, one split, bf16 cache), most telling
-# first: the tile before swap-AB, swap-AB tiles (keys as the M side; 64 keys run both dots on
-# wgmma, 32 the score dot on mma.sync), then deeper pipelines of the old form (the pipeliner
-# splits num_stages over the three dependent loads — top-k position, page, row — so 7 stages
-# give two key buffers, 10 three). The default (64 keys, 8 warps, 4 stages) is timed apart.
-FEW_HEADS_VARIANTS = (
-    [dict(swap_ab=False, block_n=32, num_warps=4, num_stages=2, maxnreg=168)]  # the tile before swap-AB
-    + [dict(swap_ab=True, block_n=64, num_warps=nw, num_stages=ns, maxnreg=0)
-       for nw, ns in ((8, 2), (4, 2), (8, 3), (4, 4), (8, 5))]
-    + [dict(swap_ab=False, block_n=16, num_warps=4, num_stages=ns, maxnreg=168) for ns in (7, 10)]
-    + [dict(swap_ab=True, block_n=32, num_warps=4, num_stages=ns, maxnreg=0) for ns in (7, 4)]
-    + [dict(swap_ab=False, block_n=32, num_warps=4, num_stages=ns, maxnreg=mr) for ns, mr in ((7, 0), (4, 168))]
-)  # fmt: skip
+# first (a --budget cuts the tail): the tile before swap-AB, then swap-AB tiles (keys as the M
+# side; 64 keys run both dots on wgmma, 32 the score dot on mma.sync) and deeper pipelines of
+# the old form (the pipeliner splits num_stages over the three dependent loads — top-k
+# position, page, row — so 7 stages give two key buffers, 10 three). The default (swap-AB,
+# 64 keys, 8 warps, 4 stages) is timed apart.
+_SWAP, _OLD = dict(swap_ab=True, maxnreg=0), dict(swap_ab=False, num_warps=4)
+FEW_HEADS_VARIANTS = [
+    _OLD | dict(block_n=32, num_stages=2, maxnreg=168),  # the tile before swap-AB
+    _SWAP | dict(block_n=64, num_warps=8, num_stages=2),
+    _OLD | dict(block_n=16, num_stages=7, maxnreg=168),
+    _SWAP | dict(block_n=64, num_warps=4, num_stages=4),
+    _SWAP | dict(block_n=32, num_warps=4, num_stages=7),
+    _SWAP | dict(block_n=64, num_warps=8, num_stages=3),
+    _OLD | dict(block_n=16, num_stages=10, maxnreg=168),
+    _SWAP | dict(block_n=64, num_warps=4, num_stages=2),
+    _SWAP | dict(block_n=64, num_warps=8, num_stages=5),
+    _SWAP | dict(block_n=32, num_warps=4, num_stages=4),
+    _OLD | dict(block_n=32, num_stages=7, maxnreg=0),
+    _OLD | dict(block_n=32, num_stages=4, maxnreg=168),
+]
 
 
 def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
