@@ -184,25 +184,21 @@ def run_mla(args):
 
 
 # The few-heads prefill (BLOCK_H = 16: 8 or 16 heads, one split, bf16 cache), most telling
-# first (a --budget cuts the tail): the tile before swap-AB, then swap-AB tiles (keys as the M
-# side; 64 keys run both dots on wgmma, 32 the score dot on mma.sync) and deeper pipelines of
-# the old form (the pipeliner splits num_stages over the three dependent loads — top-k
-# position, page, row — so 7 stages give two key buffers, 10 three). The default (swap-AB,
-# 64 keys, 8 warps, 4 stages) is timed apart.
-_SWAP, _OLD = dict(swap_ab=True, maxnreg=0), dict(swap_ab=False, num_warps=4)
+# first (a --budget cuts the tail). The default (mma.sync, 32-key blocks, 2 stages, 168-register
+# cap, cache rows precomputed by _topk_slots_kernel) is timed apart; "slots": False is the loop
+# that walks position → page → row itself (power-of-two pages: shifts, no division). Swap-AB
+# puts the keys on the M side (64 keys: both dots on wgmma, two key buffers); more stages give
+# the old form more key buffers only past 6 (the pipeliner splits them over the dependent loads).
 FEW_HEADS_VARIANTS = [
-    _OLD | dict(block_n=32, num_stages=2, maxnreg=168),  # the tile before swap-AB
-    _SWAP | dict(block_n=64, num_warps=8, num_stages=2),
-    _OLD | dict(block_n=16, num_stages=7, maxnreg=168),
-    _SWAP | dict(block_n=64, num_warps=4, num_stages=4),
-    _SWAP | dict(block_n=32, num_warps=4, num_stages=7),
-    _SWAP | dict(block_n=64, num_warps=8, num_stages=3),
-    _OLD | dict(block_n=16, num_stages=10, maxnreg=168),
-    _SWAP | dict(block_n=64, num_warps=4, num_stages=2),
-    _SWAP | dict(block_n=64, num_warps=8, num_stages=5),
-    _SWAP | dict(block_n=32, num_warps=4, num_stages=4),
-    _OLD | dict(block_n=32, num_stages=7, maxnreg=0),
-    _OLD | dict(block_n=32, num_stages=4, maxnreg=168),
+    dict(slots=False),
+    dict(block_n=64, num_warps=8, num_stages=2, maxnreg=0),
+    dict(block_n=32, num_warps=4, num_stages=2, maxnreg=0),
+    dict(block_n=16, num_warps=4, num_stages=2, maxnreg=168),
+    dict(swap_ab=True, block_n=64, num_warps=8, num_stages=2, maxnreg=0),
+    dict(block_n=32, num_warps=4, num_stages=3, maxnreg=168),
+    dict(block_n=64, num_warps=8, num_stages=3, maxnreg=0),
+    dict(slots=False, swap_ab=True, block_n=64, num_warps=8, num_stages=4, maxnreg=0),
+    dict(slots=False, block_n=16, num_warps=4, num_stages=7, maxnreg=168),
 ]
 
 
@@ -224,7 +220,7 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
                  for bn, ns, mr in ((32, 1, None), (32, 2, None), (16, 2, None), (16, 1, None), (32, 1, 168))]  # fmt: skip
     else:
         block_hs = [b for b in (16, 32, 64) if b <= max(16, triton.next_power_of_2(heads))]
-        grid = [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"], maxnreg=mr)
+        grid = [dict(slots=True)] + [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"], maxnreg=mr)
                 for bh, bn, nw, ns, mr in itertools.product(block_hs, (16, 32), (4,), (2, 3), (None, 168, 128))]  # fmt: skip
     want = out.clone()
     if cfg["num_splits"] > 1:  # decode: also the split count, default blocks
@@ -435,12 +431,14 @@ def run_aot():
         )  # fmt: skip
         split = cfg["num_splits"] > 1
         consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=split,
-                      DENSE_T=0 if split else dense["block_t"], SWAP_AB=cfg["swap_ab"])  # fmt: skip
+                      DENSE_T=0 if split else dense["block_t"], SWAP_AB=cfg["swap_ab"], SLOTS=cfg["slots"],
+                      PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
         r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
         if heads == 8 and not split:  # the few-heads sweep's tiles
             for v in FEW_HEADS_VARIANTS:
-                consts |= dict(BLOCK_N=v["block_n"], SWAP_AB=v["swap_ab"])
+                v = cfg | v
+                consts |= dict(BLOCK_N=v["block_n"], SWAP_AB=v["swap_ab"], SLOTS=v["slots"])
                 r = aot_report(_sparse_mla_fwd_kernel, a, consts, v["num_warps"], v["num_stages"], v["maxnreg"] or None)
                 print(f"    sweep tile {v} {r}")
         if not split:

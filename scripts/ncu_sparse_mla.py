@@ -1,6 +1,6 @@
 """Two launches of the sparse MLA kernel at 8 heads on an 8192-token prefill (no dense path, so
 every launch is the sparse kernel alone), for ``ncu -k regex:_sparse_mla_fwd --launch-count 2``:
-first the tile before swap-AB (mma.sync, 32-key blocks, 168-register cap), then the default.
+first the loop that walks position → page → row itself (``slots=False``), then the default.
 
     ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --csv -k regex:_sparse_mla_fwd \\
         --launch-count 2 python scripts/ncu_sparse_mla.py
@@ -20,13 +20,13 @@ import bench_kernels_attention as bench  # noqa: E402
 
 from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton  # noqa: E402
 
-OLD_TILE = dict(swap_ab=False, block_n=32, num_warps=4, num_stages=2, maxnreg=168)
+WALKING = dict(slots=False)
 
 
 def main() -> None:
     (q, kv, tk, batch, out), *_ = bench.mla_case(8, "prefill 8k")
     args = (q, kv, tk, batch["page_table"], batch["token_req"], bench.PAGE, bench.GLM5_SCALE, out)
-    for opts in (OLD_TILE, {}):
+    for opts in (WALKING, {}):
         sparse_mla_attention_triton(*args, **opts)
     torch.cuda.synchronize()
 

@@ -152,6 +152,8 @@ def _sparse_mla_fwd_kernel(
     DENSE_T: tl.constexpr,  # token block of the dense kernel; 0: no dense path
     KV_FP8: tl.constexpr = False,  # KV is the uint8 FP8 latent cache (kernels/latent_fp8.py)
     SWAP_AB: tl.constexpr = False,  # keys as the dots' M side (_softmax_step_t)
+    PAGE_SHIFT: tl.constexpr = -1,  # log2(page_size) for a power-of-two page, else -1
+    SLOTS: tl.constexpr = False,  # TOPK holds each key's cache row (-1 unused), not its position
 ):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
@@ -190,8 +192,15 @@ def _sparse_mla_fwd_kernel(
         pos = tl.load(pos_row + offs_n, mask=offs_n < k_end, other=-1)
         valid = pos >= 0
         pos = tl.where(valid, pos, 0)
-        page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
-        c, k_pe = load_latent_rows(KV, page * page_size + pos % page_size, valid, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
+        if SLOTS:  # TOPK holds cache rows (_topk_slots_kernel): no page-table step in the loop
+            slot = pos.to(tl.int64)
+        elif PAGE_SHIFT >= 0:  # shifts, not a runtime division per key and layout
+            page = tl.load(pages + (pos >> PAGE_SHIFT), mask=valid, other=0)
+            slot = ((page << PAGE_SHIFT) + (pos & ((1 << PAGE_SHIFT) - 1))).to(tl.int64)
+        else:
+            page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
+            slot = page * page_size + pos % page_size
+        c, k_pe = load_latent_rows(KV, slot, valid, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
         if SWAP_AB:
             m_i, l_i, acc_t = _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, valid[:, None], qk_scale, m_i, l_i, acc_t)
         else:
@@ -395,11 +404,28 @@ def _sparse_mla_merge_kernel(
     tl.store(OUT + t * stride_ot + h * stride_oh + offs_r, o.to(OUT.dtype.element_ty), mask=offs_r < rank)
 
 
+@triton.jit
+def _topk_slots_kernel(TOPK, PAGE_TABLE, TOKEN_REQ, SLOTS, stride_tk, stride_pt, topk, page_size, BLOCK: tl.constexpr):
+    """``SLOTS[t, j]`` ← the cache row of top-k position ``TOPK[t, j]`` through the page table of
+    token ``t``'s request (``-1`` stays ``-1``): the sparse kernel's loop then gathers rows with
+    one indirection instead of three dependent loads and a division per key."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < topk
+    pos = tl.load(TOPK + t * stride_tk + offs, mask=inside, other=-1)
+    valid = pos >= 0
+    pos = tl.where(valid, pos, 0)
+    pages = PAGE_TABLE + tl.load(TOKEN_REQ + t).to(tl.int64) * stride_pt
+    page = tl.load(pages + pos // page_size, mask=valid, other=0)
+    tl.store(SLOTS + t * topk + offs, tl.where(valid, page * page_size + pos % page_size, -1), mask=inside)
+
+
 def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
 _MERGE_COLS = 128  # output columns per program of _dense_mla_merge_kernel
+_SLOT_BLOCK = 1024  # top-k columns per program of _topk_slots_kernel
 DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this many tokens
 
 
@@ -425,26 +451,21 @@ def default_config(
     if programs < sms and not (dense and num_tokens >= DENSE_MIN_TOKENS):
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
     few_heads_fp8 = kv_fp8 and block_h == 16
-    if block_h == 16 and splits == 1 and not kv_fp8:
-        # Few heads, one split, bf16 cache: swap-AB, 64-key blocks on wgmma, two key buffers
-        # in flight (see _SWAP_TILE).
-        return {"block_h": 16, "num_splits": 1, "swap_ab": True, **_SWAP_TILE}
+    few_heads_bf16 = block_h == 16 and splits == 1 and not kv_fp8
     return {
         "block_h": block_h,
         "block_n": block_n,
         "num_warps": num_warps,
         "num_stages": 1 if few_heads_fp8 and splits == 1 else 2,
         "num_splits": splits,
-        "maxnreg": None,
+        # Few heads, one split, bf16 cache: capping registers at 168 fits a third program per
+        # SM, which outweighs the few spilled bytes (they stay in L1).
+        "maxnreg": 168 if few_heads_bf16 else None,
         "swap_ab": False,
+        # Few heads, one split, bf16 cache: the keys' cache rows come from _topk_slots_kernel,
+        # so the loop issues one gather per key instead of position → page → row.
+        "slots": few_heads_bf16,
     }
-
-
-# The swap-AB tile of the few-heads prefill (``BLOCK_H = 16``: 8 or 16 heads, bf16 cache, one
-# split). The key block is the dots' M side, so both dots run on wgmma straight from the
-# shared-memory key tile (no query fragments in registers, no padding rows in the P·V
-# product), and the pipeliner keeps two 64-key buffers (2 × 73.7 KB) in flight.
-_SWAP_TILE = {"block_n": 64, "num_warps": 8, "num_stages": 4, "maxnreg": None}
 
 
 # (key block, stages) of the dense kernel by the largest key block dividing the page size
@@ -548,6 +569,7 @@ def sparse_mla_attention_triton(
     dense_page_blocks: bool | None = None,
     maxnreg: int | None = None,
     swap_ab: bool | None = None,
+    slots: bool | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -588,6 +610,7 @@ def sparse_mla_attention_triton(
     keys_per_split = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
     splits = triton.cdiv(topk, keys_per_split)
     swap = cfg["swap_ab"] if swap_ab is None else swap_ab
+    use_slots = cfg["slots"] if slots is None else slots
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
@@ -633,13 +656,21 @@ def sparse_mla_attention_triton(
         ws_lse = torch.empty(num_tokens * num_heads * splits, dtype=torch.float32, device=q.device)
     else:
         ws_o = ws_lse = out  # unused
+    rows, stride_rows = topk_pos, topk_pos.stride(0)
+    if use_slots:  # each key's cache row, computed once (graph-safe: a shape-sized workspace)
+        rows, stride_rows = torch.empty(num_tokens, topk, dtype=torch.int32, device=q.device), topk
+        _topk_slots_kernel[(num_tokens, triton.cdiv(topk, _SLOT_BLOCK))](
+            topk_pos, page_table, token_req, rows, topk_pos.stride(0), page_table.stride(0), topk, page_size,
+            BLOCK=_SLOT_BLOCK, num_warps=4,
+        )  # fmt: skip
+    shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
     _sparse_mla_fwd_kernel[grid](
-        q, kv_cache, topk_pos, page_table, token_req, positions if dense_t else token_req, out, ws_o, ws_lse,
-        q.stride(0), q.stride(1), kv_cache.stride(0), topk_pos.stride(0), page_table.stride(0),
+        q, kv_cache, rows, page_table, token_req, positions if dense_t else token_req, out, ws_o, ws_lse,
+        q.stride(0), q.stride(1), kv_cache.stride(0), stride_rows, page_table.stride(0),
         out.stride(0), out.stride(1),
         num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1, DENSE_T=dense_t,
-        KV_FP8=kv_fp8, SWAP_AB=swap, num_warps=num_warps, num_stages=num_stages,
+        KV_FP8=kv_fp8, SWAP_AB=swap, PAGE_SHIFT=shift, SLOTS=use_slots, num_warps=num_warps, num_stages=num_stages,
         maxnreg=(maxnreg if maxnreg is not None else cfg["maxnreg"]) or None,
     )  # fmt: skip
     if splits > 1:
