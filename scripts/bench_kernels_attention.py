@@ -435,7 +435,10 @@ def run_aot():
                       PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
         r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
-        if heads == 8 and not split:  # the few-heads sweep's tiles
+        if heads == 8 and not split:  # the few-heads sweep's tiles, and the loop before slots and shifts
+            walk = consts | dict(SLOTS=False, PAGE_SHIFT=-1)
+            r = aot_report(_sparse_mla_fwd_kernel, a, walk, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
+            print(f"    page walk with a runtime division (before slots and shifts) {r}")
             for v in FEW_HEADS_VARIANTS:
                 v = cfg | v
                 consts |= dict(BLOCK_N=v["block_n"], SWAP_AB=v["swap_ab"], SLOTS=v["slots"])

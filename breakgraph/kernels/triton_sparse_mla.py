@@ -9,15 +9,16 @@ its rope part, so ``D = r + dr = 576`` needs no power-of-two padding:
 Sparse path (``_sparse_mla_fwd_kernel``). One program owns one token and a block of
 ``BLOCK_H`` heads (all heads when ``H ≤ 64``) and gathers that token's ``K`` top-k rows, so
 a gathered row serves one token's heads only. ``-1`` positions are masked out of the loads (no
-memory traffic), but the program still walks all ``K`` columns. Heads as the dots' M side
-(``_softmax_step``) needs 16 rows for ``mma.sync``: at 8 heads half of them are padding, every
-warp re-reads the whole ``[16, 576]`` query from shared memory per key block, and Triton's
-pipeliner, which splits ``num_stages`` over the three dependent loads (top-k position → page →
-row), keeps a single key buffer at 2–6 stages, so a program's row copies wait for its own dots.
-The few-heads prefill therefore runs swap-AB (``SWAP_AB``, ``_softmax_step_t``): the key block
-is the M side (``sᵀ = k·qᵀ``, ``accᵀ += cᵀ·pᵀ``), so with 64 keys both dots run on wgmma
-straight from the shared-memory key tile (the queries, transposed, are the small B operand;
-the P·V product has no padding rows) and the pipeliner double-buffers the key tile.
+memory traffic), but the program still walks all ``K`` columns. At few heads the loop is
+bound by instruction issue, not by the gather (H200 ``ncu``: ~6 warp cycles per issued
+instruction, DRAM idle, L2 hit 99%), so the key-row addresses come from ``_topk_slots_kernel``,
+which turns the top-k positions into cache rows once per call (``SLOTS``): the loop then loads
+one int32 per key instead of walking position → page → row itself (where it still does, pages
+of a power-of-two size use shifts, ``PAGE_SHIFT``, not an emulated division per key and layout).
+``SWAP_AB`` (``_softmax_step_t``) makes the key block the dots' M side (``sᵀ = k·qᵀ``,
+``accᵀ += cᵀ·pᵀ``): with 64 keys both dots run on wgmma from the shared-memory key tile, which
+the pipeliner double-buffers; measured slower than mma.sync with heads as M at 8 and 16 heads
+(one 169 KB program per SM), it is not a default.
 
 Dense-causal path (``_dense_mla_fwd_kernel``; on when the caller passes ``positions`` and
 ``dense_below``). The DSA indexer selects ``min(K, pos + 1)`` keys, so a token at ``pos < K``
