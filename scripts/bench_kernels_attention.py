@@ -156,6 +156,7 @@ def run_mla(args):
     print("  '[sparse only]' rows: the same shape without the dense path")
     print(HEADER)
     layouts = _layouts(args, [k for k in LAYOUTS if "pool" not in k and "prefix)" not in k])
+    summary, args.sweep_start = [], time.monotonic()
     for heads, layout, kv_dtype in itertools.product(args.heads, layouts, args.kv_cache_dtype):
         fp8 = kv_dtype == "fp8_e4m3"
         (q, kv, tk, batch, out), flops, ubytes, gbytes = mla_case(heads, layout, kv_dtype=kv_dtype)
@@ -171,33 +172,76 @@ def run_mla(args):
             row(f"{name} [sparse only]", bench(partial(sparse_mla_attention_triton, *a)), flops, ubytes, gbytes,
                 BF16_TFLOPS)  # fmt: skip
         if args.sweep:
-            import triton
-
-            best = (ms, "default")
-            block_hs = [b for b in (16, 32, 64) if b <= max(16, triton.next_power_of_2(heads))]
-            grid = [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"], maxnreg=mr)
-                    for bh, bn, nw, ns, mr in itertools.product(block_hs, (16, 32), (4,), (2, 3), (None, 168, 128))]  # fmt: skip
-            if fp8 and args.sweep_fp8_small:  # the few candidates sm_90 ptxas compiles without (many) spills
-                grid = [dict(block_n=bn, num_stages=ns, maxnreg=mr, num_splits=cfg["num_splits"])
-                        for bn, ns, mr in ((32, 1, None), (32, 2, None), (16, 2, None), (16, 1, None), (32, 1, 168))]  # fmt: skip
-            want = out.clone()
-            if cfg["num_splits"] > 1:  # decode: also the split count, default blocks
-                grid += [dict(num_splits=sp) for sp in (1, 2, 4, 8, 16)]
-            for opts in grid:
-                try:
-                    t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts))
-                except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
-                    print(f"    {opts}: {type(e).__name__}")
-                    continue
-                diff = ((out.float() - want.float()).norm() / want.float().norm()).item()
-                print(f"    {t:8.3f} ms  gathered {gbytes / (t * 1e-3) / 1e12:5.2f} TB/s  vs default {diff:.1e}  {opts}",
-                      flush=True)  # fmt: skip
-                if t < best[0]:
-                    best = (t, opts)
-            print(f"    best {best[0]:.3f} ms with {best[1]}")
+            best = sweep_mla(args, a, engine, cfg, heads, fp8, ms, gbytes, out)
+            summary.append((name, ms, gbytes, best))
         if args.twin:
             ms = bench(partial(sparse_mla_attention_ref, *a))
             row(f"{name} [twin]", ms, flops, ubytes, gbytes, BF16_TFLOPS)
+    if summary:
+        print(f"\n{'shape':<34} {'default ms':>10} {'gath TB/s':>9} {'best ms':>8} {'gath TB/s':>9}  best config")
+        for name, ms, gbytes, (best_t, best_opts) in summary:
+            print(f"{name:<34} {ms:10.3f} {gbytes / (ms * 1e-3) / 1e12:9.2f} {best_t:8.3f}"
+                  f" {gbytes / (best_t * 1e-3) / 1e12:9.2f}  {best_opts}")  # fmt: skip
+
+
+# The few-heads prefill (BLOCK_H = 16: 8 or 16 heads, one split, bf16 cache), most telling
+# first (a --budget cuts the tail). The default (mma.sync, 32-key blocks, 2 stages, 168-register
+# cap, cache rows precomputed by _topk_slots_kernel) is timed apart; "slots": False is the loop
+# that walks position → page → row itself (power-of-two pages: shifts, no division). Swap-AB
+# puts the keys on the M side (64 keys: both dots on wgmma, two key buffers); more stages give
+# the old form more key buffers only past 6 (the pipeliner splits them over the dependent loads).
+FEW_HEADS_VARIANTS = [
+    dict(slots=False),
+    dict(block_n=64, num_warps=8, num_stages=2, maxnreg=0),
+    dict(block_n=32, num_warps=4, num_stages=2, maxnreg=0),
+    dict(block_n=16, num_warps=4, num_stages=2, maxnreg=168),
+    dict(swap_ab=True, block_n=64, num_warps=8, num_stages=2, maxnreg=0),
+    dict(block_n=32, num_warps=4, num_stages=3, maxnreg=168),
+    dict(block_n=64, num_warps=8, num_stages=3, maxnreg=0),
+    dict(slots=False, swap_ab=True, block_n=64, num_warps=8, num_stages=4, maxnreg=0),
+    dict(slots=False, block_n=16, num_warps=4, num_stages=7, maxnreg=168),
+]
+
+
+def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
+    """Time tile variants of one shape against its default (the whole call, as the engine makes
+    it); prints one line per variant and returns the fastest ``(ms, opts)``. Past ``--budget``
+    seconds (counted from the first shape) only the grid's first variant is timed."""
+    import triton
+
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+
+    best = (default_ms, "default")
+    if cfg["block_h"] == 16 and cfg["num_splits"] == 1 and not fp8:
+        grid = [dict(v) for v in FEW_HEADS_VARIANTS]
+    elif fp8 and args.sweep_fp8_small:  # the few candidates sm_90 ptxas compiles without (many) spills
+        grid = [dict(swap_ab=True, block_n=64, num_warps=8, num_stages=ns, maxnreg=0, num_splits=cfg["num_splits"])
+                for ns in (2, 4)]  # fmt: skip
+        grid += [dict(block_n=bn, num_stages=ns, maxnreg=mr, num_splits=cfg["num_splits"])
+                 for bn, ns, mr in ((32, 1, None), (32, 2, None), (16, 2, None), (16, 1, None), (32, 1, 168))]  # fmt: skip
+    else:
+        block_hs = [b for b in (16, 32, 64) if b <= max(16, triton.next_power_of_2(heads))]
+        grid = [dict(slots=True)] + [dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, num_splits=cfg["num_splits"], maxnreg=mr)
+                for bh, bn, nw, ns, mr in itertools.product(block_hs, (16, 32), (4,), (2, 3), (None, 168, 128))]  # fmt: skip
+    want = out.clone()
+    if cfg["num_splits"] > 1:  # decode: also the split count, default blocks
+        grid += [dict(num_splits=sp) for sp in (1, 2, 4, 8, 16)]
+    for i, opts in enumerate(grid):
+        if i > 0 and args.budget and time.monotonic() - args.sweep_start > args.budget:
+            print(f"    budget spent: {opts} and the rest skipped")
+            break
+        try:
+            t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts))
+        except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
+            print(f"    {opts}: {type(e).__name__} {str(e)[:100]}")
+            continue
+        diff = ((out.float() - want.float()).norm() / want.float().norm()).item()
+        print(f"    {t:8.3f} ms  gathered {gbytes / (t * 1e-3) / 1e12:5.2f} TB/s  vs default {diff:.1e}  {opts}",
+              flush=True)  # fmt: skip
+        if t < best[0]:
+            best = (t, opts)
+    print(f"    best {best[0]:.3f} ms with {best[1]}")
+    return best
 
 
 # The dense-causal path as it stood before key chunks: one program per token block walking
@@ -509,9 +553,19 @@ def run_aot():
         )  # fmt: skip
         split = cfg["num_splits"] > 1
         consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=split,
-                      DENSE_T=0 if split else dense["block_t"])  # fmt: skip
+                      DENSE_T=0 if split else dense["block_t"], SWAP_AB=cfg["swap_ab"], SLOTS=cfg["slots"],
+                      PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
         r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
+        if heads == 8 and not split:  # the few-heads sweep's tiles, and the loop before slots and shifts
+            walk = consts | dict(SLOTS=False, PAGE_SHIFT=-1)
+            r = aot_report(_sparse_mla_fwd_kernel, a, walk, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
+            print(f"    page walk with a runtime division (before slots and shifts) {r}")
+            for v in FEW_HEADS_VARIANTS:
+                v = cfg | v
+                consts |= dict(BLOCK_N=v["block_n"], SWAP_AB=v["swap_ab"], SLOTS=v["slots"])
+                r = aot_report(_sparse_mla_fwd_kernel, a, consts, v["num_warps"], v["num_stages"], v["maxnreg"] or None)
+                print(f"    sweep tile {v} {r}")
         if not split:
             for chunked in (False, True):
                 consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
@@ -560,7 +614,8 @@ def main() -> None:
                    help="run one kernel (dense: the dense-causal MLA path, old vs new; topk: the select variants)")
     p.add_argument("--dense-layouts", nargs="+", choices=sorted(DENSE_LAYOUTS), help="shapes of --only dense")
     p.add_argument("--budget", type=float, default=0.0,
-                   help="seconds for --only dense/indexer --sweep; past it only the defaults are timed")
+                   help="seconds for a --sweep (dense: past it only old and default are timed; indexer and "
+                        "mla: past it only the defaults)")
     p.add_argument("--layouts", nargs="+", choices=sorted([*LAYOUTS, "decode B=64 (L~128k)"]),
                    help="shapes to run (default: all of a kernel's; 'decode B=64 (L~128k)': --only topk only)")
     p.add_argument("--heads", type=int, nargs="+", default=[8, 64], help="MLA heads per GPU (8: TP8, 64: TP1)")

@@ -3,7 +3,7 @@
 CPU: every kernel runs under Triton's interpreter in a child process (``TRITON_INTERPRET=1``
 must be set before a kernel is first launched, and the CUDA tests in this file need the real
 compiler), on small ragged batches with shuffled pages and ``-1`` entries.
-GPU (``-m cuda``): GLM-5 shapes (H = 8 and 64, r = 512, dr = 64, K = 2048, Hi = 32,
+GPU (``-m cuda``): GLM-5 shapes (H = 8, 16 and 64, r = 512, dr = 64, K = 2048, Hi = 32,
 Di = 128), prefill and decode, and capture in a CUDA graph.
 
 Error bounds (‖out − ref‖ / ‖ref‖, float64):
@@ -200,6 +200,12 @@ def _interp_sparse_mla_fp32():
         (_DECODE, 16, 4, 64, 16, 40, {}),  # D = 80
         (_DECODE, 8, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16}),
         (_RAGGED, 3, 16, 32, 16, 64, {"num_splits": 2, "block_n": 16}),
+        (_RAGGED, 4, 8, 32, 16, 24, {"swap_ab": True, "block_n": 16}),  # swap-AB: keys as the M side
+        (_RAGGED, 1, 20, 48, 16, 16, {"block_h": 16, "swap_ab": True}),
+        (_DECODE, 8, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16, "swap_ab": True}),
+        (_RAGGED, 3, 8, 32, 16, 24, {"slots": True}),  # cache rows precomputed (page of 3: a division)
+        (_DECODE, 4, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16, "slots": True}),
+        (_RAGGED, 4, 8, 32, 16, 24, {"swap_ab": True, "slots": True, "block_n": 16}),
     ]
     for i, (layout, ps, heads, rank, rope, topk, opts) in enumerate(cases):
         batch = make_batch(**layout, page_size=ps, seed=i)
@@ -220,7 +226,8 @@ def _interp_sparse_mla_bf16():
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
-    for i, (layout, opts) in enumerate([(_RAGGED, {}), (_DECODE, {"num_splits": 4, "block_n": 16})]):
+    for i, (layout, opts) in enumerate([(_RAGGED, {}), (_DECODE, {"num_splits": 4, "block_n": 16}),
+                                        (_RAGGED, {"swap_ab": True, "block_n": 64})]):  # fmt: skip
         batch = make_batch(**layout, page_size=4, seed=10 + i)
         q, kv, tk = mla_inputs(batch, 16, 64, 16, 48, torch.bfloat16, seed=10 + i)
         args = (tk, batch["page_table"], batch["token_req"], 4, 80**-0.5)
@@ -619,7 +626,7 @@ def _gpu_batch(layout: str, seed: int = 0) -> dict:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("heads", [8, 64])
+@pytest.mark.parametrize("heads", [8, 16, 64])
 @pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
 def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
     import breakgraph.kernels.triton_sparse_mla as tsm
@@ -787,7 +794,7 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     info = compile_for_sm90(tsm._dense_mla_merge_kernel, a, consts, 4, 2)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     consts = dict(BLOCK_H=sparse["block_h"], BLOCK_N=sparse["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
-                  DENSE_T=dense["block_t"])  # fmt: skip
+                  DENSE_T=dense["block_t"], SWAP_AB=sparse["swap_ab"], SLOTS=sparse["slots"], PAGE_SHIFT=6)  # fmt: skip
     info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"],
                             sparse["maxnreg"])  # fmt: skip
     if sparse["maxnreg"]:

@@ -157,6 +157,8 @@ def _interp_kernels_on_fp8_cache():
         (_DENSE, 4, 8, 32, 16, 12, True, {}),
         (_DENSE, 3, 8, 32, 16, 12, True, {"dense_block_t": 4, "dense_block_n": 16}),
         (_DENSE, 4, 72, 32, 16, 12, True, {}),  # H > 64: dense head blocks
+        (_RAGGED, 4, 8, 32, 16, 24, False, {"swap_ab": True, "block_n": 16}),  # swap-AB form
+        (_DENSE, 4, 8, 32, 16, 12, True, {"swap_ab": True, "block_n": 64}),
     ]
     for i, (layout, ps, heads, rank, rope, topk, dense, opts) in enumerate(cases):
         batch = make_batch(**layout, page_size=ps, seed=60 + i)

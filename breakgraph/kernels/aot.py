@@ -38,12 +38,27 @@ def _specialise(name: str, value: Any, constexprs: dict) -> tuple[str, bool]:
     return value, value.startswith("*") or (value == "i32" and (aligned or name in ("K", "N", "UP_OFF")))
 
 
+def _largest_loop(sass: str) -> int:
+    """Instructions in the largest backward-branch range of a SASS listing (a kernel's main loop
+    body; 0 without a loop)."""
+    addrs, best = [], 0
+    for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass):
+        addr = int(m.group(1), 16)
+        addrs.append(addr)
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", m.group(2))
+        if target and int(target.group(1), 16) < addr:
+            lo = int(target.group(1), 16)
+            best = max(best, sum(lo <= a <= addr for a in addrs))
+    return best
+
+
 def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
-    "async_copies"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
-    ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues).
+    "async_copies", "loop_insts"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues;
+    ``loop_insts``: the instructions per trip of its largest loop, per warp).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
@@ -91,4 +106,5 @@ def compile_for_sm90(
         "mma": sorted(set(re.findall(r"\b(HGMMA|QGMMA|HMMA)\b", sass))),
         "smem_B": kernel.metadata.shared,
         "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
+        "loop_insts": _largest_loop(sass),
     }

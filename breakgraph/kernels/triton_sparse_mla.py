@@ -8,9 +8,17 @@ its rope part, so ``D = r + dr = 576`` needs no power-of-two padding:
 
 Sparse path (``_sparse_mla_fwd_kernel``). One program owns one token and a block of
 ``BLOCK_H`` heads (all heads when ``H ≤ 64``) and gathers that token's ``K`` top-k rows, so
-a gathered row serves one token's heads only (at 8 heads per GPU the head block is padded to
-16: half the MMA rows are idle). ``-1`` positions are masked out of the loads (no memory
-traffic), but the program still walks all ``K`` columns.
+a gathered row serves one token's heads only. ``-1`` positions are masked out of the loads (no
+memory traffic), but the program still walks all ``K`` columns. At few heads the loop is
+bound by instruction issue, not by the gather (H200 ``ncu``: ~6 warp cycles per issued
+instruction, DRAM idle, L2 hit 99%), so the key-row addresses come from ``_topk_slots_kernel``,
+which turns the top-k positions into cache rows once per call (``SLOTS``): the loop then loads
+one int32 per key instead of walking position → page → row itself (where it still does, pages
+of a power-of-two size use shifts, ``PAGE_SHIFT``, not an emulated division per key and layout).
+``SWAP_AB`` (``_softmax_step_t``) makes the key block the dots' M side (``sᵀ = k·qᵀ``,
+``accᵀ += cᵀ·pᵀ``): with 64 keys both dots run on wgmma from the shared-memory key tile, which
+the pipeliner double-buffers; measured slower than mma.sync with heads as M at 8 and 16 heads
+(one 169 KB program per SM), it is not a default.
 
 Dense-causal path (``_dense_mla_fwd_kernel``; on when the caller passes ``positions`` and
 ``dense_below``). The DSA indexer selects ``min(K, pos + 1)`` keys, so a token at ``pos < K``
@@ -92,6 +100,24 @@ def _softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
 
 
 @triton.jit
+def _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, keep, qk_scale, m_i, l_i, acc_t):
+    """:func:`_softmax_step` with the key block as the dots' M side (swap-AB): ``sᵀ = k·qᵀ``
+    ``[BLOCK_N, BLOCK_H]`` where ``keep`` (``[BLOCK_N, 1]``), else ``-inf``; ``accᵀ += cᵀ·pᵀ``
+    ``[BLOCK_R, BLOCK_H]``. With 64 keys per block both dots fit wgmma (M ≥ 64) reading the key
+    tile from shared memory, so the few heads need no registers for the queries."""
+    s = tl.dot(c, q_nope_t)
+    s = tl.dot(k_pe, q_pe_t, s)
+    s = tl.where(keep, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    acc_t = tl.dot(tl.trans(c), p.to(c.dtype), acc_t * alpha[None, :])
+    return m_new, l_i, acc_t
+
+
+@triton.jit
 def _sparse_mla_fwd_kernel(
     Q,
     KV,
@@ -126,6 +152,9 @@ def _sparse_mla_fwd_kernel(
     SPLIT: tl.constexpr,
     DENSE_T: tl.constexpr,  # token block of the dense kernel; 0: no dense path
     KV_FP8: tl.constexpr = False,  # KV is the uint8 FP8 latent cache (kernels/latent_fp8.py)
+    SWAP_AB: tl.constexpr = False,  # keys as the dots' M side (_softmax_step_t)
+    PAGE_SHIFT: tl.constexpr = -1,  # log2(page_size) for a power-of-two page, else -1
+    SLOTS: tl.constexpr = False,  # TOPK holds each key's cache row (-1 unused), not its position
 ):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
@@ -151,7 +180,11 @@ def _sparse_mla_fwd_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
+    if SWAP_AB:
+        q_nope_t, q_pe_t = tl.trans(q_nope), tl.trans(q_pe)
+        acc_t = tl.zeros([BLOCK_R, BLOCK_H], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
 
     k_start = split * keys_per_split
     k_end = tl.minimum(k_start + keys_per_split, topk)
@@ -160,10 +193,21 @@ def _sparse_mla_fwd_kernel(
         pos = tl.load(pos_row + offs_n, mask=offs_n < k_end, other=-1)
         valid = pos >= 0
         pos = tl.where(valid, pos, 0)
-        page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
-        c, k_pe = load_latent_rows(KV, page * page_size + pos % page_size, valid, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
-
-        m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
+        if SLOTS:  # TOPK holds cache rows (_topk_slots_kernel): no page-table step in the loop
+            slot = pos.to(tl.int64)
+        elif PAGE_SHIFT >= 0:  # shifts, not a runtime division per key and layout
+            page = tl.load(pages + (pos >> PAGE_SHIFT), mask=valid, other=0)
+            slot = ((page << PAGE_SHIFT) + (pos & ((1 << PAGE_SHIFT) - 1))).to(tl.int64)
+        else:
+            page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
+            slot = page * page_size + pos % page_size
+        c, k_pe = load_latent_rows(KV, slot, valid, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
+        if SWAP_AB:
+            m_i, l_i, acc_t = _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, valid[:, None], qk_scale, m_i, l_i, acc_t)
+        else:
+            m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
+    if SWAP_AB:
+        acc = tl.trans(acc_t)
 
     # A row that saw no valid key has l = 0: write 0 (the twin gives NaN there; callers
     # always pass at least the token's own position).
@@ -361,11 +405,28 @@ def _sparse_mla_merge_kernel(
     tl.store(OUT + t * stride_ot + h * stride_oh + offs_r, o.to(OUT.dtype.element_ty), mask=offs_r < rank)
 
 
+@triton.jit
+def _topk_slots_kernel(TOPK, PAGE_TABLE, TOKEN_REQ, SLOTS, stride_tk, stride_pt, topk, page_size, BLOCK: tl.constexpr):
+    """``SLOTS[t, j]`` ← the cache row of top-k position ``TOPK[t, j]`` through the page table of
+    token ``t``'s request (``-1`` stays ``-1``): the sparse kernel's loop then gathers rows with
+    one indirection instead of three dependent loads and a division per key."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < topk
+    pos = tl.load(TOPK + t * stride_tk + offs, mask=inside, other=-1)
+    valid = pos >= 0
+    pos = tl.where(valid, pos, 0)
+    pages = PAGE_TABLE + tl.load(TOKEN_REQ + t).to(tl.int64) * stride_pt
+    page = tl.load(pages + pos // page_size, mask=valid, other=0)
+    tl.store(SLOTS + t * topk + offs, tl.where(valid, page * page_size + pos % page_size, -1), mask=inside)
+
+
 def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
 _MERGE_COLS = 128  # output columns per program of _dense_mla_merge_kernel
+_SLOT_BLOCK = 1024  # top-k columns per program of _topk_slots_kernel
 DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this many tokens
 
 
@@ -391,6 +452,7 @@ def default_config(
     if programs < sms and not (dense and num_tokens >= DENSE_MIN_TOKENS):
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
     few_heads_fp8 = kv_fp8 and block_h == 16
+    few_heads_bf16 = block_h == 16 and splits == 1 and not kv_fp8
     return {
         "block_h": block_h,
         "block_n": block_n,
@@ -399,7 +461,11 @@ def default_config(
         "num_splits": splits,
         # Few heads, one split, bf16 cache: capping registers at 168 fits a third program per
         # SM, which outweighs the few spilled bytes (they stay in L1).
-        "maxnreg": 168 if block_h == 16 and splits == 1 and not kv_fp8 else None,
+        "maxnreg": 168 if few_heads_bf16 else None,
+        "swap_ab": False,
+        # Few heads, one split, bf16 cache: the keys' cache rows come from _topk_slots_kernel,
+        # so the loop issues one gather per key instead of position → page → row.
+        "slots": few_heads_bf16,
     }
 
 
@@ -503,6 +569,8 @@ def sparse_mla_attention_triton(
     dense_chunk_keys: int | None = None,
     dense_page_blocks: bool | None = None,
     maxnreg: int | None = None,
+    swap_ab: bool | None = None,
+    slots: bool | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -520,7 +588,8 @@ def sparse_mla_attention_triton(
     The keyword arguments after ``dense_below`` override :func:`default_config` and
     :func:`dense_config` (benchmarks, tests; ``dense_block_t`` is a power of two;
     ``dense_chunk_keys = 0``: one chunk; ``dense_page_blocks``: one page-table entry per key
-    block, which needs ``page_size`` divisible by the key block — by default on where it is).
+    block, which needs ``page_size`` divisible by the key block — by default on where it is;
+    ``maxnreg = 0``: no register cap; ``swap_ab``: the sparse kernel's swap-AB form).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
     (``< page_table.shape[1] · page_size``), which bounds the dense path's key chunks.
@@ -541,6 +610,8 @@ def sparse_mla_attention_triton(
     splits = num_splits or cfg["num_splits"]
     keys_per_split = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
     splits = triton.cdiv(topk, keys_per_split)
+    swap = cfg["swap_ab"] if swap_ab is None else swap_ab
+    use_slots = cfg["slots"] if slots is None else slots
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
@@ -586,13 +657,22 @@ def sparse_mla_attention_triton(
         ws_lse = torch.empty(num_tokens * num_heads * splits, dtype=torch.float32, device=q.device)
     else:
         ws_o = ws_lse = out  # unused
+    rows, stride_rows = topk_pos, topk_pos.stride(0)
+    if use_slots:  # each key's cache row, computed once (graph-safe: a shape-sized workspace)
+        rows, stride_rows = torch.empty(num_tokens, topk, dtype=torch.int32, device=q.device), topk
+        _topk_slots_kernel[(num_tokens, triton.cdiv(topk, _SLOT_BLOCK))](
+            topk_pos, page_table, token_req, rows, topk_pos.stride(0), page_table.stride(0), topk, page_size,
+            BLOCK=_SLOT_BLOCK, num_warps=4,
+        )  # fmt: skip
+    shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
     _sparse_mla_fwd_kernel[grid](
-        q, kv_cache, topk_pos, page_table, token_req, positions if dense_t else token_req, out, ws_o, ws_lse,
-        q.stride(0), q.stride(1), kv_cache.stride(0), topk_pos.stride(0), page_table.stride(0),
+        q, kv_cache, rows, page_table, token_req, positions if dense_t else token_req, out, ws_o, ws_lse,
+        q.stride(0), q.stride(1), kv_cache.stride(0), stride_rows, page_table.stride(0),
         out.stride(0), out.stride(1),
         num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1, DENSE_T=dense_t,
-        KV_FP8=kv_fp8, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg or cfg["maxnreg"],
+        KV_FP8=kv_fp8, SWAP_AB=swap, PAGE_SHIFT=shift, SLOTS=use_slots, num_warps=num_warps, num_stages=num_stages,
+        maxnreg=(maxnreg if maxnreg is not None else cfg["maxnreg"]) or None,
     )  # fmt: skip
     if splits > 1:
         _sparse_mla_merge_kernel[(num_tokens, num_heads)](
