@@ -444,10 +444,10 @@ def _short(opts: dict) -> str:
 
 
 def topk_variants() -> dict:
-    """Name → options of :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (``held``:
-    rows up to that many keys sit in registers, longer ones stream; options left out take the
-    defaults)."""
-    return {"default": {}, "held 8k": dict(resident=8192), "stream every row": dict(resident=0)}
+    """Name → options of :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (keys per
+    block, warps; ``default``: block 512, 4 warps)."""
+    return {"default": {}, "block 1024, 8 warps": dict(block=1024, num_warps=8), "block 2048, 8 warps":
+            dict(block=2048, num_warps=8), "block 256, 4 warps": dict(block=256, num_warps=4)}  # fmt: skip
 
 
 def topk_rows(layout: str, g) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the DSA top-k select (breakgraph/kernels/triton_topk.py): the select timed at
-# prefill 8k / 16k and 64 rows of ~128K keys (defaults, an 8K register tile, every row streamed;
-# each checked against the exact set, beside torch.topk of the same causal rows), then the CUDA
+# prefill 8k / 16k and 64 rows of ~128K keys (defaults and a few block/warp variants; each
+# checked against the exact set, beside torch.topk of the same causal rows), then the CUDA
 # tests of the select and of the indexer paths that go through it. Logs under $OUT; the table of
 # ms per layer comes last. About 60 s on one H200.
 set -u

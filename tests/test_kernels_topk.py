@@ -1,12 +1,12 @@
 """The DSA top-k select (``breakgraph.kernels.triton_topk``) against an exact torch reference.
 
-CPU: the defaults, small register tiles (rows past them stream) and streaming every row run
-under Triton's interpreter in a child process on rows built to break a select: all-negative rows, ``+0.0``/``-0.0`` ties, many ties at the K-th
-score, ties in the lowest key bits, constant rows, an outlier that keeps every score in one
-value-range slice, a range too wide for a finite scale, consecutive floats; NaN past each row's
-position proves it reads only the causal range. The sm_90a compile of the default tiles is
-checked for registers and spills.
-GPU (``-m cuda``): the defaults and streaming every row (the bench's variants, by name), on
+CPU: the defaults and smaller blocks (rows span many blocks) run under Triton's interpreter in a
+child process on rows built to break a select: all-negative rows, ``+0.0``/``-0.0`` ties, many
+ties at the K-th score, ties in the lowest key bits, constant rows, an outlier far above the
+rest, a range wider than fp32's ``max − min``, consecutive floats; NaN past each row's position
+proves it reads only the causal range. The sm_90a compile of the default launch is checked for
+spills.
+GPU (``-m cuda``): the defaults and a larger block with 8 warps (the bench's variants, by name), on
 ragged rows up to 128K keys (shorter and longer than K, the hard rows stretched to thousands of
 keys); the indexer's own score distribution on a ragged batch with cached prefixes, also through
 ``indexer_topk_triton``; replay in a CUDA graph.
@@ -68,7 +68,7 @@ def hard_rows(topk: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Ten
     scores[11, : n(201)] = 1.0 + torch.randint(0, 2, (n(201),), generator=g).float() * 2**-20  # low-bit ties
     scores[12] = 0.75  # constant
     scores[13, : n(251)] = torch.rand(n(251), generator=g)
-    scores[13, 7] = 1e6  # every other score in the lowest value-range slice, twice
+    scores[13, 7] = 1e6  # an outlier far above the rest
     scores[14, : n(261)] = torch.randn(n(261), generator=g) * 1e37
     scores[14, 3], scores[14, 4] = 3e38, -3e38  # max − min overflows fp32
     scores[15, : n(281)] = 1.0 + torch.arange(n(281)).float() * 2**-23  # consecutive floats
@@ -76,9 +76,9 @@ def hard_rows(topk: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def _variants() -> list[dict]:
-    """Options of the interpreter check: the defaults, small register tiles (rows past them
-    stream), every row streamed."""
-    return [{}, dict(resident=512), dict(resident=256, block=64), dict(resident=0, block=32), dict(resident=0)]
+    """Options of the interpreter check: the defaults (block 512), and blocks of 64 and 32 keys
+    so the rows span many blocks."""
+    return [{}, dict(block=64), dict(block=32, num_warps=2)]
 
 
 def _interp_select_variants():
@@ -111,38 +111,17 @@ def test_select_variants_are_exact_interpreted():
     assert r.returncode == 0, f"failed under the Triton interpreter:\n{r.stdout}\n{r.stderr[-6000:]}"
 
 
-def test_select_options_are_checked():
-    from breakgraph.kernels.triton_topk import topk_select_triton
-
-    s, p, o = torch.zeros(2, 8), torch.tensor([3, 7]), torch.zeros(2, 4, dtype=torch.int32)
-    with pytest.raises(ValueError, match="resident"):
-        topk_select_triton(s, p, o, resident=3000)
-    with pytest.raises(ValueError, match="block"):
-        topk_select_triton(s, p, o, block=8)
-    with pytest.raises(TypeError, match="blocks"):
-        from breakgraph.kernels.triton_topk import kernel_constants
-
-        kernel_constants(8, 4, blocks=64)
-
-
-@pytest.mark.parametrize("row_len", [8192, 16384])
-def test_default_select_compiles_without_spills_for_sm90(row_len):
-    """The default tiles for rows up to 8K and 16K keys: no spill to local memory at 8K, at most
-    a few words at 16K (16 warps cap the registers at 128 per thread; 40 bytes today)."""
+def test_default_select_compiles_without_spills_for_sm90():
+    """The default launch (blocks of 512 keys, 4 warps): no spill to local memory."""
     from breakgraph.kernels import aot
-    from breakgraph.kernels.triton_topk import _topk_select_kernel, kernel_constants
+    from breakgraph.kernels.triton_topk import _topk_select_kernel
 
     if not aot.tools_available():
         pytest.skip("this triton has no bundled ptxas/cuobjdump")
-    consts, warps = kernel_constants(row_len, TOPK)
-    args = dict(SCORES="*fp32", POSITIONS="*i64", OUT="*i32", stride_st=row_len, stride_ot=TOPK, num_rows="i32",
-                topk=TOPK)  # fmt: skip
-    info = aot.compile_for_sm90(_topk_select_kernel, args, consts, warps, 1)
-    print(consts, warps, info)
-    if row_len <= 8192:
-        assert info["stack"] == 0 and info["local_insts"] == 0, info
-    else:
-        assert info["stack"] <= 64 and info["local_insts"] <= 32, info
+    args = dict(SCORES="*fp32", POSITIONS="*i64", OUT="*i32", stride_st=16384, stride_ot=TOPK, topk=TOPK)
+    info = aot.compile_for_sm90(_topk_select_kernel, args, dict(BLOCK=512, BLOCK_K=1024), 4, 1)
+    print(info)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 # ---------------------------------------------------------------------------------------
@@ -162,7 +141,7 @@ def _bench_variants() -> dict:
 
 
 def _long_rows(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of 1 to 128K keys on the GPU: the lengths around K and the register tiles, random
+    """Rows of 1 to 128K keys on the GPU: the lengths around K and powers of two, random
     lengths, and the hard rows of the CPU check stretched to thousands of keys; 64 rows, so the
     kernels specialise as in the bench (row counts and widths multiples of 16) and compile once."""
     width = 131072
@@ -177,7 +156,7 @@ def _long_rows(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["default", "stream every row"])
+@pytest.mark.parametrize("name", ["default", "block 1024, 8 warps"])
 def test_select_variants_are_exact_on_gpu(name):
     from breakgraph.kernels.triton_topk import topk_select_triton
 
@@ -192,10 +171,10 @@ def test_select_variants_are_exact_on_gpu(name):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["default", "stream every row"])
+@pytest.mark.parametrize("name", ["default", "block 1024, 8 warps"])
 def test_select_on_indexer_scores_with_cached_prefixes_on_gpu(name):
     """The indexer's own score distribution, ragged requests with cached prefixes (rows shorter
-    and longer than K and than the register tiles): exact, and ``indexer_topk_triton`` (the
+    and longer than K): exact, and ``indexer_topk_triton`` (the
     engine's call) selects the same."""
     from test_kernels_attention import IDX_DIM, IDX_HEADS, PAGE, indexer_inputs, make_batch
 
@@ -219,7 +198,7 @@ def test_select_on_indexer_scores_with_cached_prefixes_on_gpu(name):
 @pytest.mark.cuda
 def test_select_replays_in_cuda_graph_with_new_inputs():
     """Captured once with one set of rows, replayed after the scores and positions are refilled
-    (other lengths, other tiles taken): equals an eager call."""
+    (other lengths): equals an eager call."""
     from breakgraph.kernels.triton_topk import topk_select_triton
 
     scores, pos = _long_rows(seed=4)
