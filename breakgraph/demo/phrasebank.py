@@ -39,10 +39,9 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from breakgraph.demo.problems import Problem, normalise_question
+from breakgraph.demo.problems import Problem, distinct_problems
 
 MAX_RESULT = 1000
 
@@ -1092,21 +1091,6 @@ def make_problem(rng: random.Random) -> Problem:
     return Problem(text, answer, final, f"phrases/{kind}")
 
 
-def iter_phrases(seed: int) -> Iterator[Problem]:
-    """An endless, deterministic stream of problems for ``seed``, without repeated questions."""
-    rng = random.Random(seed)
-    seen: set[str] = set()
-    while True:
-        p = make_problem(rng)
-        key = normalise_question(p.question)
-        if key not in seen:
-            seen.add(key)
-            yield p
-
-
 def generate_phrases(n: int, seed: int) -> list[Problem]:
     """``n`` distinct problems for ``seed`` (a prefix of any longer list for the same seed)."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    stream = iter_phrases(seed)
-    return [next(stream) for _ in range(n)]
+    return distinct_problems(make_problem, n, seed)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import ast
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -729,6 +729,23 @@ def normalise_question(question: str) -> str:
     ``"mia has 5"`` are the same question.
     """
     return " ".join(re.findall(r"[a-z0-9]+", question.lower()))
+
+
+def distinct_problems(make_problem: Callable[[random.Random], Problem], n: int, seed: int) -> list[Problem]:
+    """The first ``n`` problems ``make_problem`` draws from ``random.Random(seed)`` whose questions
+    differ after :func:`normalise_question` (so a prefix of any longer list for the same seed)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    out: list[Problem] = []
+    while len(out) < n:
+        p = make_problem(rng)
+        key = normalise_question(p.question)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
 
 
 def iter_problems(seed: int) -> Iterator[Problem]:
