@@ -41,7 +41,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from breakgraph.demo.problems import Problem, distinct_problems
+from breakgraph.demo.problems import Problem, distinct_problems, exact_step
 
 MAX_RESULT = 1000
 
@@ -146,9 +146,7 @@ class _S:
     hypothetical: bool = False  # the first sentence becomes "Suppose ..." and the question asks what would be
 
     def calc(self, a: int, op: str, b: int) -> int:
-        v = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
-        if op == "/" and (b == 0 or a % b):
-            raise ValueError(f"{a}/{b} is not exact")
+        v = exact_step(a, op, b)
         if not 1 <= v <= MAX_RESULT:
             raise ValueError(f"{a}{op}{b}={v} is out of range")
         self.steps.append((f"{a}{op}{b}", v))

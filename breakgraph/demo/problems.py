@@ -722,6 +722,14 @@ KIND_WEIGHTS = {"add": 0.15, "sub": 0.15, "mul": 0.15, "div": 0.15, "two": 0.4}
 # Generation, splits and formatting
 
 
+def exact_step(a: int, op: str, b: int) -> int:
+    """``a op b`` for ``op`` in ``+ - * /``; raises ``ValueError`` when a division is not exact
+    (or by zero), so generators can redraw instead of writing a wrong annotation."""
+    if op == "/" and (b == 0 or a % b):
+        raise ValueError(f"{a}/{b} is not exact")
+    return {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0}[op]
+
+
 def normalise_question(question: str) -> str:
     """The key used to deduplicate questions: lower-case words and numbers joined by single spaces.
 

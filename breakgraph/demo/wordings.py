@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from breakgraph.demo.problems import Problem, distinct_problems
+from breakgraph.demo.problems import Problem, distinct_problems, exact_step
 
 MAX_RESULT = 1000
 
@@ -108,9 +108,7 @@ class _Draft:
     question: str = ""
 
     def calc(self, a: int, op: str, b: int) -> int:
-        v = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
-        if op == "/" and a % b:
-            raise ValueError(f"{a}/{b} is not exact")
+        v = exact_step(a, op, b)
         self.steps.append((f"{a}{op}{b}", v))
         self.value = v
         return v
