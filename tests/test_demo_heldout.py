@@ -81,8 +81,9 @@ def test_no_five_word_run_of_a_heldout_question_occurs_in_training():
 
 def test_the_check_sees_a_shared_run():
     seen = set().union(*(runs(p.question) for p in problems.generate(200, 0)))
-    copy = problems.generate(1, 0)[0].question
-    assert runs(copy) & seen
+    question = problems.generate(1, 0)[0].question
+    copy = re.sub(r"\d+", lambda m: str(int(m.group()) + 1), question)  # other numbers, same words
+    assert copy != question and runs(copy) & seen
     assert words("Rosa has 12 apples, twelve boxes") == ["#", "has", "#", "*", "#", "*"]
 
 

@@ -13,7 +13,7 @@ on the device, so the grid never depends on lengths). Each gathered ``[BLOCK_L, 
 serves every token of the program with the *heads along the dot's columns*, so the
 ReLU-weighted head sum is a reduction inside each thread's registers (plus a few lane shuffles).
 Prefill (stacked): the ``BLOCK_T·Hi`` query rows of the block are the columns of one wgmma per
-key block, ``[BLOCK_L, BLOCK_T·Hi]`` in fp32, summed per token by a reshape; 3 pipeline stages
+key block, ``[BLOCK_L, BLOCK_T·Hi]`` in fp32, summed per token by a reshape; pipeline stages (2 for bf16 keys, 3 for FP8)
 let the page-table and key loads run ahead of the dot. Token blocks whose tokens all sit below
 ``skip_below`` are not scored (their selection is every causal key).
 
