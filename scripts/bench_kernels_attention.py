@@ -626,6 +626,9 @@ def main() -> None:
     p.add_argument("--page-size", type=int, default=PAGE,
                    help="KV page size (a page as large as the cache makes the page-table lookups trivial)")
     args = p.parse_args()
+    topk_only = sorted(set(args.layouts or ()) - set(LAYOUTS))
+    if topk_only and args.only != "topk":
+        p.error(f"--layouts {', '.join(map(repr, topk_only))} is a --only topk shape")
     globals()["PAGE"] = args.page_size
     if args.aot:
         run_aot()

@@ -15,7 +15,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv > "$OU
 BENCH=(bench decode --preset glm5-tp8-rank-12l --input-len 1024 --batch-size 1 64 --context-length 8192
        --steps 10 --rounds 1 --top-kernels 12)
 
-timeout 100 python -m breakgraph.cli "${BENCH[@]}" --output "$OUT/after" > "$OUT/bench_after.log" 2>&1
+# page 64 in both runs: the tree before the fusions has it fixed (its bench has no --page-size)
+timeout 100 python -m breakgraph.cli "${BENCH[@]}" --page-size 64 --output "$OUT/after" > "$OUT/bench_after.log" 2>&1
 echo "bench after: rc=$?"
 timeout 55 python -m pytest -q -m cuda -p no:cacheprovider -s tests/test_fused_layers_cuda.py \
   tests/test_kernels_norm.py tests/test_kernels_rope.py tests/test_kernels_causal_topk.py \

@@ -112,11 +112,11 @@ class ModelRunner:
             load_format=config.load_format, max_positions=spec.context_length, seed=config.seed,
             parallel=tp.state if tp is not None else None,
         )  # fmt: skip
+        self.startup_s = {"load": time.perf_counter() - t0}
         logger.info(
             "loaded %s (%s, %s) in %.1fs", config.model_path, spec.model_config.model_type, spec.dtype,
-            time.perf_counter() - t0,
+            self.startup_s["load"],
         )  # fmt: skip
-        self.startup_s = {"load": time.perf_counter() - t0}
         if spec.model_config.fp8 is not None and spec.device.type == "cuda":
             t1 = time.perf_counter()
             self._tune_fp8_linears()  # now, before any capture: every backend then takes the same GEMMs
