@@ -21,7 +21,11 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    ``W8A8_MIN_TOKENS`` tokens, :func:`moe_fp8_activations`): twice the MMA rate for large T, ≈4% relative deviation from the
    bf16-activation twin on random data: two quantised GEMMs). Small row blocks use the swapped
    product ``(W·Aᵀ)ᵀ`` so that the weight rows fill the 64-row MMA side and the few tokens the
-   narrow one. The tile choice depends only on static shapes (:func:`gemm_config`).
+   narrow one. With a few rows per expert the GEMMs are a stream of weight bytes; the stream
+   kernel (:func:`_moe_stream_kernel`, config ``KERNEL="stream"``) gives each program several
+   column tiles in one pipelined loop and can multiply W8A16 in fp16 (``F16_MMA``: a third of
+   the conversion instructions of the bf16 dequantisation). The tile choice depends only on
+   static shapes (:func:`gemm_config`).
    Row order inside an expert's segment follows atomics, but every output row is computed
    by the same k-ordered dot whatever its position, so results do not vary between runs.
 3. :func:`moe_combine` — ``out[t] = Σ_j w[t, j] · y[t·k + j]`` in fp32, one pass, deterministic.
@@ -47,7 +51,7 @@ import triton.language as tl
 
 from breakgraph import env
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
+from breakgraph.kernels.triton_fp8 import act_quant, interpreting, mma, scaled_update
 
 if TYPE_CHECKING:
     from breakgraph.kernels.moe import SharedExpert
@@ -391,6 +395,122 @@ def _moe_gemm_kernel(
             tl.store(c_ptrs, out, mask=row_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _f16_rows(a):
+    """``(a16, s)`` for a tile ``a [R, C]``: each row times a power of two ``1/s[r]`` that puts
+    its largest magnitude in ``[2^14, 2^15)`` (``s`` clamped to ``2^±126``: zero rows give
+    zeros), rounded to fp16, so ``a16·s`` is ``a`` exactly for bf16 values down to ``2^-29`` of
+    the row's largest, and never overflows."""
+    amax = tl.max(tl.abs(a.to(tl.float32)), axis=1)
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141
+    e = tl.minimum(tl.maximum(e, -126), 126)
+    up = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    down = ((127 + e) << 23).to(tl.float32, bitcast=True)
+    return (a.to(tl.float32) * up[:, None]).to(tl.float16), down
+
+
+@triton.jit
+def _pow2_part(s):
+    """The power of two nearest below ``s`` clamped to ``[2^-5, 2^7]``: e4m3 values times it
+    are exact in fp16. (Multiplying the widened weights by it, rather than by nothing, also keeps
+    the compiler from widening them inside the shared-memory read, which costs 16-byte copies.)"""
+    e = ((s.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.minimum(tl.maximum(e, -5), 7)
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _moe_stream_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr,
+    sorted_ptr, block_expert_ptr, num_blocks_ptr,
+    P, N, K, TOP_K, UP_OFF,
+    stride_am, stride_asm, stride_asg,
+    stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+    stride_cm,
+    GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr,
+    F16_MMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TILES_N: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
+    product only. Program ``(b, c)`` takes row block ``b`` and ``TILES_N`` consecutive
+    ``BLOCK_N`` tiles of output columns from ``c·TILES_N·BLOCK_N``, walked as one flat loop over
+    (tile, k-block) so that the software pipeline runs on across tiles (GEMM 2's K is only a
+    few k-blocks, and a program per tile would spend its time starting up). The output is
+    stored after a tile's last k-block; numerics are those of :func:`_moe_gemm_kernel`, except
+    with ``F16_MMA`` (fp8 weights, 16/32-bit activations): each k-block's activation rows are
+    scaled by powers of two into fp16 (:func:`_f16_rows`), the fp8 codes widened to fp16 times a
+    power of two (:func:`_pow2_part`; one conversion and one multiply per two weights, where the
+    bf16 dequantisation takes four instructions), and the fp32 product scaled by the rest of
+    ``s_w`` and the rows' powers of two: the exact ``w·s`` rather than the twin's ``bf16(w·s)``."""
+    pid = tl.program_id(0)
+    num_c = tl.cdiv(N, BLOCK_N * TILES_N)
+    pid_m = pid // num_c
+    pid_c = pid % num_c
+    if pid_m < tl.load(num_blocks_ptr):
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(sorted_ptr + offs_m)
+        row_ok = pair < P
+        if GATHER:
+            a_row = pair // TOP_K
+        else:
+            a_row = pair
+        a_row = tl.where(row_ok, a_row, 0)
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + a_row[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+        w_base = w_ptr + expert * stride_we
+        s_base = ws_ptr + expert * stride_wse
+        n_first = pid_c * (TILES_N * BLOCK_N)
+        k_steps = tl.cdiv(K, BLOCK_K)
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros_like(acc_g)
+        for it in range(0, TILES_N * k_steps):
+            tile = it // k_steps
+            k0 = (it - tile * k_steps) * BLOCK_K
+            n0 = n_first + tile * BLOCK_N
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < N
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wg_ptrs = w_base + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :]
+            wg = tl.load(wg_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            kb = k0 // SCALE_BK
+            if W_FP8:
+                sw_g = tl.load(s_base + (n0 // SCALE_BN) * stride_wsn + kb * stride_wsk)
+                sw_u = tl.load(s_base + ((UP_OFF + n0) // SCALE_BN) * stride_wsn + kb * stride_wsk)
+            else:
+                sw_g = 1.0
+                sw_u = 1.0
+            if A_FP8:
+                sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
+            else:
+                sa = tl.full((BLOCK_M,), 1.0, tl.float32)
+            if F16_MMA:
+                a16, sa = _f16_rows(a)
+                pg = _pow2_part(sw_g)
+                wg16 = wg.to(tl.float16) * pg.to(tl.float16)
+                acc_g += mma(wg16, tl.trans(a16), tl.zeros_like(acc_g), INTERP) * (sa[None, :] * (sw_g / pg))
+            else:
+                acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, INTERP)
+            if SILU:
+                wu = tl.load(wg_ptrs + UP_OFF * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                if F16_MMA:
+                    pu = _pow2_part(sw_u)
+                    wu16 = wu.to(tl.float16) * pu.to(tl.float16)
+                    acc_u += mma(wu16, tl.trans(a16), tl.zeros_like(acc_u), INTERP) * (sa[None, :] * (sw_u / pu))
+                else:
+                    acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, INTERP)
+            if k0 + BLOCK_K >= K:
+                if SILU:
+                    out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+                else:
+                    out = acc_g
+                c_ptrs = c_ptr + pair[None, :].to(tl.int64) * stride_cm + offs_n[:, None]
+                tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[None, :] & n_ok[:, None])
+                acc_g = tl.zeros_like(acc_g)
+                acc_u = tl.zeros_like(acc_u)
+
+
 def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool) -> dict:
     """Tile choice from static shapes only (graph-safe): rows per expert on average decide
     ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the tile sweep
@@ -432,6 +552,9 @@ def moe_gemm(
     ``a_scale=None``. ``weight [E, N_w, K]`` (bf16, or e4m3 with ``weight_scale [E, ceil(N_w/bn),
     ceil(K/bk)]``). ``silu``: ``N_w = 2N``, output ``silu(a·W[:N]ᵀ) ⊙ (a·W[N:]ᵀ)``; else ``N = N_w``.
     ``out [P, N]``. Rows of pairs are written exactly once; nothing else is touched.
+    ``config`` overrides :func:`gemm_config`'s tiles; ``KERNEL="stream"`` takes
+    :func:`_moe_stream_kernel` (swapped product only; ``TILES_N`` column tiles per program,
+    ``F16_MMA`` for fp8 weights with 16/32-bit activations).
     """
     num_e, n_w, k = weight.shape
     n = n_w // 2 if silu else n_w
@@ -461,8 +584,17 @@ def moe_gemm(
         return out
     ws = weight_scale if w_fp8 else weight
     sa = a_scale if a_fp8 else a
-    grid = (layout.max_blocks * triton.cdiv(n, cfg["BLOCK_N"]),)
-    _moe_gemm_kernel[grid](
+    kernel = _moe_gemm_kernel
+    if cfg.pop("KERNEL", "grouped") == "stream":
+        cfg.pop("SWAP_AB", None)  # the stream kernel always computes the swapped product
+        if cfg.setdefault("F16_MMA", False) and (a_fp8 or not w_fp8):
+            raise ValueError("moe_gemm: F16_MMA multiplies fp8 weights by 16/32-bit activations only")
+        kernel = _moe_stream_kernel
+        cols = cfg.setdefault("TILES_N", 1) * cfg["BLOCK_N"]
+    else:
+        cols = cfg["BLOCK_N"]
+    grid = (layout.max_blocks * triton.cdiv(n, cols),)
+    kernel[grid](
         a, sa, weight, ws, out, layout.sorted_pairs, layout.block_expert, layout.num_blocks,
         layout.num_pairs, n, k, gather_top_k or 1, n if silu else 0,
         a.stride(0), sa.stride(0), sa.stride(1) if sa.dim() > 1 else 0,
