@@ -235,6 +235,15 @@ def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
     return grid
 
 
+def _short(cfg: dict) -> str:
+    """A sweep config in a few characters, e.g. ``stream m16 n128x4 s4 w4 f16``."""
+    kernel = cfg.get("KERNEL", "grouped")
+    swap = " swap" if kernel == "grouped" and cfg.get("SWAP_AB") else ""
+    f16 = " f16" if cfg.get("F16_MMA") else ""
+    return (f"{kernel} m{cfg['BLOCK_M']} n{cfg['BLOCK_N']}x{cfg.get('TILES_N', 1)} k{cfg['BLOCK_K']} "
+            f"s{cfg['num_stages']} w{cfg['num_warps']}{swap}{f16}")  # fmt: skip
+
+
 def _sweep_tasks(tokens: list[int]) -> list[tuple]:
     tasks = []
     for t in tokens:
@@ -305,7 +314,7 @@ def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
             gb = touched * (2 if gemm == 1 else 1) * INTER * D / 1e9
             results.append({"tokens": t, "kind": kind, "gemm": gemm, "us": us, "tbs": gb / us * 1e3,
                             "err": err, "touched": touched, "config": cfg})  # fmt: skip
-            print(f"  T={t:5d} {kind:5s} GEMM{gemm} {us:9.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e} {cfg}",
+            print(f"  T={t:5d} {kind:5s} GEMM{gemm} {us:9.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e} {_short(cfg)}",
                   flush=True)  # fmt: skip
     print("\nsweep summary: per (tokens, GEMM) today's default, then the best 3 (µs, touched-expert TB/s, rel err)")
     for t in tokens:
@@ -318,7 +327,7 @@ def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
             for label, r in [("today", default)] + [("best", r) for r in sorted(rows, key=lambda r: r["us"])[:3]]:
                 if r is not None:
                     print(f"T={t:5d} G{gemm} {label:5s} {r['kind']:5s} {r['us']:8.1f} us {r['tbs']:5.2f} TB/s "
-                          f"err {r['err']:.1e} {r['config']}")  # fmt: skip
+                          f"err {r['err']:.1e} {_short(r['config'])}")  # fmt: skip
     return results
 
 
@@ -357,7 +366,7 @@ def layer_moe(tokens: list[int], results: list[dict]) -> None:
             if pairs:
                 _, c1, c2 = min(pairs, key=lambda p: p[0])
                 fn = partial(fused_moe_triton, *args, fp8_activations=kind == "W8A8", configs=(c1, c2))
-                variants.append((f"best {kind} {c1} | {c2}", fn))
+                variants.append((f"best {kind}: {_short(c1)} | {_short(c2)}", fn))
         for name, fn in variants:
             err = ((fn().float() - want).norm() / want.norm()).item()
             us = 1e3 * bench(fn)
