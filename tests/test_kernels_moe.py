@@ -270,12 +270,14 @@ def check_moe_stream_kernel_writes_every_pair_row_and_nothing_else():
     w2 = torch.randn(e, d, inter) / inter**0.5
     ids = _skewed_ids(t, k, e, 4)
     lay = moe_align(ids, e, 16)
-    y = torch.full((t * k + 5, d), float("nan"))
-    cfg = {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "TILES_N": 3}
-    moe_gemm(h, None, w2, None, lay, y, gather_top_k=None, silu=False, config=cfg)
-    assert not torch.isnan(y[: t * k]).any(), "a pair row was not written"
-    assert torch.isnan(y[t * k :]).all(), "rows past the pairs were written"
-    assert _rel(y[: t * k], torch.einsum("pi,pdi->pd", h, w2[ids.reshape(-1)])) < 1e-5
+    want = torch.einsum("pi,pdi->pd", h, w2[ids.reshape(-1)])
+    for tiles, block_k in ((3, 64), (2, 32)):  # masked loads; then EVEN (N % 64 == 0, K % 32 == 0)
+        y = torch.full((t * k + 5, d), float("nan"))
+        cfg = {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": block_k, "TILES_N": tiles}
+        moe_gemm(h, None, w2, None, lay, y, gather_top_k=None, silu=False, config=cfg)
+        assert not torch.isnan(y[: t * k]).any(), f"a pair row was not written ({cfg})"
+        assert torch.isnan(y[t * k :]).all(), f"rows past the pairs were written ({cfg})"
+        assert _rel(y[: t * k], want) < 1e-5, cfg
 
 
 def check_silu_mul_and_combine():
@@ -477,18 +479,19 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
 
 @pytest.mark.parametrize(
     "variant",
-    [  # (activations, silu, BLOCK_N, TILES_N, F16_MMA, BLOCK_M, warps, stages)
-        ("bf16", True, 64, 1, False, 16, 4, 4),
-        ("bf16", True, 32, 1, True, 16, 4, 6),
-        ("bf16", True, 128, 1, True, 16, 4, 4),
-        ("bf16", False, 128, 4, False, 16, 4, 4),
-        ("bf16", False, 128, 8, True, 16, 4, 4),
-        ("bf16", False, 64, 4, True, 16, 4, 4),
-        ("fp8", True, 128, 1, False, 16, 4, 4),
-        ("fp8", True, 64, 1, False, 16, 4, 6),
-        ("fp8", True, 128, 1, False, 64, 8, 4),
-        ("fp8", False, 128, 4, False, 16, 4, 4),
-        ("fp8", False, 128, 8, False, 64, 8, 4),
+    [  # (activations, silu, BLOCK_N, TILES_N, F16_MMA, BLOCK_M, warps, stages, EVEN)
+        ("bf16", True, 64, 1, False, 16, 4, 4, True),
+        ("bf16", True, 64, 1, False, 16, 4, 4, False),
+        ("bf16", True, 32, 1, True, 16, 4, 6, True),
+        ("bf16", True, 128, 1, True, 16, 4, 4, True),
+        ("bf16", False, 128, 4, False, 16, 4, 4, True),
+        ("bf16", False, 128, 8, True, 16, 4, 4, True),
+        ("bf16", False, 64, 4, True, 16, 4, 4, False),
+        ("fp8", True, 128, 1, False, 16, 4, 4, True),
+        ("fp8", True, 64, 1, False, 16, 4, 6, True),
+        ("fp8", True, 128, 1, False, 64, 8, 4, True),
+        ("fp8", False, 128, 4, False, 16, 4, 4, False),
+        ("fp8", False, 128, 8, False, 64, 8, 4, True),
     ],
 )
 def test_moe_stream_kernel_compiles_for_sm90_without_spills(variant):
@@ -497,11 +500,11 @@ def test_moe_stream_kernel_compiles_for_sm90_without_spills(variant):
     pytest.importorskip("triton")
     from breakgraph.kernels import triton_moe
 
-    adt, silu, bn, tiles, f16, bm, warps, stages = variant
+    adt, silu, bn, tiles, f16, bm, warps, stages, even = variant
     types = {"a_ptr": "*fp8e4nv" if adt == "fp8" else "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv",
              "ws_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
              "num_blocks_ptr": "*i32"}  # fmt: skip
-    constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": True, "A_FP8": adt == "fp8", "F16_MMA": f16, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tiles, "SCALE_BN": 128,
+    constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": True, "A_FP8": adt == "fp8", "F16_MMA": f16, "EVEN": even, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tiles, "SCALE_BN": 128,
                   "SCALE_BK": 128, "INTERP": False}  # fmt: skip
     info = compile_for_sm90(triton_moe._moe_stream_kernel, types, constexprs, warps, stages)
     print(variant, info)

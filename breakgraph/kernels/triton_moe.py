@@ -428,15 +428,17 @@ def _moe_stream_kernel(
     stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
     stride_cm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr,
-    F16_MMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    TILES_N: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+    F16_MMA: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, TILES_N: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
     product only. Program ``(b, c)`` takes row block ``b`` and ``TILES_N`` consecutive
     ``BLOCK_N`` tiles of output columns from ``c·TILES_N·BLOCK_N``, walked as one flat loop over
     (tile, k-block) so that the software pipeline runs on across tiles (GEMM 2's K is only a
     few k-blocks, and a program per tile would spend its time starting up). The output is
-    stored after a tile's last k-block; numerics are those of :func:`_moe_gemm_kernel`, except
+    stored after a tile's last k-block. ``EVEN``: ``K`` a multiple of ``BLOCK_K`` and ``N`` of
+    ``TILES_N·BLOCK_N``, so that loads need no masks (rows past the pairs read row 0 of ``a``,
+    their outputs are not stored). Numerics are those of :func:`_moe_gemm_kernel`, except
     with ``F16_MMA`` (fp8 weights, 16/32-bit activations): each k-block's activation rows are
     scaled by powers of two into fp16 (:func:`_f16_rows`), the fp8 codes widened to fp16 times a
     power of two (:func:`_pow2_part`; one conversion and one multiply per two weights, where the
@@ -462,6 +464,8 @@ def _moe_stream_kernel(
         s_base = ws_ptr + expert * stride_wse
         n_first = pid_c * (TILES_N * BLOCK_N)
         k_steps = tl.cdiv(K, BLOCK_K)
+        # tile-relative offsets once; per step only a scalar moves (and, EVEN, no masks at all)
+        w_offs = tl.arange(0, BLOCK_N)[:, None] * stride_wn + offs_k[None, :]
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_u = tl.zeros_like(acc_g)
         for it in range(0, TILES_N * k_steps):
@@ -471,9 +475,13 @@ def _moe_stream_kernel(
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs_n < N
             k_ok = offs_k < K - k0
-            a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wg_ptrs = w_base + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :]
-            wg = tl.load(wg_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            wg_ptrs = w_base + (n0.to(tl.int64) * stride_wn + k0) + w_offs
+            if EVEN:
+                a = tl.load(a_ptrs + k0)
+                wg = tl.load(wg_ptrs)
+            else:
+                a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                wg = tl.load(wg_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             kb = k0 // SCALE_BK
             if W_FP8:
                 sw_g = tl.load(s_base + (n0 // SCALE_BN) * stride_wsn + kb * stride_wsk)
@@ -493,7 +501,10 @@ def _moe_stream_kernel(
             else:
                 acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, INTERP)
             if SILU:
-                wu = tl.load(wg_ptrs + UP_OFF * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                if EVEN:
+                    wu = tl.load(wg_ptrs + UP_OFF * stride_wn)
+                else:
+                    wu = tl.load(wg_ptrs + UP_OFF * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
                 if F16_MMA:
                     pu = _pow2_part(sw_u)
                     wu16 = wu.to(tl.float16) * pu.to(tl.float16)
@@ -591,6 +602,7 @@ def moe_gemm(
             raise ValueError("moe_gemm: F16_MMA multiplies fp8 weights by 16/32-bit activations only")
         kernel = _moe_stream_kernel
         cols = cfg.setdefault("TILES_N", 1) * cfg["BLOCK_N"]
+        cfg["EVEN"] = k % cfg["BLOCK_K"] == 0 and n % cols == 0
     else:
         cols = cfg["BLOCK_N"]
     grid = (layout.max_blocks * triton.cdiv(n, cols),)
