@@ -335,7 +335,8 @@ def layer_moe(tokens: list[int], results: list[dict]) -> None:
     """The routed-expert layer at uniform random routing: today's dispatch (``fused_moe``: the
     decode kernels up to ``DECODE_MAX_TOKENS`` tokens, else the grouped GEMMs), the decode
     kernels at up to 16 tokens, and the Triton GEMMs with the sweep's fastest GEMM 1 and GEMM 2
-    of one activation kind and ``BLOCK_M`` (a pair): µs (L2 flushed), touched-expert TB/s,
+    of one activation kind and ``BLOCK_M`` (a pair; W8A8 with a 128-column stream GEMM 1 also
+    without the quantisation of ``h`` in its epilogue): µs (L2 flushed), touched-expert TB/s,
     relative error against ``fused_moe_ref`` (W8A8 includes its activation quantisation)."""
     from breakgraph.kernels.moe import fused_moe
     from breakgraph.kernels.triton_moe import fused_moe_decode
@@ -367,6 +368,10 @@ def layer_moe(tokens: list[int], results: list[dict]) -> None:
                 _, c1, c2 = min(pairs, key=lambda p: p[0])
                 fn = partial(fused_moe_triton, *args, fp8_activations=kind == "W8A8", configs=(c1, c2))
                 variants.append((f"best {kind}: {_short(c1)} | {_short(c2)}", fn))
+                if kind == "W8A8" and c1.get("KERNEL") == "stream" and c1["BLOCK_N"] == 128:
+                    apart = ({**c1, "QUANT_OUT": False}, c2)  # h quantised by act_quant, not in GEMM 1
+                    fn = partial(fused_moe_triton, *args, fp8_activations=True, configs=apart)
+                    variants.append((f"best {kind}, separate act_quant(h)", fn))
         for name, fn in variants:
             err = ((fn().float() - want).norm() / want.norm()).item()
             us = 1e3 * bench(fn)

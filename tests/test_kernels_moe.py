@@ -245,6 +245,14 @@ def check_moe_stream_kernel_matches_twin():
         got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=(c1, c2))
         want_q = _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)
         assert _rel(got, want_q) < 2e-2, (c1, c2, _rel(got, want_q))
+    # W8A8 with h quantised in GEMM 1's epilogue (128-column tiles) is bit-equal to act_quant after it
+    c1, c2 = {"KERNEL": "stream", "BLOCK_N": 128}, STREAM_CONFIGS[0][1]
+    for xin in (x, xb):
+        fused = fused_moe_triton(xin, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=(c1, c2))
+        apart = fused_moe_triton(
+            xin, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=({**c1, "QUANT_OUT": False}, c2)
+        )
+        assert torch.equal(fused, apart), (xin.dtype, _rel(fused, apart))
 
 
 def check_f16_rows_is_exact_and_cannot_overflow():
@@ -479,7 +487,7 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
 
 @pytest.mark.parametrize(
     "variant",
-    [  # (activations, silu, BLOCK_N, TILES_N, F16_MMA, BLOCK_M, warps, stages, EVEN)
+    [  # (activations, silu, BLOCK_N, TILES_N, F16_MMA, BLOCK_M, warps, stages, EVEN[, QUANT_OUT])
         ("bf16", True, 64, 1, False, 16, 4, 4, True),
         ("bf16", True, 64, 1, False, 16, 4, 4, False),
         ("bf16", True, 32, 1, True, 16, 4, 6, True),
@@ -488,6 +496,7 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
         ("bf16", False, 128, 8, True, 16, 4, 4, True),
         ("bf16", False, 64, 4, True, 16, 4, 4, False),
         ("fp8", True, 128, 1, False, 16, 4, 4, True),
+        ("fp8", True, 128, 1, False, 16, 4, 4, True, True),
         ("fp8", True, 64, 1, False, 16, 4, 6, True),
         ("fp8", True, 128, 1, False, 64, 8, 4, True),
         ("fp8", False, 128, 4, False, 16, 4, 4, False),
@@ -500,11 +509,12 @@ def test_moe_stream_kernel_compiles_for_sm90_without_spills(variant):
     pytest.importorskip("triton")
     from breakgraph.kernels import triton_moe
 
-    adt, silu, bn, tiles, f16, bm, warps, stages, even = variant
+    adt, silu, bn, tiles, f16, bm, warps, stages, even, quant = (*variant, False)[:10]
     types = {"a_ptr": "*fp8e4nv" if adt == "fp8" else "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv",
-             "ws_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
-             "num_blocks_ptr": "*i32"}  # fmt: skip
-    constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": True, "A_FP8": adt == "fp8", "F16_MMA": f16, "EVEN": even, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tiles, "SCALE_BN": 128,
+             "ws_ptr": "*fp32", "c_ptr": "*fp8e4nv" if quant else "*bf16", "sorted_ptr": "*i32",
+             "block_expert_ptr": "*i32", "num_blocks_ptr": "*i32", "cs_ptr": "*fp32"}  # fmt: skip
+    constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": True, "A_FP8": adt == "fp8", "F16_MMA": f16, "EVEN": even, "QUANT_OUT": quant,
+                  "OUT_ROUND": tl.bfloat16, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tiles, "SCALE_BN": 128,
                   "SCALE_BK": 128, "INTERP": False}  # fmt: skip
     info = compile_for_sm90(triton_moe._moe_stream_kernel, types, constexprs, warps, stages)
     print(variant, info)

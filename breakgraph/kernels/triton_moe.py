@@ -51,7 +51,7 @@ import triton.language as tl
 
 from breakgraph import env
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import act_quant, interpreting, mma, scaled_update
+from breakgraph.kernels.triton_fp8 import act_quant, interpreting, mma, scaled_update, to_fp8
 
 if TYPE_CHECKING:
     from breakgraph.kernels.moe import SharedExpert
@@ -420,15 +420,40 @@ def _pow2_part(s):
 
 
 @triton.jit
+def _stream_store(
+    acc_g, acc_u, c_ptr, cs_ptr, pair, row_ok, n0, N, stride_cm, stride_csm,
+    SILU: tl.constexpr, QUANT_OUT: tl.constexpr, OUT_ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
+    INTERP: tl.constexpr,
+):  # fmt: skip
+    """Epilogue of one ``[BLOCK_N, BLOCK_M]`` tile of :func:`_moe_stream_kernel` (columns are pairs)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    if SILU:
+        out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    else:
+        out = acc_g
+    c_ptrs = c_ptr + pair[None, :].to(tl.int64) * stride_cm + offs_n[:, None]
+    if QUANT_OUT:
+        # act_quant of the OUT_ROUND-rounded tile, one group per tile: the same codes and scales
+        v = out.to(OUT_ROUND).to(tl.float32)
+        amax = tl.max(tl.abs(v), axis=0)
+        scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
+        q = to_fp8(tl.math.div_rn(v, scale[None, :] + tl.zeros_like(v)), INTERP)
+        tl.store(c_ptrs, q, mask=row_ok[None, :])
+        tl.store(cs_ptr + pair * stride_csm + n0 // BLOCK_N, scale, mask=row_ok)
+    else:
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[None, :] & (offs_n < N)[:, None])
+
+
+@triton.jit
 def _moe_stream_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr,
     sorted_ptr, block_expert_ptr, num_blocks_ptr,
     P, N, K, TOP_K, UP_OFF,
     stride_am, stride_asm, stride_asg,
     stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
-    stride_cm,
+    stride_cm, cs_ptr, stride_csm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr,
-    F16_MMA: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    F16_MMA: tl.constexpr, EVEN: tl.constexpr, QUANT_OUT: tl.constexpr, OUT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, TILES_N: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
@@ -438,7 +463,10 @@ def _moe_stream_kernel(
     few k-blocks, and a program per tile would spend its time starting up). The output is
     stored after a tile's last k-block. ``EVEN``: ``K`` a multiple of ``BLOCK_K`` and ``N`` of
     ``TILES_N·BLOCK_N``, so that loads need no masks (rows past the pairs read row 0 of ``a``,
-    their outputs are not stored). Numerics are those of :func:`_moe_gemm_kernel`, except
+    their outputs are not stored). ``QUANT_OUT``: the output tile, rounded to ``OUT_ROUND``, is
+    stored as :func:`act_quant` would quantise it (e4m3 codes in ``c``, one scale per pair and
+    tile in ``cs``; ``BLOCK_N`` is the quantisation group), so W8A8's GEMM 2 needs no separate
+    quantisation pass. Numerics are those of :func:`_moe_gemm_kernel`, except
     with ``F16_MMA`` (fp8 weights, 16/32-bit activations): each k-block's activation rows are
     scaled by powers of two into fp16 (:func:`_f16_rows`), the fp8 codes widened to fp16 times a
     power of two (:func:`_pow2_part`; one conversion and one multiply per two weights, where the
@@ -511,15 +539,15 @@ def _moe_stream_kernel(
                     acc_u += mma(wu16, tl.trans(a16), tl.zeros_like(acc_u), INTERP) * (sa[None, :] * (sw_u / pu))
                 else:
                     acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, INTERP)
-            if k0 + BLOCK_K >= K:
-                if SILU:
-                    out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-                else:
-                    out = acc_g
-                c_ptrs = c_ptr + pair[None, :].to(tl.int64) * stride_cm + offs_n[:, None]
-                tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[None, :] & n_ok[:, None])
-                acc_g = tl.zeros_like(acc_g)
-                acc_u = tl.zeros_like(acc_u)
+            if TILES_N > 1:
+                if k0 + BLOCK_K >= K:
+                    _stream_store(acc_g, acc_u, c_ptr, cs_ptr, pair, row_ok, n0, N, stride_cm, stride_csm,
+                                  SILU, QUANT_OUT, OUT_ROUND, BLOCK_N, INTERP)  # fmt: skip
+                    acc_g = tl.zeros_like(acc_g)
+                    acc_u = tl.zeros_like(acc_u)
+        if TILES_N == 1:  # after the loop, where the pipeline's buffers are free again
+            _stream_store(acc_g, acc_u, c_ptr, cs_ptr, pair, row_ok, n_first, N, stride_cm, stride_csm,
+                          SILU, QUANT_OUT, OUT_ROUND, BLOCK_N, INTERP)  # fmt: skip
 
 
 def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool) -> dict:
@@ -555,6 +583,8 @@ def moe_gemm(
     silu: bool,
     block: tuple[int, int] = (128, 128),
     config: dict | None = None,
+    out_scale: torch.Tensor | None = None,
+    out_round: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """Grouped GEMM over ``layout``'s row blocks, writing rows of ``out`` by pair id.
 
@@ -565,7 +595,9 @@ def moe_gemm(
     ``out [P, N]``. Rows of pairs are written exactly once; nothing else is touched.
     ``config`` overrides :func:`gemm_config`'s tiles; ``KERNEL="stream"`` takes
     :func:`_moe_stream_kernel` (swapped product only; ``TILES_N`` column tiles per program,
-    ``F16_MMA`` for fp8 weights with 16/32-bit activations).
+    ``F16_MMA`` for fp8 weights with 16/32-bit activations). ``out_scale [P, N/BLOCK_N]``
+    (stream kernel, ``BLOCK_N`` the quantisation group, ``N % BLOCK_N == 0``): ``out`` is e4m3
+    and receives what ``act_quant(out_round(result), BLOCK_N)`` would return.
     """
     num_e, n_w, k = weight.shape
     n = n_w // 2 if silu else n_w
@@ -603,15 +635,28 @@ def moe_gemm(
         kernel = _moe_stream_kernel
         cols = cfg.setdefault("TILES_N", 1) * cfg["BLOCK_N"]
         cfg["EVEN"] = k % cfg["BLOCK_K"] == 0 and n % cols == 0
+        cfg["QUANT_OUT"] = out_scale is not None
+        cfg["OUT_ROUND"] = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(out_round, tl.float32)
     else:
         cols = cfg["BLOCK_N"]
+    if out_scale is not None and (
+        kernel is not _moe_stream_kernel
+        or out.dtype != FP8_DTYPE
+        or n % cfg["BLOCK_N"]
+        or tuple(out_scale.shape) != (out.shape[0], n // cfg["BLOCK_N"])
+    ):
+        raise ValueError(
+            f"moe_gemm: out_scale needs the stream kernel, e4m3 out, N % BLOCK_N == 0 and shape [P, N/BLOCK_N], "
+            f"got N={n}, out {out.dtype}, out_scale {tuple(out_scale.shape)}, {cfg}"
+        )
+    cs = out_scale if out_scale is not None else sa
     grid = (layout.max_blocks * triton.cdiv(n, cols),)
     kernel[grid](
         a, sa, weight, ws, out, layout.sorted_pairs, layout.block_expert, layout.num_blocks,
         layout.num_pairs, n, k, gather_top_k or 1, n if silu else 0,
         a.stride(0), sa.stride(0), sa.stride(1) if sa.dim() > 1 else 0,
         weight.stride(0), weight.stride(1), ws.stride(0), ws.stride(1), ws.stride(2),
-        out.stride(0),
+        out.stride(0), *((cs, cs.stride(0)) if kernel is _moe_stream_kernel else ()),
         GATHER=gather_top_k is not None, SILU=silu, W_FP8=w_fp8, A_FP8=a_fp8,
         SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), **cfg,
     )  # fmt: skip
@@ -734,6 +779,9 @@ def fused_moe_triton(
 
     ``fp8_activations`` (FP8 weights only; default :func:`moe_fp8_activations`) picks W8A8 over
     W8A16. ``configs`` override the tile choice of GEMM 1 / GEMM 2 (must agree on ``BLOCK_M``).
+    W8A8 with a stream-kernel GEMM 1 of 128-column tiles quantises ``h`` in that GEMM's epilogue
+    (bit-equal to the separate :func:`act_quant`; ``QUANT_OUT=False`` in GEMM 1's config keeps
+    the separate pass).
     """
     t, d = x.shape
     k = topk_ids.shape[1]
@@ -755,12 +803,19 @@ def fused_moe_triton(
         xa, xs = act_quant(xc, block[1], column_major_scale=False)
     else:
         xa, xs = xc, None
-    h = torch.empty(p, i, dtype=x.dtype, device=x.device)
-    moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
-    if fp8_activations:
-        ha, hs = act_quant(h, block[1], column_major_scale=False)
+    fuse_quant = cfg1.pop("QUANT_OUT", True) and fp8_activations and cfg1.get("KERNEL") == "stream"
+    if fuse_quant and cfg1["BLOCK_N"] == block[1] and i % block[1] == 0:
+        ha = torch.empty(p, i, dtype=FP8_DTYPE, device=x.device)
+        hs = torch.empty(p, i // block[1], dtype=torch.float32, device=x.device)
+        moe_gemm(xa, xs, w13, w13_scale, lay, ha, gather_top_k=k, silu=True, block=block, config=cfg1,
+                 out_scale=hs, out_round=x.dtype)  # fmt: skip
     else:
-        ha, hs = h, None
+        h = torch.empty(p, i, dtype=x.dtype, device=x.device)
+        moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
+        if fp8_activations:
+            ha, hs = act_quant(h, block[1], column_major_scale=False)
+        else:
+            ha, hs = h, None
     y = torch.empty(p, d, dtype=x.dtype, device=x.device)
     moe_gemm(ha, hs, w2, w2_scale, lay, y, gather_top_k=None, silu=False, block=block, config=cfg2)
     return moe_combine(y, topk_weights, torch.empty_like(x))
