@@ -210,13 +210,19 @@ DECODE_SWEEP_TOKENS = (1, 8, 16, 32, 64)
 
 
 def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
-    """Default first (:func:`gemm_config`), then (prefill sizes) the grouped kernel around it,
-    and the stream kernel over column tiles, tiles per program, pipeline depth and, for W8A16,
-    bf16 or fp16 MMAs (``F16_MMA``)."""
-    default = gemm_config(t * TOP_K, E, gemm == 1, True)
+    """Default first (:func:`gemm_config`), then the grouped kernel around it (at decode sizes
+    its swapped 16-row tiles in 3 and 4 stages) and the stream kernel over column tiles, tiles
+    per program and pipeline depth."""
+    default = gemm_config(t * TOP_K, E, gemm == 1, True, kind == "W8A8")
     grid = [default]
     decode = t < W8A8_MIN_TOKENS
-    if not decode:
+    if decode:
+        for stages in (3, 4):
+            cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4, "BLOCK_N": 64 if gemm == 1 else 128,
+                   "BLOCK_K": 128, "num_stages": stages}  # fmt: skip
+            if cfg not in grid:
+                grid.append(cfg)
+    else:
         bm0 = default["BLOCK_M"]
         for bm in sorted({bm0, max(16, bm0 // 2), min(128, bm0 * 2)}):
             for stages in (3, 4, 5):
@@ -228,20 +234,19 @@ def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
     for bm in (16,) if decode else (16, 32, 64):
         for bn, tn in tiles:
             for stages in (4, 6) if decode and gemm == 1 else (4,):
-                for f16 in (False, True) if kind == "W8A16" else (False,):
-                    grid.append({"KERNEL": "stream", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tn,
-                                 "F16_MMA": f16, "num_warps": 8 if bn * bm >= 128 * 64 else 4,
-                                 "num_stages": stages})  # fmt: skip
+                cfg = {"KERNEL": "stream", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tn,
+                       "num_warps": 8 if bn * bm >= 128 * 64 else 4, "num_stages": stages}  # fmt: skip
+                if cfg not in grid:
+                    grid.append(cfg)
     return grid
 
 
 def _short(cfg: dict) -> str:
-    """A sweep config in a few characters, e.g. ``stream m16 n128x4 s4 w4 f16``."""
+    """A sweep config in a few characters, e.g. ``stream m16 n128x4 k128 s4 w4``."""
     kernel = cfg.get("KERNEL", "grouped")
     swap = " swap" if kernel == "grouped" and cfg.get("SWAP_AB") else ""
-    f16 = " f16" if cfg.get("F16_MMA") else ""
     return (f"{kernel} m{cfg['BLOCK_M']} n{cfg['BLOCK_N']}x{cfg.get('TILES_N', 1)} k{cfg['BLOCK_K']} "
-            f"s{cfg['num_stages']} w{cfg['num_warps']}{swap}{f16}")  # fmt: skip
+            f"s{cfg['num_stages']} w{cfg['num_warps']}{swap}")  # fmt: skip
 
 
 def _sweep_tasks(tokens: list[int]) -> list[tuple]:
@@ -316,15 +321,16 @@ def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
                             "err": err, "touched": touched, "config": cfg})  # fmt: skip
             print(f"  T={t:5d} {kind:5s} GEMM{gemm} {us:9.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e} {_short(cfg)}",
                   flush=True)  # fmt: skip
-    print("\nsweep summary: per (tokens, GEMM) today's default, then the best 3 (µs, touched-expert TB/s, rel err)")
+    print("\nsweep summary: per (tokens, GEMM) the default, then the best 3 (µs, touched-expert TB/s, rel err)")
     for t in tokens:
         for gemm in (1, 2):
             rows = [r for r in results if r["tokens"] == t and r["gemm"] == gemm]
             if not rows:
                 continue
-            default = next((r for r in rows if r["config"] == gemm_config(t * TOP_K, E, gemm == 1, True)
-                            and r["kind"] == ("W8A8" if t >= W8A8_MIN_TOKENS else "W8A16")), None)  # fmt: skip
-            for label, r in [("today", default)] + [("best", r) for r in sorted(rows, key=lambda r: r["us"])[:3]]:
+            kind = "W8A8" if t >= W8A8_MIN_TOKENS else "W8A16"
+            default = next((r for r in rows if r["kind"] == kind
+                            and r["config"] == gemm_config(t * TOP_K, E, gemm == 1, True, kind == "W8A8")), None)  # fmt: skip
+            for label, r in [("dflt", default)] + [("best", r) for r in sorted(rows, key=lambda r: r["us"])[:3]]:
                 if r is not None:
                     print(f"T={t:5d} G{gemm} {label:5s} {r['kind']:5s} {r['us']:8.1f} us {r['tbs']:5.2f} TB/s "
                           f"err {r['err']:.1e} {_short(r['config'])}")  # fmt: skip
@@ -332,11 +338,11 @@ def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
 
 
 def layer_moe(tokens: list[int], results: list[dict]) -> None:
-    """The routed-expert layer at uniform random routing: today's dispatch (``fused_moe``: the
+    """The routed-expert layer at uniform random routing: the default dispatch (``fused_moe``: the
     decode kernels up to ``DECODE_MAX_TOKENS`` tokens, else the grouped GEMMs), the decode
     kernels at up to 16 tokens, and the Triton GEMMs with the sweep's fastest GEMM 1 and GEMM 2
-    of one activation kind and ``BLOCK_M`` (a pair; W8A8 with a 128-column stream GEMM 1 also
-    without the quantisation of ``h`` in its epilogue): µs (L2 flushed), touched-expert TB/s,
+    of one activation kind and ``BLOCK_M`` (a pair): µs (L2 flushed, eager: at decode sizes the
+    launches' host time, not the GPU, sets these; compare kernels by the sweep), touched-expert TB/s,
     relative error against ``fused_moe_ref`` (W8A8 includes its activation quantisation)."""
     from breakgraph.kernels.moe import fused_moe
     from breakgraph.kernels.triton_moe import fused_moe_decode
@@ -351,7 +357,7 @@ def layer_moe(tokens: list[int], results: list[dict]) -> None:
         gb = touched * 3 * INTER * D / 1e9
         want = fused_moe_ref(x, w13_8, w2_8, tw, ids, s13, s2).float()
         args = (x, w13_8, w2_8, tw, ids, s13, s2)
-        variants = [("today: fused_moe", partial(fused_moe, *args))]
+        variants = [("default: fused_moe", partial(fused_moe, *args))]
         if t <= 16:
             variants.append(("decode kernels", partial(fused_moe_decode, *args)))
         for kind in ("W8A16", "W8A8"):
@@ -368,10 +374,6 @@ def layer_moe(tokens: list[int], results: list[dict]) -> None:
                 _, c1, c2 = min(pairs, key=lambda p: p[0])
                 fn = partial(fused_moe_triton, *args, fp8_activations=kind == "W8A8", configs=(c1, c2))
                 variants.append((f"best {kind}: {_short(c1)} | {_short(c2)}", fn))
-                if kind == "W8A8" and c1.get("KERNEL") == "stream" and c1["BLOCK_N"] == 128:
-                    apart = ({**c1, "QUANT_OUT": False}, c2)  # h quantised by act_quant, not in GEMM 1
-                    fn = partial(fused_moe_triton, *args, fp8_activations=True, configs=apart)
-                    variants.append((f"best {kind}, separate act_quant(h)", fn))
         for name, fn in variants:
             err = ((fn().float() - want).norm() / want.norm()).item()
             us = 1e3 * bench(fn)

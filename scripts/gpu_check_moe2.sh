@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of the FP8 MoE grouped GEMMs (one H200, ≤ 4 min): the stream kernel's and the
-# dispatcher's cuda tests, then the GEMM sweep (today's configs against the stream kernel, W8A16
-# by bf16 or fp16 MMAs, and W8A8) at decode 1…64 and prefill 128…4096 tokens, uniform random
-# routing: µs per call, touched-expert TB/s, relative error against the twin; then the layer
-# table (today's dispatch, the decode kernels, the best GEMM pair per activation kind), last.
+# dispatcher's cuda tests, then the GEMM sweep (the default configs against the grouped and the
+# stream kernel's tiles, W8A16 and W8A8) at decode 1…64 and prefill 128…4096 tokens, uniform
+# random routing: µs per call, touched-expert TB/s, relative error against the twin; then the
+# layer table (the default dispatch, the decode kernels, the best GEMM pair per activation
+# kind), last.
 #   OUT=/some/dir bash scripts/gpu_check_moe2.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."

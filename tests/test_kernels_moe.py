@@ -65,21 +65,6 @@ def _oracle(x, w13, w2, tw, ids, w13_scale=None, w2_scale=None, quant_act=False)
 # --------------------------------------------------------------------------------------------
 # interpreter checks (run in the subprocess)
 
-try:
-    import triton
-    import triton.language as tl
-
-    from breakgraph.kernels.triton_moe import _f16_rows
-
-    @triton.jit
-    def _f16_rows_kernel(a_ptr, q_ptr, s_ptr, R: tl.constexpr, C: tl.constexpr):
-        offs = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
-        q, s = _f16_rows(tl.load(a_ptr + offs))
-        tl.store(q_ptr + offs, q)
-        tl.store(s_ptr + tl.arange(0, R), s)
-
-except ImportError:  # no triton: the interpreter tests skip
-    pass
 
 
 def check_route_select_matches_route_ref():
@@ -206,8 +191,7 @@ STREAM_CONFIGS = [  # (GEMM 1, GEMM 2) overrides for the stream kernel
 def check_moe_stream_kernel_matches_twin():
     """The stream kernel (flat tile × k-block loop, several column tiles per program) against
     the twin: fp32 with a ragged last k-block and a partial last chunk of columns; FP8 weights
-    (distinct block scales) with fp32 and bf16 activations, by bf16 or (``F16_MMA``) fp16 MMAs,
-    and W8A8 against the quantising oracle."""
+    (distinct block scales) with fp32 and bf16 activations, and W8A8 against the quantising oracle."""
     from breakgraph.kernels.triton_moe import fused_moe_triton
 
     t, k, e, d, inter = 13, 4, 11, 200, 96
@@ -237,37 +221,9 @@ def check_moe_stream_kernel_matches_twin():
         assert _rel(got, want) < 1e-3, (c1, c2, _rel(got, want))
         got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=(c1, c2))
         assert _rel(got, want_b) < 2e-2, (c1, c2, _rel(got, want_b))
-        f16 = ({**c1, "F16_MMA": True}, {**c2, "F16_MMA": True})
-        got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=f16)
-        assert _rel(got, want) < 1e-3, (f16, _rel(got, want))
-        got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=f16)
-        assert _rel(got, want_b) < 2e-2, (f16, _rel(got, want_b))
         got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=(c1, c2))
         want_q = _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)
         assert _rel(got, want_q) < 2e-2, (c1, c2, _rel(got, want_q))
-    # W8A8 with h quantised in GEMM 1's epilogue (128-column tiles) is bit-equal to act_quant after it
-    c1, c2 = {"KERNEL": "stream", "BLOCK_N": 128}, STREAM_CONFIGS[0][1]
-    for xin in (x, xb):
-        fused = fused_moe_triton(xin, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=(c1, c2))
-        apart = fused_moe_triton(
-            xin, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=({**c1, "QUANT_OUT": False}, c2)
-        )
-        assert torch.equal(fused, apart), (xin.dtype, _rel(fused, apart))
-
-
-def check_f16_rows_is_exact_and_cannot_overflow():
-    """Rows spanning many magnitudes, a zero row and huge values: ``a16·s`` gives back the bf16
-    rows exactly, within fp16's range."""
-    a = torch.randn(8, 32) * torch.logspace(-30, 30, 8)[:, None]
-    a[2] = 0.0
-    a[3, 5] = 3.0e38
-    a = a.bfloat16().float()
-    q, s = torch.empty(8, 32, dtype=torch.float16), torch.empty(8)
-    _f16_rows_kernel[(1,)](a, q, s, R=8, C=32)
-    assert torch.isfinite(q).all() and q.abs().amax() < 2**15
-    big = a.abs() >= a.abs().amax(dim=1, keepdim=True) * 2**-29
-    assert torch.equal((q.float() * s[:, None])[big], a[big])
-    assert (q[2] == 0).all()
 
 
 def check_moe_stream_kernel_writes_every_pair_row_and_nothing_else():
@@ -436,7 +392,6 @@ def check_fused_moe_decode_launches_two_kernels():
         "check_fused_moe_triton_fp8_matches_twin",
         "check_moe_gemm_writes_every_pair_row_and_nothing_else",
         "check_moe_stream_kernel_matches_twin",
-        "check_f16_rows_is_exact_and_cannot_overflow",
         "check_moe_stream_kernel_writes_every_pair_row_and_nothing_else",
         "check_silu_mul_and_combine",
         "check_grouped_mm_path_matches_twin",
@@ -487,20 +442,18 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
 
 @pytest.mark.parametrize(
     "variant",
-    [  # (activations, silu, BLOCK_N, TILES_N, F16_MMA, BLOCK_M, warps, stages, EVEN[, QUANT_OUT])
-        ("bf16", True, 64, 1, False, 16, 4, 4, True),
-        ("bf16", True, 64, 1, False, 16, 4, 4, False),
-        ("bf16", True, 32, 1, True, 16, 4, 6, True),
-        ("bf16", True, 128, 1, True, 16, 4, 4, True),
-        ("bf16", False, 128, 4, False, 16, 4, 4, True),
-        ("bf16", False, 128, 8, True, 16, 4, 4, True),
-        ("bf16", False, 64, 4, True, 16, 4, 4, False),
-        ("fp8", True, 128, 1, False, 16, 4, 4, True),
-        ("fp8", True, 128, 1, False, 16, 4, 4, True, True),
-        ("fp8", True, 64, 1, False, 16, 4, 6, True),
-        ("fp8", True, 128, 1, False, 64, 8, 4, True),
-        ("fp8", False, 128, 4, False, 16, 4, 4, False),
-        ("fp8", False, 128, 8, False, 64, 8, 4, True),
+    [  # (activations, silu, BLOCK_N, TILES_N, BLOCK_M, warps, stages, EVEN)
+        ("bf16", True, 64, 1, 16, 4, 4, True),
+        ("bf16", True, 64, 1, 16, 4, 4, False),
+        ("bf16", True, 32, 1, 16, 4, 6, True),
+        ("bf16", False, 128, 4, 16, 4, 4, True),
+        ("bf16", False, 128, 8, 16, 4, 4, True),
+        ("bf16", False, 64, 4, 16, 4, 4, False),
+        ("fp8", True, 128, 1, 16, 4, 4, True),
+        ("fp8", True, 64, 1, 16, 4, 6, True),
+        ("fp8", True, 128, 1, 64, 8, 4, True),
+        ("fp8", False, 128, 4, 16, 4, 4, False),
+        ("fp8", False, 128, 8, 64, 8, 4, True),
     ],
 )
 def test_moe_stream_kernel_compiles_for_sm90_without_spills(variant):
@@ -509,12 +462,11 @@ def test_moe_stream_kernel_compiles_for_sm90_without_spills(variant):
     pytest.importorskip("triton")
     from breakgraph.kernels import triton_moe
 
-    adt, silu, bn, tiles, f16, bm, warps, stages, even, quant = (*variant, False)[:10]
+    adt, silu, bn, tiles, bm, warps, stages, even = variant
     types = {"a_ptr": "*fp8e4nv" if adt == "fp8" else "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv",
-             "ws_ptr": "*fp32", "c_ptr": "*fp8e4nv" if quant else "*bf16", "sorted_ptr": "*i32",
-             "block_expert_ptr": "*i32", "num_blocks_ptr": "*i32", "cs_ptr": "*fp32"}  # fmt: skip
-    constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": True, "A_FP8": adt == "fp8", "F16_MMA": f16, "EVEN": even, "QUANT_OUT": quant,
-                  "OUT_ROUND": tl.bfloat16, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tiles, "SCALE_BN": 128,
+             "ws_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
+             "num_blocks_ptr": "*i32"}  # fmt: skip
+    constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": True, "A_FP8": adt == "fp8", "EVEN": even, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tiles, "SCALE_BN": 128,
                   "SCALE_BK": 128, "INTERP": False}  # fmt: skip
     info = compile_for_sm90(triton_moe._moe_stream_kernel, types, constexprs, warps, stages)
     print(variant, info)
@@ -675,7 +627,6 @@ def test_fused_moe_gpu_glm5_shapes(glm5_experts, t, variant):
 GPU_STREAM_CONFIGS = {  # (GEMM 1, GEMM 2) stream-kernel variants the GLM-5 test runs
     "w8a16": (False, {"BLOCK_N": 64, "num_stages": 4}, {"BLOCK_N": 128, "TILES_N": 4, "num_stages": 4}),
     "w8a16_deep": (False, {"BLOCK_N": 32, "num_stages": 6}, {"BLOCK_N": 128, "TILES_N": 8}),
-    "w8a16_f16": (False, {"BLOCK_N": 64, "F16_MMA": True}, {"BLOCK_N": 128, "TILES_N": 4, "F16_MMA": True}),
     "w8a8": (True, {"BLOCK_N": 128, "num_stages": 4}, {"BLOCK_N": 64, "TILES_N": 4, "num_stages": 4}),
 }  # fmt: skip
 
@@ -808,7 +759,7 @@ def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("t", [1, 4, 5, 16])
+@pytest.mark.parametrize("t", [1, 8, 9, 16])
 def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_shared, t):
     """``fused_moe`` with ``shared`` and ``residual`` agrees with the twins on either side of
     ``DECODE_MAX_TOKENS``, taking the decode kernels up to it and the grouped GEMMs above."""

@@ -23,9 +23,8 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    product ``(W·Aᵀ)ᵀ`` so that the weight rows fill the 64-row MMA side and the few tokens the
    narrow one. With a few rows per expert the GEMMs are a stream of weight bytes; the stream
    kernel (:func:`_moe_stream_kernel`, config ``KERNEL="stream"``) gives each program several
-   column tiles in one pipelined loop and can multiply W8A16 in fp16 (``F16_MMA``: a third of
-   the conversion instructions of the bf16 dequantisation). The tile choice depends only on
-   static shapes (:func:`gemm_config`).
+   column tiles in one pipelined loop (W8A16's GEMM 2 at decode sizes). The tile choice
+   depends only on static shapes (:func:`gemm_config`).
    Row order inside an expert's segment follows atomics, but every output row is computed
    by the same k-ordered dot whatever its position, so results do not vary between runs.
 3. :func:`moe_combine` — ``out[t] = Σ_j w[t, j] · y[t·k + j]`` in fp32, one pass, deterministic.
@@ -51,7 +50,7 @@ import triton.language as tl
 
 from breakgraph import env
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import act_quant, interpreting, mma, scaled_update, to_fp8
+from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
 
 if TYPE_CHECKING:
     from breakgraph.kernels.moe import SharedExpert
@@ -396,35 +395,7 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _f16_rows(a):
-    """``(a16, s)`` for a tile ``a [R, C]``: each row times a power of two ``1/s[r]`` that puts
-    its largest magnitude in ``[2^14, 2^15)`` (``s`` clamped to ``2^±126``: zero rows give
-    zeros), rounded to fp16, so ``a16·s`` is ``a`` exactly for bf16 values down to ``2^-29`` of
-    the row's largest, and never overflows."""
-    amax = tl.max(tl.abs(a.to(tl.float32)), axis=1)
-    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141
-    e = tl.minimum(tl.maximum(e, -126), 126)
-    up = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    down = ((127 + e) << 23).to(tl.float32, bitcast=True)
-    return (a.to(tl.float32) * up[:, None]).to(tl.float16), down
-
-
-@triton.jit
-def _pow2_part(s):
-    """The power of two nearest below ``s`` clamped to ``[2^-5, 2^7]``: e4m3 values times it
-    are exact in fp16. (Multiplying the widened weights by it, rather than by nothing, also keeps
-    the compiler from widening them inside the shared-memory read, which costs 16-byte copies.)"""
-    e = ((s.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    e = tl.minimum(tl.maximum(e, -5), 7)
-    return ((e + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _stream_store(
-    acc_g, acc_u, c_ptr, cs_ptr, pair, row_ok, n0, N, stride_cm, stride_csm,
-    SILU: tl.constexpr, QUANT_OUT: tl.constexpr, OUT_ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
-    INTERP: tl.constexpr,
-):  # fmt: skip
+def _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n0, N, stride_cm, SILU: tl.constexpr, BLOCK_N: tl.constexpr):
     """Epilogue of one ``[BLOCK_N, BLOCK_M]`` tile of :func:`_moe_stream_kernel` (columns are pairs)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if SILU:
@@ -432,16 +403,7 @@ def _stream_store(
     else:
         out = acc_g
     c_ptrs = c_ptr + pair[None, :].to(tl.int64) * stride_cm + offs_n[:, None]
-    if QUANT_OUT:
-        # act_quant of the OUT_ROUND-rounded tile, one group per tile: the same codes and scales
-        v = out.to(OUT_ROUND).to(tl.float32)
-        amax = tl.max(tl.abs(v), axis=0)
-        scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
-        q = to_fp8(tl.math.div_rn(v, scale[None, :] + tl.zeros_like(v)), INTERP)
-        tl.store(c_ptrs, q, mask=row_ok[None, :])
-        tl.store(cs_ptr + pair * stride_csm + n0 // BLOCK_N, scale, mask=row_ok)
-    else:
-        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[None, :] & (offs_n < N)[:, None])
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[None, :] & (offs_n < N)[:, None])
 
 
 @triton.jit
@@ -451,9 +413,8 @@ def _moe_stream_kernel(
     P, N, K, TOP_K, UP_OFF,
     stride_am, stride_asm, stride_asg,
     stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
-    stride_cm, cs_ptr, stride_csm,
-    GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr,
-    F16_MMA: tl.constexpr, EVEN: tl.constexpr, QUANT_OUT: tl.constexpr, OUT_ROUND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    stride_cm,
+    GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, TILES_N: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
@@ -463,15 +424,7 @@ def _moe_stream_kernel(
     few k-blocks, and a program per tile would spend its time starting up). The output is
     stored after a tile's last k-block. ``EVEN``: ``K`` a multiple of ``BLOCK_K`` and ``N`` of
     ``TILES_N·BLOCK_N``, so that loads need no masks (rows past the pairs read row 0 of ``a``,
-    their outputs are not stored). ``QUANT_OUT``: the output tile, rounded to ``OUT_ROUND``, is
-    stored as :func:`act_quant` would quantise it (e4m3 codes in ``c``, one scale per pair and
-    tile in ``cs``; ``BLOCK_N`` is the quantisation group), so W8A8's GEMM 2 needs no separate
-    quantisation pass. Numerics are those of :func:`_moe_gemm_kernel`, except
-    with ``F16_MMA`` (fp8 weights, 16/32-bit activations): each k-block's activation rows are
-    scaled by powers of two into fp16 (:func:`_f16_rows`), the fp8 codes widened to fp16 times a
-    power of two (:func:`_pow2_part`; one conversion and one multiply per two weights, where the
-    bf16 dequantisation takes four instructions), and the fp32 product scaled by the rest of
-    ``s_w`` and the rows' powers of two: the exact ``w·s`` rather than the twin's ``bf16(w·s)``."""
+    their outputs are not stored). Numerics are those of :func:`_moe_gemm_kernel`."""
     pid = tl.program_id(0)
     num_c = tl.cdiv(N, BLOCK_N * TILES_N)
     pid_m = pid // num_c
@@ -521,42 +474,35 @@ def _moe_stream_kernel(
                 sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
             else:
                 sa = tl.full((BLOCK_M,), 1.0, tl.float32)
-            if F16_MMA:
-                a16, sa = _f16_rows(a)
-                pg = _pow2_part(sw_g)
-                wg16 = wg.to(tl.float16) * pg.to(tl.float16)
-                acc_g += mma(wg16, tl.trans(a16), tl.zeros_like(acc_g), INTERP) * (sa[None, :] * (sw_g / pg))
-            else:
-                acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, INTERP)
+            acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, INTERP)
             if SILU:
                 if EVEN:
                     wu = tl.load(wg_ptrs + UP_OFF * stride_wn)
                 else:
                     wu = tl.load(wg_ptrs + UP_OFF * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                if F16_MMA:
-                    pu = _pow2_part(sw_u)
-                    wu16 = wu.to(tl.float16) * pu.to(tl.float16)
-                    acc_u += mma(wu16, tl.trans(a16), tl.zeros_like(acc_u), INTERP) * (sa[None, :] * (sw_u / pu))
-                else:
-                    acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, INTERP)
+                acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, INTERP)
             if TILES_N > 1:
                 if k0 + BLOCK_K >= K:
-                    _stream_store(acc_g, acc_u, c_ptr, cs_ptr, pair, row_ok, n0, N, stride_cm, stride_csm,
-                                  SILU, QUANT_OUT, OUT_ROUND, BLOCK_N, INTERP)  # fmt: skip
+                    _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n0, N, stride_cm, SILU, BLOCK_N)
                     acc_g = tl.zeros_like(acc_g)
                     acc_u = tl.zeros_like(acc_u)
         if TILES_N == 1:  # after the loop, where the pipeline's buffers are free again
-            _stream_store(acc_g, acc_u, c_ptr, cs_ptr, pair, row_ok, n_first, N, stride_cm, stride_csm,
-                          SILU, QUANT_OUT, OUT_ROUND, BLOCK_N, INTERP)  # fmt: skip
+            _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n_first, N, stride_cm, SILU, BLOCK_N)
 
 
-def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool) -> dict:
+def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False) -> dict:
     """Tile choice from static shapes only (graph-safe): rows per expert on average decide
     ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the tile sweep
     (``scripts/bench_kernels_moe.py --sweep``, GLM-5 TP8 rank): 4 rows per expert (128 tokens)
     keep 16-row swapped blocks; 32 rows per expert (1024 tokens) run fastest in 64-row blocks;
-    GEMM 2 (K = I, two k-blocks) in 3 stages."""
+    GEMM 2 (K = I, two k-blocks) in 3 stages. W8A16's GEMM 2 (``a_fp8`` false) with 16-row
+    blocks takes the stream kernel, four 128-column tiles per program (decode batches 8…64:
+    8–17% faster than the grouped kernel, ``scripts/gpu_check_moe2.sh`` on the H200); its
+    GEMM 1 and W8A8 ran as fast or faster on the grouped kernel."""
     avg = num_pairs / max(1, num_experts)
+    if fp8 and not a_fp8 and not silu and avg <= 16:
+        return {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "BLOCK_K": 128,
+                "num_warps": 4, "num_stages": 4}  # fmt: skip
     if avg <= 16:
         cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4}
     elif avg <= 48 and not fp8:
@@ -583,8 +529,6 @@ def moe_gemm(
     silu: bool,
     block: tuple[int, int] = (128, 128),
     config: dict | None = None,
-    out_scale: torch.Tensor | None = None,
-    out_round: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """Grouped GEMM over ``layout``'s row blocks, writing rows of ``out`` by pair id.
 
@@ -594,10 +538,7 @@ def moe_gemm(
     ceil(K/bk)]``). ``silu``: ``N_w = 2N``, output ``silu(a·W[:N]ᵀ) ⊙ (a·W[N:]ᵀ)``; else ``N = N_w``.
     ``out [P, N]``. Rows of pairs are written exactly once; nothing else is touched.
     ``config`` overrides :func:`gemm_config`'s tiles; ``KERNEL="stream"`` takes
-    :func:`_moe_stream_kernel` (swapped product only; ``TILES_N`` column tiles per program,
-    ``F16_MMA`` for fp8 weights with 16/32-bit activations). ``out_scale [P, N/BLOCK_N]``
-    (stream kernel, ``BLOCK_N`` the quantisation group, ``N % BLOCK_N == 0``): ``out`` is e4m3
-    and receives what ``act_quant(out_round(result), BLOCK_N)`` would return.
+    :func:`_moe_stream_kernel` (swapped product only; ``TILES_N`` column tiles per program).
     """
     num_e, n_w, k = weight.shape
     n = n_w // 2 if silu else n_w
@@ -609,7 +550,7 @@ def moe_gemm(
         raise ValueError(
             f"moe_gemm: a {tuple(a.shape)}, weight {tuple(weight.shape)} and out must be K/N-contiguous"
         )
-    cfg = gemm_config(layout.num_pairs, num_e, silu, w_fp8)
+    cfg = gemm_config(layout.num_pairs, num_e, silu, w_fp8, a_fp8)
     cfg.update(config or {})
     if cfg["BLOCK_M"] != layout.block_m:
         raise ValueError(
@@ -630,33 +571,18 @@ def moe_gemm(
     kernel = _moe_gemm_kernel
     if cfg.pop("KERNEL", "grouped") == "stream":
         cfg.pop("SWAP_AB", None)  # the stream kernel always computes the swapped product
-        if cfg.setdefault("F16_MMA", False) and (a_fp8 or not w_fp8):
-            raise ValueError("moe_gemm: F16_MMA multiplies fp8 weights by 16/32-bit activations only")
         kernel = _moe_stream_kernel
         cols = cfg.setdefault("TILES_N", 1) * cfg["BLOCK_N"]
         cfg["EVEN"] = k % cfg["BLOCK_K"] == 0 and n % cols == 0
-        cfg["QUANT_OUT"] = out_scale is not None
-        cfg["OUT_ROUND"] = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(out_round, tl.float32)
     else:
         cols = cfg["BLOCK_N"]
-    if out_scale is not None and (
-        kernel is not _moe_stream_kernel
-        or out.dtype != FP8_DTYPE
-        or n % cfg["BLOCK_N"]
-        or tuple(out_scale.shape) != (out.shape[0], n // cfg["BLOCK_N"])
-    ):
-        raise ValueError(
-            f"moe_gemm: out_scale needs the stream kernel, e4m3 out, N % BLOCK_N == 0 and shape [P, N/BLOCK_N], "
-            f"got N={n}, out {out.dtype}, out_scale {tuple(out_scale.shape)}, {cfg}"
-        )
-    cs = out_scale if out_scale is not None else sa
     grid = (layout.max_blocks * triton.cdiv(n, cols),)
     kernel[grid](
         a, sa, weight, ws, out, layout.sorted_pairs, layout.block_expert, layout.num_blocks,
         layout.num_pairs, n, k, gather_top_k or 1, n if silu else 0,
         a.stride(0), sa.stride(0), sa.stride(1) if sa.dim() > 1 else 0,
         weight.stride(0), weight.stride(1), ws.stride(0), ws.stride(1), ws.stride(2),
-        out.stride(0), *((cs, cs.stride(0)) if kernel is _moe_stream_kernel else ()),
+        out.stride(0),
         GATHER=gather_top_k is not None, SILU=silu, W_FP8=w_fp8, A_FP8=a_fp8,
         SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), **cfg,
     )  # fmt: skip
@@ -779,9 +705,6 @@ def fused_moe_triton(
 
     ``fp8_activations`` (FP8 weights only; default :func:`moe_fp8_activations`) picks W8A8 over
     W8A16. ``configs`` override the tile choice of GEMM 1 / GEMM 2 (must agree on ``BLOCK_M``).
-    W8A8 with a stream-kernel GEMM 1 of 128-column tiles quantises ``h`` in that GEMM's epilogue
-    (bit-equal to the separate :func:`act_quant`; ``QUANT_OUT=False`` in GEMM 1's config keeps
-    the separate pass).
     """
     t, d = x.shape
     k = topk_ids.shape[1]
@@ -792,9 +715,9 @@ def fused_moe_triton(
     if fp8_activations is None:
         fp8_activations = moe_fp8_activations(t)
     fp8_activations = fp8_activations and w_fp8
-    cfg1 = gemm_config(p, num_e, True, w_fp8)
+    cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations)
     cfg1.update(configs[0] or {})
-    cfg2 = gemm_config(p, num_e, False, w_fp8)
+    cfg2 = gemm_config(p, num_e, False, w_fp8, fp8_activations)
     cfg2.update(configs[1] or {})
     cfg2["BLOCK_M"] = cfg1["BLOCK_M"]
     lay = moe_align(topk_ids, num_e, cfg1["BLOCK_M"])
@@ -803,19 +726,12 @@ def fused_moe_triton(
         xa, xs = act_quant(xc, block[1], column_major_scale=False)
     else:
         xa, xs = xc, None
-    fuse_quant = cfg1.pop("QUANT_OUT", True) and fp8_activations and cfg1.get("KERNEL") == "stream"
-    if fuse_quant and cfg1["BLOCK_N"] == block[1] and i % block[1] == 0:
-        ha = torch.empty(p, i, dtype=FP8_DTYPE, device=x.device)
-        hs = torch.empty(p, i // block[1], dtype=torch.float32, device=x.device)
-        moe_gemm(xa, xs, w13, w13_scale, lay, ha, gather_top_k=k, silu=True, block=block, config=cfg1,
-                 out_scale=hs, out_round=x.dtype)  # fmt: skip
+    h = torch.empty(p, i, dtype=x.dtype, device=x.device)
+    moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
+    if fp8_activations:
+        ha, hs = act_quant(h, block[1], column_major_scale=False)
     else:
-        h = torch.empty(p, i, dtype=x.dtype, device=x.device)
-        moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
-        if fp8_activations:
-            ha, hs = act_quant(h, block[1], column_major_scale=False)
-        else:
-            ha, hs = h, None
+        ha, hs = h, None
     y = torch.empty(p, d, dtype=x.dtype, device=x.device)
     moe_gemm(ha, hs, w2, w2_scale, lay, y, gather_top_k=None, silu=False, block=block, config=cfg2)
     return moe_combine(y, topk_weights, torch.empty_like(x))
@@ -972,9 +888,11 @@ def _decode_down_kernel(
 # fused_moe takes the decode kernels up to here. scripts/bench_moe_decode.py on the H200: a GLM-5
 # TP8-rank MoE layer (routed + shared + residual) at 1 token 26 µs against 105 µs for the grouped
 # GEMMs, at 16 tokens 284 µs against 188 (the decode kernels read each routed pair's expert,
-# the grouped GEMMs each touched expert once); 2…15 tokens were not measured, so a bound well
-# below where the two lines cross.
-DECODE_MAX_TOKENS = 4
+# the grouped GEMMs each touched expert once). scripts/gpu_check_moe2.sh at 8 tokens (routed
+# experts only): the two decode kernels 136 µs, the grouped path's two GEMMs alone 133 µs
+# (W8A16, stream GEMM 2) before its alignment, combine and the shared expert's own launches,
+# which the decode kernels fold in; at 16 tokens 248 µs against 175 µs of GEMMs.
+DECODE_MAX_TOKENS = 8
 
 
 def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool) -> dict:
