@@ -138,7 +138,7 @@ def _launch(
             m, n, x2.stride(0), 0 if res is None else res.stride(0), *(scale.stride() if quant_pad_rows else (0, 0)),
             1.0 / n, eps,
             HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), GROUP=QUANT_GROUP, BLOCK=block,
-            INTERP=interpreting(), num_warps=max(1, min(16, block // 512)),
+            INTERP=interpreting(), num_warps=max(1, min(8 if quant_pad_rows else 16, block // 512)),
         )  # fmt: skip
     return out, res_out, q, scale
 

@@ -51,7 +51,7 @@ def fp8_excluded(module_name: str, fp8: Fp8Config) -> bool:
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (MLP dense or MoE). Where the
     block after a norm starts with FP8 linears, the norm may quantise its output for them
-    (:meth:`~breakgraph.layers.norm.RMSNorm.forward_fp8`, with ``BREAKGRAPH_NORM_FP8=1``); where the MLP does not add the
+    (:meth:`~breakgraph.layers.norm.RMSNorm.forward_fp8`; ``BREAKGRAPH_NORM_FP8=0`` turns it off); where the MLP does not add the
     residual in its own kernels, the next norm does (the layer returns the two parts)."""
 
     def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
