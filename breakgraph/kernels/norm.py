@@ -73,7 +73,7 @@ def rms_norm_fp8(
     multiple of 128: :func:`~breakgraph.kernels.triton_norm.rms_norm_quant_triton`), else None
     (the linears quantise, or not, themselves; also with ``BREAKGRAPH_NORM_FP8=0``). On the H200
     the quantising kernel takes 125.5 µs at 8192 × 6144 where the norm and the separate
-    quantisation take 101.3 + 46.8 (docs/benchmarks.md)."""
+    quantisation take 101.3 + 46.8 (``python scripts/bench_norm_quant.py``)."""
     if env.read("BREAKGRAPH_NORM_FP8") == "1" and _triton_ok(x, weight, residual):
         from breakgraph.kernels import triton_fp8, triton_norm
 
