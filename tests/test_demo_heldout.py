@@ -9,7 +9,7 @@ import re
 import pytest
 
 from breakgraph.demo import heldout_writer, phrasebank, problems, varied, wordings
-from breakgraph.demo.heldout import HELDOUT_FILE, heldout_phrasings, must_answer
+from breakgraph.demo.heldout import HELDOUT_FILE, dev_phrasings, heldout_phrasings, must_answer
 from breakgraph.demo.mixture import gsm8k_easy
 
 RUN = 5
@@ -94,3 +94,10 @@ def test_the_readme_and_cli_prompts_are_among_those_the_gate_checks():
 
     asked = [problems.format_prompt(p.question) for p in must_answer()]
     assert DEFAULT_PROMPT in asked and problems.format_prompt("2+3?") in asked
+
+
+def test_the_dev_file_has_distinct_problems_with_whole_answers():
+    dev = dev_phrasings()
+    assert len(dev) >= 60 and len({p.question for p in dev}) == len(dev)
+    assert all(1 <= p.final <= 1000 and p.template == "dev" for p in dev)
+    assert not {p.question for p in dev} & {p.question for p in heldout_phrasings()}

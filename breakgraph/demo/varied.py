@@ -244,13 +244,14 @@ def resolve(w: _W, text: str) -> str:
     the pronoun about half the time, but only when nobody else the text names takes the same
     pronoun; then capitalise every sentence start."""
     present = {int(m[2]) for m in _MARK.finditer(text)}
-    present |= {i for i, p in enumerate(w.people) if p.sex != "n" and re.search(rf"\b{p.name}\b", text)}
+    named = [q for q in (*w.people, w.a, w.b, w.c) if q.sex != "n" and re.search(rf"\b{q.name}\b", text)]
     seen: set[int] = set()
 
     def one(m: re.Match) -> str:
         i, role = int(m[2]), m[1]
         p = w.people[i]
-        clash = any(j != i and w.people[j].he() == p.he() for j in present)
+        others = [w.people[j] for j in present if j != i] + [q for q in named if q is not p]
+        clash = any(q.he() == p.he() for q in others)
         pron = i in seen and not clash and w.chance(0.5)
         seen.add(i)
         if role == "S":
@@ -373,9 +374,10 @@ def ask_money(w: _W, h: _P, mood: str) -> tuple[str, str]:
 def gain(w: _W, h: _P, k: int, noun: tuple[str, str] | None = None) -> str:
     """A sentence in which ``h`` ends up with ``k`` more of ``noun``."""
     sg, pl = noun or w.thing
+    pl = sg if k == 1 else pl
     n, x = w.n(k), w.pick("", f" {pl}", f" {pl}", "")
     o = w.b if h is not w.b else w.c
-    more = w.pick(f"{n} more{x}", f"another {n}{x}", f"{n} extra{x}", f"{n} additional {pl}", f"a further {n}{x}",
+    more = w.pick(f"{n} more{x}", f"another {n}{x}", f"an extra {n}{x}", f"{n} additional {pl}", f"a further {n}{x}",
                   f"{n} new{x}", f"{n} {pl}", f"{n} more {pl}")  # fmt: skip
     if w.chance(0.3):
         return w.pick(
@@ -401,6 +403,7 @@ def gain(w: _W, h: _P, k: int, noun: tuple[str, str] | None = None) -> str:
 def loss(w: _W, h: _P, k: int, noun: tuple[str, str] | None = None) -> str:
     """A sentence in which ``h`` ends up with ``k`` fewer of ``noun``."""
     sg, pl = noun or w.thing
+    pl = sg if k == 1 else pl
     n = w.n(k)
     x = w.pick("", f" {pl}", f" {pl}")
     o = w.b if h is not w.b else w.c
@@ -415,7 +418,7 @@ def loss(w: _W, h: _P, k: int, noun: tuple[str, str] | None = None) -> str:
         )  # fmt: skip
     s = w.who(h)
     if w.chance(0.2):
-        x = f" of {h.his()} {pl}"
+        x = f" of {w.whose(h)} {pl}"
     verb = w.pick(
         ("sells", "sold"), ("gives away", "gave away"), ("loses", "lost"), ("drops", "dropped"), ("uses", "used"),
         ("uses up", "used up"), ("donates", "donated"), ("throws away", "threw away"), ("breaks", "broke"), ("lends out", "lent out"),
@@ -646,6 +649,31 @@ def _more_words(w: _W, d: str, more: bool, kind: str) -> str:
     return w.pick(f"{d} more", f"{d} extra") if more else w.pick(f"{d} fewer", f"{d} less")
 
 
+def story_compare_back(w: _W, s: _S) -> None:
+    """A's amount is stated together with how much more or fewer it is than B's; the question
+    asks for B's (or both): "Pia has 40, which is 13 more than Tom has." → 40-13."""
+    a, b = w.a, w.b
+    sg, pl = w.thing
+    more = w.chance(0.5)
+    x = w.r(5, 100)
+    d = w.r(1, x - 1) if more else w.r(1, 60)
+    rel = _more_words(w, w.n(d), more, "count")
+    s.facts.append(_cap(w.pick(
+        f"{w.who(a)} {_has(w)} {w.cnt(x)}, which {_is(w)} {rel} than {w.who(b)} {_has(w)}",
+        f"{w.who(a)} {_has(w)} {w.cnt(x)}; that {_is(w)} {rel} than {w.whose(b)} {sg} count",
+        f"{w.who(a)} {w.v('owns', 'owned')} {w.cnt(x)}, or {rel} than {w.whom(b)}",
+        f"with {w.cnt(x)}, {w.who(a)} {_has(w)} {rel} than {w.whom(b)}",
+        f"{w.who(a)} {_has(w)} {rel} {pl} than {w.whom(b)}. {w.who(a)} {_has(w)} {w.cnt(x)}",
+    )))  # fmt: skip
+    y = s.calc(x, "-" if more else "+", d)
+    if w.chance(0.3):
+        s.question = w.pick(f"How many {pl} {w.v('do', 'did')} the two have together?", f"How many {pl} {w.v('do', 'did')} {a.name} and {b.name} have in all?")
+        s.imperative = "the total of both"
+        s.calc(x, "+", y)
+    else:
+        s.question, s.imperative = ask_count(w, b, w.thing, "now")
+
+
 def story_compare(w: _W, s: _S) -> None:
     """B has ``d`` more or fewer than A (in counts, prices, lengths, weights or ages); the question
     asks for B's amount or the two together."""
@@ -788,11 +816,7 @@ def story_times(w: _W, s: _S) -> None:
         f"{w.whose(b)} {sg} count {_is(w)} {w.n(k)} times {w.whose(a)}",
         f"{w.who(b)} {_has(w)} {w.n(k)} times as many",
     )  # fmt: skip
-    if rel.startswith("for every"):
-        fa = _cap(w.pick(f"{a.name} {w.v('owns', 'owned')} {w.n(x)}", f"{a.name} {_has(w)} {w.cnt(x)}"))
-        s.facts += [_cap(rel), fa]
-    else:
-        s.facts += [_start(w, a, x), _cap(rel)]
+    s.facts += [_start(w, a, x), _cap(rel)]
     both = w.chance(0.3)
     y = s.calc(x, "*", k) if w.chance(0.5) else s.calc(k, "*", x)
     if both:
@@ -854,10 +878,11 @@ def story_groups(w: _W, s: _S) -> None:
         if s.facts[-1].lower().startswith("one"):
             s.question = w.pick(f"How much {w.v('do', 'did')} {w.n(k)} {items} cost?", f"What {_is(w)} the price of {w.n(k)} {items}?",
                                 f"What would {w.n(k)} {items} cost?", f"What {_does(w)} {h.name} pay for {w.n(k)} {items}?")  # fmt: skip
+            s.imperative = f"the cost of {w.n(k)} {items}"
         else:
             s.question = w.pick(f"How much {_does(w)} {h.name} spend?", f"What {_is(w)} the bill?", f"What {_does(w)} {h.name} pay {w.pick(*_TOTAL)}?",
                                 f"How much money {w.v('do', 'did')} the {items} cost?", f"What {_is(w)} the total cost?", "What is the cost?")  # fmt: skip
-        s.imperative = "the total cost"
+            s.imperative = "the total cost"
         s.calc(k, "*", m)
     else:
         p, ps = w.pick(("day", "days"), ("week", "weeks"), ("evening", "evenings"), ("weekend", "weekends"))
@@ -947,14 +972,26 @@ def story_share(w: _W, s: _S) -> None:
 
 
 def story_change(w: _W, s: _S) -> None:
-    """Change from a payment, for one thing or several at one price."""
+    """Change from a payment, for one thing, two things or several at one price."""
     h = w.a
     note = w.pick(10, 20, 20, 50, 50, 100, 100, 200, 500)
     item = w.pick(*FOR_SALE)
     a = "an" if item[0] in "aeiou" else "a"
     sym, one, many = w.cur
     bill = w.pick(f"{sym}{note}" if sym else f"{note} {many}", f"a {sym}{note} bill" if sym else f"a {note}-{one} bill")
-    if w.chance(0.6):
+    roll = w.rng.random()
+    if roll < 0.2 and note >= 20:
+        c1 = w.r(1, min(60, note - 2))
+        c2 = w.r(1, min(60, note - 1 - c1))
+        other = w.pick(*[f for f in FOR_SALE if f != item])
+        b2 = "an" if other[0] in "aeiou" else "a"
+        s.facts.append(_cap(w.pick(
+            f"{w.who(h)} {w.v('buys', 'bought')} {a} {item} for {w.money(c1)} and {b2} {other} for {w.money(c2)}. {w.who(h)} {w.v('pays', 'paid')} with {bill}",
+            f"{a} {item} {w.v('costs', 'cost')} {w.money(c1)} and {b2} {other} {w.money(c2)}; {w.who(h)} {w.v('buys', 'bought')} both with {bill}",
+        )))  # fmt: skip
+        cost = s.calc(c1, "+", c2)
+        s.calc(note, "-", cost)
+    elif roll < 0.65:
         cost = w.r(1, min(note - 1, 100) if note > 10 else 9)
         s.facts.append(_cap(w.pick(
             f"{w.who(h)} {w.v('buys', 'bought')} {a} {item} for {w.money(cost)} and {w.v('pays', 'paid')} with {bill}",
@@ -1157,9 +1194,9 @@ def story_drill(w: _W, s: _S) -> None:
 
 STORIES = {
     "combine": (story_combine, 0.1), "changes": (story_changes, 0.17), "compare": (story_compare, 0.1),
-    "difference": (story_difference, 0.07), "times": (story_times, 0.06), "groups": (story_groups, 0.11),
+    "compare_back": (story_compare_back, 0.04), "difference": (story_difference, 0.07), "times": (story_times, 0.06), "groups": (story_groups, 0.11),
     "share": (story_share, 0.1), "change": (story_change, 0.06), "left": (story_left, 0.05),
-    "chain": (story_chain, 0.12), "drill": (story_drill, 0.06),
+    "chain": (story_chain, 0.12), "drill": (story_drill, 0.05),
 }  # fmt: skip
 
 
