@@ -152,6 +152,7 @@ class _S:
     value: int = 0
     events: bool = False  # facts are in time order (time words may start them)
     swappable: bool = False  # the first two facts may change places
+    ages: bool = False  # the story is about ages (no age may be added as a distractor)
 
     def calc(self, a: int, op: str, b: int) -> int:
         v = exact_step(a, op, b)
@@ -646,7 +647,7 @@ def _more_words(w: _W, d: str, more: bool, kind: str) -> str:
         return f"{d} heavier" if more else f"{d} lighter"
     if kind == "age":
         return f"{d} years older" if more else f"{d} years younger"
-    return w.pick(f"{d} more", f"{d} extra") if more else w.pick(f"{d} fewer", f"{d} less")
+    return f"{d} more" if more else w.pick(f"{d} fewer", f"{d} less")
 
 
 def story_compare_back(w: _W, s: _S) -> None:
@@ -728,6 +729,7 @@ def story_compare(w: _W, s: _S) -> None:
             rel = _more_words(w, f"{w.n(d)} {u}" if kind != "age" else w.n(d), more, kind)
             noun = {"length": w.pick("tall", "long"), "mass": "", "age": "old"}[kind]
             if kind == "age":
+                s.ages = True
                 s.facts += [_cap(w.pick(f"{w.who(a)} {_is(w)} {w.n(x)} years old", f"{w.who(a)} {_is(w)} {w.n(x)}")),
                             _cap(f"{w.who(b)} {_is(w)} {rel} than {w.whom(a)}")]  # fmt: skip
                 s.question = w.pick(f"How old {_is(w)} {b.name}?", f"What is {b.pos()} age?", f"What age {_is(w)} {b.name}?") if not both else w.pick(
@@ -938,6 +940,7 @@ def story_share(w: _W, s: _S) -> None:
         u = unit[2] if w.chance(0.5) else unit[1]
         rope = w.pick(f"a {t}-{unit[0]} {stuff}", f"a {stuff} {w.n(t)} {u} long", f"{w.n(t)} {unit[1]} of {stuff}")
         s.facts.append(_cap(w.pick(f"{w.who(h)} {w.v('cuts', 'cut')} {rope} into {w.n(k)} equal pieces", f"{rope} {_is(w)} cut into {w.n(k)} equal parts",
+                                   f"{w.who(h)} {w.v('cuts', 'cut')} a {w.n(t)} {u} {stuff} into {w.n(k)} pieces of equal length",
                                    f"{rope} {_is(w)} divided into {w.n(k)} pieces of the same length")))  # fmt: skip
         s.question = w.pick(f"How long {_is(w)} each piece?", f"How many {u} long {_is(w)} each part?",
                             "What is the length of each piece?", "How long is one part?")  # fmt: skip
@@ -1021,6 +1024,7 @@ def story_left(w: _W, s: _S) -> None:
     if w.chance(0.3):
         x, d = w.r(3, 70), w.r(1, 30)
         later = w.chance(0.6)
+        s.ages = True
         if not later and d >= x:
             d = w.r(1, x - 1) if x > 2 else 1
         s.facts.append(_cap(w.pick(f"{w.who(h)} {_is(w)} {w.n(x)} years old", f"{w.who(h)} {_is(w)} {w.n(x)}")))
@@ -1204,8 +1208,9 @@ STORIES = {
 # Distractors and assembly
 
 
-def _distractors(w: _W, k: int, free: bool) -> list[str]:
-    """``k`` different sentences with numbers the answer does not use; ``free``: they name nobody new."""
+def _distractors(w: _W, k: int, free: bool, ages: bool = True) -> list[str]:
+    """``k`` different sentences with numbers the answer does not use; ``free``: they name nobody
+    new; ``ages``: one may give an age."""
     o = w.other
     forms = [f"The thermometer {w.v('reads', 'read')} {w.r(5, 35)} degrees", f"The trip {w.v('takes', 'took')} {w.r(5, 90)} minutes",
              f"The shop {_is(w)} {w.n(w.r(2, 15))} km away", f"There {_are(w)} {w.r(12, 35)} pupils in the class",
@@ -1214,6 +1219,8 @@ def _distractors(w: _W, k: int, free: bool) -> list[str]:
              f"{w.a.name} {w.v('lives', 'lived')} at number {w.r(2, 99)}", f"A {w.pick(*FOR_SALE)} {w.v('costs', 'cost')} {w.money(w.r(2, 60))} elsewhere"]  # fmt: skip
     if not free:
         forms += [f"{w.c.name} {_has(w)} {w.cnt(w.r(2, 50), o)}", f"{w.c.name} {_is(w)} {w.r(6, 70)} years old"]
+    if not ages:
+        forms = [f for f in forms if "years old" not in f]
     return w.rng.sample(forms, k)
 
 
@@ -1246,10 +1253,10 @@ def make_problem(rng: random.Random) -> Problem:
             if rng.random() < 0.35:
                 facts[i] = f"{rng.choice(TIMES)}, {_decap(facts[i])}"
     n_free = rng.choice((0, 0, 0, 1, 1, 2))
-    for t in _distractors(w, n_free, free=True):
+    for t in _distractors(w, n_free, free=True, ages=not s.ages):
         facts.insert(rng.randrange(0, len(facts) + 1), t)
     if rng.random() < 0.25:
-        facts.insert(0, _distractors(w, 1, free=False)[0])
+        facts.insert(0, _distractors(w, 1, free=False, ages=not s.ages)[0])
     joined: list[str] = []
     for f in facts:
         f = f.rstrip(".")
@@ -1267,7 +1274,7 @@ def make_problem(rng: random.Random) -> Problem:
     else:
         text = f"{body} {s.question}"
     text = resolve(w, text)
-    if shape >= 0.3 and rng.random() < 0.2:
+    if shape >= 0.3 and rng.random() < 0.2 and not s.ages:
         text = _appose(w, text)
     text = re.sub(r"\b([Aa]) (?=[aeiou]|8|11 |18 )", r"\1n ", text.replace("..", "."))
     text = re.sub(r"\b([Aa])n (?=eu|one |uni)", r"\1 ", text)
