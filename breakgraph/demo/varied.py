@@ -116,6 +116,10 @@ PERIODS = (("hour", "hours"), ("day", "days"), ("week", "weeks"), ("month", "mon
            ("shift", "shifts"), ("lesson", "lessons"), ("trip", "trips"))  # fmt: skip
 JOBS = ("tutoring", "babysitting", "dog walking", "gardening", "washing cars", "delivering papers",
         "working at the cafe", "helping at the shop", "mowing lawns", "painting fences")  # fmt: skip
+LEAD_INS = ("Here is a problem.", "Try this one.", "A quick puzzle:", "Think it through.", "Maths question:",
+            "Word problem:", "Read carefully.", "One for you:", "Small puzzle.", "Solve this.", "A question:")  # fmt: skip
+ADJECTIVES = ("red", "small", "big", "shiny", "old", "new", "little", "green", "tiny", "striped", "yellow", "spare",
+              "wooden", "plastic", "fresh", "clean", "round", "heavy", "light", "cheap", "lovely", "odd")  # fmt: skip
 TIMES = ("Then", "Later", "After that", "Next", "Afterwards", "Soon after", "In the afternoon", "By evening",
          "The next day", "On the way home", "An hour later", "That night", "After lunch", "At noon")  # fmt: skip
 
@@ -153,6 +157,7 @@ class _S:
     events: bool = False  # facts are in time order (time words may start them)
     swappable: bool = False  # the first two facts may change places
     ages: bool = False  # the story is about ages (no age may be added as a distractor)
+    question_last: bool = False  # the question must follow the facts
 
     def calc(self, a: int, op: str, b: int) -> int:
         v = exact_step(a, op, b)
@@ -386,7 +391,8 @@ def gain(w: _W, h: _P, k: int, noun: tuple[str, str] | None = None) -> str:
             f"{_cap(w.who(o))} {w.v('sends', 'sent')} {w.whom(h)} {more}", f"{_cap(w.who(o))} {w.v('adds', 'added')} {more} to {w.whose(h)} pile",
             f"A delivery of {n} {pl} {w.v('arrives', 'arrived')} for {w.whom(h)}", f"{_cap(n)} more {pl} {w.v('are', 'were')} added",
             f"{_cap(n)} more {pl} {w.v('turn up', 'turned up')}", f"{_cap(w.who(o))} {w.v('donates', 'donated')} {more}",
-            f"{_cap(w.whose(h))} {w.pick('aunt', 'uncle', 'friend', 'gran', 'dad', 'mum', 'neighbour')} {w.v('brings', 'brought')} {w.whom(h)} {more}",
+            *((f"{_cap(w.whose(h))} {w.pick('aunt', 'uncle', 'friend', 'gran', 'dad', 'mum', 'neighbour')} {w.v('brings', 'brought')} {w.whom(h)} {more}",)
+              if h.sex != "n" else ()),
         )  # fmt: skip
     s = w.who(h)
     verb = w.pick(
@@ -634,6 +640,10 @@ def story_changes(w: _W, s: _S) -> None:
         s.calc(s.value, "+", d)
     s.events = True
     s.question, s.imperative = ask(mood)
+    if len(s.facts) > 1 and not w.past and s.question[:1] in "HW" and s.question.endswith("?") and w.chance(0.25):
+        # the last event folded into the question: "If she sells 5, how many are left?"
+        s.question = f"If {_decap(s.facts.pop())}, {_decap(s.question)}"
+        s.imperative, s.question_last = "", True
 
 
 def _more_words(w: _W, d: str, more: bool, kind: str) -> str:
@@ -853,6 +863,7 @@ def story_groups(w: _W, s: _S) -> None:
         s.question, s.imperative = ask_count(w, h if w.chance(0.5) else None, w.thing, "total")
         s.calc(k, "*", m)
     elif form == 1:
+        h = w.a
         p, ps = w.pick(*PERIODS)
         job = w.pick(*JOBS)
         s.facts.append(_cap(w.pick(
@@ -887,6 +898,7 @@ def story_groups(w: _W, s: _S) -> None:
             s.imperative = "the total cost"
         s.calc(k, "*", m)
     else:
+        h = w.a
         p, ps = w.pick(("day", "days"), ("week", "weeks"), ("evening", "evenings"), ("weekend", "weekends"))
         unit = w.pick("km", "miles", "laps", "pages", "lengths", "kilometres")
         verb = {"pages": ("reads", "read"), "laps": ("runs", "ran"), "lengths": ("swims", "swam")}.get(unit, w.pick(("jogs", "jogged"), ("walks", "walked"), ("cycles", "cycled"), ("runs", "ran")))
@@ -1230,7 +1242,7 @@ def _appose(w: _W, text: str) -> str:
     age = w.r(5, 15) if w.chance(0.6) else w.r(20, 70)
     repl = w.pick(f"{name}, who is {age},", f"{age}-year-old {name}", f"{name} ({age})")
     m = re.search(rf"\b{re.escape(name)}\b", text)
-    if not m or text[m.end() : m.end() + 1] == "'":
+    if not m or text[m.end() : m.end() + 1] == "'" or re.search(rf"\b{re.escape(name)} (is|was) \d+ years old", text):
         return text
     return text[: m.start()] + repl + text[m.end() :]
 
@@ -1266,7 +1278,9 @@ def make_problem(rng: random.Random) -> Problem:
             joined.append(f)
     body = " ".join(t + "." for t in joined)
     shape = rng.random()
-    if shape < 0.12 and s.imperative:
+    if s.question_last:
+        text = f"{body} {s.question}"
+    elif shape < 0.12 and s.imperative:
         verb = rng.choice(("Work out", "Find", "Give", "Compute", "Determine", "State", "Calculate"))
         text = f"{verb} {s.imperative}: {_decap(body)}"
     elif shape < 0.3:
@@ -1274,6 +1288,11 @@ def make_problem(rng: random.Random) -> Problem:
     else:
         text = f"{body} {s.question}"
     text = resolve(w, text)
+    if rng.random() < 0.25:  # a describing word before the first count of the thing: "12 shiny pens"
+        text = re.sub(rf"\b(\d+|{'|'.join(NUMBER_WORDS)}) {re.escape(w.thing[1])}\b", lambda m: f"{m[1]} {rng.choice(ADJECTIVES)} {w.thing[1]}",
+                      text, count=1, flags=re.IGNORECASE)
+    if rng.random() < 0.08 and ":" not in text:
+        text = f"{rng.choice(LEAD_INS)} {text}"
     if shape >= 0.3 and rng.random() < 0.2 and not s.ages:
         text = _appose(w, text)
     text = re.sub(r"\b([Aa]) (?=[aeiou]|8|11 |18 )", r"\1n ", text.replace("..", "."))
