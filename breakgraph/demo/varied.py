@@ -184,9 +184,6 @@ class _W:
         self.word_p = rng.choice((0.0, 0.2, 0.5))
         self.people: list[_P] = []  # everyone the marks refer to, by index
 
-    def names(self) -> set[str]:
-        return {self.a.name, self.b.name, self.c.name}
-
     def pick(self, *options):
         return self.rng.choice(options)
 
@@ -274,7 +271,7 @@ def _cap(s: str) -> str:
     return s[:1].upper() + s[1:]
 
 
-def _does(w: _W, p: _P | None = None) -> str:
+def _does(w: _W) -> str:
     return "did" if w.past else "does"
 
 
@@ -443,6 +440,7 @@ def loss(w: _W, h: _P, k: int, noun: tuple[str, str] | None = None) -> str:
 
 
 def money_gain(w: _W, h: _P, k: int) -> str:
+    """A sentence in which ``h`` gets ``k`` of the problem's currency."""
     m = w.money(k)
     s = w.who(h)
     return _cap(w.pick(
@@ -456,6 +454,7 @@ def money_gain(w: _W, h: _P, k: int) -> str:
 
 
 def money_loss(w: _W, h: _P, k: int) -> str:
+    """A sentence in which ``h`` spends or loses ``k`` of the problem's currency."""
     m, thing = w.money(k), w.pick(*FOR_SALE)
     s = w.who(h)
     a = "an" if thing[0] in "aeiou" else "a"
@@ -470,6 +469,7 @@ def money_loss(w: _W, h: _P, k: int) -> str:
 
 
 def crowd_gain(w: _W, k: int) -> str:
+    """A sentence in which ``k`` more people of the problem's crowd arrive."""
     sg, pl = w.crowd
     n = w.n(k)
     return _cap(w.pick(f"{n} more {pl} {w.v('join', 'joined')}", f"{n} {pl} {w.v('get on', 'got on')}", f"{n} {pl} {w.v('arrive', 'arrived')}",
@@ -478,6 +478,7 @@ def crowd_gain(w: _W, k: int) -> str:
 
 
 def crowd_loss(w: _W, k: int) -> str:
+    """A sentence in which ``k`` people of the problem's crowd leave."""
     sg, pl = w.crowd
     n = w.n(k)
     return _cap(w.pick(f"{n} {pl} {w.v('leave', 'left')}", f"{n} {w.v('get off', 'got off')}", f"{n} {pl} {w.v('step off', 'stepped off')}",
@@ -558,7 +559,6 @@ def story_combine(w: _W, s: _S) -> None:
         if "more in a" in s.facts[-1]:
             s.question, s.imperative = ask_count(w, h, w.thing, "total")
         else:
-            s.steps = []
             other = w.other
             s.question = w.pick(f"How many {pl} and {other[1]} {_does(w)} {h.name} have {w.pick(*_TOTAL)}?",
                                 f"How many things {_does(w)} {h.name} have {w.pick(*_TOTAL)}?",
