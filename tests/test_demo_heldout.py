@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from breakgraph.demo import heldout_writer, phrasebank, problems, wordings
-from breakgraph.demo.heldout import HELDOUT_FILE, heldout_phrasings, must_answer
+from breakgraph.demo import heldout_writer, phrasebank, problems, varied, wordings
+from breakgraph.demo.heldout import HELDOUT_FILE, dev_phrasings, heldout_phrasings, must_answer
 from breakgraph.demo.mixture import gsm8k_easy
 
 RUN = 5
@@ -41,10 +41,12 @@ def runs(text: str) -> set[tuple[str, ...]]:
 
 def training_texts() -> list[str]:
     """A large sample of every training source's questions: the templates (several seeds), the
-    worded generator, the phrase generator and the GSM8K problems the mixture can use."""
+    worded generator, the phrase generator, the varied generator and the GSM8K problems the
+    mixture can use."""
     texts = [p.question for seed in (0, 1, 2) for p in problems.generate(20000, seed)]
     texts += [p.question for seed in (0, 1, 2, 3) for p in wordings.generate_wordings(40000, seed)]
     texts += [p.question for seed in (0, 1, 2, 3, 4) for p in phrasebank.generate_phrases(40000, seed)]
+    texts += [p.question for seed in (0, 1, 2, 3, 4, 5) for p in varied.generate_varied(50000, seed)]
     texts += [p.question for p in gsm8k_easy()]
     return texts
 
@@ -92,3 +94,10 @@ def test_the_readme_and_cli_prompts_are_among_those_the_gate_checks():
 
     asked = [problems.format_prompt(p.question) for p in must_answer()]
     assert DEFAULT_PROMPT in asked and problems.format_prompt("2+3?") in asked
+
+
+def test_the_dev_file_has_distinct_problems_with_whole_answers():
+    dev = dev_phrasings()
+    assert len(dev) >= 60 and len({p.question for p in dev}) == len(dev)
+    assert all(1 <= p.final <= 1000 and p.template == "dev" for p in dev)
+    assert not {p.question for p in dev} & {p.question for p in heldout_phrasings()}

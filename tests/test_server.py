@@ -211,7 +211,7 @@ SHORT = "Question: 2+3?\nAnswer:"  # the default model's answer ends in fewer th
 UNSURE = "Question: Tell me a story about a dog.\nAnswer:"
 SAMPLING_FIELDS = [  # (the fields, the fields they are compared against)
     ({"presence_penalty": -2, "frequency_penalty": -2, "max_tokens": 20}, {"max_tokens": 20}),
-    ({"repetition_penalty": 3}, {}),
+    ({"repetition_penalty": 10}, {}),  # the default model is sure enough of its first tokens that 3 changes none
     ({"logit_bias": {"225": -100, "17": 5}}, {}),  # 225: the first token of the greedy answer to UNSURE
     ({"prompt": SHORT, "min_tokens": 29, "max_tokens": 29, "ignore_eos": False},
      {"prompt": SHORT, "max_tokens": 29, "ignore_eos": False}),  # fmt: skip

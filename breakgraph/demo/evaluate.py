@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from breakgraph.demo.heldout import heldout_phrasings, must_answer
+from breakgraph.demo.heldout import dev_phrasings, heldout_phrasings, must_answer
 from breakgraph.demo.problems import Problem, extract_answer, format_prompt, test_split
 
 _ANNOTATION = re.compile(r"<<([^<>]*)>>")
@@ -107,16 +107,19 @@ def evaluate(
     return score(problems, texts, time.perf_counter() - t0)
 
 
-SPLITS = ("templates", "phrasings", "examples")
+SPLITS = ("templates", "phrasings", "dev", "examples")
 
 
 def split_problems(name: str, n_templates: int = 200) -> list[Problem]:
     """The problems of a named split: ``templates`` (``test_split(n_templates)``), ``phrasings``
-    (the held-out phrasing file) or ``examples`` (the README's and the issue's prompts)."""
+    (the held-out phrasing file), ``dev`` (the hand-written dev file) or ``examples`` (the
+    README's and the issue's prompts)."""
     if name == "templates":
         return test_split(n_templates)
     if name == "phrasings":
         return heldout_phrasings()
+    if name == "dev":
+        return dev_phrasings()
     if name == "examples":
         return must_answer()
     raise ValueError(f"unknown split {name!r}; choose from {', '.join(SPLITS)}")
@@ -143,6 +146,7 @@ def evaluate_splits(
     topk = json.loads((Path(folder) / "config.json").read_text()).get("index_topk")
     labels = {"templates": f"held-out template accuracy (test_split({n_templates}))",
               "phrasings": "held-out phrasing accuracy (data/heldout_phrasings.jsonl)",
+              "dev": "dev phrasing accuracy (data/dev_phrasings.jsonl)",
               "examples": "example prompts (README and issue)"}  # fmt: skip
     for s in splits:
         r = results[s]

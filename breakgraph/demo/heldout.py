@@ -1,9 +1,13 @@
-"""The demo model's held-out phrasing split and the prompts it must answer.
+"""The demo model's held-out phrasing split, its everyday-wording dev split and the prompts it
+must answer.
 
 ``data/heldout_phrasings.jsonl`` holds word problems phrased in ways the training generators do
 not produce (written by :mod:`breakgraph.demo.heldout_writer`, checked by
-``tests/test_demo_heldout.py``); it is never used for training. ``MUST_ANSWER`` lists the prompts
-the README and the project's issue tracker show, each with its answer.
+``tests/test_demo_heldout.py``); it is never used for training. ``data/dev_phrasings.jsonl``
+holds 64 problems written by hand in plain everyday wording (dialogue, lists, several sentences),
+to measure how the model does on ordinary text; it is not checked for shared runs with the
+training text and is never used for training either. ``MUST_ANSWER`` lists the prompts the
+README and the project's issue tracker show, each with its answer.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 from breakgraph.demo.problems import Problem
 
 HELDOUT_FILE = Path(__file__).parent / "data" / "heldout_phrasings.jsonl"
+DEV_FILE = Path(__file__).parent / "data" / "dev_phrasings.jsonl"
 
 # (question, answer): asked as format_prompt(question), i.e. "Question: {q}\nAnswer:".
 # The README's Python example, the issue tracker's examples (the second is also the default prompt
@@ -39,6 +44,15 @@ def heldout_phrasings() -> list[Problem]:
             row = json.loads(line)
             out.append(Problem(row["question"], "", int(row["answer"]), f"heldout/{row['kind']}"))
     return out
+
+
+def dev_phrasings() -> list[Problem]:
+    """The hand-written dev problems (``answer`` empty, ``final`` the expected integer, ``template``
+    ``"dev"``). Raises ``FileNotFoundError`` naming the file."""
+    if not DEV_FILE.is_file():
+        raise FileNotFoundError(f"dev phrasing file missing: {DEV_FILE}")
+    rows = [json.loads(line) for line in DEV_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [Problem(r["question"], "", int(r["answer"]), "dev") for r in rows]
 
 
 def must_answer() -> list[Problem]:

@@ -1,6 +1,8 @@
 """The demo model's training mixture: the whole-question templates (:mod:`~breakgraph.demo.problems`),
 the worded generator (:mod:`~breakgraph.demo.wordings`), the phrase generator
-(:mod:`~breakgraph.demo.phrasebank`) and, on request, GSM8K's easiest train problems.
+(:mod:`~breakgraph.demo.phrasebank`), the varied story generator (:mod:`~breakgraph.demo.varied`)
+and, on request, GSM8K's easiest train problems. Every ``<<a op b=c>>`` of a drawn mixture is
+checked to be exact (:func:`check_annotations`).
 
 The default mixture has no GSM8K share: problems far beyond the model taught it to answer an
 unfamiliar question with invented GSM8K-style prose instead of calculations on the question's
@@ -21,12 +23,13 @@ from pathlib import Path
 
 from breakgraph.demo.phrasebank import generate_phrases
 from breakgraph.demo.problems import Problem, _test_keys, normalise_question, train_split
+from breakgraph.demo.varied import generate_varied
 from breakgraph.demo.wordings import generate_wordings
 
 GSM8K_TRAIN = Path(__file__).resolve().parent.parent / "eval" / "data" / "gsm8k" / "train.jsonl"
-SOURCES = ("templates", "wordings", "phrases", "gsm8k")
+SOURCES = ("templates", "wordings", "phrases", "varied", "gsm8k")
 # Shares of the mixture by source.
-DEFAULT_SHARES = {"templates": 0.25, "wordings": 0.3, "phrases": 0.45}
+DEFAULT_SHARES = {"templates": 0.12, "wordings": 0.13, "phrases": 0.3, "varied": 0.45}
 
 _ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
 _BINARY = re.compile(r"(\d+)([-+*/])(\d+)")
@@ -81,12 +84,29 @@ def make_mixture(n: int, seed: int, shares: dict[str, float] | None = None) -> l
     if counts.get("templates"):
         out += train_split(counts["templates"], seed)
     held = _test_keys()
-    for source, generate, salt in (("wordings", generate_wordings, 11), ("phrases", generate_phrases, 23)):
+    sources = (("wordings", generate_wordings, 11), ("phrases", generate_phrases, 23), ("varied", generate_varied, 37))
+    for source, generate, salt in sources:
         if counts.get(source):
             pool = generate(counts[source] * 21 // 20 + 10, seed * 7919 + salt)
             out += [p for p in pool if normalise_question(p.question) not in held][: counts[source]]
     if counts.get("gsm8k"):
         easy = gsm8k_easy()
         out += [easy[i % len(easy)] for i in range(counts["gsm8k"])] if easy else []
+    check_annotations(out)
     random.Random(seed).shuffle(out)
     return out
+
+
+def check_annotations(problems: list[Problem]) -> None:
+    """Raise ``ValueError`` naming the first problem whose answer has a ``<<a op b=c>>`` with ``c``
+    not exactly ``a op b`` (whole numbers; GSM8K's annotations of other shapes are skipped)."""
+    for p in problems:
+        if p.template == "gsm8k":  # already exact: _easy keeps only such problems
+            continue
+        for expr, value in _ANNOTATION.findall(p.answer):
+            m = _BINARY.fullmatch(expr.strip())
+            if m is None or not value.strip().isdigit():
+                raise ValueError(f"annotation <<{expr}={value}>> of {p.question!r} is not a op b on whole numbers")
+            x, op, y = int(m[1]), m[2], int(m[3])
+            if (op == "/" and (y == 0 or x % y)) or _OPS[op](x, y) != int(value):
+                raise ValueError(f"annotation <<{expr}={value}>> of {p.question!r} is not exact")

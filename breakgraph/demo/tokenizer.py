@@ -74,21 +74,27 @@ def build_corpus(
     gsm8k_path: str | Path | None = None,
     worded_share: float = 0.0,
     phrased_share: float = 0.0,
+    varied_share: float = 0.0,
 ) -> Iterator[str]:
     """Training texts for the tokenizer: ``n_problems`` formatted training problems (never test
     ones), the share ``worded_share`` of them from :mod:`breakgraph.demo.wordings`, the share
-    ``phrased_share`` from :mod:`breakgraph.demo.phrasebank` and the rest from the templates,
+    ``phrased_share`` from :mod:`breakgraph.demo.phrasebank`, the share ``varied_share`` from
+    :mod:`breakgraph.demo.varied` and the rest from the templates,
     then the GSM8K examples at ``gsm8k_path`` if given, so real questions encode compactly too."""
     from breakgraph.demo.phrasebank import generate_phrases
+    from breakgraph.demo.varied import generate_varied
     from breakgraph.demo.wordings import generate_wordings
 
     n_worded = int(n_problems * worded_share)
     n_phrased = int(n_problems * phrased_share)
-    for problem in train_split(n_problems - n_worded - n_phrased, seed):
+    n_varied = int(n_problems * varied_share)
+    for problem in train_split(n_problems - n_worded - n_phrased - n_varied, seed):
         yield format_example(problem)
     for problem in generate_wordings(n_worded, seed):
         yield format_example(problem)
     for problem in generate_phrases(n_phrased, seed):
+        yield format_example(problem)
+    for problem in generate_varied(n_varied, seed):
         yield format_example(problem)
     if gsm8k_path is not None:
         yield from read_gsm8k_texts(gsm8k_path)

@@ -567,8 +567,9 @@ def train_demo(
     val_set = problems[a.train_problems :]
     corpus = build_corpus(
         a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
-        worded_share=0.3,
-        phrased_share=0.4,
+        worded_share=0.15,
+        phrased_share=0.3,
+        varied_share=0.35,
     )
     tok = train_tokenizer(corpus, vocab_size=a.vocab_size)
     data = encode_problems(tok, problems[: a.train_problems])
@@ -787,7 +788,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--mixture",
         type=json.loads,
         default=d.mixture,
-        help="JSON shares of the training sources (templates, wordings, phrases, gsm8k)",
+        help="JSON shares of the training sources (templates, wordings, phrases, varied, gsm8k)",
     )
     p.add_argument(
         "--val-problems",

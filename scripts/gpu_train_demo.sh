@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Retrain the demo model (breakgraph/demo/assets/glm5-tiny-arith) on one H200 with README's
+# command ("The demo model"), then evaluate the new checkpoint on the GPU on every split
+# (fp32, the gate's dtype; the CPU figures of README come from the same command on the CPU).
+# About 8 minutes in all: ~90 s of data and tokenizer, a 340 s training loop, its own final
+# report in bf16 (~15 s), then the fp32 evaluation (~30 s).
+#
+# Under $OUT: train.log (the training run's output, GPU and versions first), eval_gpu.log (the
+# evaluate command's output), glm5-tiny-arith.tar split into 15 MiB parts
+# (glm5-tiny-arith.tar.part-aa, -ab, ...) and SHA256SUMS of the whole tar. Reassemble with
+#   cat glm5-tiny-arith.tar.part-* > glm5-tiny-arith.tar && sha256sum -c SHA256SUMS && tar xf glm5-tiny-arith.tar
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_train_demo}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+
+{
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1
+  python -c "import torch, transformers, tokenizers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)"
+  git rev-parse HEAD 2>/dev/null || true
+} >"$OUT/train.log" 2>&1
+
+stamp "1. training (log: $OUT/train.log)"
+timeout 500 python -m breakgraph.demo.train --out "$OUT/glm5-tiny-arith" --device cuda --steps 100000 \
+  --batch-size 512 --lr 3e-3 --time-budget 340 --train-problems 500000 --final-eval-device cuda --log-every 200 \
+  --mixture '{"templates": 0.12, "wordings": 0.13, "phrases": 0.3, "varied": 0.45}' \
+  --shape '{"moe_intermediate_size": 192}' >>"$OUT/train.log" 2>&1
+echo "train rc=$?"
+grep -E "^(data|model|recipe|saved|total)|accuracy" "$OUT/train.log" | tail -14
+
+stamp "2. evaluate on the GPU, fp32, all splits (log: $OUT/eval_gpu.log)"
+timeout 60 python -m breakgraph.demo.evaluate --model "$OUT/glm5-tiny-arith" --device cuda --dtype float32 \
+  --show-misses 12 >"$OUT/eval_gpu.log" 2>&1
+echo "evaluate rc=$?"
+grep -E "accuracy" "$OUT/eval_gpu.log"
+
+stamp "3. pack the checkpoint"
+if [ -f "$OUT/glm5-tiny-arith/model.safetensors" ]; then
+  du -b "$OUT"/glm5-tiny-arith/* | tee -a "$OUT/eval_gpu.log"
+  tar cf "$OUT/glm5-tiny-arith.tar" -C "$OUT" glm5-tiny-arith
+  (cd "$OUT" && sha256sum glm5-tiny-arith.tar >SHA256SUMS)
+  split -b 15m "$OUT/glm5-tiny-arith.tar" "$OUT/glm5-tiny-arith.tar.part-"
+  rm -rf "$OUT/glm5-tiny-arith" "$OUT/glm5-tiny-arith.tar"
+fi
+ls -l "$OUT"
+stamp "done"
