@@ -414,8 +414,9 @@ def _moe_stream_kernel(
     stride_am, stride_asm, stride_asg,
     stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
     stride_cm,
-    GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, TILES_N: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+    GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES_N: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
     product only. Program ``(b, c)`` takes row block ``b`` and ``TILES_N`` consecutive
