@@ -3,6 +3,7 @@
     python scripts/bench_kernels_moe.py                   # MoE T=128,1024,8192 + dense linears
     python scripts/bench_kernels_moe.py --sweep           # + tile sweep of the Triton grouped GEMMs
     python scripts/bench_kernels_moe.py --only moe --tokens 1024 --json $OUT/moe.json
+    python scripts/bench_kernels_moe.py --only sweep --sweep-tokens 16 64 1024   # sweep + layer table only
 
 Every time is a median of CUDA-event timings (``triton.testing.do_bench``; L2 flushed between
 runs) and, for the Triton paths, of CUDA-graph replays (``do_bench_cudagraph``) where launch
@@ -41,6 +42,7 @@ from breakgraph.kernels.triton_moe import (
 
 E, D, INTER, TOP_K = moe_shape(PRESETS["glm5-tp8-rank"])  # GLM-5, one TP8 rank: all experts, I = 2048 / 8
 H200_COPY_TBS = 4.3
+DEVICE = "cuda"  # the sweep's tensors (a dry run of its logic may point it elsewhere)
 
 DENSE = dense_linear_shapes(PRESETS["glm5-tp8-rank"])  # (name, K, N) per rank at TP8
 
@@ -146,50 +148,115 @@ def bench_moe(tokens: list[int], ceil: dict[str, float], rows: list[dict], with_
 
 
 def _sweep_weights():
-    """GLM-5 TP8-rank expert weights for the tile sweep: random e4m3 codes (magnitudes ≤ 1.75,
-    no NaN) and constant scales, made in place (no fp32 copy: many workers share the GPU)."""
+    """GLM-5 TP8-rank expert weights for the tile sweep: random e4m3 codes of both signs (no NaN)
+    and random per-block scales, made in place (no fp32 copy: many workers share the GPU)."""
 
     def codes(*shape):
-        c = torch.randint(0, 0x3F, shape, dtype=torch.uint8, device="cuda")
+        c = torch.randint(0, 0x7F, shape, dtype=torch.uint8, device=DEVICE)
+        c |= torch.randint(0, 2, shape, dtype=torch.uint8, device=DEVICE) << 7
         return c.view(torch.float8_e4m3fn)
 
-    scale = lambda n, k: torch.full((E, n // 128, k // 128), 0.01, device="cuda")  # noqa: E731
+    def scale(n, k):
+        return torch.empty(E, n // 128, k // 128, device=DEVICE).uniform_(0.5, 1.5) / (448 * k**0.5)
+
     return codes(E, 2 * INTER, D), scale(2 * INTER, D), codes(E, D, INTER), scale(D, INTER)
 
 
+def _sweep_inputs(t: int, gemm: int):
+    """Uniform random routing of ``t`` tokens and the GEMM's bf16 input (``x`` or ``h``)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(t)
+    _, ids = route(torch.randn(t, E, device=DEVICE, generator=gen), None, TOP_K, 1, 1, True, 2.5)
+    rows = t if gemm == 1 else t * TOP_K
+    a = torch.randn(rows, D if gemm == 1 else INTER, device=DEVICE, generator=gen).bfloat16()
+    return ids, a
+
+
 def _sweep_call(weights, kind: str, gemm: int, t: int, cfg: dict):
-    """The GEMM launch being timed: ``kind`` W8A16 (bf16 activations) or W8A8 (e4m3)."""
+    """``(fn, out)``: the GEMM launch being timed, ``kind`` W8A16 (bf16 activations) or W8A8 (e4m3)."""
     w13_8, s13, w2_8, s2 = weights
-    gen = torch.Generator(device="cuda").manual_seed(t)
-    _, ids = route(torch.randn(t, E, device="cuda", generator=gen), None, TOP_K, 1, 1, True, 2.5)
+    ids, a = _sweep_inputs(t, gemm)
     p = t * TOP_K
     lay = moe_align(ids, E, cfg["BLOCK_M"])
     if gemm == 1:
-        a = torch.randn(t, D, device="cuda", generator=gen).bfloat16()
-        w, ws, out = w13_8, s13, torch.empty(p, INTER, device="cuda", dtype=torch.bfloat16)
+        w, ws, out = w13_8, s13, torch.empty(p, INTER, device=DEVICE, dtype=torch.bfloat16)
     else:
-        a = torch.randn(p, INTER, device="cuda", generator=gen).bfloat16()
-        w, ws, out = w2_8, s2, torch.empty(p, D, device="cuda", dtype=torch.bfloat16)
+        w, ws, out = w2_8, s2, torch.empty(p, D, device=DEVICE, dtype=torch.bfloat16)
     a_s = None
     if kind == "W8A8":
         a, a_s = act_quant(a, 128, column_major_scale=False)
-    return partial(moe_gemm, a, a_s, w, ws, lay, out, gather_top_k=TOP_K if gemm == 1 else None,
-                   silu=gemm == 1, config=cfg)  # fmt: skip
+    fn = partial(moe_gemm, a, a_s, w, ws, lay, out, gather_top_k=TOP_K if gemm == 1 else None,
+                 silu=gemm == 1, config=cfg)  # fmt: skip
+    return fn, out
 
 
-def _sweep_grid(gemm: int, default: dict) -> list[dict]:
-    bm0 = default["BLOCK_M"]
+def _sweep_twin(weights, gemm: int, t: int) -> torch.Tensor:
+    """The GEMM's twin in fp32, expert by expert: weights dequantised like ``block_dequant`` to
+    bf16, bf16 inputs; GEMM 1 ends in ``silu(g)·u``. Rows by pair."""
+    w13_8, s13, w2_8, s2 = weights
+    ids, a = _sweep_inputs(t, gemm)
+    flat = ids.reshape(-1)
+    w8, ws = (w13_8, s13) if gemm == 1 else (w2_8, s2)
+    out = torch.empty(flat.numel(), INTER if gemm == 1 else D, device=DEVICE)
+    for e in flat.unique().tolist():
+        pairs = (flat == e).nonzero().squeeze(1)
+        rows = a[pairs // TOP_K] if gemm == 1 else a[pairs]
+        w = block_dequant(w8[e], ws[e], (128, 128), torch.bfloat16).float()
+        y = rows.float() @ w.t()
+        out[pairs] = torch.nn.functional.silu(y[:, :INTER]) * y[:, INTER:] if gemm == 1 else y
+    return out
+
+
+DECODE_SWEEP_TOKENS = (1, 8, 16, 32, 64)
+
+
+def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
+    """Default first (:func:`gemm_config`), then the grouped kernel around it (at decode sizes
+    its swapped 16-row tiles in 3 and 4 stages) and the stream kernel over column tiles, tiles
+    per program and pipeline depth."""
+    default = gemm_config(t * TOP_K, E, gemm == 1, True, kind == "W8A8")
     grid = [default]
-    for bm in sorted({max(16, bm0 // 2), bm0, min(128, bm0 * 2)}):
-        for swap in (True, False) if bm <= 64 else (False,):
-            for bn in (64, 128) if gemm == 1 else (128, 256):
-                for warps in (4, 8):
-                    for stages in (3, 4):
-                        cfg = {"BLOCK_M": bm, "SWAP_AB": swap, "BLOCK_N": bn, "BLOCK_K": 128,
-                               "num_warps": warps, "num_stages": stages}  # fmt: skip
-                        if cfg != default:
-                            grid.append(cfg)
+    decode = t < W8A8_MIN_TOKENS
+    if decode:
+        for stages in (3, 4):
+            cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4, "BLOCK_N": 64 if gemm == 1 else 128,
+                   "BLOCK_K": 128, "num_stages": stages}  # fmt: skip
+            if cfg not in grid:
+                grid.append(cfg)
+    else:
+        bm0 = default["BLOCK_M"]
+        for bm in sorted({bm0, max(16, bm0 // 2), min(128, bm0 * 2)}):
+            for stages in (3, 4, 5):
+                cfg = {**default, "BLOCK_M": bm, "num_stages": stages, "SWAP_AB": bm <= 32,
+                       "num_warps": 8 if bm >= 128 else 4}  # fmt: skip
+                if cfg not in grid:
+                    grid.append(cfg)
+    tiles = [(32, 1), (64, 1), (128, 1)] if gemm == 1 else [(64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (128, 8)]
+    for bm in (16,) if decode else (16, 32, 64):
+        for bn, tn in tiles:
+            for stages in (4, 6) if decode and gemm == 1 else (4,):
+                cfg = {"KERNEL": "stream", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tn,
+                       "num_warps": 8 if bn * bm >= 128 * 64 else 4, "num_stages": stages}  # fmt: skip
+                if cfg not in grid:
+                    grid.append(cfg)
     return grid
+
+
+def _short(cfg: dict) -> str:
+    """A sweep config in a few characters, e.g. ``stream m16 n128x4 k128 s4 w4``."""
+    kernel = cfg.get("KERNEL", "grouped")
+    swap = " swap" if kernel == "grouped" and cfg.get("SWAP_AB") else ""
+    return (f"{kernel} m{cfg['BLOCK_M']} n{cfg['BLOCK_N']}x{cfg.get('TILES_N', 1)} k{cfg['BLOCK_K']} "
+            f"s{cfg['num_stages']} w{cfg['num_warps']}{swap}")  # fmt: skip
+
+
+def _sweep_tasks(tokens: list[int]) -> list[tuple]:
+    tasks = []
+    for t in tokens:
+        kinds = ["W8A16", "W8A8"] if t < 2 * W8A8_MIN_TOKENS else ["W8A8"]
+        for kind in kinds:
+            for gemm in (1, 2):
+                tasks += [(kind, gemm, t, cfg) for cfg in _sweep_grid(t, gemm, kind)]
+    return tasks
 
 
 _WORKER_WEIGHTS = None
@@ -202,55 +269,116 @@ def _precompile(task) -> tuple[tuple, str | None]:
         _WORKER_WEIGHTS = _sweep_weights()
     kind, gemm, t, cfg = task
     try:
-        _sweep_call(_WORKER_WEIGHTS, kind, gemm, t, cfg)()
-        torch.cuda.synchronize()
+        _sweep_call(_WORKER_WEIGHTS, kind, gemm, t, cfg)[0]()
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - out of resources etc.: reported, not fatal
         return task, type(exc).__name__
     return task, None
 
 
-def sweep_moe(tokens: list[int], jobs: int) -> list[dict]:
-    """Time GEMM 1 (gate/up + SiLU) and GEMM 2 (down) alone over a tile grid around the
-    default (:func:`gemm_config`), W8A16 below twice ``W8A8_MIN_TOKENS`` tokens and W8A8
-    from half of it up (both around the switch). Kernels are compiled first by ``jobs`` worker processes."""
+def _touched(t: int) -> int:
+    ids, _ = _sweep_inputs(t, 1)
+    return int((torch.bincount(ids.reshape(-1), minlength=E) > 0).sum())
+
+
+def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
+    """Time GEMM 1 (gate/up + SiLU) and GEMM 2 (down) alone over :func:`_sweep_grid` at uniform
+    random routing: µs per call (median of CUDA-event timings, L2 flushed before each), the
+    touched experts' weight bytes per second, and the relative error against the twin
+    (:func:`_sweep_twin`; W8A8 deviates by its activation quantisation). Kernels are compiled
+    first by ``jobs`` worker processes; timing stops at ``budget_s``."""
     import concurrent.futures
     import multiprocessing
+    import time
 
-    tasks = []
-    for t in tokens:
-        kinds = [
-            k for k, on in (("W8A16", t < 2 * W8A8_MIN_TOKENS), ("W8A8", t >= W8A8_MIN_TOKENS // 2)) if on
-        ]
-        for kind in kinds:
-            for gemm in (1, 2):
-                default = gemm_config(t * TOP_K, E, gemm == 1, True)
-                tasks += [(kind, gemm, t, cfg) for cfg in _sweep_grid(gemm, default)]
+    tasks = _sweep_tasks(tokens)
     failed: dict[str, str] = {}
     ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        for task, err in pool.map(_precompile, tasks, chunksize=4):
-            if err:
-                failed[repr(task)] = err
+    t0 = time.time()
+    if jobs:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            for task, err in pool.map(_precompile, tasks, chunksize=2):
+                if err:
+                    failed[repr(task)] = err
+    print(f"\nGrouped-GEMM sweep: {len(tasks)} launches compiled in {time.time() - t0:.0f} s "
+          f"({len(failed)} failed: {sorted(set(failed.values()))})", flush=True)  # fmt: skip
     weights = _sweep_weights()
     results = []
-    print(f"\nGrouped-GEMM tile sweep, {len(tasks)} launches ({len(failed)} failed to compile/run); "
-          "ms are medians of one GEMM launch; default first, then the best 4")  # fmt: skip
     for t in tokens:
-        for kind in ("W8A16", "W8A8"):
-            for gemm in (1, 2):
-                rows = []
-                for task in tasks:
-                    if task[:3] != (kind, gemm, t) or repr(task) in failed:
-                        continue
-                    ms = bench(_sweep_call(weights, kind, gemm, t, task[3]))
-                    rows.append({"tokens": t, "kind": kind, "gemm": gemm, "ms": ms, "config": task[3]})
-                if not rows:
-                    continue
-                default, best = rows[0], sorted(rows, key=lambda r: r["ms"])
-                for label, r in [("default", default)] + [("best", r) for r in best[:4]]:
-                    print(f"  T={t:5d} {kind:5s} GEMM{gemm} {label:7s} {r['ms']:8.4f} ms  {r['config']}")
-                results += rows
+        touched = _touched(t)
+        twins = {g: _sweep_twin(weights, g, t) for g in (1, 2)}
+        for task in tasks:
+            kind, gemm, tt, cfg = task
+            if tt != t or repr(task) in failed or time.time() - t0 > budget_s:
+                continue
+            fn, out = _sweep_call(weights, kind, gemm, t, cfg)
+            fn()
+            err = ((out.float() - twins[gemm]).norm() / twins[gemm].norm()).item()
+            us = 1e3 * triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median")
+            gb = touched * (2 if gemm == 1 else 1) * INTER * D / 1e9
+            results.append({"tokens": t, "kind": kind, "gemm": gemm, "us": us, "tbs": gb / us * 1e3,
+                            "err": err, "touched": touched, "config": cfg})  # fmt: skip
+            print(f"  T={t:5d} {kind:5s} GEMM{gemm} {us:9.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e} {_short(cfg)}",
+                  flush=True)  # fmt: skip
+    print("\nsweep summary: per (tokens, GEMM) the default, then the best 3 (µs, touched-expert TB/s, rel err)")
+    for t in tokens:
+        for gemm in (1, 2):
+            rows = [r for r in results if r["tokens"] == t and r["gemm"] == gemm]
+            if not rows:
+                continue
+            kind = "W8A8" if t >= W8A8_MIN_TOKENS else "W8A16"
+            default = next((r for r in rows if r["kind"] == kind
+                            and r["config"] == gemm_config(t * TOP_K, E, gemm == 1, True, kind == "W8A8")), None)  # fmt: skip
+            for label, r in [("dflt", default)] + [("best", r) for r in sorted(rows, key=lambda r: r["us"])[:3]]:
+                if r is not None:
+                    print(f"T={t:5d} G{gemm} {label:5s} {r['kind']:5s} {r['us']:8.1f} us {r['tbs']:5.2f} TB/s "
+                          f"err {r['err']:.1e} {_short(r['config'])}")  # fmt: skip
     return results
+
+
+def layer_moe(tokens: list[int], results: list[dict]) -> None:
+    """The routed-expert layer at uniform random routing: the default dispatch (``fused_moe``: the
+    decode kernels up to ``DECODE_MAX_TOKENS`` tokens, else the grouped GEMMs), the decode
+    kernels at up to 16 tokens, and the Triton GEMMs with the sweep's fastest GEMM 1 and GEMM 2
+    of one activation kind and ``BLOCK_M`` (a pair): µs (L2 flushed, eager: at decode sizes the
+    launches' host time, not the GPU, sets these; compare kernels by the sweep), touched-expert TB/s,
+    relative error against ``fused_moe_ref`` (W8A8 includes its activation quantisation)."""
+    from breakgraph.kernels.moe import fused_moe
+    from breakgraph.kernels.triton_moe import fused_moe_decode
+
+    w13_8, s13, w2_8, s2 = _sweep_weights()
+    print("\nMoE layer (routed experts), uniform random routing; µs per call, touched-expert TB/s, rel err vs twin")
+    for t in tokens:
+        gen = torch.Generator(device=DEVICE).manual_seed(1000 + t)
+        x = torch.randn(t, D, device=DEVICE, generator=gen).bfloat16()
+        tw, ids = route(torch.randn(t, E, device=DEVICE, generator=gen), None, TOP_K, 1, 1, True, 2.5)
+        touched = int((torch.bincount(ids.reshape(-1), minlength=E) > 0).sum())
+        gb = touched * 3 * INTER * D / 1e9
+        want = fused_moe_ref(x, w13_8, w2_8, tw, ids, s13, s2).float()
+        args = (x, w13_8, w2_8, tw, ids, s13, s2)
+        variants = [("default: fused_moe", partial(fused_moe, *args))]
+        if t <= 16:
+            variants.append(("decode kernels", partial(fused_moe_decode, *args)))
+        for kind in ("W8A16", "W8A8"):
+            rows = [r for r in results if r["tokens"] == t and r["kind"] == kind]
+            pairs = []
+            for bm in sorted({r["config"]["BLOCK_M"] for r in rows}):
+                g1 = min((r for r in rows if r["gemm"] == 1 and r["config"]["BLOCK_M"] == bm), key=lambda r: r["us"],
+                         default=None)  # fmt: skip
+                g2 = min((r for r in rows if r["gemm"] == 2 and r["config"]["BLOCK_M"] == bm), key=lambda r: r["us"],
+                         default=None)  # fmt: skip
+                if g1 and g2:
+                    pairs.append((g1["us"] + g2["us"], g1["config"], g2["config"]))
+            if pairs:
+                _, c1, c2 = min(pairs, key=lambda p: p[0])
+                fn = partial(fused_moe_triton, *args, fp8_activations=kind == "W8A8", configs=(c1, c2))
+                variants.append((f"best {kind}: {_short(c1)} | {_short(c2)}", fn))
+        for name, fn in variants:
+            err = ((fn().float() - want).norm() / want.norm()).item()
+            us = 1e3 * bench(fn)
+            print(f"  T={t:5d} touched={touched:3d} {us:9.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e}  {name}",
+                  flush=True)  # fmt: skip
 
 
 def bench_dense(ms_rows: list[int], ceil: dict[str, float], rows: list[dict]) -> None:
@@ -282,11 +410,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 8192])
     ap.add_argument("--dense-m", type=int, nargs="+", default=[1, 128, 1024, 8192])
-    ap.add_argument("--only", choices=["moe", "dense"], default=None)
+    ap.add_argument("--only", choices=["moe", "dense", "sweep"], default=None,
+                    help="sweep: only the grouped-GEMM sweep and the layer table after it")  # fmt: skip
     ap.add_argument(
         "--sweep", action="store_true", help="tile sweep of the Triton grouped GEMMs (FP8 weights)"
     )
     ap.add_argument("--sweep-jobs", type=int, default=8, help="processes compiling the sweep's kernels")
+    ap.add_argument("--sweep-tokens", type=int, nargs="+", default=[*DECODE_SWEEP_TOKENS, 128, 1024, 4096])
+    ap.add_argument("--sweep-budget-s", type=float, default=600.0, help="stop timing sweep rows after this")
     ap.add_argument("--no-ref", action="store_true", help="skip timing the plain-PyTorch twins")
     ap.add_argument("--json", default=None, help="write all rows and ceilings here")
     args = ap.parse_args()
@@ -305,9 +436,11 @@ def main() -> None:
     if args.only in (None, "moe"):
         bench_moe(args.tokens, ceil, rows, with_ref=not args.no_ref)
         torch.cuda.empty_cache()
-        if args.sweep:
-            rows += sweep_moe(args.tokens, args.sweep_jobs)
-            torch.cuda.empty_cache()
+    if args.only == "sweep" or (args.sweep and args.only in (None, "moe")):
+        sweep_rows = sweep_moe(args.sweep_tokens, args.sweep_jobs, args.sweep_budget_s)
+        layer_moe(args.sweep_tokens, sweep_rows)
+        rows += sweep_rows
+        torch.cuda.empty_cache()
     if args.only in (None, "dense"):
         bench_dense(args.dense_m, ceil, rows)
     if args.json:

@@ -66,6 +66,7 @@ def _oracle(x, w13, w2, tw, ids, w13_scale=None, w2_scale=None, quant_act=False)
 # interpreter checks (run in the subprocess)
 
 
+
 def check_route_select_matches_route_ref():
     from breakgraph.kernels.triton_moe import route_select
 
@@ -179,6 +180,68 @@ def check_moe_gemm_writes_every_pair_row_and_nothing_else():
     assert torch.isnan(h[t * k :]).all(), "rows past the pairs were written"
     gu = torch.einsum("pd,pnd->pn", x[torch.arange(t * k) // k], w13[ids.reshape(-1)])
     assert _rel(h[: t * k], F.silu(gu[:, :inter]) * gu[:, inter:]) < 1e-5
+
+
+STREAM_CONFIGS = [  # (GEMM 1, GEMM 2) overrides for the stream kernel
+    ({"KERNEL": "stream", "BLOCK_N": 32}, {"KERNEL": "stream", "BLOCK_N": 64, "TILES_N": 4}),
+    ({"KERNEL": "stream", "BLOCK_N": 64, "BLOCK_K": 64}, {"KERNEL": "stream", "BLOCK_N": 128, "TILES_N": 2}),
+]
+
+
+def check_moe_stream_kernel_matches_twin():
+    """The stream kernel (flat tile × k-block loop, several column tiles per program) against
+    the twin: fp32 with a ragged last k-block and a partial last chunk of columns; FP8 weights
+    (distinct block scales) with fp32 and bf16 activations, and W8A8 against the quantising oracle."""
+    from breakgraph.kernels.triton_moe import fused_moe_triton
+
+    t, k, e, d, inter = 13, 4, 11, 200, 96
+    x = torch.randn(t, d)
+    w13 = torch.randn(e, 2 * inter, d) / d**0.5
+    w2 = torch.randn(e, d, inter) / inter**0.5
+    ids = _skewed_ids(t, k, e, 6)
+    tw = torch.rand(t, k)
+    want = fused_moe_ref(x, w13, w2, tw, ids)
+    for cfg in STREAM_CONFIGS:
+        got = fused_moe_triton(x, w13, w2, tw, ids, configs=cfg)
+        assert _rel(got, want) < 1e-3, (cfg, _rel(got, want))
+
+    t, k, e, d, inter = 9, 4, 10, 384, 256
+    x = torch.randn(t, d)
+    w13, s13 = block_quant(torch.randn(e, 2 * inter, d) / d**0.5)
+    w2, s2 = block_quant(torch.randn(e, d, inter) / inter**0.5)
+    s13.uniform_(0.5, 2.0)  # distinct scales per block, so a misplaced scale shows
+    s2.uniform_(0.5, 2.0)
+    ids = _skewed_ids(t, k, e, 5)
+    tw = torch.rand(t, k)
+    want = fused_moe_ref(x, w13, w2, tw, ids, s13, s2)
+    xb = x.bfloat16()
+    want_b = _oracle(xb, w13, w2, tw, ids, s13, s2)
+    for c1, c2 in STREAM_CONFIGS:
+        got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=(c1, c2))
+        assert _rel(got, want) < 1e-3, (c1, c2, _rel(got, want))
+        got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=(c1, c2))
+        assert _rel(got, want_b) < 2e-2, (c1, c2, _rel(got, want_b))
+        got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=(c1, c2))
+        want_q = _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)
+        assert _rel(got, want_q) < 2e-2, (c1, c2, _rel(got, want_q))
+
+
+def check_moe_stream_kernel_writes_every_pair_row_and_nothing_else():
+    from breakgraph.kernels.triton_moe import moe_align, moe_gemm
+
+    t, k, e, d, inter = 11, 3, 9, 128, 160
+    h = torch.randn(t * k, inter)
+    w2 = torch.randn(e, d, inter) / inter**0.5
+    ids = _skewed_ids(t, k, e, 4)
+    lay = moe_align(ids, e, 16)
+    want = torch.einsum("pi,pdi->pd", h, w2[ids.reshape(-1)])
+    for tiles, block_k in ((3, 64), (2, 32)):  # masked loads; then EVEN (N % 64 == 0, K % 32 == 0)
+        y = torch.full((t * k + 5, d), float("nan"))
+        cfg = {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": block_k, "TILES_N": tiles}
+        moe_gemm(h, None, w2, None, lay, y, gather_top_k=None, silu=False, config=cfg)
+        assert not torch.isnan(y[: t * k]).any(), f"a pair row was not written ({cfg})"
+        assert torch.isnan(y[t * k :]).all(), f"rows past the pairs were written ({cfg})"
+        assert _rel(y[: t * k], want) < 1e-5, cfg
 
 
 def check_silu_mul_and_combine():
@@ -328,6 +391,8 @@ def check_fused_moe_decode_launches_two_kernels():
         "check_fused_moe_triton_bf16_fp32_match_twin",
         "check_fused_moe_triton_fp8_matches_twin",
         "check_moe_gemm_writes_every_pair_row_and_nothing_else",
+        "check_moe_stream_kernel_matches_twin",
+        "check_moe_stream_kernel_writes_every_pair_row_and_nothing_else",
         "check_silu_mul_and_combine",
         "check_grouped_mm_path_matches_twin",
         "check_fused_moe_decode_matches_twin",
@@ -373,6 +438,44 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
     info = compile_for_sm90(triton_moe._moe_gemm_kernel, types, constexprs, warps, stages)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     assert info["mma"] == (["QGMMA"] if adt == "fp8" else ["HGMMA"]), info
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [  # (activations, silu, BLOCK_N, TILES_N, BLOCK_M, warps, stages, EVEN)
+        ("bf16", True, 64, 1, 16, 4, 4, True),
+        ("bf16", True, 64, 1, 16, 4, 4, False),
+        ("bf16", True, 32, 1, 16, 4, 6, True),
+        ("bf16", False, 128, 4, 16, 4, 4, True),
+        ("bf16", False, 128, 8, 16, 4, 4, True),
+        ("bf16", False, 64, 4, 16, 4, 4, False),
+        ("fp8", True, 128, 1, 16, 4, 4, True),
+        ("fp8", True, 64, 1, 16, 4, 6, True),
+        ("fp8", True, 128, 1, 64, 8, 4, True),
+        ("fp8", False, 128, 4, 16, 4, 4, False),
+        ("fp8", False, 128, 8, 64, 8, 4, True),
+    ],
+)
+def test_moe_stream_kernel_compiles_for_sm90_without_spills(variant):
+    """The stream kernel for sm_90a at GLM-5 decode tiles: no spills, the fp8 weight tiles
+    arrive by 16-byte cp.async copies (the software pipeline), fp8 × fp8 on QGMMA."""
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_moe
+
+    adt, silu, bn, tiles, bm, warps, stages, even = variant
+    types = {"a_ptr": "*fp8e4nv" if adt == "fp8" else "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv",
+             "ws_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
+             "num_blocks_ptr": "*i32"}  # fmt: skip
+    constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": True, "A_FP8": adt == "fp8", "EVEN": even, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tiles, "SCALE_BN": 128,
+                  "SCALE_BK": 128, "INTERP": False}  # fmt: skip
+    info = compile_for_sm90(triton_moe._moe_stream_kernel, types, constexprs, warps, stages)
+    print(variant, info)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    # weight and activation tiles by 16-byte copies; narrower ones only for the per-stage scales
+    assert info["async_copies_16B"] > 0, info
+    assert info["async_copies"] - info["async_copies_16B"] <= 3 * stages + 2, info
+    if adt == "fp8":
+        assert info["mma"] == ["QGMMA"], info
 
 
 DECODE_AOT_VARIANTS = [  # (kernel, weights, split_k, BLOCK_N, BLOCK_K, warps, stages[, unroll])
@@ -521,6 +624,33 @@ def test_fused_moe_gpu_glm5_shapes(glm5_experts, t, variant):
     assert err < 2e-2
 
 
+GPU_STREAM_CONFIGS = {  # (GEMM 1, GEMM 2) stream-kernel variants the GLM-5 test runs
+    "w8a16": (False, {"BLOCK_N": 64, "num_stages": 4}, {"BLOCK_N": 128, "TILES_N": 4, "num_stages": 4}),
+    "w8a16_deep": (False, {"BLOCK_N": 32, "num_stages": 6}, {"BLOCK_N": 128, "TILES_N": 8}),
+    "w8a8": (True, {"BLOCK_N": 128, "num_stages": 4}, {"BLOCK_N": 64, "TILES_N": 4, "num_stages": 4}),
+}  # fmt: skip
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [8, 64, 1024])
+@pytest.mark.parametrize("variant", sorted(GPU_STREAM_CONFIGS))
+def test_moe_stream_kernel_gpu_glm5_shapes(glm5_experts, t, variant):
+    """The stream kernel at GLM-5 TP8-rank shapes against the fp32 oracle (quantising the
+    activations for W8A8), skewed routing (half the experts empty, ragged counts)."""
+    from breakgraph.kernels.triton_moe import fused_moe_triton
+
+    g = glm5_experts
+    w8a8, c1, c2 = GPU_STREAM_CONFIGS[variant]
+    cfgs = ({"KERNEL": "stream", "BLOCK_M": 16, **c1}, {"KERNEL": "stream", "BLOCK_M": 16, **c2})
+    x = torch.randn(t, D, device="cuda").bfloat16()
+    tw, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
+    args = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
+    got = fused_moe_triton(x, *args, fp8_activations=w8a8, configs=cfgs)
+    err = _rel(got, _oracle(x, *args, quant_act=w8a8))
+    print(f"stream {variant} T={t}: rel err {err:.2e}")
+    assert err < 2e-2
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("t", [64, 512])
@@ -629,7 +759,7 @@ def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("t", [1, 4, 5, 16])
+@pytest.mark.parametrize("t", [1, 8, 9, 16])
 def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_shared, t):
     """``fused_moe`` with ``shared`` and ``residual`` agrees with the twins on either side of
     ``DECODE_MAX_TOKENS``, taking the decode kernels up to it and the grouped GEMMs above."""

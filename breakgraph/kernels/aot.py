@@ -56,8 +56,9 @@ def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
-    "async_copies", "loop_insts", "narrow_stores"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
-    ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues;
+    "async_copies", "async_copies_16B", "loop_insts", "narrow_stores"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
+    ``async_copies_16B`` those of them that move 16 bytes per thread;
     ``loop_insts``: the instructions per trip of its largest loop, per warp; ``narrow_stores``:
     its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to).
 
@@ -107,6 +108,7 @@ def compile_for_sm90(
         "mma": sorted(set(re.findall(r"\b(HGMMA|QGMMA|HMMA)\b", sass))),
         "smem_B": kernel.metadata.shared,
         "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
+        "async_copies_16B": len(re.findall(r"\bLDGSTS(?:\.\w+)*\.128\b", sass)),
         "loop_insts": _largest_loop(sass),
         "narrow_stores": len(re.findall(r"\bSTG\.E\.[US](?:8|16)\b", sass)),
     }

@@ -21,7 +21,10 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    ``W8A8_MIN_TOKENS`` tokens, :func:`moe_fp8_activations`): twice the MMA rate for large T, ≈4% relative deviation from the
    bf16-activation twin on random data: two quantised GEMMs). Small row blocks use the swapped
    product ``(W·Aᵀ)ᵀ`` so that the weight rows fill the 64-row MMA side and the few tokens the
-   narrow one. The tile choice depends only on static shapes (:func:`gemm_config`).
+   narrow one. With a few rows per expert the GEMMs are a stream of weight bytes; the stream
+   kernel (:func:`_moe_stream_kernel`, config ``KERNEL="stream"``) gives each program several
+   column tiles in one pipelined loop (W8A16's GEMM 2 at decode sizes). The tile choice
+   depends only on static shapes (:func:`gemm_config`).
    Row order inside an expert's segment follows atomics, but every output row is computed
    by the same k-ordered dot whatever its position, so results do not vary between runs.
 3. :func:`moe_combine` — ``out[t] = Σ_j w[t, j] · y[t·k + j]`` in fp32, one pass, deterministic.
@@ -391,13 +394,116 @@ def _moe_gemm_kernel(
             tl.store(c_ptrs, out, mask=row_ok[:, None] & n_ok[None, :])
 
 
-def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool) -> dict:
+@triton.jit
+def _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n0, N, stride_cm, SILU: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Epilogue of one ``[BLOCK_N, BLOCK_M]`` tile of :func:`_moe_stream_kernel` (columns are pairs)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    if SILU:
+        out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    else:
+        out = acc_g
+    c_ptrs = c_ptr + pair[None, :].to(tl.int64) * stride_cm + offs_n[:, None]
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[None, :] & (offs_n < N)[:, None])
+
+
+@triton.jit
+def _moe_stream_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr,
+    sorted_ptr, block_expert_ptr, num_blocks_ptr,
+    P, N, K, TOP_K, UP_OFF,
+    stride_am, stride_asm, stride_asg,
+    stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+    stride_cm,
+    GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES_N: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
+    product only. Program ``(b, c)`` takes row block ``b`` and ``TILES_N`` consecutive
+    ``BLOCK_N`` tiles of output columns from ``c·TILES_N·BLOCK_N``, walked as one flat loop over
+    (tile, k-block) so that the software pipeline runs on across tiles (GEMM 2's K is only a
+    few k-blocks, and a program per tile would spend its time starting up). The output is
+    stored after a tile's last k-block. ``EVEN``: ``K`` a multiple of ``BLOCK_K`` and ``N`` of
+    ``TILES_N·BLOCK_N``, so that loads need no masks (rows past the pairs read row 0 of ``a``,
+    their outputs are not stored). Numerics are those of :func:`_moe_gemm_kernel`."""
+    pid = tl.program_id(0)
+    num_c = tl.cdiv(N, BLOCK_N * TILES_N)
+    pid_m = pid // num_c
+    pid_c = pid % num_c
+    if pid_m < tl.load(num_blocks_ptr):
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(sorted_ptr + offs_m)
+        row_ok = pair < P
+        if GATHER:
+            a_row = pair // TOP_K
+        else:
+            a_row = pair
+        a_row = tl.where(row_ok, a_row, 0)
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + a_row[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+        w_base = w_ptr + expert * stride_we
+        s_base = ws_ptr + expert * stride_wse
+        n_first = pid_c * (TILES_N * BLOCK_N)
+        k_steps = tl.cdiv(K, BLOCK_K)
+        # tile-relative offsets once; per step only a scalar moves (and, EVEN, no masks at all)
+        w_offs = tl.arange(0, BLOCK_N)[:, None] * stride_wn + offs_k[None, :]
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros_like(acc_g)
+        for it in range(0, TILES_N * k_steps):
+            tile = it // k_steps
+            k0 = (it - tile * k_steps) * BLOCK_K
+            n0 = n_first + tile * BLOCK_N
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < N
+            k_ok = offs_k < K - k0
+            wg_ptrs = w_base + (n0.to(tl.int64) * stride_wn + k0) + w_offs
+            if EVEN:
+                a = tl.load(a_ptrs + k0)
+                wg = tl.load(wg_ptrs)
+            else:
+                a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                wg = tl.load(wg_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            kb = k0 // SCALE_BK
+            if W_FP8:
+                sw_g = tl.load(s_base + (n0 // SCALE_BN) * stride_wsn + kb * stride_wsk)
+                sw_u = tl.load(s_base + ((UP_OFF + n0) // SCALE_BN) * stride_wsn + kb * stride_wsk)
+            else:
+                sw_g = 1.0
+                sw_u = 1.0
+            if A_FP8:
+                sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
+            else:
+                sa = tl.full((BLOCK_M,), 1.0, tl.float32)
+            acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, INTERP)
+            if SILU:
+                if EVEN:
+                    wu = tl.load(wg_ptrs + UP_OFF * stride_wn)
+                else:
+                    wu = tl.load(wg_ptrs + UP_OFF * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, INTERP)
+            if TILES_N > 1:
+                if k0 + BLOCK_K >= K:
+                    _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n0, N, stride_cm, SILU, BLOCK_N)
+                    acc_g = tl.zeros_like(acc_g)
+                    acc_u = tl.zeros_like(acc_u)
+        if TILES_N == 1:  # after the loop, where the pipeline's buffers are free again
+            _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n_first, N, stride_cm, SILU, BLOCK_N)
+
+
+def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False) -> dict:
     """Tile choice from static shapes only (graph-safe): rows per expert on average decide
     ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the tile sweep
     (``scripts/bench_kernels_moe.py --sweep``, GLM-5 TP8 rank): 4 rows per expert (128 tokens)
     keep 16-row swapped blocks; 32 rows per expert (1024 tokens) run fastest in 64-row blocks;
-    GEMM 2 (K = I, two k-blocks) in 3 stages."""
+    GEMM 2 (K = I, two k-blocks) in 3 stages. W8A16's GEMM 2 (``a_fp8`` false) with 16-row
+    blocks takes the stream kernel, four 128-column tiles per program (decode batches 8…64:
+    8–17% faster than the grouped kernel, ``scripts/gpu_check_moe2.sh`` on the H200); its
+    GEMM 1 and W8A8 ran as fast or faster on the grouped kernel."""
     avg = num_pairs / max(1, num_experts)
+    if fp8 and not a_fp8 and not silu and avg <= 16:
+        return {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "BLOCK_K": 128,
+                "num_warps": 4, "num_stages": 4}  # fmt: skip
     if avg <= 16:
         cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4}
     elif avg <= 48 and not fp8:
@@ -432,6 +538,8 @@ def moe_gemm(
     ``a_scale=None``. ``weight [E, N_w, K]`` (bf16, or e4m3 with ``weight_scale [E, ceil(N_w/bn),
     ceil(K/bk)]``). ``silu``: ``N_w = 2N``, output ``silu(a·W[:N]ᵀ) ⊙ (a·W[N:]ᵀ)``; else ``N = N_w``.
     ``out [P, N]``. Rows of pairs are written exactly once; nothing else is touched.
+    ``config`` overrides :func:`gemm_config`'s tiles; ``KERNEL="stream"`` takes
+    :func:`_moe_stream_kernel` (swapped product only; ``TILES_N`` column tiles per program).
     """
     num_e, n_w, k = weight.shape
     n = n_w // 2 if silu else n_w
@@ -443,7 +551,7 @@ def moe_gemm(
         raise ValueError(
             f"moe_gemm: a {tuple(a.shape)}, weight {tuple(weight.shape)} and out must be K/N-contiguous"
         )
-    cfg = gemm_config(layout.num_pairs, num_e, silu, w_fp8)
+    cfg = gemm_config(layout.num_pairs, num_e, silu, w_fp8, a_fp8)
     cfg.update(config or {})
     if cfg["BLOCK_M"] != layout.block_m:
         raise ValueError(
@@ -461,8 +569,16 @@ def moe_gemm(
         return out
     ws = weight_scale if w_fp8 else weight
     sa = a_scale if a_fp8 else a
-    grid = (layout.max_blocks * triton.cdiv(n, cfg["BLOCK_N"]),)
-    _moe_gemm_kernel[grid](
+    kernel = _moe_gemm_kernel
+    if cfg.pop("KERNEL", "grouped") == "stream":
+        cfg.pop("SWAP_AB", None)  # the stream kernel always computes the swapped product
+        kernel = _moe_stream_kernel
+        cols = cfg.setdefault("TILES_N", 1) * cfg["BLOCK_N"]
+        cfg["EVEN"] = k % cfg["BLOCK_K"] == 0 and n % cols == 0
+    else:
+        cols = cfg["BLOCK_N"]
+    grid = (layout.max_blocks * triton.cdiv(n, cols),)
+    kernel[grid](
         a, sa, weight, ws, out, layout.sorted_pairs, layout.block_expert, layout.num_blocks,
         layout.num_pairs, n, k, gather_top_k or 1, n if silu else 0,
         a.stride(0), sa.stride(0), sa.stride(1) if sa.dim() > 1 else 0,
@@ -600,9 +716,9 @@ def fused_moe_triton(
     if fp8_activations is None:
         fp8_activations = moe_fp8_activations(t)
     fp8_activations = fp8_activations and w_fp8
-    cfg1 = gemm_config(p, num_e, True, w_fp8)
+    cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations)
     cfg1.update(configs[0] or {})
-    cfg2 = gemm_config(p, num_e, False, w_fp8)
+    cfg2 = gemm_config(p, num_e, False, w_fp8, fp8_activations)
     cfg2.update(configs[1] or {})
     cfg2["BLOCK_M"] = cfg1["BLOCK_M"]
     lay = moe_align(topk_ids, num_e, cfg1["BLOCK_M"])
@@ -773,9 +889,11 @@ def _decode_down_kernel(
 # fused_moe takes the decode kernels up to here. scripts/bench_moe_decode.py on the H200: a GLM-5
 # TP8-rank MoE layer (routed + shared + residual) at 1 token 26 µs against 105 µs for the grouped
 # GEMMs, at 16 tokens 284 µs against 188 (the decode kernels read each routed pair's expert,
-# the grouped GEMMs each touched expert once); 2…15 tokens were not measured, so a bound well
-# below where the two lines cross.
-DECODE_MAX_TOKENS = 4
+# the grouped GEMMs each touched expert once). scripts/gpu_check_moe2.sh at 8 tokens (routed
+# experts only): the two decode kernels 136 µs, the grouped path's two GEMMs alone 133 µs
+# (W8A16, stream GEMM 2) before its alignment, combine and the shared expert's own launches,
+# which the decode kernels fold in; at 16 tokens 248 µs against 175 µs of GEMMs.
+DECODE_MAX_TOKENS = 8
 
 
 def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool) -> dict:
