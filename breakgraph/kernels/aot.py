@@ -58,7 +58,8 @@ def compile_for_sm90(
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
     "async_copies", "loop_insts"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues;
-    ``loop_insts``: the instructions per trip of its largest loop, per warp).
+    ``loop_insts``: the instructions per trip of its largest loop, per warp; ``vector_loads``: its
+    128-bit global loads, ``LDG.E.128``).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
@@ -107,4 +108,5 @@ def compile_for_sm90(
         "smem_B": kernel.metadata.shared,
         "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
         "loop_insts": _largest_loop(sass),
+        "vector_loads": len(re.findall(r"\bLDG\.E\.128\b", sass)),
     }

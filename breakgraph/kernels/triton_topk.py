@@ -1,15 +1,33 @@
 """Causal top-k selection of the DSA indexer: the ``K`` highest scores of each ragged row (Triton;
 twin: ``torch.topk`` over each row's causal range, ties to the lower position).
 
-One program per row, reading only the row's causal range ``0…pos``. A row with ``n = pos + 1 ≤
-K`` keys selects ``0…pos``. A longer row finds its ``K``-th largest score exactly with a radix
-select over the scores' order-preserving 32-bit keys: four passes over the row, each a masked
-256-bin ``tl.histogram`` of the next 8-bit digit (from the top) of the keys whose higher digits
-match the ones chosen so far. One more pass writes, in ascending position order, every position
-with a larger key and the lowest-positioned ones equal to it (ties go to the lower position:
-deterministic). The set equals ``torch.topk``'s wherever the ``K``-th score is not tied; the
-order is by position, not by score (attention does not care). Graph-safe: the grid is the row
-count, no host syncs.
+Every method uses only the row's causal range ``0…pos`` (rows whose width is a multiple of 4
+are read in 16-byte vectors, up to 3 keys past ``pos``, which are masked). A row with ``n = pos
++ 1 ≤ K`` keys selects ``0…pos`` then ``-1``. A longer row gets the exact ``K``-th largest
+order key (fp32 → uint32, order-preserving, ``-0.0`` as ``+0.0``), then one write pass stores,
+in ascending position order, every position with a larger key and the lowest-positioned ones
+equal to it (ties go to the lower position: deterministic). The set equals ``torch.topk``'s
+wherever the ``K``-th score is not tied; the order is by position, not by score (attention does
+not care). Graph-safe: grids and scratch come from shapes, no host syncs.
+
+Methods (:func:`topk_select_triton`):
+
+* ``range`` (one program per row; prefill): a min/max pass; one ``BINS``-bin histogram of
+  the value-range bins ``⌊(x − min) · BINS / (max − min)⌋`` (monotone in ``x``); the bin holding
+  the ``K``-th key is the *threshold bin*, every key above it is selected. If it holds at most
+  ``K`` keys (usually a few hundred), a pass lists their positions in the output row and a
+  radix select over that list alone gives the exact threshold; otherwise (a constant row, a
+  range past fp32's, an outlier that squeezes the rest into one bin) a radix select over the
+  whole row does. Four passes over the row instead of the radix method's five, and only one
+  of them a histogram.
+* ``split`` (few long rows; decode, extend): the same steps with the passes over the row split
+  across ``splits`` programs per row (min/max, histogram summed with integer atomics, list);
+  one program per row then selects from the list and writes.
+* ``radix``: four passes over the row, each a masked 256-bin histogram of the next 8-bit
+  digit of the keys whose higher digits match the ones chosen so far, then the write pass.
+
+``tl.histogram`` costs about ``BINS / 32`` ballots per key, so few bins make the histogram
+cheap while the list (and the radix select on it) stays small.
 
 A variant whose first two digits were value-range slices of the row's ``[min, max]``, with rows
 of up to 16K keys held in registers, was measured slower in the engine on one H200 (72.2 vs
@@ -33,6 +51,95 @@ def _order_key(x):
 
 
 @triton.jit
+def _load_row(row, offs, end, VEC: tl.constexpr):
+    """``row[offs]`` where ``offs < end`` rounded up to ``VEC`` (so the loads vectorise; the
+    caller masks the keys past ``end``, whatever they hold), ``0.0`` past that."""
+    return tl.load(row + offs, mask=offs < (end + VEC - 1) // VEC * VEC, other=0.0)
+
+
+@triton.jit
+def _radix_threshold(row, idx, n, need, INDIRECT: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """(order key ``T`` of the ``need``-th largest of ``n`` scores, ``e``: how many keys equal to
+    ``T`` that rank takes, ``m``: how many keys equal ``T``). The scores are ``row[0…n)``, or
+    ``row[idx[0…n)]`` when ``INDIRECT``. Four masked 256-bin histograms, 8 bits at a time from
+    the top."""
+    prefix = tl.zeros([], tl.uint32)
+    bins = tl.arange(0, 256)
+    last = tl.zeros([], tl.int32)
+    for level in tl.static_range(4):
+        shift = 24 - 8 * level
+        hist = tl.zeros([256], tl.int32)
+        for b in range(0, n, BLOCK):
+            offs = b + tl.arange(0, BLOCK)
+            valid = offs < n
+            if INDIRECT:
+                u = _order_key(tl.load(row + tl.load(idx + offs, mask=valid, other=0), mask=valid, other=0.0))
+            else:
+                u = _order_key(_load_row(row, offs, n, VEC))
+            if level > 0:
+                valid = valid & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
+            hist += tl.histogram(((u >> shift) & 0xFF).to(tl.int32), 256, mask=valid)
+        # at_least[d] = matching keys whose digit is ≥ d (non-increasing in d): the wanted
+        # digit is the largest d with at_least[d] ≥ need.
+        at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+        digit = tl.sum((at_least >= need).to(tl.int32), 0) - 1
+        need -= tl.sum(tl.where(bins > digit, hist, 0), 0)
+        last = tl.sum(tl.where(bins == digit, hist, 0), 0)
+        prefix = prefix | (digit.to(tl.uint32) << shift)
+    return prefix, need, last
+
+
+@triton.jit
+def _block(b, BLOCK: tl.constexpr, ROW: tl.constexpr):
+    """Offsets ``b…b+BLOCK``: a vector, or (``ROW > 1``) a ``[BLOCK // ROW, ROW]`` tile in row-major
+    order, whose prefix counts (:func:`_rank`) cost about half as many instructions."""
+    if ROW == 1:
+        return b + tl.arange(0, BLOCK)
+    else:
+        return b + tl.arange(0, BLOCK // ROW)[:, None] * ROW + tl.arange(0, ROW)[None, :]
+
+
+@triton.jit
+def _rank(m, ROW: tl.constexpr):
+    """(exclusive prefix count of the int32 flags ``m`` in offset order, their total) for a
+    block from :func:`_block`."""
+    if ROW == 1:
+        return tl.cumsum(m, 0) - m, tl.sum(m, 0)
+    else:
+        per_row = tl.sum(m, 1)
+        return (tl.cumsum(per_row, 0) - per_row)[:, None] + tl.cumsum(m, 1) - m, tl.sum(per_row, 0)
+
+
+@triton.jit
+def _write_selected(
+    row, out, n, key, take_eq, num_eq, BLOCK: tl.constexpr, VEC: tl.constexpr, ROW: tl.constexpr
+):
+    """Write, in ascending position order, every position of ``row[0…n)`` whose order key is
+    above ``key`` and the lowest ``take_eq`` of the ``num_eq`` equal to it."""
+    written = 0
+    if take_eq == num_eq:  # no tie to break at the threshold: one prefix count per block
+        for b in range(0, n, BLOCK):
+            offs = _block(b, BLOCK, ROW)
+            take = (offs < n) & (_order_key(_load_row(row, offs, n, VEC)) >= key)
+            slot, count = _rank(take.to(tl.int32), ROW)
+            tl.store(out + written + slot, offs, mask=take)
+            written += count
+    else:
+        equal_seen = 0
+        for b in range(0, n, BLOCK):
+            offs = _block(b, BLOCK, ROW)
+            valid = offs < n
+            u = _order_key(_load_row(row, offs, n, VEC))
+            eq = (valid & (u == key)).to(tl.int32)
+            eq_rank, eq_count = _rank(eq, ROW)
+            take = (valid & (u > key)) | ((eq == 1) & (equal_seen + eq_rank < take_eq))
+            slot, count = _rank(take.to(tl.int32), ROW)
+            tl.store(out + written + slot, offs, mask=take)
+            written += count
+            equal_seen += eq_count
+
+
+@triton.jit
 def _topk_select_kernel(
     SCORES,
     POSITIONS,
@@ -43,6 +150,7 @@ def _topk_select_kernel(
     BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    """The radix select: four histogram passes over the row, one write pass."""
     t = tl.program_id(0).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     row = SCORES + t * stride_st
@@ -52,55 +160,293 @@ def _topk_select_kernel(
             offs = o + tl.arange(0, BLOCK_K)
             tl.store(out + offs, tl.where(offs < n, offs, -1), mask=offs < topk)
     else:
-        # Radix select of the topk-th largest key, 8 bits at a time from the top.
-        prefix = tl.zeros([], tl.uint32)
-        need = topk  # how many of the keys matching `prefix` still have to be taken
-        bins = tl.arange(0, 256)
-        for level in tl.static_range(4):
-            shift = 24 - 8 * level
-            hist = tl.zeros([256], tl.int32)
-            for b in range(0, n, BLOCK):
+        key, take_eq, num_eq = _radix_threshold(row, row, n, topk, False, BLOCK, 1)
+        _write_selected(row, out, n, key, take_eq, num_eq, BLOCK, 1, 1)
+
+
+@triton.jit
+def _range_bin(x, lo, scale, BINS: tl.constexpr):
+    """Value-range bin of ``x ≥ lo``: ``⌊(x − lo) · scale⌋`` clamped to ``[0, BINS)``; monotone
+    in ``x`` (each rounded step is)."""
+    return tl.minimum(tl.maximum(((x - lo) * scale).to(tl.int32), 0), BINS - 1)
+
+
+@triton.jit
+def _span(row, start, end, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """(min, max) of ``row[start…end)`` (``+inf, -inf`` when empty)."""
+    lo_acc = tl.full([BLOCK], float("inf"), tl.float32)
+    hi_acc = tl.full([BLOCK], float("-inf"), tl.float32)
+    for b in range(start, end, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        x = _load_row(row, offs, end, VEC)
+        hi_acc = tl.maximum(hi_acc, tl.where(offs < end, x, float("-inf")))
+        lo_acc = tl.minimum(lo_acc, tl.where(offs < end, x, float("inf")))
+    return tl.min(lo_acc, 0), tl.max(hi_acc, 0)
+
+
+@triton.jit
+def _range_scale(lo, hi, BINS: tl.constexpr):
+    """(bins per unit of score, whether the range is usable): a constant row (``+inf``) or a
+    range past fp32's (``0``) is not; its scale is then 0."""
+    scale = BINS / (hi - lo)
+    ranged = (scale > 0.0) & (scale < float("inf"))
+    return tl.where(ranged, scale, 0.0), ranged
+
+
+@triton.jit
+def _range_hist(row, start, end, lo, scale, BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """``BINS``-bin histogram of the value-range bins of ``row[start…end)``."""
+    hist = tl.zeros([BINS], tl.int32)
+    for b in range(start, end, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        valid = offs < end
+        x = _load_row(row, offs, end, VEC)
+        hist += tl.histogram(_range_bin(x, lo, scale, BINS), BINS, mask=valid)
+    return hist
+
+
+@triton.jit
+def _cut(hist, topk, BINS: tl.constexpr):
+    """(threshold bin: the highest whose keys and those above number ≥ ``topk``, how many of
+    its keys the top-k takes, how many keys it holds)."""
+    bins = tl.arange(0, BINS)
+    at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+    cut = tl.sum((at_least >= topk).to(tl.int32), 0) - 1
+    return cut, topk - tl.sum(tl.where(bins > cut, hist, 0), 0), tl.sum(tl.where(bins == cut, hist, 0), 0)
+
+
+@triton.jit
+def _list_candidates(row, out, start, end, lo, scale, cut, base, cap, BINS: tl.constexpr, BLOCK: tl.constexpr,
+                     VEC: tl.constexpr):  # fmt: skip
+    """Write the positions of ``row[start…end)`` in bin ``cut`` to ``out[base…]`` (at most
+    ``cap`` slots); returns how many there are."""
+    listed = 0
+    for b in range(start, end, BLOCK):
+        offs = _block(b, BLOCK, 4)
+        cand = (offs < end) & (_range_bin(_load_row(row, offs, end, VEC), lo, scale, BINS) == cut)
+        slot, count = _rank(cand.to(tl.int32), 4)
+        slot += base + listed
+        tl.store(out + slot, offs, mask=cand & (slot < cap))
+        listed += count
+    return listed
+
+
+@triton.jit
+def _finish(row, out, n, topk, listed, num_cand, need, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+            VEC: tl.constexpr):  # fmt: skip
+    """The select's last steps for a row of ``n > topk`` keys: the exact threshold from the
+    ``num_cand`` candidate positions listed in ``out`` when ``listed`` (``need`` of them taken),
+    else from the whole row; then the write pass."""
+    if listed:
+        tl.debug_barrier()  # the list was written by other threads
+        key, take_eq, num_eq = _radix_threshold(row, out, num_cand, need, True, BLOCK_K, VEC)
+        tl.debug_barrier()  # read before the write pass overwrites it
+    else:
+        key, take_eq, num_eq = _radix_threshold(row, row, n, topk, False, BLOCK_K, VEC)
+    _write_selected(row, out, n, key, take_eq, num_eq, BLOCK, VEC, 4)
+
+
+@triton.jit
+def _short_row(out, n, topk, BLOCK_K: tl.constexpr):
+    """A row of ``n ≤ topk`` keys: ``0…n-1`` then ``-1``."""
+    for o in range(0, topk, BLOCK_K):
+        offs = o + tl.arange(0, BLOCK_K)
+        tl.store(out + offs, tl.where(offs < n, offs, -1), mask=offs < topk)
+
+
+@triton.jit
+def _range_select_kernel(
+    SCORES,
+    POSITIONS,
+    OUT,
+    stride_st,
+    stride_ot,
+    topk,
+    BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BINS: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """The range select, one program per row: min/max pass, histogram pass, candidate list
+    pass, radix select on the list, write pass."""
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.load(POSITIONS + t).to(tl.int32) + 1
+    row = SCORES + t * stride_st
+    out = OUT + t * stride_ot
+    if n <= topk:
+        _short_row(out, n, topk, BLOCK_K)
+    else:
+        lo, hi = _span(row, 0, n, BLOCK, VEC)
+        scale, ranged = _range_scale(lo, hi, BINS)
+        cut, need, num_cand = _cut(_range_hist(row, 0, n, lo, scale, BINS, BLOCK, VEC), topk, BINS)
+        listed = ranged & (num_cand <= topk)
+        if listed:
+            _list_candidates(row, out, 0, n, lo, scale, cut, 0, topk, BINS, BLOCK, VEC)
+        _finish(row, out, n, topk, listed, num_cand, need, BLOCK, BLOCK_K, VEC)
+
+
+# The split select: SPLITS programs per row for the passes over the row, one for the rest.
+# Scratch: SPAN [T, SPLITS, 2] fp32 (each part's min, max), HIST [T, BINS + 1] int32 zeroed
+# (the row's histogram, then how many candidates are listed), summed with integer atomics
+# (exact, so the result is deterministic whatever their order).
+
+
+@triton.jit
+def _split_span_kernel(SCORES, POSITIONS, SPAN, stride_st, topk, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
+                       BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    n = tl.load(POSITIONS + t).to(tl.int32) + 1
+    end = tl.where(n > topk, tl.minimum(n, (s + 1) * CHUNK), 0)
+    lo, hi = _span(SCORES + t * stride_st, s * CHUNK, end, BLOCK, VEC)
+    tl.store(SPAN + (t * SPLITS + s) * 2, lo)
+    tl.store(SPAN + (t * SPLITS + s) * 2 + 1, hi)
+
+
+@triton.jit
+def _row_span(SPAN, t, BINS: tl.constexpr, SPLITS: tl.constexpr):
+    """(lo, scale, ranged) of row ``t`` from its parts' spans."""
+    parts = SPAN + t * SPLITS * 2 + tl.arange(0, SPLITS) * 2
+    lo = tl.min(tl.load(parts), 0)
+    scale, ranged = _range_scale(lo, tl.max(tl.load(parts + 1), 0), BINS)
+    return lo, scale, ranged
+
+
+@triton.jit
+def _split_hist_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
+                       BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    n = tl.load(POSITIONS + t).to(tl.int32) + 1
+    if (n > topk) & (s * CHUNK < n):
+        lo, scale, _ = _row_span(SPAN, t, BINS, SPLITS)
+        end = tl.minimum(n, (s + 1) * CHUNK)
+        hist = _range_hist(SCORES + t * stride_st, s * CHUNK, end, lo, scale, BINS, BLOCK, VEC)
+        tl.atomic_add(HIST + t * (BINS + 1) + tl.arange(0, BINS), hist, sem="relaxed")
+
+
+@triton.jit
+def _split_list_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot, topk, CHUNK: tl.constexpr,
+                       SPLITS: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    n = tl.load(POSITIONS + t).to(tl.int32) + 1
+    if (n > topk) & (s * CHUNK < n):
+        lo, scale, ranged = _row_span(SPAN, t, BINS, SPLITS)
+        hist_row = HIST + t * (BINS + 1)
+        cut, _, num_cand = _cut(tl.load(hist_row + tl.arange(0, BINS)), topk, BINS)
+        if ranged & (num_cand <= topk):
+            start = s * CHUNK
+            end = tl.minimum(n, start + CHUNK)
+            row = SCORES + t * stride_st
+            # Count this part's candidates, take that many slots, then list them there (in
+            # any order across parts: only the candidates' keys count).
+            count = tl.zeros([BLOCK], tl.int32)
+            for b in range(start, end, BLOCK):
                 offs = b + tl.arange(0, BLOCK)
-                valid = offs < n
-                u = _order_key(tl.load(row + offs, mask=valid, other=0.0))
-                if level > 0:
-                    valid = valid & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
-                hist += tl.histogram(((u >> shift) & 0xFF).to(tl.int32), 256, mask=valid)
-            # at_least[d] = matching keys whose digit is ≥ d (non-increasing in d): the wanted
-            # digit is the largest d with at_least[d] ≥ need.
-            at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
-            digit = tl.sum((at_least >= need).to(tl.int32), 0) - 1
-            above = tl.sum(tl.where(bins > digit, hist, 0), 0)
-            need -= above
-            prefix = prefix | (digit.to(tl.uint32) << shift)
-        # Write every key above the threshold and the first `need` equal to it, by position.
-        written = 0
-        equal_seen = 0
-        for b in range(0, n, BLOCK):
-            offs = b + tl.arange(0, BLOCK)
-            valid = offs < n
-            u = _order_key(tl.load(row + offs, mask=valid, other=0.0))
-            eq = (valid & (u == prefix)).to(tl.int32)
-            eq_rank = equal_seen + tl.cumsum(eq, 0) - eq
-            take = (valid & (u > prefix)) | ((eq == 1) & (eq_rank < need))
-            take_i = take.to(tl.int32)
-            slot = written + tl.cumsum(take_i, 0) - take_i
-            tl.store(out + slot, offs, mask=take)
-            written += tl.sum(take_i, 0)
-            equal_seen += tl.sum(eq, 0)
+                x = _load_row(row, offs, end, VEC)
+                count += ((offs < end) & (_range_bin(x, lo, scale, BINS) == cut)).to(tl.int32)
+            count_all = tl.sum(count, 0)
+            if count_all > 0:
+                base = tl.atomic_add(hist_row + BINS, count_all, sem="relaxed")
+                _list_candidates(
+                    row, OUT + t * stride_ot, start, end, lo, scale, cut, base, topk, BINS, BLOCK, VEC
+                )
+
+
+@triton.jit
+def _split_finish_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot, topk, SPLITS: tl.constexpr,
+                         BINS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.load(POSITIONS + t).to(tl.int32) + 1
+    out = OUT + t * stride_ot
+    if n <= topk:
+        _short_row(out, n, topk, BLOCK_K)
+    else:
+        _, _, ranged = _row_span(SPAN, t, BINS, SPLITS)
+        cut, need, num_cand = _cut(tl.load(HIST + t * (BINS + 1) + tl.arange(0, BINS)), topk, BINS)
+        _finish(SCORES + t * stride_st, out, n, topk, ranged & (num_cand <= topk), num_cand, need, BLOCK, BLOCK_K,
+                VEC)  # fmt: skip
+
+
+METHODS = ("range", "radix", "split")
 
 
 def topk_select_triton(
-    scores: torch.Tensor, positions: torch.Tensor, topk_out: torch.Tensor, *, block: int = 512, num_warps: int = 4
+    scores: torch.Tensor,
+    positions: torch.Tensor,
+    topk_out: torch.Tensor,
+    *,
+    method: str | None = None,
+    block: int | None = None,
+    bins: int = 128,
+    splits: int | None = None,
+    num_warps: int = 4,
 ) -> None:
     """Causal top-k of each row: ``topk_out[t]`` (int32 ``[T, K]``) gets the ``K`` positions
     ``j ≤ positions[t]`` with the largest ``scores[t, j]`` in ascending position order (ties to
     the lower position), or ``0…positions[t]`` then ``-1`` when the row has at most ``K`` keys.
-    Reads ``scores[t, :positions[t] + 1]`` only. Graph-safe."""
+    Reads ``scores[t, :positions[t] + 1]`` only. Graph-safe (the choice below and the grid
+    depend on shapes only).
+
+    ``method``: ``"range"`` (one program per row), ``"split"`` (``splits`` programs per row for
+    the passes over the row; for few long rows) or ``"radix"`` (the four-pass radix select);
+    default :func:`default_method`. ``block``: keys per loop step (default 2048 for range and
+    split, 512 for radix); ``bins``: the value-range histogram's bins."""
     num_tokens, topk = topk_out.shape
+    method = method or default_method(num_tokens, scores.shape[1], topk)
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
     if num_tokens == 0:
         return
-    _topk_select_kernel[(num_tokens,)](
-        scores, positions, topk_out, scores.stride(0), topk_out.stride(0), topk,
-        BLOCK=block, BLOCK_K=min(1024, triton.next_power_of_2(topk)), num_warps=num_warps,
-    )  # fmt: skip
+    block_k = min(1024, triton.next_power_of_2(topk))
+    strides = (scores.stride(0), topk_out.stride(0))
+    # Rows whose ends may be rounded up to 4 keys without leaving the tensor vectorise.
+    vec = 4 if scores.shape[1] % 4 == 0 and scores.stride(0) % 4 == 0 else 1
+    if method == "radix":
+        _topk_select_kernel[(num_tokens,)](
+            scores,
+            positions,
+            topk_out,
+            *strides,
+            topk,
+            BLOCK=block or 512,
+            BLOCK_K=block_k,
+            num_warps=num_warps,
+        )
+    elif method == "range":
+        _range_select_kernel[(num_tokens,)](
+            scores, positions, topk_out, *strides, topk, BLOCK=block or 2048, BLOCK_K=block_k, BINS=bins, VEC=vec,
+            num_warps=num_warps,
+        )  # fmt: skip
+    else:
+        block = block or 2048
+        splits = splits or default_splits(num_tokens, scores.shape[1], block)
+        chunk = triton.cdiv(triton.cdiv(scores.shape[1], splits), block) * block
+        span = torch.empty(num_tokens, splits, 2, dtype=torch.float32, device=scores.device)
+        hist = torch.zeros(num_tokens, bins + 1, dtype=torch.int32, device=scores.device)
+        grid = (num_tokens, splits)
+        opts = dict(SPLITS=splits, BLOCK=block, VEC=vec, num_warps=num_warps)
+        _split_span_kernel[grid](scores, positions, span, scores.stride(0), topk, CHUNK=chunk, **opts)
+        _split_hist_kernel[grid](
+            scores, positions, span, hist, scores.stride(0), topk, CHUNK=chunk, BINS=bins, **opts
+        )
+        _split_list_kernel[grid](
+            scores, positions, span, hist, topk_out, *strides, topk, CHUNK=chunk, BINS=bins, **opts
+        )
+        _split_finish_kernel[(num_tokens,)](
+            scores, positions, span, hist, topk_out, *strides, topk, BINS=bins, BLOCK_K=block_k, **opts
+        )
+
+
+def default_splits(num_tokens: int, width: int, block: int, num_programs: int = 512) -> int:
+    """Programs per row of the split select: enough for about ``num_programs`` in all, each
+    part at least ``block`` keys, a power of two ≤ 64."""
+    want = min(64, max(1, num_programs // max(1, num_tokens)), max(1, width // block))
+    return 1 << (want.bit_length() - 1)
+
+
+def default_method(num_tokens: int, width: int, topk: int) -> str:
+    """The select for ``num_tokens`` rows of up to ``width`` keys: ``split`` for fewer rows
+    than about two per SM when rows are long (over 16K keys), else ``range``."""
+    return "split" if num_tokens < 256 and width > 16384 else "range"
