@@ -3,10 +3,11 @@
 CPU: every method (range, split, radix) with its defaults and with small blocks, few bins and
 several programs per row (rows span many blocks and parts) runs under Triton's interpreter in a
 child process on rows built to break a select: all-negative rows, ``+0.0``/``-0.0`` ties, many
-ties at the K-th score, ties in the lowest key bits, constant rows, an outlier far above the
-rest, a range wider than fp32's ``max − min``, consecutive floats; NaN past each row's position
-proves it uses only the causal range. The rows take both of the range select's ways (threshold
-bin listed, or the radix select over the row), checked by predicting each row's way in torch.
+ties at the K-th score, ties in the lowest key bits, constant rows, outliers far and less far
+above the rest, a range wider than fp32's ``max − min``, consecutive floats; NaN past each row's
+position proves it uses only the causal range. The rows take each of the range select's ways
+(threshold bin listed after one or two histogram levels, or the radix select over the row),
+checked by predicting each row's way in torch.
 The sm_90a compiles of the default launches are checked for spills and vectorised loads.
 GPU (``-m cuda``): the methods (:data:`GPU_VARIANTS`) on ragged rows up to 128K keys (shorter and
 longer than K, the hard rows stretched to thousands of keys); all rows of an 8192-token prefill;
@@ -49,7 +50,7 @@ def exact_topk(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> torc
 
 
 def hard_rows(topk: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores ``[16, width]``, positions ``[16]``): random rows across six decades of scale, and
+    """(scores ``[18, width]``, positions ``[18]``): random rows across six decades of scale, and
     one row per way to break a select (module docstring), their lengths ``topk / 24`` times those
     of the ``topk = 24``, ``width = 300`` original (so the pattern rows stay longer than K)."""
     g = torch.Generator().manual_seed(seed)
@@ -59,7 +60,7 @@ def hard_rows(topk: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Ten
         return round(x * s)
 
     lens = [1, 6, topk, topk + 1, topk + 2, n(70), n(150), width, n(180), 4, n(120), n(200), width, n(250), n(260),
-            n(280)]  # fmt: skip
+            n(280), n(270), n(290)]  # fmt: skip
     assert max(lens) <= width
     pos = torch.tensor(lens) - 1
     scores = torch.randn(pos.shape[0], width, generator=g) * torch.logspace(-3, 3, pos.shape[0])[:, None]
@@ -74,6 +75,9 @@ def hard_rows(topk: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Ten
     scores[14, : n(261)] = torch.randn(n(261), generator=g) * 1e37
     scores[14, 3], scores[14, 4] = 3e38, -3e38  # max − min overflows fp32
     scores[15, : n(281)] = 1.0 + torch.arange(n(281)).float() * 2**-23  # consecutive floats
+    for t, sink in ((16, 5.0), (17, 50.0)):  # a sink-like outlier over uniform scores
+        scores[t, : n(291)] = torch.rand(n(291), generator=g)
+        scores[t, 3] = sink
     return scores, pos
 
 
@@ -87,24 +91,42 @@ def _variants() -> list[dict]:
     ]  # fmt: skip
 
 
-def listed_rows(scores: torch.Tensor, positions: torch.Tensor, topk: int, bins: int) -> list[bool]:
-    """Per row longer than ``topk``: whether the range select lists its threshold bin (else it
-    takes the radix select over the row), computed as the kernel computes it, in fp32."""
-    out = []
+def select_ways(scores: torch.Tensor, positions: torch.Tensor, topk: int, bins: int) -> list[str]:
+    """Per row longer than ``topk``, the range select's way, computed as the kernel computes it
+    (fp32): ``"list"`` (threshold bin listed), ``"list2"`` (listed after a second level) or
+    ``"radix"`` (the radix select over the row)."""
+
+    def binned(x, lo, scale):
+        return ((x - lo) * scale).to(torch.int32).clamp(0, bins - 1)
+
+    def cut(b, need):
+        at_least = torch.bincount(b, minlength=bins).flip(0).cumsum(0).flip(0)
+        c = int((at_least >= need).sum()) - 1
+        return c, need - int((b > c).sum()), int((b == c).sum())
+
+    ways = []
     for t, p in enumerate(positions.tolist()):
         if p + 1 <= topk:
             continue
         x = scores[t, : p + 1].float()
-        lo, hi = x.min(), x.max()
-        scale = torch.tensor(float(bins)) / (hi - lo)
+        lo = x.min()
+        scale = torch.tensor(float(bins)) / (x.max() - lo)
         if not (0 < scale < float("inf")):
-            out.append(False)
+            ways.append("radix")
             continue
-        b = ((x - lo) * scale).to(torch.int32).clamp(0, bins - 1)
-        at_least = torch.bincount(b, minlength=bins).flip(0).cumsum(0).flip(0)
-        cut = int((at_least >= topk).sum()) - 1
-        out.append(int((b == cut).sum()) <= topk)
-    return out
+        b = binned(x, lo, scale)
+        c, need, num = cut(b, topk)
+        if num <= topk:
+            ways.append("list")
+            continue
+        scale2 = scale * bins
+        if not scale2 < float("inf"):
+            ways.append("radix")
+            continue
+        inside = x[b == c]
+        _, _, num = cut(binned(inside, lo + torch.tensor(float(c)) / scale, scale2), need)
+        ways.append("list2" if num <= topk else "radix")
+    return ways
 
 
 def _interp_select_variants():
@@ -119,9 +141,11 @@ def _interp_select_variants():
     for t, p in enumerate(pos.tolist()):
         poisoned[t, p + 1 :] = float("nan")  # must never be read
     want = exact_topk(scores, pos, topk)
-    for bins in (16, 64, 128):
-        ways = listed_rows(scores, pos, topk, bins)
-        assert any(ways) and not all(ways), f"{bins} bins: the rows must take both ways of the range select"
+    for bins in (16, 64):
+        ways = select_ways(scores, pos, topk, bins)
+        assert {"list", "list2", "radix"} <= set(ways), (
+            f"{bins} bins: the rows must take every way, got {ways}"
+        )
     for opts in _variants():
         got = torch.full((pos.shape[0], topk), -7, dtype=torch.int32)
         topk_select_triton(poisoned, pos, got, **opts)
@@ -153,6 +177,7 @@ def _sm90_compiles() -> dict:
                   dict(BLOCK=2048, BLOCK_K=1024, BINS=128, VEC=4)),
         "split span": (tk._split_span_kernel, dict(row, SPAN="*fp32"), part),
         "split hist": (tk._split_hist_kernel, dict(row, SPAN="*fp32", HIST="*i32"), dict(part, BINS=128)),
+        "split refine": (tk._split_refine_kernel, dict(row, SPAN="*fp32", HIST="*i32"), dict(part, BINS=128)),
         "split list": (tk._split_list_kernel, full, dict(part, BINS=128)),
         "split finish": (tk._split_finish_kernel, full, dict(SPLITS=8, BINS=128, BLOCK=2048, BLOCK_K=1024, VEC=4)),
     }  # fmt: skip

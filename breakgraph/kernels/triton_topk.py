@@ -206,6 +206,36 @@ def _range_hist(row, start, end, lo, scale, BINS: tl.constexpr, BLOCK: tl.conste
 
 
 @triton.jit
+def _in_cut(x, lo, scale, cut, lo2, scale2, cut2, BINS: tl.constexpr):
+    """Whether ``x`` lies in the threshold bin: level-1 bin ``cut`` and, within it, level-2 bin
+    ``cut2`` (``scale2 = 0``, ``cut2 = 0``: no second level)."""
+    return (_range_bin(x, lo, scale, BINS) == cut) & (_range_bin(x, lo2, scale2, BINS) == cut2)
+
+
+@triton.jit
+def _range_hist2(row, start, end, lo, scale, cut, lo2, scale2, BINS: tl.constexpr, BLOCK: tl.constexpr,
+                 VEC: tl.constexpr):  # fmt: skip
+    """``BINS``-bin histogram of the level-2 bins of the keys of ``row[start…end)`` in level-1
+    bin ``cut``."""
+    hist = tl.zeros([BINS], tl.int32)
+    for b in range(start, end, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        x = _load_row(row, offs, end, VEC)
+        inside = (offs < end) & (_range_bin(x, lo, scale, BINS) == cut)
+        hist += tl.histogram(_range_bin(x, lo2, scale2, BINS), BINS, mask=inside)
+    return hist
+
+
+@triton.jit
+def _refine(lo, scale, cut, BINS: tl.constexpr):
+    """(lo, scale) of the second level over level-1 bin ``cut``, and whether it is usable. Any
+    monotone map of the bin's keys would do (keys rounded outside its nominal bounds clamp to
+    the end bins)."""
+    scale2 = scale * BINS
+    return lo + cut.to(tl.float32) / scale, scale2, scale2 < float("inf")
+
+
+@triton.jit
 def _cut(hist, topk, BINS: tl.constexpr):
     """(threshold bin: the highest whose keys and those above number ≥ ``topk``, how many of
     its keys the top-k takes, how many keys it holds)."""
@@ -216,14 +246,15 @@ def _cut(hist, topk, BINS: tl.constexpr):
 
 
 @triton.jit
-def _list_candidates(row, out, start, end, lo, scale, cut, base, cap, BINS: tl.constexpr, BLOCK: tl.constexpr,
-                     VEC: tl.constexpr):  # fmt: skip
-    """Write the positions of ``row[start…end)`` in bin ``cut`` to ``out[base…]`` (at most
-    ``cap`` slots); returns how many there are."""
+def _list_candidates(row, out, start, end, lo, scale, cut, lo2, scale2, cut2, base, cap, BINS: tl.constexpr,
+                     BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    """Write the positions of ``row[start…end)`` in the threshold bin (:func:`_in_cut`) to
+    ``out[base…]`` (at most ``cap`` slots); returns how many there are."""
     listed = 0
     for b in range(start, end, BLOCK):
         offs = _block(b, BLOCK, 4)
-        cand = (offs < end) & (_range_bin(_load_row(row, offs, end, VEC), lo, scale, BINS) == cut)
+        x = _load_row(row, offs, end, VEC)
+        cand = (offs < end) & _in_cut(x, lo, scale, cut, lo2, scale2, cut2, BINS)
         slot, count = _rank(cand.to(tl.int32), 4)
         slot += base + listed
         tl.store(out + slot, offs, mask=cand & (slot < cap))
@@ -279,16 +310,23 @@ def _range_select_kernel(
         lo, hi = _span(row, 0, n, BLOCK, VEC)
         scale, ranged = _range_scale(lo, hi, BINS)
         cut, need, num_cand = _cut(_range_hist(row, 0, n, lo, scale, BINS, BLOCK, VEC), topk, BINS)
+        lo2, scale2, refinable = _refine(lo, scale, cut, BINS)
+        cut2 = 0
+        if ranged & (num_cand > topk) & refinable:  # a crowded threshold bin: split it again
+            hist2 = _range_hist2(row, 0, n, lo, scale, cut, lo2, scale2, BINS, BLOCK, VEC)
+            cut2, need, num_cand = _cut(hist2, need, BINS)
+        else:
+            scale2 = 0.0
         listed = ranged & (num_cand <= topk)
         if listed:
-            _list_candidates(row, out, 0, n, lo, scale, cut, 0, topk, BINS, BLOCK, VEC)
+            _list_candidates(row, out, 0, n, lo, scale, cut, lo2, scale2, cut2, 0, topk, BINS, BLOCK, VEC)
         _finish(row, out, n, topk, listed, num_cand, need, BLOCK, BLOCK_K, VEC)
 
 
 # The split select: SPLITS programs per row for the passes over the row, one for the rest.
-# Scratch: SPAN [T, SPLITS, 2] fp32 (each part's min, max), HIST [T, BINS + 1] int32 zeroed
-# (the row's histogram, then how many candidates are listed), summed with integer atomics
-# (exact, so the result is deterministic whatever their order).
+# Scratch: SPAN [T, SPLITS, 2] fp32 (each part's min, max), HIST [T, 2 * BINS + 1] int32 zeroed
+# (the row's level-1 and level-2 histograms, then how many candidates are listed), summed with
+# integer atomics (exact, so the result is deterministic whatever their order).
 
 
 @triton.jit
@@ -322,7 +360,43 @@ def _split_hist_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: tl
         lo, scale, _ = _row_span(SPAN, t, BINS, SPLITS)
         end = tl.minimum(n, (s + 1) * CHUNK)
         hist = _range_hist(SCORES + t * stride_st, s * CHUNK, end, lo, scale, BINS, BLOCK, VEC)
-        tl.atomic_add(HIST + t * (BINS + 1) + tl.arange(0, BINS), hist, sem="relaxed")
+        tl.atomic_add(HIST + t * (2 * BINS + 1) + tl.arange(0, BINS), hist, sem="relaxed")
+
+
+@triton.jit
+def _split_levels(SPAN, HIST, t, topk, BINS: tl.constexpr, SPLITS: tl.constexpr):
+    """Row ``t``'s ``(lo, scale, cut, lo2, scale2, cut2, need, num_cand, ranged, refined)`` from
+    the scratch; the level-2 histogram counts only once ``refined``."""
+    lo, scale, ranged = _row_span(SPAN, t, BINS, SPLITS)
+    hist_row = HIST + t * (2 * BINS + 1)
+    cut, need, num_cand = _cut(tl.load(hist_row + tl.arange(0, BINS)), topk, BINS)
+    lo2, scale2, refinable = _refine(lo, scale, cut, BINS)
+    refined = ranged & (num_cand > topk) & refinable
+    cut2 = 0
+    if refined:
+        cut2, need, num_cand = _cut(tl.load(hist_row + BINS + tl.arange(0, BINS)), need, BINS)
+    else:
+        scale2 = 0.0
+    return lo, scale, cut, lo2, scale2, cut2, need, num_cand, ranged, refined
+
+
+@triton.jit
+def _split_refine_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: tl.constexpr,
+                         SPLITS: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    n = tl.load(POSITIONS + t).to(tl.int32) + 1
+    if (n > topk) & (s * CHUNK < n):
+        lo, scale, ranged = _row_span(SPAN, t, BINS, SPLITS)
+        hist_row = HIST + t * (2 * BINS + 1)
+        cut, _, num_cand = _cut(tl.load(hist_row + tl.arange(0, BINS)), topk, BINS)
+        lo2, scale2, refinable = _refine(lo, scale, cut, BINS)
+        if ranged & (num_cand > topk) & refinable:
+            end = tl.minimum(n, (s + 1) * CHUNK)
+            hist = _range_hist2(
+                SCORES + t * stride_st, s * CHUNK, end, lo, scale, cut, lo2, scale2, BINS, BLOCK, VEC
+            )
+            tl.atomic_add(hist_row + BINS + tl.arange(0, BINS), hist, sem="relaxed")
 
 
 @triton.jit
@@ -332,9 +406,9 @@ def _split_list_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot,
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     if (n > topk) & (s * CHUNK < n):
-        lo, scale, ranged = _row_span(SPAN, t, BINS, SPLITS)
-        hist_row = HIST + t * (BINS + 1)
-        cut, _, num_cand = _cut(tl.load(hist_row + tl.arange(0, BINS)), topk, BINS)
+        lo, scale, cut, lo2, scale2, cut2, _, num_cand, ranged, _ = _split_levels(
+            SPAN, HIST, t, topk, BINS, SPLITS
+        )
         if ranged & (num_cand <= topk):
             start = s * CHUNK
             end = tl.minimum(n, start + CHUNK)
@@ -345,13 +419,12 @@ def _split_list_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot,
             for b in range(start, end, BLOCK):
                 offs = b + tl.arange(0, BLOCK)
                 x = _load_row(row, offs, end, VEC)
-                count += ((offs < end) & (_range_bin(x, lo, scale, BINS) == cut)).to(tl.int32)
+                count += ((offs < end) & _in_cut(x, lo, scale, cut, lo2, scale2, cut2, BINS)).to(tl.int32)
             count_all = tl.sum(count, 0)
             if count_all > 0:
-                base = tl.atomic_add(hist_row + BINS, count_all, sem="relaxed")
-                _list_candidates(
-                    row, OUT + t * stride_ot, start, end, lo, scale, cut, base, topk, BINS, BLOCK, VEC
-                )
+                base = tl.atomic_add(HIST + t * (2 * BINS + 1) + 2 * BINS, count_all, sem="relaxed")
+                _list_candidates(row, OUT + t * stride_ot, start, end, lo, scale, cut, lo2, scale2, cut2, base, topk,
+                                 BINS, BLOCK, VEC)  # fmt: skip
 
 
 @triton.jit
@@ -363,8 +436,7 @@ def _split_finish_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_o
     if n <= topk:
         _short_row(out, n, topk, BLOCK_K)
     else:
-        _, _, ranged = _row_span(SPAN, t, BINS, SPLITS)
-        cut, need, num_cand = _cut(tl.load(HIST + t * (BINS + 1) + tl.arange(0, BINS)), topk, BINS)
+        _, _, _, _, _, _, need, num_cand, ranged, _ = _split_levels(SPAN, HIST, t, topk, BINS, SPLITS)
         _finish(SCORES + t * stride_st, out, n, topk, ranged & (num_cand <= topk), num_cand, need, BLOCK, BLOCK_K,
                 VEC)  # fmt: skip
 
@@ -424,11 +496,14 @@ def topk_select_triton(
         splits = splits or default_splits(num_tokens, scores.shape[1], block)
         chunk = triton.cdiv(triton.cdiv(scores.shape[1], splits), block) * block
         span = torch.empty(num_tokens, splits, 2, dtype=torch.float32, device=scores.device)
-        hist = torch.zeros(num_tokens, bins + 1, dtype=torch.int32, device=scores.device)
+        hist = torch.zeros(num_tokens, 2 * bins + 1, dtype=torch.int32, device=scores.device)
         grid = (num_tokens, splits)
         opts = dict(SPLITS=splits, BLOCK=block, VEC=vec, num_warps=num_warps)
         _split_span_kernel[grid](scores, positions, span, scores.stride(0), topk, CHUNK=chunk, **opts)
         _split_hist_kernel[grid](
+            scores, positions, span, hist, scores.stride(0), topk, CHUNK=chunk, BINS=bins, **opts
+        )
+        _split_refine_kernel[grid](
             scores, positions, span, hist, scores.stride(0), topk, CHUNK=chunk, BINS=bins, **opts
         )
         _split_list_kernel[grid](
