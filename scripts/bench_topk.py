@@ -51,6 +51,16 @@ def variants() -> dict:
     return out
 
 
+def runs_on(name: str, shape: str) -> bool:
+    """Whether the sweep times variant ``name`` on ``shape``: split variants on long rows only
+    (one row per program already fills the GPU at prefill), range variants beyond the main
+    ones at prefill only."""
+    method = variants()[name].get("method")
+    if shape.startswith("prefill"):
+        return method != "split"
+    return method != "range" or name in ("range b2048 bins64", "range b2048 bins128")
+
+
 def long_rows(width: int, rows: int, g) -> tuple[torch.Tensor, torch.Tensor]:
     """``rows`` rows of random normal scores, lengths ``width - 97 i``."""
     pos = torch.tensor([width - 1 - 97 * i for i in range(rows)], device="cuda")
@@ -59,7 +69,7 @@ def long_rows(width: int, rows: int, g) -> tuple[torch.Tensor, torch.Tensor]:
 
 def shapes() -> list[str]:
     long = [f"L={w // 1024}k B={b}" for w in (32768, 131072) for b in (1, 8, 64)]
-    return ["prefill 8k", "prefill 16k", "prefill 16k +sink", *long]
+    return ["prefill 8k", "prefill 16k", *long, "prefill 16k +sink"]
 
 
 def make(shape: str, g) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,12 +98,12 @@ def main() -> None:
         rows = []
         for name in args.variants:
             opts = variants()[name]
-            if shape.startswith("prefill") and opts.get("method") == "split":
-                continue  # one row per program already fills the GPU
+            if not runs_on(name, shape):
+                continue
             out.fill_(-7)
             topk_select_triton(scores, pos, out, **opts)
             exact = topk_exact(out, scores, pos)
-            us = bench(partial(topk_select_triton, scores, pos, out, **opts), rep=50) * 1e3
+            us = bench(partial(topk_select_triton, scores, pos, out, **opts), rep=20) * 1e3
             label = (
                 f"{name} = {default_method(pos.shape[0], scores.shape[1], TOPK)}"
                 if name == "default"
