@@ -58,35 +58,50 @@ def _load_row(row, offs, end, VEC: tl.constexpr):
 
 
 @triton.jit
-def _radix_threshold(row, idx, n, need, INDIRECT: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
+def _radix_threshold(row, idx, n, need, kmin, kmax, INDIRECT: tl.constexpr, BLOCK: tl.constexpr,
+                     VEC: tl.constexpr, SKIP: tl.constexpr):  # fmt: skip
     """(order key ``T`` of the ``need``-th largest of ``n`` scores, ``e``: how many keys equal to
     ``T`` that rank takes, ``m``: how many keys equal ``T``). The scores are ``row[0…n)``, or
     ``row[idx[0…n)]`` when ``INDIRECT``. Four masked 256-bin histograms, 8 bits at a time from
-    the top."""
+    the top; with ``SKIP``, the digits the keys' bounds ``kmin ≤ kmax`` share need none."""
     prefix = tl.zeros([], tl.uint32)
-    bins = tl.arange(0, 256)
-    last = tl.zeros([], tl.int32)
+    last = n
     for level in tl.static_range(4):
         shift = 24 - 8 * level
-        hist = tl.zeros([256], tl.int32)
-        for b in range(0, n, BLOCK):
-            offs = b + tl.arange(0, BLOCK)
-            valid = offs < n
-            if INDIRECT:
-                u = _order_key(tl.load(row + tl.load(idx + offs, mask=valid, other=0), mask=valid, other=0.0))
-            else:
-                u = _order_key(_load_row(row, offs, n, VEC))
-            if level > 0:
-                valid = valid & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
-            hist += tl.histogram(((u >> shift) & 0xFF).to(tl.int32), 256, mask=valid)
-        # at_least[d] = matching keys whose digit is ≥ d (non-increasing in d): the wanted
-        # digit is the largest d with at_least[d] ≥ need.
-        at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
-        digit = tl.sum((at_least >= need).to(tl.int32), 0) - 1
-        need -= tl.sum(tl.where(bins > digit, hist, 0), 0)
-        last = tl.sum(tl.where(bins == digit, hist, 0), 0)
-        prefix = prefix | (digit.to(tl.uint32) << shift)
+        if SKIP:
+            shared = ((kmin ^ kmax) >> shift) == 0
+        else:
+            shared = False
+        if shared:  # every key has this digit (and the ones above)
+            prefix = (kmin >> shift) << shift
+        else:
+            prefix, need, last = _radix_level(row, idx, n, need, prefix, shift, INDIRECT, BLOCK, VEC)
     return prefix, need, last
+
+
+@triton.jit
+def _radix_level(row, idx, n, need, prefix, SHIFT: tl.constexpr, INDIRECT: tl.constexpr, BLOCK: tl.constexpr,
+                 VEC: tl.constexpr):  # fmt: skip
+    """One digit of :func:`_radix_threshold`, at bit ``SHIFT``, among the keys whose higher
+    digits are ``prefix``'s: ``(prefix with the digit, need, how many keys match it)``."""
+    hist = tl.zeros([256], tl.int32)
+    for b in range(0, n, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        valid = offs < n
+        if INDIRECT:
+            u = _order_key(tl.load(row + tl.load(idx + offs, mask=valid, other=0), mask=valid, other=0.0))
+        else:
+            u = _order_key(_load_row(row, offs, n, VEC))
+        if SHIFT < 24:
+            valid = valid & ((u >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+        hist += tl.histogram(((u >> SHIFT) & 0xFF).to(tl.int32), 256, mask=valid)
+    # at_least[d] = matching keys whose digit is ≥ d (non-increasing in d): the wanted digit is
+    # the largest d with at_least[d] ≥ need.
+    bins = tl.arange(0, 256)
+    at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+    digit = tl.sum((at_least >= need).to(tl.int32), 0) - 1
+    need -= tl.sum(tl.where(bins > digit, hist, 0), 0)
+    return prefix | (digit.to(tl.uint32) << SHIFT), need, tl.sum(tl.where(bins == digit, hist, 0), 0)
 
 
 @triton.jit
@@ -160,7 +175,8 @@ def _topk_select_kernel(
             offs = o + tl.arange(0, BLOCK_K)
             tl.store(out + offs, tl.where(offs < n, offs, -1), mask=offs < topk)
     else:
-        key, take_eq, num_eq = _radix_threshold(row, row, n, topk, False, BLOCK, 1)
+        none = tl.zeros([], tl.uint32)  # no key bounds: SKIP is off
+        key, take_eq, num_eq = _radix_threshold(row, row, n, topk, none, none, False, BLOCK, 1, False)
         _write_selected(row, out, n, key, take_eq, num_eq, BLOCK, 1, 1)
 
 
@@ -263,17 +279,39 @@ def _list_candidates(row, out, start, end, lo, scale, cut, lo2, scale2, cut2, ba
 
 
 @triton.jit
-def _finish(row, out, n, topk, listed, num_cand, need, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-            VEC: tl.constexpr):  # fmt: skip
-    """The select's last steps for a row of ``n > topk`` keys: the exact threshold from the
-    ``num_cand`` candidate positions listed in ``out`` when ``listed`` (``need`` of them taken),
-    else from the whole row; then the write pass."""
+def _list_bounds(row, idx, n, BLOCK: tl.constexpr):
+    """(smallest, largest) order key of the scores ``row[idx[0…n)]``."""
+    kmin = tl.full([BLOCK], 0xFFFFFFFF, tl.uint32)
+    kmax = tl.zeros([BLOCK], tl.uint32)
+    for b in range(0, n, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        valid = offs < n
+        u = _order_key(tl.load(row + tl.load(idx + offs, mask=valid, other=0), mask=valid, other=0.0))
+        kmin = tl.minimum(kmin, tl.where(valid, u, kmin))
+        kmax = tl.maximum(kmax, tl.where(valid, u, kmax))
+    return tl.min(kmin, 0), tl.max(kmax, 0)
+
+
+# Keys per step of the passes over a candidate list (a few hundred keys, usually).
+LIST_BLOCK: tl.constexpr = tl.constexpr(256)
+
+
+@triton.jit
+def _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """The select's last steps for a row of ``n > topk`` keys with scores in ``[lo, hi]``: the
+    exact threshold from the ``num_cand`` candidate positions listed in ``out`` when ``listed``
+    (``need`` of them taken), else from the whole row; then the write pass."""
     if listed:
         tl.debug_barrier()  # the list was written by other threads
-        key, take_eq, num_eq = _radix_threshold(row, out, num_cand, need, True, BLOCK_K, VEC)
+        kmin, kmax = _list_bounds(row, out, num_cand, LIST_BLOCK)
+        key, take_eq, num_eq = _radix_threshold(
+            row, out, num_cand, need, kmin, kmax, True, LIST_BLOCK, VEC, True
+        )
         tl.debug_barrier()  # read before the write pass overwrites it
     else:
-        key, take_eq, num_eq = _radix_threshold(row, row, n, topk, False, BLOCK_K, VEC)
+        kmin = _order_key(lo)
+        kmax = _order_key(hi)
+        key, take_eq, num_eq = _radix_threshold(row, row, n, topk, kmin, kmax, False, BLOCK, VEC, True)
     _write_selected(row, out, n, key, take_eq, num_eq, BLOCK, VEC, 4)
 
 
@@ -299,8 +337,9 @@ def _range_select_kernel(
     VEC: tl.constexpr,
 ):
     """The range select, one program per row: min/max pass, histogram pass, candidate list
-    pass, radix select on the list, write pass."""
-    t = tl.program_id(0).to(tl.int64)
+    pass, radix select on the list, write pass. Programs take the rows last to first: a
+    prefill's longest rows start first."""
+    t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     row = SCORES + t * stride_st
     out = OUT + t * stride_ot
@@ -320,7 +359,7 @@ def _range_select_kernel(
         listed = ranged & (num_cand <= topk)
         if listed:
             _list_candidates(row, out, 0, n, lo, scale, cut, lo2, scale2, cut2, 0, topk, BINS, BLOCK, VEC)
-        _finish(row, out, n, topk, listed, num_cand, need, BLOCK, BLOCK_K, VEC)
+        _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC)
 
 
 # The split select: SPLITS programs per row for the passes over the row, one for the rest.
@@ -343,11 +382,12 @@ def _split_span_kernel(SCORES, POSITIONS, SPAN, stride_st, topk, CHUNK: tl.const
 
 @triton.jit
 def _row_span(SPAN, t, BINS: tl.constexpr, SPLITS: tl.constexpr):
-    """(lo, scale, ranged) of row ``t`` from its parts' spans."""
+    """(lo, scale, ranged, hi) of row ``t`` from its parts' spans."""
     parts = SPAN + t * SPLITS * 2 + tl.arange(0, SPLITS) * 2
     lo = tl.min(tl.load(parts), 0)
-    scale, ranged = _range_scale(lo, tl.max(tl.load(parts + 1), 0), BINS)
-    return lo, scale, ranged
+    hi = tl.max(tl.load(parts + 1), 0)
+    scale, ranged = _range_scale(lo, hi, BINS)
+    return lo, scale, ranged, hi
 
 
 @triton.jit
@@ -357,7 +397,7 @@ def _split_hist_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: tl
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     if (n > topk) & (s * CHUNK < n):
-        lo, scale, _ = _row_span(SPAN, t, BINS, SPLITS)
+        lo, scale, _, _ = _row_span(SPAN, t, BINS, SPLITS)
         end = tl.minimum(n, (s + 1) * CHUNK)
         hist = _range_hist(SCORES + t * stride_st, s * CHUNK, end, lo, scale, BINS, BLOCK, VEC)
         tl.atomic_add(HIST + t * (2 * BINS + 1) + tl.arange(0, BINS), hist, sem="relaxed")
@@ -365,9 +405,9 @@ def _split_hist_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: tl
 
 @triton.jit
 def _split_levels(SPAN, HIST, t, topk, BINS: tl.constexpr, SPLITS: tl.constexpr):
-    """Row ``t``'s ``(lo, scale, cut, lo2, scale2, cut2, need, num_cand, ranged, refined)`` from
-    the scratch; the level-2 histogram counts only once ``refined``."""
-    lo, scale, ranged = _row_span(SPAN, t, BINS, SPLITS)
+    """Row ``t``'s ``(lo, scale, cut, lo2, scale2, cut2, need, num_cand, ranged, hi)`` from the
+    scratch; the level-2 histogram counts only when the level-1 threshold bin was refined."""
+    lo, scale, ranged, hi = _row_span(SPAN, t, BINS, SPLITS)
     hist_row = HIST + t * (2 * BINS + 1)
     cut, need, num_cand = _cut(tl.load(hist_row + tl.arange(0, BINS)), topk, BINS)
     lo2, scale2, refinable = _refine(lo, scale, cut, BINS)
@@ -377,7 +417,7 @@ def _split_levels(SPAN, HIST, t, topk, BINS: tl.constexpr, SPLITS: tl.constexpr)
         cut2, need, num_cand = _cut(tl.load(hist_row + BINS + tl.arange(0, BINS)), need, BINS)
     else:
         scale2 = 0.0
-    return lo, scale, cut, lo2, scale2, cut2, need, num_cand, ranged, refined
+    return lo, scale, cut, lo2, scale2, cut2, need, num_cand, ranged, hi
 
 
 @triton.jit
@@ -387,7 +427,7 @@ def _split_refine_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: 
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     if (n > topk) & (s * CHUNK < n):
-        lo, scale, ranged = _row_span(SPAN, t, BINS, SPLITS)
+        lo, scale, ranged, _ = _row_span(SPAN, t, BINS, SPLITS)
         hist_row = HIST + t * (2 * BINS + 1)
         cut, _, num_cand = _cut(tl.load(hist_row + tl.arange(0, BINS)), topk, BINS)
         lo2, scale2, refinable = _refine(lo, scale, cut, BINS)
@@ -436,9 +476,9 @@ def _split_finish_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_o
     if n <= topk:
         _short_row(out, n, topk, BLOCK_K)
     else:
-        _, _, _, _, _, _, need, num_cand, ranged, _ = _split_levels(SPAN, HIST, t, topk, BINS, SPLITS)
-        _finish(SCORES + t * stride_st, out, n, topk, ranged & (num_cand <= topk), num_cand, need, BLOCK, BLOCK_K,
-                VEC)  # fmt: skip
+        lo, _, _, _, _, _, need, num_cand, ranged, hi = _split_levels(SPAN, HIST, t, topk, BINS, SPLITS)
+        listed = ranged & (num_cand <= topk)
+        _finish(SCORES + t * stride_st, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC)
 
 
 METHODS = ("range", "radix", "split")
