@@ -222,10 +222,13 @@ def _range_hist(row, start, end, lo, scale, BINS: tl.constexpr, BLOCK: tl.conste
 
 
 @triton.jit
-def _in_cut(x, lo, scale, cut, lo2, scale2, cut2, BINS: tl.constexpr):
-    """Whether ``x`` lies in the threshold bin: level-1 bin ``cut`` and, within it, level-2 bin
-    ``cut2`` (``scale2 = 0``, ``cut2 = 0``: no second level)."""
-    return (_range_bin(x, lo, scale, BINS) == cut) & (_range_bin(x, lo2, scale2, BINS) == cut2)
+def _in_cut(x, lo, scale, cut, lo2, scale2, cut2, BINS: tl.constexpr, TWO: tl.constexpr):
+    """Whether ``x`` lies in the threshold bin: level-1 bin ``cut`` and, with ``TWO`` levels,
+    level-2 bin ``cut2`` within it."""
+    inside = _range_bin(x, lo, scale, BINS) == cut
+    if TWO:
+        inside = inside & (_range_bin(x, lo2, scale2, BINS) == cut2)
+    return inside
 
 
 @triton.jit
@@ -263,14 +266,14 @@ def _cut(hist, topk, BINS: tl.constexpr):
 
 @triton.jit
 def _list_candidates(row, out, start, end, lo, scale, cut, lo2, scale2, cut2, base, cap, BINS: tl.constexpr,
-                     BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+                     BLOCK: tl.constexpr, VEC: tl.constexpr, TWO: tl.constexpr):  # fmt: skip
     """Write the positions of ``row[start…end)`` in the threshold bin (:func:`_in_cut`) to
     ``out[base…]`` (at most ``cap`` slots); returns how many there are."""
     listed = 0
     for b in range(start, end, BLOCK):
         offs = _block(b, BLOCK, 4)
         x = _load_row(row, offs, end, VEC)
-        cand = (offs < end) & _in_cut(x, lo, scale, cut, lo2, scale2, cut2, BINS)
+        cand = (offs < end) & _in_cut(x, lo, scale, cut, lo2, scale2, cut2, BINS, TWO)
         slot, count = _rank(cand.to(tl.int32), 4)
         slot += base + listed
         tl.store(out + slot, offs, mask=cand & (slot < cap))
@@ -358,7 +361,14 @@ def _range_select_kernel(
             scale2 = 0.0
         listed = ranged & (num_cand <= topk)
         if listed:
-            _list_candidates(row, out, 0, n, lo, scale, cut, lo2, scale2, cut2, 0, topk, BINS, BLOCK, VEC)
+            if scale2 == 0.0:
+                _list_candidates(
+                    row, out, 0, n, lo, scale, cut, lo2, scale2, cut2, 0, topk, BINS, BLOCK, VEC, False
+                )
+            else:
+                _list_candidates(
+                    row, out, 0, n, lo, scale, cut, lo2, scale2, cut2, 0, topk, BINS, BLOCK, VEC, True
+                )
         _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC)
 
 
@@ -450,21 +460,30 @@ def _split_list_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot,
             SPAN, HIST, t, topk, BINS, SPLITS
         )
         if ranged & (num_cand <= topk):
-            start = s * CHUNK
-            end = tl.minimum(n, start + CHUNK)
-            row = SCORES + t * stride_st
-            # Count this part's candidates, take that many slots, then list them there (in
-            # any order across parts: only the candidates' keys count).
-            count = tl.zeros([BLOCK], tl.int32)
-            for b in range(start, end, BLOCK):
-                offs = b + tl.arange(0, BLOCK)
-                x = _load_row(row, offs, end, VEC)
-                count += ((offs < end) & _in_cut(x, lo, scale, cut, lo2, scale2, cut2, BINS)).to(tl.int32)
-            count_all = tl.sum(count, 0)
-            if count_all > 0:
-                base = tl.atomic_add(HIST + t * (2 * BINS + 1) + 2 * BINS, count_all, sem="relaxed")
-                _list_candidates(row, OUT + t * stride_ot, start, end, lo, scale, cut, lo2, scale2, cut2, base, topk,
-                                 BINS, BLOCK, VEC)  # fmt: skip
+            args = (SCORES + t * stride_st, OUT + t * stride_ot, HIST + t * (2 * BINS + 1) + 2 * BINS, s * CHUNK,
+                    tl.minimum(n, (s + 1) * CHUNK), lo, scale, cut, lo2, scale2, cut2, topk)  # fmt: skip
+            if scale2 == 0.0:
+                _list_part(*args, BINS, BLOCK, VEC, False)
+            else:
+                _list_part(*args, BINS, BLOCK, VEC, True)
+
+
+@triton.jit
+def _list_part(row, out, count_ptr, start, end, lo, scale, cut, lo2, scale2, cut2, cap, BINS: tl.constexpr,
+               BLOCK: tl.constexpr, VEC: tl.constexpr, TWO: tl.constexpr):  # fmt: skip
+    """List one part's candidates: count them, take that many slots of the row's list (``*count_ptr``
+    counts the slots taken; parts list in any order, only the candidates' keys count), list them."""
+    count = tl.zeros([BLOCK], tl.int32)
+    for b in range(start, end, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        x = _load_row(row, offs, end, VEC)
+        count += ((offs < end) & _in_cut(x, lo, scale, cut, lo2, scale2, cut2, BINS, TWO)).to(tl.int32)
+    count_all = tl.sum(count, 0)
+    if count_all > 0:
+        base = tl.atomic_add(count_ptr, count_all, sem="relaxed")
+        _list_candidates(
+            row, out, start, end, lo, scale, cut, lo2, scale2, cut2, base, cap, BINS, BLOCK, VEC, TWO
+        )
 
 
 @triton.jit
