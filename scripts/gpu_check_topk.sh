@@ -12,9 +12,9 @@ t0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv >"$OUT/gpu.txt" 2>&1
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/gpu.txt"
-timeout 80 python -m pytest -q -m cuda tests/test_kernels_topk.py tests/test_kernels_attention.py \
+timeout 90 python -m pytest -q -m cuda tests/test_kernels_topk.py tests/test_kernels_attention.py \
     -k "topk or indexer or replay or select" -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 echo "pytest rc=$? after $(( $(date +%s) - t0 )) s (log: $OUT/pytest.log)"; tail -4 "$OUT/pytest.log"
-timeout 150 python scripts/bench_topk.py >"$OUT/bench.log" 2>&1
+timeout 140 python scripts/bench_topk.py >"$OUT/bench.log" 2>&1
 echo "bench rc=$? after $(( $(date +%s) - t0 )) s (log: $OUT/bench.log)"
 if grep -q '^shape ' "$OUT/bench.log"; then grep -v '^    ' "$OUT/bench.log" | tail -80; else tail -60 "$OUT/bench.log"; fi
