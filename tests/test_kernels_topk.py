@@ -83,18 +83,19 @@ def hard_rows(topk: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Ten
 
 def _variants() -> list[dict]:
     """Options of the interpreter check: each method's defaults, and blocks of 16–64 keys, 16–64
-    bins and 4–16 programs per row so the rows span many blocks and parts."""
+    bins and 4–16 programs per row so the rows span many blocks and parts; lists of more than 8
+    candidates finished by the radix select."""
     return [
-        dict(method="range"), dict(method="range", block=64, bins=16), dict(method="range", block=32, bins=64,
-        num_warps=2), dict(method="split"), dict(method="split", block=32, bins=16, splits=4),
+        dict(method="range"), dict(method="range", block=64, bins=16, list_sort=8), dict(method="range", block=32,
+        bins=64, num_warps=2), dict(method="split"), dict(method="split", block=32, bins=16, splits=4, list_sort=8),
         dict(method="split", block=16, bins=64, splits=16), dict(method="radix"), dict(method="radix", block=64),
     ]  # fmt: skip
 
 
-def select_ways(scores: torch.Tensor, positions: torch.Tensor, topk: int, bins: int) -> list[str]:
-    """Per row longer than ``topk``, the range select's way, computed as the kernel computes it
-    (fp32): ``"list"`` (threshold bin listed), ``"list2"`` (listed after a second level) or
-    ``"radix"`` (the radix select over the row)."""
+def select_ways(scores: torch.Tensor, positions: torch.Tensor, topk: int, bins: int) -> list[tuple[str, int]]:
+    """Per row longer than ``topk``, the range select's way and how many candidates it lists,
+    computed as the kernel computes it (fp32): ``"list"`` (threshold bin listed), ``"list2"``
+    (listed after a second level) or ``"radix"`` (the radix select over the row, 0 listed)."""
 
     def binned(x, lo, scale):
         return ((x - lo) * scale).to(torch.int32).clamp(0, bins - 1)
@@ -112,20 +113,20 @@ def select_ways(scores: torch.Tensor, positions: torch.Tensor, topk: int, bins: 
         lo = x.min()
         scale = torch.tensor(float(bins)) / (x.max() - lo)
         if not (0 < scale < float("inf")):
-            ways.append("radix")
+            ways.append(("radix", 0))
             continue
         b = binned(x, lo, scale)
         c, need, num = cut(b, topk)
         if num <= topk:
-            ways.append("list")
+            ways.append(("list", num))
             continue
         scale2 = scale * bins
         if not scale2 < float("inf"):
-            ways.append("radix")
+            ways.append(("radix", 0))
             continue
         inside = x[b == c]
         _, _, num = cut(binned(inside, lo + torch.tensor(float(c)) / scale, scale2), need)
-        ways.append("list2" if num <= topk else "radix")
+        ways.append(("list2", num) if num <= topk else ("radix", 0))
     return ways
 
 
@@ -143,9 +144,11 @@ def _interp_select_variants():
     want = exact_topk(scores, pos, topk)
     for bins in (16, 64):
         ways = select_ways(scores, pos, topk, bins)
-        assert {"list", "list2", "radix"} <= set(ways), (
-            f"{bins} bins: the rows must take every way, got {ways}"
+        assert {"list", "list2", "radix"} <= {w for w, _ in ways}, (
+            f"{bins} bins: rows must take every way: {ways}"
         )
+    listed = [num for w, num in select_ways(scores, pos, topk, 16) if w != "radix"]
+    assert min(listed) <= 2 and max(listed) > 8, f"lists must span the sorts and the radix finish: {listed}"
     for opts in _variants():
         got = torch.full((pos.shape[0], topk), -7, dtype=torch.int32)
         topk_select_triton(poisoned, pos, got, **opts)
@@ -174,12 +177,12 @@ def _sm90_compiles() -> dict:
     return {
         "radix": (tk._topk_select_kernel, dict(row, OUT="*i32", stride_ot=TOPK), dict(BLOCK=512, BLOCK_K=1024)),
         "range": (tk._range_select_kernel, dict(row, OUT="*i32", stride_ot=TOPK),
-                  dict(BLOCK=2048, BLOCK_K=1024, BINS=128, VEC=4)),
+                  dict(BLOCK=2048, BLOCK_K=1024, BINS=128, VEC=4, LIST_SORT=1024)),
         "split span": (tk._split_span_kernel, dict(row, SPAN="*fp32"), part),
         "split hist": (tk._split_hist_kernel, dict(row, SPAN="*fp32", HIST="*i32"), dict(part, BINS=128)),
         "split refine": (tk._split_refine_kernel, dict(row, SPAN="*fp32", HIST="*i32"), dict(part, BINS=128)),
         "split list": (tk._split_list_kernel, full, dict(part, BINS=128)),
-        "split finish": (tk._split_finish_kernel, full, dict(SPLITS=8, BINS=128, BLOCK=2048, BLOCK_K=1024, VEC=4)),
+        "split finish": (tk._split_finish_kernel, full, dict(SPLITS=8, BINS=128, BLOCK=2048, BLOCK_K=1024, VEC=4, LIST_SORT=1024)),
     }  # fmt: skip
 
 

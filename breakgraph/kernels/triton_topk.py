@@ -300,16 +300,39 @@ LIST_BLOCK: tl.constexpr = tl.constexpr(256)
 
 
 @triton.jit
-def _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK: tl.constexpr, VEC: tl.constexpr):
+def _sort_threshold(row, idx, n, need, SIZE: tl.constexpr, PART: tl.constexpr):
+    """:func:`_radix_threshold`'s result for the ``n ≤ N = SIZE // PART`` scores
+    ``row[idx[0…n)]``, from one sort of their keys in registers (the padding, key 0, sorts below
+    every finite score's)."""
+    N: tl.constexpr = SIZE // PART
+    offs = tl.arange(0, N)
+    valid = offs < n
+    u = _order_key(tl.load(row + tl.load(idx + offs, mask=valid, other=0), mask=valid, other=0.0))
+    u = tl.where(valid, u, tl.zeros_like(u))
+    key = tl.sum(tl.where(offs == N - need, tl.sort(u), tl.zeros_like(u)), 0)
+    above = tl.sum((valid & (u > key)).to(tl.int32), 0)
+    return key, need - above, tl.sum((valid & (u == key)).to(tl.int32), 0)
+
+
+@triton.jit
+def _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK: tl.constexpr, VEC: tl.constexpr,
+            LIST_SORT: tl.constexpr):  # fmt: skip
     """The select's last steps for a row of ``n > topk`` keys with scores in ``[lo, hi]``: the
     exact threshold from the ``num_cand`` candidate positions listed in ``out`` when ``listed``
-    (``need`` of them taken), else from the whole row; then the write pass."""
+    (``need`` of them taken; a sort when they are at most ``LIST_SORT``, else the radix select),
+    else from the whole row; then the write pass."""
     if listed:
         tl.debug_barrier()  # the list was written by other threads
-        kmin, kmax = _list_bounds(row, out, num_cand, LIST_BLOCK)
-        key, take_eq, num_eq = _radix_threshold(
-            row, out, num_cand, need, kmin, kmax, True, LIST_BLOCK, VEC, True
-        )
+        if num_cand <= LIST_SORT // 4:
+            key, take_eq, num_eq = _sort_threshold(row, out, num_cand, need, LIST_SORT, 4)
+        elif num_cand <= LIST_SORT // 2:
+            key, take_eq, num_eq = _sort_threshold(row, out, num_cand, need, LIST_SORT, 2)
+        elif num_cand <= LIST_SORT:
+            key, take_eq, num_eq = _sort_threshold(row, out, num_cand, need, LIST_SORT, 1)
+        else:
+            kmin, kmax = _list_bounds(row, out, num_cand, LIST_BLOCK)
+            key, take_eq, num_eq = _radix_threshold(row, out, num_cand, need, kmin, kmax, True, LIST_BLOCK, VEC,
+                                                    True)  # fmt: skip
         tl.debug_barrier()  # read before the write pass overwrites it
     else:
         kmin = _order_key(lo)
@@ -338,6 +361,7 @@ def _range_select_kernel(
     BLOCK_K: tl.constexpr,
     BINS: tl.constexpr,
     VEC: tl.constexpr,
+    LIST_SORT: tl.constexpr,
 ):
     """The range select, one program per row: min/max pass, histogram pass, candidate list
     pass, radix select on the list, write pass. Programs take the rows last to first: a
@@ -369,7 +393,7 @@ def _range_select_kernel(
                 _list_candidates(
                     row, out, 0, n, lo, scale, cut, lo2, scale2, cut2, 0, topk, BINS, BLOCK, VEC, True
                 )
-        _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC)
+        _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
 
 
 # The split select: SPLITS programs per row for the passes over the row, one for the rest.
@@ -488,7 +512,8 @@ def _list_part(row, out, count_ptr, start, end, lo, scale, cut, lo2, scale2, cut
 
 @triton.jit
 def _split_finish_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot, topk, SPLITS: tl.constexpr,
-                         BINS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+                         BINS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
+                         LIST_SORT: tl.constexpr):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     out = OUT + t * stride_ot
@@ -497,7 +522,7 @@ def _split_finish_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_o
     else:
         lo, _, _, _, _, _, need, num_cand, ranged, hi = _split_levels(SPAN, HIST, t, topk, BINS, SPLITS)
         listed = ranged & (num_cand <= topk)
-        _finish(SCORES + t * stride_st, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC)
+        _finish(SCORES + t * stride_st, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
 
 
 METHODS = ("range", "radix", "split")
@@ -512,6 +537,7 @@ def topk_select_triton(
     block: int | None = None,
     bins: int = 128,
     splits: int | None = None,
+    list_sort: int = 1024,
     num_warps: int = 4,
 ) -> None:
     """Causal top-k of each row: ``topk_out[t]`` (int32 ``[T, K]``) gets the ``K`` positions
@@ -523,7 +549,9 @@ def topk_select_triton(
     ``method``: ``"range"`` (one program per row), ``"split"`` (``splits`` programs per row for
     the passes over the row; for few long rows) or ``"radix"`` (the four-pass radix select);
     default :func:`default_method`. ``block``: keys per loop step (default 2048 for range and
-    split, 512 for radix); ``bins``: the value-range histogram's bins."""
+    split, 512 for radix); ``bins``: the value-range histogram's bins; ``list_sort`` (a power of
+    two ≥ 4): the longest candidate list finished by a sort in registers (longer ones by the
+    radix select)."""
     num_tokens, topk = topk_out.shape
     method = method or default_method(num_tokens, scores.shape[1], topk)
     if method not in METHODS:
@@ -548,7 +576,7 @@ def topk_select_triton(
     elif method == "range":
         _range_select_kernel[(num_tokens,)](
             scores, positions, topk_out, *strides, topk, BLOCK=block or 2048, BLOCK_K=block_k, BINS=bins, VEC=vec,
-            num_warps=num_warps,
+            LIST_SORT=list_sort, num_warps=num_warps,
         )  # fmt: skip
     else:
         block = block or 2048
@@ -569,8 +597,9 @@ def topk_select_triton(
             scores, positions, span, hist, topk_out, *strides, topk, CHUNK=chunk, BINS=bins, **opts
         )
         _split_finish_kernel[(num_tokens,)](
-            scores, positions, span, hist, topk_out, *strides, topk, BINS=bins, BLOCK_K=block_k, **opts
-        )
+            scores, positions, span, hist, topk_out, *strides, topk, BINS=bins, BLOCK_K=block_k, LIST_SORT=list_sort,
+            **opts,
+        )  # fmt: skip
 
 
 def default_splits(num_tokens: int, width: int, block: int, num_programs: int = 512) -> int:
