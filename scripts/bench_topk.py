@@ -11,6 +11,7 @@ position, ascending positions, ``-1`` after short rows) and timed with CUDA-grap
   under ``L``.
 
     python scripts/bench_topk.py                 # the whole sweep, table last
+    python scripts/bench_topk.py --quick         # the defaults' neighbours on five shapes (≈ 1 min)
     python scripts/bench_topk.py --shapes "prefill 8k" --variants "radix (old)" "range b2048 bins128"
 
 Columns: µs per call, speed-up over ``radix (old)`` (the select before the range variants),
@@ -34,6 +35,9 @@ from bench_kernels_attention import TOPK, bench, topk_exact, topk_rows  # noqa: 
 from breakgraph.kernels.triton_topk import default_method, topk_select_triton  # noqa: E402
 
 LAYERS = 78
+QUICK_SHAPES = ["prefill 8k", "prefill 16k", "prefill 16k +sink", "L=128k B=1", "L=128k B=64"]
+QUICK = ["default", "radix (old)", "range b2048 bins128", "range b1024 bins64", "range b512 bins128",
+         "range b1024 bins128 ls2048", "split b2048 bins64", "split b2048 bins128"]  # fmt: skip
 
 
 def variants() -> dict:
@@ -43,6 +47,9 @@ def variants() -> dict:
     for bins in (32, 64, 128, 256):
         out[f"range b2048 bins{bins}"] = dict(method="range", block=2048, bins=bins)
     out["range b1024 bins64"] = dict(method="range", block=1024, bins=64)
+    out["range b1024 bins128"] = dict(method="range", block=1024, bins=128)
+    out["range b512 bins128"] = dict(method="range", block=512, bins=128)
+    out["range b1024 bins128 ls2048"] = dict(method="range", block=1024, bins=128, list_sort=2048)
     out["range b2048 bins64 w8"] = dict(method="range", block=2048, bins=64, num_warps=8)
     for bins in (64, 128, 256):
         out[f"split b2048 bins{bins}"] = dict(method="split", block=2048, bins=bins)
@@ -88,7 +95,12 @@ def main() -> None:
                    help=f"shapes to run (default all: {', '.join(shapes())})")  # fmt: skip
     p.add_argument("--variants", nargs="+", default=list(variants()), choices=list(variants()), metavar="NAME",
                    help="variants to run (default all)")  # fmt: skip
+    p.add_argument(
+        "--quick", action="store_true", help=f"only {', '.join(QUICK_SHAPES)}; variants {', '.join(QUICK)}"
+    )
     args = p.parse_args()
+    if args.quick:
+        args.shapes, args.variants = QUICK_SHAPES, QUICK
     table = []
     for shape in args.shapes:
         g = torch.Generator(device="cuda").manual_seed(1)

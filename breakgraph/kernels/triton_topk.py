@@ -14,20 +14,29 @@ Methods (:func:`topk_select_triton`):
 
 * ``range`` (one program per row; prefill): a min/max pass; one ``BINS``-bin histogram of
   the value-range bins ``⌊(x − min) · BINS / (max − min)⌋`` (monotone in ``x``); the bin holding
-  the ``K``-th key is the *threshold bin*, every key above it is selected. If it holds at most
-  ``K`` keys (usually a few hundred), a pass lists their positions in the output row and a
-  radix select over that list alone gives the exact threshold; otherwise (a constant row, a
-  range past fp32's, an outlier that squeezes the rest into one bin) a radix select over the
-  whole row does. Four passes over the row instead of the radix method's five, and only one
-  of them a histogram.
+  the ``K``-th key is the *threshold bin*, every key above it is selected. A threshold bin of
+  more than ``K`` keys is split again by a second value-range histogram of its keys. If it
+  then holds at most ``K`` keys (usually a few hundred), a pass lists their positions in the
+  output row, and the exact threshold comes from the list alone: one sort of its keys in
+  registers (lists up to ``list_sort`` keys), else a radix select over it. Otherwise (a
+  constant row, a range past fp32's, outliers that squeeze the rest into one bin twice) a
+  radix select over the whole row does. Four passes over the row instead of the radix
+  method's five, one of them a histogram.
 * ``split`` (few long rows; decode, extend): the same steps with the passes over the row split
-  across ``splits`` programs per row (min/max, histogram summed with integer atomics, list);
-  one program per row then selects from the list and writes.
-* ``radix``: four passes over the row, each a masked 256-bin histogram of the next 8-bit
-  digit of the keys whose higher digits match the ones chosen so far, then the write pass.
+  across ``splits`` programs per row (min/max, histograms summed with integer atomics, list);
+  one program per row then finishes from the list and writes.
+* ``radix`` (the select before these, kept for comparison): four passes over the row, each a
+  masked 256-bin histogram of the next 8-bit digit of the keys whose higher digits match the
+  ones chosen so far, then the write pass.
 
-``tl.histogram`` costs about ``BINS / 32`` ballots per key, so few bins make the histogram
-cheap while the list (and the radix select on it) stays small.
+``tl.histogram`` costs about ``BINS / 32`` warp ballots per key, so few bins make the histogram
+cheap; more bins keep the list short when an outlier widens the range. Measured on one H200
+(``python scripts/bench_topk.py``, µs per layer, all rows exact): all rows of an 8192-token
+prefill 712.6 radix → 402.4 range (blocks of 2048 keys, 128 bins; 341.5 with blocks of 1024
+and 64 bins); 16384 tokens 2815.1 → 1239.6 (1086.2); the same 16K rows with a sink outlier
+2817.5 → 1554.2 with 128 bins (3161.0 with 64, 1373.6 with 256); 1 / 64 rows of ~128K keys
+920.7 / 926.1 radix → 78.8 / 131.1 split (225 / 229 range, one program per row). The defaults
+come from these: blocks of 1024, 128 bins, split below 256 rows wider than 16K keys.
 
 A variant whose first two digits were value-range slices of the row's ``[min, max]``, with rows
 of up to 16K keys held in registers, was measured slower in the engine on one H200 (72.2 vs
@@ -548,8 +557,8 @@ def topk_select_triton(
 
     ``method``: ``"range"`` (one program per row), ``"split"`` (``splits`` programs per row for
     the passes over the row; for few long rows) or ``"radix"`` (the four-pass radix select);
-    default :func:`default_method`. ``block``: keys per loop step (default 2048 for range and
-    split, 512 for radix); ``bins``: the value-range histogram's bins; ``list_sort`` (a power of
+    default :func:`default_method`. ``block``: keys per loop step (default 1024 for range, 2048
+    for split, 512 for radix); ``bins``: the value-range histogram's bins; ``list_sort`` (a power of
     two ≥ 4): the longest candidate list finished by a sort in registers (longer ones by the
     radix select)."""
     num_tokens, topk = topk_out.shape
@@ -575,7 +584,7 @@ def topk_select_triton(
         )
     elif method == "range":
         _range_select_kernel[(num_tokens,)](
-            scores, positions, topk_out, *strides, topk, BLOCK=block or 2048, BLOCK_K=block_k, BINS=bins, VEC=vec,
+            scores, positions, topk_out, *strides, topk, BLOCK=block or 1024, BLOCK_K=block_k, BINS=bins, VEC=vec,
             LIST_SORT=list_sort, num_warps=num_warps,
         )  # fmt: skip
     else:
