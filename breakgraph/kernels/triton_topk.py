@@ -277,7 +277,7 @@ def _cut(hist, topk, BINS: tl.constexpr):
 def _list_candidates(row, out, start, end, lo, scale, cut, lo2, scale2, cut2, base, cap, BINS: tl.constexpr,
                      BLOCK: tl.constexpr, VEC: tl.constexpr, TWO: tl.constexpr):  # fmt: skip
     """Write the positions of ``row[start…end)`` in the threshold bin (:func:`_in_cut`) to
-    ``out[base…]`` (at most ``cap`` slots); returns how many there are."""
+    ``out[base…]`` (at most ``cap`` slots)."""
     listed = 0
     for b in range(start, end, BLOCK):
         offs = _block(b, BLOCK, 4)
@@ -287,7 +287,6 @@ def _list_candidates(row, out, start, end, lo, scale, cut, lo2, scale2, cut2, ba
         slot += base + listed
         tl.store(out + slot, offs, mask=cand & (slot < cap))
         listed += count
-    return listed
 
 
 @triton.jit
@@ -372,9 +371,9 @@ def _range_select_kernel(
     VEC: tl.constexpr,
     LIST_SORT: tl.constexpr,
 ):
-    """The range select, one program per row: min/max pass, histogram pass, candidate list
-    pass, radix select on the list, write pass. Programs take the rows last to first: a
-    prefill's longest rows start first."""
+    """The range select, one program per row: min/max pass, histogram pass (and a second one
+    over a crowded threshold bin), candidate list pass, the threshold from the list, write pass.
+    Programs take the rows last to first: a prefill's longest rows start first."""
     t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     row = SCORES + t * stride_st
@@ -414,6 +413,7 @@ def _range_select_kernel(
 @triton.jit
 def _split_span_kernel(SCORES, POSITIONS, SPAN, stride_st, topk, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
                        BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    """Part ``s`` of row ``t``: its min and max to ``SPAN``."""
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -436,6 +436,7 @@ def _row_span(SPAN, t, BINS: tl.constexpr, SPLITS: tl.constexpr):
 @triton.jit
 def _split_hist_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
                        BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    """Part ``s`` of row ``t``: its level-1 histogram added to the row's in ``HIST``."""
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -466,6 +467,8 @@ def _split_levels(SPAN, HIST, t, topk, BINS: tl.constexpr, SPLITS: tl.constexpr)
 @triton.jit
 def _split_refine_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: tl.constexpr,
                          SPLITS: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    """Part ``s`` of row ``t``, when the row's threshold bin is crowded: its level-2 histogram
+    of that bin added to the row's."""
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -485,6 +488,7 @@ def _split_refine_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: 
 @triton.jit
 def _split_list_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot, topk, CHUNK: tl.constexpr,
                        SPLITS: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+    """Part ``s`` of row ``t``: its threshold-bin keys listed in ``OUT``'s row."""
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -523,6 +527,7 @@ def _list_part(row, out, count_ptr, start, end, lo, scale, cut, lo2, scale2, cut
 def _split_finish_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot, topk, SPLITS: tl.constexpr,
                          BINS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
                          LIST_SORT: tl.constexpr):  # fmt: skip
+    """Row ``t``: the threshold from its list (or from the whole row), then the write pass."""
     t = tl.program_id(0).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     out = OUT + t * stride_ot
