@@ -47,6 +47,16 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config_flags(parser, flag_fields(PARALLEL))
 
 
+def add_config_arguments(parser: argparse.ArgumentParser, *names: str) -> None:
+    """The flags of the named :class:`~breakgraph.engine.config.EngineConfig` fields, with the
+    engine's defaults and help (for benches that build their own engine, e.g. ``--page-size``)."""
+    by_name = {f.name: f for f in flag_fields()}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"add_config_arguments: no engine flag for {unknown}")
+    _add_config_flags(parser, [by_name[n] for n in names])
+
+
 def _add_config_flags(parser: argparse.ArgumentParser, config_fields: list) -> None:
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in config_fields:

@@ -109,6 +109,7 @@ def build_layers(tokens: int, context: int):
     a KV cache and the forward batch of one request."""
     from breakgraph.engine.kv_cache import KVCache
     from breakgraph.forward_context import ForwardBatch, ForwardMode
+    from breakgraph.layers import attention, mlp
     from breakgraph.models.config import ModelConfig
     from breakgraph.models.glm5 import DecoderLayer
 
@@ -117,13 +118,12 @@ def build_layers(tokens: int, context: int):
     with torch.device(DEVICE):
         moe = next(i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i))
         layers = [DecoderLayer(cfg, i, dtype) for i in (0, moe)]
-        for layer in layers:
-            attn = layer.self_attn
-            attn.kv_b_proj = None  # absorbed after loading: w_kc/w_vc stay as built
-            attn.merge_a_projections()
-            attn.indexer.weights_proj_bf16 = attn.indexer.weights_proj.weight.to(dtype)
-            if hasattr(layer.mlp, "gate"):
-                layer.mlp.gate.weight_bf16 = layer.mlp.gate.weight.to(dtype)
+        # meta weights hold no values to test for an exact bf16 copy: keep the copies, as the
+        # engine does for the preset's bf16-exact router and indexer weights
+        with mock.patch.object(attention, "exact_bf16_weight", lambda w: w.to(dtype)), \
+                mock.patch.object(mlp, "exact_bf16_weight", lambda w: w.to(dtype)):  # fmt: skip
+            for layer in layers:
+                layer.process_weights_after_loading()
         seq = context + tokens if tokens == 1 else tokens
         page = 64
         cache = KVCache(cfg, -(-seq // page) + 2, page, dtype, DEVICE)

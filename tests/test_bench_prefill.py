@@ -76,7 +76,7 @@ def test_bench_prefill_reports_a_failing_backend_and_measures_the_others(hf_chec
 
 def test_bench_prefill_frees_the_pages_of_a_failing_shape(hf_checkpoints, tmp_path, monkeypatch):
     """A shape that fails mid-run gives its KV pages back: the pool holds one 200-token prompt
-    (4 pages of 64) plus 3 spare pages, so a leaked batch would make the next backend's 200-token
+    (13 pages of the default 16) plus 3 spare pages, so a leaked batch would make the next backend's 200-token
     shape fail for want of pages."""
     from breakgraph.engine.model_runner import ModelRunner
 
@@ -143,3 +143,28 @@ def test_dense_linear_shapes_are_the_models():
         head, _, rest = name.partition(".")
         where = f"{prefix[head]}.{rest}" if head in prefix else f"model.layers.3.self_attn.{name}"
         assert params[f"{where}.weight"].shape == (n, k), name
+
+
+def test_bench_engine_flags_default_to_the_engine_and_reach_it(hf_checkpoints, tmp_path, monkeypatch):
+    """Every bench that builds its own engine takes ``--page-size``/``--kv-cache-dtype`` from
+    EngineConfig (one default for engine, server and benches), and prefill's engine gets them."""
+    from breakgraph.bench import decode, itl, ttft
+    from breakgraph.engine.config import EngineConfig
+
+    for module in (prefill, decode, ttft, itl):
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        assert parser.parse_args(["--page-size", "8"]).page_size == 8
+        assert parser.get_default("page_size") == EngineConfig.page_size, module.__name__
+    seen = {}
+    real = prefill.kv_capacity
+
+    def spy(engine):
+        seen["page_size"] = engine.kv_cache.page_size
+        return real(engine)
+
+    monkeypatch.setattr(prefill, "kv_capacity", spy)
+    args = _args(hf_checkpoints["glm_moe_dsa"], tmp_path, ["disabled"])
+    args.page_size = 8
+    assert prefill.main(args) == 0
+    assert seen == {"page_size": 8}

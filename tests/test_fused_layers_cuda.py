@@ -83,7 +83,7 @@ def test_fp8_model_with_fused_kernels_is_as_close_to_the_twins_as_unfused(tmp_pa
     g = torch.Generator().manual_seed(3)
     batch = [torch.randint(0, eng.config.vocab_size, (n,), generator=g).tolist() for n in (700, 37, 1)]
     with monkeypatch.context() as m:
-        m.setenv("BREAKGRAPH_NORM_FP8", "1")  # the quantising norm too (off by default: slower)
+        m.setenv("BREAKGRAPH_NORM_FP8", "1")  # the quantising norm too (the default)
         fused = eng.prompt_logits(batch)
     with monkeypatch.context() as m:
         unfused(m)

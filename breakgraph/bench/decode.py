@@ -32,7 +32,6 @@ from breakgraph.bench import record
 from breakgraph.bench.peaks import copy_rate
 from breakgraph.bench.prefill import profile
 from breakgraph.bench.presets import PRESETS, preset_folder
-from breakgraph.engine.config import KV_CACHE_DTYPES, EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
                         help="profile one more step per (context, batch size) in the last round: kernels per step "
                              "and per layer, GPU busy, and the N kernels with the most GPU time (CUDA only)")
-    parser.add_argument("--page-size", type=int, default=EngineConfig.page_size,
-                        help="tokens per KV-cache page (the engine's and the server's default)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                        help="latent KV cache: auto = the activation dtype; fp8_e4m3 = the FP8 latent cache")
     parser.add_argument("--output", default="decode_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
+    from breakgraph.cli import add_config_arguments
+
+    add_config_arguments(parser, "page_size", "kv_cache_dtype")
 
 
 def step_bytes(engine, batch_size: int, seq_len: int) -> int:

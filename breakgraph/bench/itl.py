@@ -42,10 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-input-len", type=int, default=32, help="prompt tokens of each stream")
     parser.add_argument("--before-steps", type=int, default=16, help="decode steps timed before the long prompt arrives")
     parser.add_argument("--chunked-prefill-size", type=int, default=4096, help="most prompt tokens per prefill step")
-    parser.add_argument("--page-size", type=int, default=64, help="tokens per KV-cache page")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
     parser.add_argument("--output", default="itl_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
+    from breakgraph.cli import add_config_arguments
+
+    add_config_arguments(parser, "page_size")
 
 
 def percentile(values: list[float], q: float) -> float:

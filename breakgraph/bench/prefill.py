@@ -27,7 +27,6 @@ from breakgraph.bench import record
 from breakgraph.bench.floor import prefill_floor
 from breakgraph.bench.peaks import gather_bandwidth, measure_peaks
 from breakgraph.bench.presets import PRESETS, preset_folder
-from breakgraph.engine.config import KV_CACHE_DTYPES
 from breakgraph.engine.config import PREFILL_BACKENDS as BACKENDS
 from breakgraph.kernels.indexer import indexer_fp8
 
@@ -72,11 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print (and write to the JSON) the N kernels with the most GPU time in each profiled run")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                        help="latent KV cache: auto = the activation dtype; fp8_e4m3 = the FP8 latent cache")
     parser.add_argument("--output", default="prefill_bench", help="output prefix: writes PREFIX.json, PREFIX.md, PREFIX.png")
-    from breakgraph.cli import add_parallel_arguments
+    from breakgraph.cli import add_config_arguments, add_parallel_arguments
 
+    add_config_arguments(parser, "page_size", "kv_cache_dtype")
     add_parallel_arguments(parser)
 
 
@@ -87,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
     name = args.model_path or args.preset
     tokens = [n * b for n in args.input_len for b in args.batch_size]
     max_tokens = max(tokens)
-    page_size = 64
+    page_size = args.page_size
     per_req = max(args.input_len) + page_size
     engine = Engine(
         folder, device=args.device, dtype=args.dtype, load_format="dummy", page_size=page_size,
@@ -132,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
 def kv_capacity(engine, mem_fraction: float = 0.85) -> dict[str, int]:
     """Tokens a KV cache of each latent dtype would hold on ``engine``'s GPU under the engine's
     default sizing (``mem_fraction`` of the memory free now plus the bench's own small cache, page
-    size 64; page 0 reserved): ``{"bfloat16": …, "fp8_e4m3": …, "fp8_e4m3 + FP8 indexer keys": …}``
+    size of the run; page 0 reserved): ``{"bfloat16": …, "fp8_e4m3": …, "fp8_e4m3 + FP8 indexer keys": …}``
     (the last with ``BREAKGRAPH_INDEXER_FP8=1``); empty off CUDA."""
     if engine.device.type != "cuda":
         return {}

@@ -20,7 +20,6 @@ import torch
 
 from breakgraph.bench import record
 from breakgraph.bench.presets import PRESETS, preset_folder
-from breakgraph.engine.config import KV_CACHE_DTYPES, EngineConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,11 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill graphs (default: breakable on CUDA)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
-    parser.add_argument("--page-size", type=int, default=EngineConfig.page_size,
-                        help="tokens per KV-cache page (the engine's and the server's default)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                        help="latent KV cache: auto = the activation dtype; fp8_e4m3 = the FP8 latent cache")
     parser.add_argument("--output", default="ttft_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
+    from breakgraph.cli import add_config_arguments
+
+    add_config_arguments(parser, "page_size", "kv_cache_dtype")
 
 
 def ttft_seconds(engine, input_len: int, seed: int) -> float:

@@ -162,7 +162,7 @@ class MLAttention(nn.Module):
 
     def takes_fp8_input(self) -> bool:
         """Whether the projections of the layer's input are FP8 (the input norm then quantises
-        for them with ``BREAKGRAPH_NORM_FP8=1``)."""
+        for them unless ``BREAKGRAPH_NORM_FP8=0``)."""
         first = self.fused_a_proj if self.fused_a_proj is not None else self.q_a_proj
         return first.quantized
 

@@ -32,7 +32,7 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
         """:meth:`forward` (or :meth:`forward_with_residual` with ``residual``) for an output
         that feeds FP8 linears: ``(normed, h or None, x_fp8)``, ``x_fp8`` the normed rows
-        quantised for them by the same kernel where there is one (CUDA, ``BREAKGRAPH_NORM_FP8=1``), else None — always
+        quantised for them by the same kernel where there is one (CUDA, unless ``BREAKGRAPH_NORM_FP8=0``), else None — always
         None without ``quantize`` (the consumer is not FP8). See
         :func:`~breakgraph.kernels.norm.rms_norm_fp8`."""
         if not quantize:

@@ -51,7 +51,7 @@ def fp8_excluded(module_name: str, fp8: Fp8Config) -> bool:
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))`` (MLP dense or MoE). Where the
     block after a norm starts with FP8 linears, the norm may quantise its output for them
-    (:meth:`~breakgraph.layers.norm.RMSNorm.forward_fp8`, with ``BREAKGRAPH_NORM_FP8=1``); where the MLP does not add the
+    (:meth:`~breakgraph.layers.norm.RMSNorm.forward_fp8`; ``BREAKGRAPH_NORM_FP8=0`` turns it off); where the MLP does not add the
     residual in its own kernels, the next norm does (the layer returns the two parts)."""
 
     def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype) -> None:
@@ -62,6 +62,16 @@ class DecoderLayer(nn.Module):
         self.mlp = MoE(config, dtype) if config.is_moe_layer(layer_id) else MLP(
             config.hidden_size, config.intermediate_size, config.fp8, dtype
         )
+
+    def process_weights_after_loading(self) -> None:
+        """This layer's part of :meth:`DsaForCausalLM.process_weights_after_loading`."""
+        self.self_attn.absorb_kv_b()
+        self.self_attn.kv_b_proj = None
+        self.self_attn.merge_a_projections()
+        if self.self_attn.indexer is not None:
+            self.self_attn.indexer.prepare_bf16_gemm()
+        if isinstance(self.mlp, MoE):
+            self.mlp.gate.prepare_bf16_gemm()
 
     def forward(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prev_topk: torch.Tensor | None,
@@ -170,13 +180,7 @@ class DsaForCausalLM(nn.Module):
         linear where their layouts allow (:meth:`MLAttention.merge_a_projections`); give the fp32 router and indexer head-weight projections their bf16 tensor-core copies
         where those are exact."""
         for layer in self.model.layers:
-            layer.self_attn.absorb_kv_b()
-            layer.self_attn.kv_b_proj = None
-            layer.self_attn.merge_a_projections()
-            if layer.self_attn.indexer is not None:
-                layer.self_attn.indexer.prepare_bf16_gemm()
-            if isinstance(layer.mlp, MoE):
-                layer.mlp.gate.prepare_bf16_gemm()
+            layer.process_weights_after_loading()
 
     # -- checkpoint name mapping -------------------------------------------------------------
     def checkpoint_targets(self) -> tuple[dict[str, Target], dict[str, tuple[Target, list[str]]]]:

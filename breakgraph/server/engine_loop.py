@@ -190,8 +190,9 @@ class EngineLoop:
         from a step for ``stall_timeout_s``)."""
         if not self.alive:
             return "dead"
-        if getattr(self.engine, "tp_failure", None):
-            logger.warning("health: tensor parallelism failed: %s", self.engine.tp_failure)
+        failure = self.engine.tp_failure
+        if failure:
+            logger.warning("health: tensor parallelism failed: %s", failure)
             return "tp_failed"
         if self.max_step_failures and self.step_failures >= self.max_step_failures:
             return "failing"
