@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# GPU check of the DSA top-k select (breakgraph/kernels/triton_topk.py): the select timed at
-# prefill 8k / 16k and 64 rows of ~128K keys (defaults and a few block/warp variants; each
-# checked against the exact set, beside torch.topk of the same causal rows), then the CUDA
-# tests of the select and of the indexer paths that go through it. Logs under $OUT; the table of
-# ms per layer comes last. About 60 s on one H200.
+# GPU check of the DSA top-k select (breakgraph/kernels/triton_topk.py): the CUDA tests of the
+# select and of the indexer paths that go through it, then the sweep (scripts/bench_topk.py):
+# every variant (range / split / the old radix select) at all rows of an 8192- and a
+# 16384-token prefill and at 1-64 long rows of 32K and 128K keys, each checked exact, in µs per
+# call and ms per 78 layers. Logs under $OUT; the sweep's table comes last. About 3 min on one
+# H200; with --quick (the select's own tests, the defaults' neighbours on five shapes) under 2.
 set -u
 OUT=${OUT:-/tmp/gpu_check_topk}
 mkdir -p "$OUT"
@@ -11,9 +12,15 @@ cd "$(dirname "$0")/.."
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv >"$OUT/gpu.txt" 2>&1
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-timeout 55 python scripts/bench_kernels_attention.py --only topk >"$OUT/bench.log" 2>&1
-echo "bench rc=$? after $(( $(date +%s) - t0 )) s (log: $OUT/bench.log)"
-timeout 55 python -m pytest -q -m cuda tests/test_kernels_topk.py tests/test_kernels_attention.py \
-    -k "topk or indexer or replay" -p no:cacheprovider >"$OUT/pytest.log" 2>&1
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/gpu.txt"
+if [ "${1:-}" = "--quick" ]; then
+    tests=(tests/test_kernels_topk.py); bench=(--quick); limits=(55 60)
+else
+    tests=(tests/test_kernels_topk.py tests/test_kernels_attention.py -k "topk or indexer or replay or select")
+    bench=(); limits=(90 140)
+fi
+timeout "${limits[0]}" python -m pytest -q -m cuda "${tests[@]}" -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 echo "pytest rc=$? after $(( $(date +%s) - t0 )) s (log: $OUT/pytest.log)"; tail -4 "$OUT/pytest.log"
-grep -v '^    ' "$OUT/bench.log" | tail -16
+timeout "${limits[1]}" python scripts/bench_topk.py ${bench[@]+"${bench[@]}"} >"$OUT/bench.log" 2>&1
+echo "bench rc=$? after $(( $(date +%s) - t0 )) s (log: $OUT/bench.log)"
+if grep -q '^shape ' "$OUT/bench.log"; then grep -v '^    ' "$OUT/bench.log" | tail -80; else tail -60 "$OUT/bench.log"; fi

@@ -56,11 +56,12 @@ def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
-    "async_copies", "async_copies_16B", "loop_insts", "narrow_stores"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    "async_copies", "async_copies_16B", "loop_insts", "narrow_stores", "vector_loads"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
     ``async_copies_16B`` those of them that move 16 bytes per thread;
     ``loop_insts``: the instructions per trip of its largest loop, per warp; ``narrow_stores``:
-    its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to).
+    its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to;
+    ``vector_loads``: its 128-bit global loads, ``LDG.E.128``).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
@@ -111,4 +112,5 @@ def compile_for_sm90(
         "async_copies_16B": len(re.findall(r"\bLDGSTS(?:\.\w+)*\.128\b", sass)),
         "loop_insts": _largest_loop(sass),
         "narrow_stores": len(re.findall(r"\bSTG\.E\.[US](?:8|16)\b", sass)),
+        "vector_loads": len(re.findall(r"\bLDG\.E\.128\b", sass)),
     }

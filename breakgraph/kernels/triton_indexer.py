@@ -23,8 +23,9 @@ contiguously). In a batch of several requests the stacked grid has ``BLOCK_T`` p
 against that request's keys (the others return at once), so a straddling block costs no
 separate code path. Decode-like batches use ``BLOCK_T = 1``.
 
-Selection: :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (exact radix select over
-each row's causal range, ties to the lower position, positions in ascending order).
+Selection: :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (exact select over each
+row's causal range, ties to the lower position, positions in ascending order; its method by the
+chunk's shape: one program per row, or several per row for few long rows).
 
 Numerics. bf16 path (default): bf16 operands, fp32 accumulate — the products are exact, so
 scores match the fp32 twin up to summation order (~1e-7 relative). FP8 path (``fp8=True``,
