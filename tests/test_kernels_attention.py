@@ -188,11 +188,28 @@ _RAGGED = {"prefix_lens": [0, 9, 30, 2], "extend_lens": [7, 5, 3, 1]}  # 16 toke
 _DECODE = {"prefix_lens": [4, 40, 17, 0, 25], "extend_lens": [1, 1, 1, 1, 1]}
 
 
+def _poison_unowned(kv: torch.Tensor, layout: dict, batch: dict) -> torch.Tensor:
+    """``kv`` with NaN in every cache row that holds no position of the batch's requests (the
+    padding page, spare pages, page tails): a kernel that reads one writes NaN."""
+    from breakgraph.kernels.paging import positions_to_slots
+
+    lens = [p + e for p, e in zip(layout["prefix_lens"], layout["extend_lens"])]
+    pos = torch.full((len(lens), max(lens)), -1, dtype=torch.int64)
+    for b, n in enumerate(lens):
+        pos[b, :n] = torch.arange(n)
+    owned = positions_to_slots(pos, batch["page_table"], torch.arange(len(lens)), batch["page_size"])[pos >= 0]
+    out = torch.full_like(kv, float("nan"))
+    out[owned] = kv[owned]
+    return out
+
+
 def _interp_sparse_mla_fp32():
     """fp32 in, exact dots: the kernel computes the twin's function (single pass, split-K,
-    heads not a multiple of the head block, D not a power of two, several page sizes)."""
+    heads not a multiple of the head block, D not a power of two, several page sizes; the
+    unmasked ``lean`` loop and the lazy rescale, with and without split-K, on rows shorter and
+    longer than K). Cache rows outside the requests hold NaN: no variant reads them."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
-    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+    from breakgraph.kernels.triton_sparse_mla import lean_supported, sparse_mla_attention_triton
 
     cases = [
         (_RAGGED, 4, 8, 32, 16, 24, {}),
@@ -206,10 +223,20 @@ def _interp_sparse_mla_fp32():
         (_RAGGED, 3, 8, 32, 16, 24, {"slots": True}),  # cache rows precomputed (page of 3: a division)
         (_DECODE, 4, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16, "slots": True}),
         (_RAGGED, 4, 8, 32, 16, 24, {"swap_ab": True, "slots": True, "block_n": 16}),
+        (_RAGGED, 4, 8, 32, 16, 32, {"lean": True, "block_n": 16}),  # unused entries read a real row
+        (_RAGGED, 3, 8, 32, 16, 32, {"lean": True, "lazy": 8.0, "block_n": 32}),
+        (_RAGGED, 4, 16, 32, 16, 32, {"lean": True, "lazy": 0.25, "block_n": 16}),  # rescales often
+        (_DECODE, 8, 8, 32, 16, 48, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
+        (_DECODE, 2, 8, 32, 16, 64, {"lean": True, "lazy": 8.0, "block_n": 64}),  # every row shorter than K
+        (_RAGGED, 4, 8, 32, 16, 24, {"lazy": 8.0}),  # lazy rescale on the masked loop
+        (_DECODE, 4, 8, 32, 16, 40, {"lazy": 1.0, "num_splits": 3, "block_n": 16}),
     ]
     for i, (layout, ps, heads, rank, rope, topk, opts) in enumerate(cases):
         batch = make_batch(**layout, page_size=ps, seed=i)
         q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, torch.float32, seed=i)
+        kv = _poison_unowned(kv, layout, batch)
+        if opts.get("lean"):
+            assert lean_supported(kv, topk, rank, rank + rope, opts["block_n"]), (i, opts)
         scale = (rank + rope) ** -0.5 * (1.0 + i)
         args = (tk, batch["page_table"], batch["token_req"], ps, scale)
         ref = torch.empty(q.shape[0], heads, rank)
@@ -227,7 +254,9 @@ def _interp_sparse_mla_bf16():
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
     for i, (layout, opts) in enumerate([(_RAGGED, {}), (_DECODE, {"num_splits": 4, "block_n": 16}),
-                                        (_RAGGED, {"swap_ab": True, "block_n": 64})]):  # fmt: skip
+                                        (_RAGGED, {"swap_ab": True, "block_n": 64}),
+                                        (_RAGGED, {"lean": True, "lazy": 8.0, "block_n": 16}),
+                                        (_DECODE, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16})]):  # fmt: skip
         batch = make_batch(**layout, page_size=4, seed=10 + i)
         q, kv, tk = mla_inputs(batch, 16, 64, 16, 48, torch.bfloat16, seed=10 + i)
         args = (tk, batch["page_table"], batch["token_req"], 4, 80**-0.5)

@@ -100,6 +100,30 @@ def _softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
 
 
 @triton.jit
+def _softmax_step_lazy(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc, TAU: tl.constexpr):
+    """:func:`_softmax_step` that rescales ``acc`` and ``l_i`` only when some row's maximum grew
+    by more than ``TAU`` (base 2) since the last rescale: the stale maximum then bounds
+    ``p ≤ 2^TAU`` (fp32 sums, bf16 ``p`` keep their relative precision) and most key blocks skip
+    the ``[BLOCK_H, BLOCK_R]`` multiply. ``m_i`` is the maximum the terms are relative to."""
+    s = tl.dot(q_nope, tl.trans(c))
+    s = tl.dot(q_pe, tl.trans(k_pe), s)
+    s = tl.where(keep, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # -inf − -inf is NaN (a row with no key yet, none here): not a reason to rescale.
+    if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > TAU:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha
+        acc = acc * alpha[:, None]
+        m_i = m_new
+    m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i + tl.sum(p, 1)
+    acc = tl.dot(p.to(c.dtype), c, acc)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, keep, qk_scale, m_i, l_i, acc_t):
     """:func:`_softmax_step` with the key block as the dots' M side (swap-AB): ``sᵀ = k·qᵀ``
     ``[BLOCK_N, BLOCK_H]`` where ``keep`` (``[BLOCK_N, 1]``), else ``-inf``; ``accᵀ += cᵀ·pᵀ``
@@ -155,6 +179,8 @@ def _sparse_mla_fwd_kernel(
     SWAP_AB: tl.constexpr = False,  # keys as the dots' M side (_softmax_step_t)
     PAGE_SHIFT: tl.constexpr = -1,  # log2(page_size) for a power-of-two page, else -1
     SLOTS: tl.constexpr = False,  # TOPK holds each key's cache row (-1 unused), not its position
+    LEAN: tl.constexpr = False,  # SLOTS rows hold -1 - (a real row) where unused: unmasked loads
+    LAZY: tl.constexpr = 0,  # > 0: rescale only when a row maximum grows by more than this (log2)
 ):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
@@ -188,24 +214,42 @@ def _sparse_mla_fwd_kernel(
 
     k_start = split * keys_per_split
     k_end = tl.minimum(k_start + keys_per_split, topk)
-    for n0 in range(0, keys_per_split, BLOCK_N):
-        offs_n = k_start + n0 + tl.arange(0, BLOCK_N)
-        pos = tl.load(pos_row + offs_n, mask=offs_n < k_end, other=-1)
-        valid = pos >= 0
-        pos = tl.where(valid, pos, 0)
-        if SLOTS:  # TOPK holds cache rows (_topk_slots_kernel): no page-table step in the loop
-            slot = pos.to(tl.int64)
-        elif PAGE_SHIFT >= 0:  # shifts, not a runtime division per key and layout
-            page = tl.load(pages + (pos >> PAGE_SHIFT), mask=valid, other=0)
-            slot = ((page << PAGE_SHIFT) + (pos & ((1 << PAGE_SHIFT) - 1))).to(tl.int64)
-        else:
-            page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
-            slot = page * page_size + pos % page_size
-        c, k_pe = load_latent_rows(KV, slot, valid, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
-        if SWAP_AB:
-            m_i, l_i, acc_t = _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, valid[:, None], qk_scale, m_i, l_i, acc_t)
-        else:
-            m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
+    if LEAN:  # whole blocks (topk % BLOCK_N == 0), rank == BLOCK_R, rope_dim == BLOCK_PE, bf16/fp16 cache
+        # Loop-invariant column pointers; per key one 32-bit row offset (the caller checks the
+        # cache's size): no masks, no 64-bit multiply per key in the loop.
+        c_cols = KV + offs_r[None, :]
+        pe_cols = KV + BLOCK_R + offs_pe[None, :]
+        for n0 in range(k_start, k_end, BLOCK_N):
+            raw = tl.load(pos_row + n0 + tl.arange(0, BLOCK_N))
+            valid = raw >= 0
+            off = tl.where(valid, raw, -1 - raw) * stride_kv
+            c = tl.load(c_cols + off[:, None])
+            k_pe = tl.load(pe_cols + off[:, None])
+            if LAZY > 0:
+                m_i, l_i, acc = _softmax_step_lazy(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc, LAZY)
+            else:
+                m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
+    else:
+        for n0 in range(0, keys_per_split, BLOCK_N):
+            offs_n = k_start + n0 + tl.arange(0, BLOCK_N)
+            pos = tl.load(pos_row + offs_n, mask=offs_n < k_end, other=-1)
+            valid = pos >= 0
+            pos = tl.where(valid, pos, 0)
+            if SLOTS:  # TOPK holds cache rows (_topk_slots_kernel): no page-table step in the loop
+                slot = pos.to(tl.int64)
+            elif PAGE_SHIFT >= 0:  # shifts, not a runtime division per key and layout
+                page = tl.load(pages + (pos >> PAGE_SHIFT), mask=valid, other=0)
+                slot = ((page << PAGE_SHIFT) + (pos & ((1 << PAGE_SHIFT) - 1))).to(tl.int64)
+            else:
+                page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
+                slot = page * page_size + pos % page_size
+            c, k_pe = load_latent_rows(KV, slot, valid, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
+            if SWAP_AB:
+                m_i, l_i, acc_t = _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, valid[:, None], qk_scale, m_i, l_i, acc_t)
+            elif LAZY > 0:
+                m_i, l_i, acc = _softmax_step_lazy(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc, LAZY)
+            else:
+                m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
     if SWAP_AB:
         acc = tl.trans(acc_t)
 
@@ -406,10 +450,17 @@ def _sparse_mla_merge_kernel(
 
 
 @triton.jit
-def _topk_slots_kernel(TOPK, PAGE_TABLE, TOKEN_REQ, SLOTS, stride_tk, stride_pt, topk, page_size, BLOCK: tl.constexpr):
+def _topk_slots_kernel(
+    TOPK, PAGE_TABLE, TOKEN_REQ, SLOTS, stride_tk, stride_pt, topk, page_size, BLOCK: tl.constexpr,
+    FILL: tl.constexpr = False,
+):
     """``SLOTS[t, j]`` ← the cache row of top-k position ``TOPK[t, j]`` through the page table of
     token ``t``'s request (``-1`` stays ``-1``): the sparse kernel's loop then gathers rows with
-    one indirection instead of three dependent loads and a division per key."""
+    one indirection instead of three dependent loads and a division per key.
+
+    ``FILL`` (one program per token, ``BLOCK ≥ topk``): an unused entry holds ``-1 − f`` instead,
+    ``f`` the cache row of the token's largest top-k position (of position 0 where it has
+    none), so the sparse kernel's ``LEAN`` loop reads a real row there and needs no load masks."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < topk
@@ -418,7 +469,11 @@ def _topk_slots_kernel(TOPK, PAGE_TABLE, TOKEN_REQ, SLOTS, stride_tk, stride_pt,
     pos = tl.where(valid, pos, 0)
     pages = PAGE_TABLE + tl.load(TOKEN_REQ + t).to(tl.int64) * stride_pt
     page = tl.load(pages + pos // page_size, mask=valid, other=0)
-    tl.store(SLOTS + t * topk + offs, tl.where(valid, page * page_size + pos % page_size, -1), mask=inside)
+    unused = -1
+    if FILL:
+        top = tl.max(pos, 0)
+        unused = -1 - (tl.load(pages + top // page_size) * page_size + top % page_size)
+    tl.store(SLOTS + t * topk + offs, tl.where(valid, page * page_size + pos % page_size, unused), mask=inside)
 
 
 def _pow2(n: int) -> int:
@@ -466,6 +521,8 @@ def default_config(
         # Few heads, one split, bf16 cache: the keys' cache rows come from _topk_slots_kernel,
         # so the loop issues one gather per key instead of position → page → row.
         "slots": few_heads_bf16,
+        "lean": False,
+        "lazy": 0.0,
     }
 
 
@@ -515,6 +572,19 @@ def dense_config(
             chunk = max(longest // 2 // block_n, 2) * block_n
     return {"block_t": block_t, "heads": heads, "block_n": block_n, "num_warps": 8, "num_stages": stages,
             "chunk_keys": chunk}  # fmt: skip
+
+
+def lean_supported(kv_cache: torch.Tensor, topk: int, rank: int, dim: int, block_n: int) -> bool:
+    """Whether the sparse kernel's unmasked ``LEAN`` loop fits: a cache of the query's dtype
+    (not FP8), power-of-two ``rank`` and rope widths (no column padding), ``topk`` a multiple of
+    the key block and element offsets of the cache that fit 32 bits."""
+    pow2 = rank == _pow2(rank) and dim - rank == _pow2(dim - rank)
+    return (
+        not is_fp8_latent(kv_cache)
+        and pow2
+        and topk % block_n == 0
+        and kv_cache.shape[0] * kv_cache.stride(0) < 2**31
+    )
 
 
 def supports(
@@ -571,6 +641,8 @@ def sparse_mla_attention_triton(
     maxnreg: int | None = None,
     swap_ab: bool | None = None,
     slots: bool | None = None,
+    lean: bool | None = None,
+    lazy: float | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -612,6 +684,12 @@ def sparse_mla_attention_triton(
     splits = triton.cdiv(topk, keys_per_split)
     swap = cfg["swap_ab"] if swap_ab is None else swap_ab
     use_slots = cfg["slots"] if slots is None else slots
+    # The unmasked loop: whole key blocks and row widths, 32-bit row offsets; its rows come
+    # from _topk_slots_kernel with the unused entries filled.
+    use_lean = (cfg["lean"] if lean is None else lean) and lean_supported(kv_cache, topk, rank, dim, block_n)
+    use_lean = use_lean and not swap
+    use_slots = use_slots or use_lean
+    tau = cfg["lazy"] if lazy is None else lazy
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
@@ -660,9 +738,10 @@ def sparse_mla_attention_triton(
     rows, stride_rows = topk_pos, topk_pos.stride(0)
     if use_slots:  # each key's cache row, computed once (graph-safe: a shape-sized workspace)
         rows, stride_rows = torch.empty(num_tokens, topk, dtype=torch.int32, device=q.device), topk
-        _topk_slots_kernel[(num_tokens, triton.cdiv(topk, _SLOT_BLOCK))](
+        slot_block = triton.next_power_of_2(topk) if use_lean else _SLOT_BLOCK
+        _topk_slots_kernel[(num_tokens, triton.cdiv(topk, slot_block))](
             topk_pos, page_table, token_req, rows, topk_pos.stride(0), page_table.stride(0), topk, page_size,
-            BLOCK=_SLOT_BLOCK, num_warps=4,
+            BLOCK=slot_block, FILL=use_lean, num_warps=4,
         )  # fmt: skip
     shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
     _sparse_mla_fwd_kernel[grid](
@@ -671,7 +750,8 @@ def sparse_mla_attention_triton(
         out.stride(0), out.stride(1),
         num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1, DENSE_T=dense_t,
-        KV_FP8=kv_fp8, SWAP_AB=swap, PAGE_SHIFT=shift, SLOTS=use_slots, num_warps=num_warps, num_stages=num_stages,
+        KV_FP8=kv_fp8, SWAP_AB=swap, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean,
+        LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
         maxnreg=(maxnreg if maxnreg is not None else cfg["maxnreg"]) or None,
     )  # fmt: skip
     if splits > 1:
