@@ -3,6 +3,7 @@
     python scripts/bench_kernels_attention.py             # table on the GPU
     python scripts/bench_kernels_attention.py --sweep     # also try block configs, report the best
     python scripts/bench_kernels_attention.py --twin      # also time the plain-PyTorch twins
+    python scripts/bench_kernels_attention.py --variants --heads 8  # sparse MLA loop variants vs default
     python scripts/bench_kernels_attention.py --aot       # no GPU needed: compile for sm_90 and
                                                           # print registers / spills / shared memory
     python scripts/bench_kernels_attention.py --only mla --kv-cache-dtype bfloat16 fp8_e4m3
@@ -50,6 +51,9 @@ LAYOUTS = {
     "decode B=1 (L=1k, 200k pool)": ([1023], [1], 200_000),
     "decode B=64 (L~4k)": ([4000 + 37 * i for i in range(64)], [1] * 64),
     "decode B=64 (L~16k)": ([16000 + 37 * i for i in range(64)], [1] * 64),
+    "decode B=1 (L~8k)": ([8191], [1]),
+    "decode B=16 (L~8k)": ([7500 + 41 * i for i in range(16)], [1] * 16),
+    "decode B=64 (L~8k)": ([7000 + 19 * i for i in range(64)], [1] * 64),
 }
 
 
@@ -242,6 +246,57 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
             best = (t, opts)
     print(f"    best {best[0]:.3f} ms with {best[1]}")
     return best
+
+
+# --variants: the sparse kernel's loop variants at 8 heads against the default, as the engine
+# calls it (prefill with the dense path, decode with split-K); each with the default tiles
+# unless it names its own. lean: unmasked loads, unused entries filled with a real row by the
+# slots kernel; lazy: the accumulator rescaled only when a row maximum grows by more than 2^τ.
+MLA_VARIANTS = [
+    dict(lean=True),
+    dict(lean=True, lazy=8.0),
+    dict(lean=True, lazy=8.0, maxnreg=0),
+    dict(lean=True, lazy=8.0, num_stages=3),
+    dict(lean=True, lazy=8.0, block_n=64, num_warps=8, maxnreg=0),
+    dict(lean=True, lazy=8.0, block_n=64, num_warps=8, num_stages=3, maxnreg=0),
+    dict(lean=True, lazy=8.0, block_n=16, num_stages=3),
+    dict(lazy=8.0),
+]
+VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]
+
+
+def run_mla_variants(args):
+    """ms, gathered TB/s and the largest error against the default of each variant per shape."""
+    from breakgraph.kernels.triton_sparse_mla import default_config, sparse_mla_attention_triton
+
+    heads = args.heads[0]
+    print(f"\nsparse MLA loop variants, H={heads}, bf16 cache, page {PAGE} (engine calls: prefill dense_below=K)")
+    rows = []
+    for layout in _layouts(args, VARIANT_LAYOUTS):
+        (q, kv, tk, batch, out), _, _, gbytes = mla_case(heads, layout)
+        a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
+        engine = dict(positions=batch["positions"], dense_below=0 if layout.startswith("decode") else TOPK)
+        cfg = default_config(q.shape[0], heads, TOPK, q.device, dense=engine["dense_below"] > 0)
+        ms = bench(partial(sparse_mla_attention_triton, *a, **engine))
+        want = out.float().clone()
+        print(f"  {layout:<22} default {ms:8.3f} ms  gathered {gbytes / (ms * 1e-3) / 1e12:5.2f} TB/s  "
+              f"(splits {cfg['num_splits']})", flush=True)  # fmt: skip
+        best = (ms, "default")
+        for opts in MLA_VARIANTS:
+            try:
+                t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts))
+            except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
+                print(f"    {opts}: {type(e).__name__} {str(e)[:100]}")
+                continue
+            err = (out.float() - want).abs().max().item()
+            print(f"    {t:8.3f} ms  gathered {gbytes / (t * 1e-3) / 1e12:5.2f} TB/s  x{ms / t:4.2f}  max err vs default"
+                  f" {err:.1e}  {opts}", flush=True)  # fmt: skip
+            best = min(best, (t, opts), key=lambda b: b[0])
+        rows.append((layout, ms, gbytes, best))
+    print(f"\n{'shape':<22} {'default ms':>10} {'gath TB/s':>9} {'best ms':>8} {'gath TB/s':>9} {'x':>5}  best")
+    for layout, ms, gbytes, (t, opts) in rows:
+        print(f"{layout:<22} {ms:10.3f} {gbytes / (ms * 1e-3) / 1e12:9.2f} {t:8.3f} {gbytes / (t * 1e-3) / 1e12:9.2f}"
+              f" {ms / t:5.2f}  {opts}")  # fmt: skip
 
 
 # The dense-causal path as it stood before key chunks: one program per token block walking
@@ -608,6 +663,9 @@ def run_aot():
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", action="store_true", help="try block configs per shape and print the best")
+    p.add_argument("--variants", action="store_true",
+                   help="time the sparse MLA loop variants (lean, lazy rescale, tiles) against the default at "
+                        "the first --heads; shapes: --layouts (default: prefill 8k/16k, decode B=1/16/64 at ~8k)")
     p.add_argument("--twin", action="store_true", help="also time the plain-PyTorch twins")
     p.add_argument("--aot", action="store_true", help="compile for sm_90 only (no GPU) and print resources")
     p.add_argument("--only", choices=("mla", "indexer", "dense", "topk"),
@@ -643,6 +701,9 @@ def main() -> None:
         return
     if args.only == "topk":
         run_topk(args)
+        return
+    if args.variants:
+        run_mla_variants(args)
         return
     if args.only in (None, "mla"):
         run_mla(args)

@@ -678,6 +678,28 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("opts", [{"lean": True, "lazy": 8.0}, {"lean": True, "lazy": 8.0, "block_n": 64, "num_warps": 8,
+                                  "maxnreg": 0}])  # fmt: skip
+@pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
+def test_sparse_mla_variants_glm5_shapes_on_gpu(opts, layout):
+    """The lean loop and the lazy rescale at 8 heads (prefill and split-K decode, rows shorter
+    and longer than K): within 2× the bf16 output rounding of the fp32 twin."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+
+    batch = _gpu_batch(layout, seed=3)
+    q, kv, tk = mla_inputs(batch, 8, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=3)
+    args = (tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE)
+    out = torch.full((q.shape[0], 8, RANK), float("nan"), dtype=torch.bfloat16, device="cuda")
+    sparse_mla_attention_triton(q, kv, *args, out, **opts)
+    ref = torch.empty(q.shape[0], 8, RANK, device="cuda")
+    with _fp32_reference():
+        sparse_mla_attention_ref(q.float(), kv.float(), *args, ref)
+    floor, err = rel_err(ref.bfloat16(), ref), rel_err(out, ref)
+    assert err <= 2 * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("heads", [8, 64])
 @pytest.mark.parametrize("layout", ["prefill1024_fresh", "prefill1024_on_1000", "prefill4096"])
 def test_sparse_mla_dense_causal_path_glm5_shapes_on_gpu(heads, layout):
