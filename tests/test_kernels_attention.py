@@ -852,6 +852,11 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
         assert info["regs"] <= sparse["maxnreg"] and info["stack"] <= 128, info
     else:
         assert info["stack"] == 0 and info["local_insts"] == 0, info
+    if heads == 8:  # the lean loop with the lazy rescale at the bench's tiles: no spills at all
+        for bn, warps, stages, cap in ((32, 4, 2, 168), (64, 8, 2, None), (32, 4, 3, 168)):
+            lean = consts | dict(BLOCK_N=bn, SWAP_AB=False, SLOTS=True, LEAN=True, LAZY=8.0)
+            info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, lean, warps, stages, cap)
+            assert info["stack"] == 0 and info["local_insts"] == 0, (bn, warps, stages, info)
 
 
 @pytest.mark.cuda
