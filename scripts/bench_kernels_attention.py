@@ -251,17 +251,20 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
 # --variants: the sparse kernel's loop variants at 8 heads against the default, as the engine
 # calls it (prefill with the dense path, decode with split-K); each with the default tiles
 # unless it names its own. lean: unmasked loads, unused entries filled with a real row by the
-# slots kernel; lazy: the accumulator rescaled only when a row maximum grows by more than 2^τ.
+# slots kernel; groups=4: the lean loop in four column groups (_sparse_mla_groups_kernel, no
+# register cap unless named); lazy: the accumulator rescaled only when a row maximum grows by
+# more than 2^τ.
 MLA_VARIANTS = [
-    dict(lean=True),
+    dict(lean=True, groups=4, lazy=8.0),
+    dict(lean=True, groups=4, lazy=8.0, block_n=64, num_warps=8),
+    dict(lean=True, groups=4),
+    dict(lean=True, groups=4, lazy=8.0, num_stages=3),
+    dict(lean=True, groups=4, lazy=8.0, block_n=16),
     dict(lean=True, lazy=8.0),
-    dict(lean=True, lazy=8.0, maxnreg=0),
-    dict(lean=True, lazy=8.0, num_stages=3),
-    dict(lean=True, lazy=8.0, block_n=64, num_warps=8, maxnreg=0),
-    dict(lean=True, lazy=8.0, block_n=64, num_warps=8, num_stages=3, maxnreg=0),
-    dict(lean=True, lazy=8.0, block_n=16, num_stages=3),
+    dict(lean=True),
     dict(lazy=8.0),
 ]
+MLA_FP8_VARIANTS = [dict(lazy=8.0), dict(lazy=8.0, num_stages=2)]  # the FP8 cache: masked loop only
 VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]
 
 
@@ -270,19 +273,21 @@ def run_mla_variants(args):
     from breakgraph.kernels.triton_sparse_mla import default_config, sparse_mla_attention_triton
 
     heads = args.heads[0]
-    print(f"\nsparse MLA loop variants, H={heads}, bf16 cache, page {PAGE} (engine calls: prefill dense_below=K)")
+    print(f"\nsparse MLA loop variants, H={heads}, page {PAGE} (engine calls: prefill dense_below=K)")
     rows = []
-    for layout in _layouts(args, VARIANT_LAYOUTS):
-        (q, kv, tk, batch, out), _, _, gbytes = mla_case(heads, layout)
+    for kv_dtype, layout in itertools.product(args.kv_cache_dtype, _layouts(args, VARIANT_LAYOUTS)):
+        fp8 = kv_dtype == "fp8_e4m3"
+        (q, kv, tk, batch, out), _, _, gbytes = mla_case(heads, layout, kv_dtype=kv_dtype)
         a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
         engine = dict(positions=batch["positions"], dense_below=0 if layout.startswith("decode") else TOPK)
-        cfg = default_config(q.shape[0], heads, TOPK, q.device, dense=engine["dense_below"] > 0)
+        cfg = default_config(q.shape[0], heads, TOPK, q.device, dense=engine["dense_below"] > 0, kv_fp8=fp8)
+        layout = f"{layout}{' fp8' if fp8 else ''}"
         ms = bench(partial(sparse_mla_attention_triton, *a, **engine))
         want = out.float().clone()
-        print(f"  {layout:<22} default {ms:8.3f} ms  gathered {gbytes / (ms * 1e-3) / 1e12:5.2f} TB/s  "
+        print(f"  {layout:<26} default {ms:8.3f} ms  gathered {gbytes / (ms * 1e-3) / 1e12:5.2f} TB/s  "
               f"(splits {cfg['num_splits']})", flush=True)  # fmt: skip
         best = (ms, "default")
-        for opts in MLA_VARIANTS:
+        for opts in MLA_FP8_VARIANTS if fp8 else MLA_VARIANTS:
             try:
                 t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts))
             except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
@@ -293,9 +298,9 @@ def run_mla_variants(args):
                   f" {err:.1e}  {opts}", flush=True)  # fmt: skip
             best = min(best, (t, opts), key=lambda b: b[0])
         rows.append((layout, ms, gbytes, best))
-    print(f"\n{'shape':<22} {'default ms':>10} {'gath TB/s':>9} {'best ms':>8} {'gath TB/s':>9} {'x':>5}  best")
+    print(f"\n{'shape':<26} {'default ms':>10} {'gath TB/s':>9} {'best ms':>8} {'gath TB/s':>9} {'x':>5}  best")
     for layout, ms, gbytes, (t, opts) in rows:
-        print(f"{layout:<22} {ms:10.3f} {gbytes / (ms * 1e-3) / 1e12:9.2f} {t:8.3f} {gbytes / (t * 1e-3) / 1e12:9.2f}"
+        print(f"{layout:<26} {ms:10.3f} {gbytes / (ms * 1e-3) / 1e12:9.2f} {t:8.3f} {gbytes / (t * 1e-3) / 1e12:9.2f}"
               f" {ms / t:5.2f}  {opts}")  # fmt: skip
 
 

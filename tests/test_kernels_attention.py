@@ -229,6 +229,9 @@ def _interp_sparse_mla_fp32():
         (_DECODE, 8, 8, 32, 16, 48, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
         (_DECODE, 2, 8, 32, 16, 64, {"lean": True, "lazy": 8.0, "block_n": 64}),  # every row shorter than K
         (_RAGGED, 4, 8, 32, 16, 24, {"lazy": 8.0}),  # lazy rescale on the masked loop
+        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "block_n": 16}),  # four column groups
+        (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 16, "block_n": 32}),
+        (_DECODE, 8, 8, 64, 16, 48, {"lean": True, "groups": 4, "lazy": 0.25, "num_splits": 3, "block_n": 16}),
         (_DECODE, 4, 8, 32, 16, 40, {"lazy": 1.0, "num_splits": 3, "block_n": 16}),
     ]
     for i, (layout, ps, heads, rank, rope, topk, opts) in enumerate(cases):
@@ -256,7 +259,8 @@ def _interp_sparse_mla_bf16():
     for i, (layout, opts) in enumerate([(_RAGGED, {}), (_DECODE, {"num_splits": 4, "block_n": 16}),
                                         (_RAGGED, {"swap_ab": True, "block_n": 64}),
                                         (_RAGGED, {"lean": True, "lazy": 8.0, "block_n": 16}),
-                                        (_DECODE, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16})]):  # fmt: skip
+                                        (_DECODE, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
+                                        (_RAGGED, {"lean": True, "groups": 4, "lazy": 8.0, "block_n": 16})]):  # fmt: skip
         batch = make_batch(**layout, page_size=4, seed=10 + i)
         q, kv, tk = mla_inputs(batch, 16, 64, 16, 48, torch.bfloat16, seed=10 + i)
         args = (tk, batch["page_table"], batch["token_req"], 4, 80**-0.5)
@@ -678,12 +682,12 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("opts", [{"lean": True, "lazy": 8.0}, {"lean": True, "lazy": 8.0, "block_n": 64, "num_warps": 8,
-                                  "maxnreg": 0}])  # fmt: skip
+@pytest.mark.parametrize("opts", [{"lean": True, "groups": 4, "lazy": 8.0}, {"lean": True, "lazy": 8.0}])
 @pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
 def test_sparse_mla_variants_glm5_shapes_on_gpu(opts, layout):
-    """The lean loop and the lazy rescale at 8 heads (prefill and split-K decode, rows shorter
-    and longer than K): within 2× the bf16 output rounding of the fp32 twin."""
+    """The lean loop (four column groups or one) with the lazy rescale at 8 heads (prefill and
+    split-K decode, rows shorter and longer than K): within 2× the bf16 output rounding of the
+    fp32 twin."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
@@ -857,6 +861,12 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
             lean = consts | dict(BLOCK_N=bn, SWAP_AB=False, SLOTS=True, LEAN=True, LAZY=8.0)
             info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, lean, warps, stages, cap)
             assert info["stack"] == 0 and info["local_insts"] == 0, (bn, warps, stages, info)
+        groups = dict(BLOCK_H=16, BLOCK_R=RANK, BLOCK_PE=ROPE, DENSE_T=dense["block_t"], LAZY=8.0)
+        for bn, warps, stages, split in ((32, 4, 2, False), (32, 4, 2, True), (64, 8, 2, False), (16, 4, 2, False)):
+            consts = groups | dict(BLOCK_N=bn, SPLIT=split)
+            info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, consts, warps, stages)
+            assert info["stack"] == 0 and info["local_insts"] == 0, (bn, warps, split, info)
+            assert bn != 32 or warps != 4 or info["regs"] <= 128, info  # four programs per SM
 
 
 @pytest.mark.cuda

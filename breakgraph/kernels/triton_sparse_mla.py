@@ -15,6 +15,18 @@ instruction, DRAM idle, L2 hit 99%), so the key-row addresses come from ``_topk_
 which turns the top-k positions into cache rows once per call (``SLOTS``): the loop then loads
 one int32 per key instead of walking position → page → row itself (where it still does, pages
 of a power-of-two size use shifts, ``PAGE_SHIFT``, not an emulated division per key and layout).
+``LEAN`` (bf16/fp16 cache, power-of-two widths, ``K`` a multiple of the key block): the slots
+kernel writes ``-1 − f`` for unused entries, ``f`` the cache row of the token's largest
+position, so the loop loads whole key blocks and rows without masks (the unused keys read a
+real, finite row and are dropped from the scores), with loop-invariant column pointers and one
+32-bit row offset per key: the masked loop spends ~16 instructions of address and predicate
+math per 16-byte copy (sm_90 SASS), the lean one ~4. ``_sparse_mla_groups_kernel`` is the lean
+loop with the row in four column groups of ``r/4``: four partial score dots summed give the
+tensor cores four independent chains of 8 steps instead of one of 36, each thread gathers 6
+distinct rows per block instead of 18, and it fits 128 registers (four programs per SM) without
+a cap. ``LAZY`` (``_softmax_step_lazy``): the accumulator is rescaled only when some row's
+maximum grew by more than ``2^LAZY`` since the last rescale, so most blocks skip the
+``[16, 512]`` multiply (the terms stay relative to the stale maximum, at most ``2^LAZY``).
 ``SWAP_AB`` (``_softmax_step_t``) makes the key block the dots' M side (``sᵀ = k·qᵀ``,
 ``accᵀ += cᵀ·pᵀ``): with 64 keys both dots run on wgmma from the shared-memory key tile, which
 the pipeliner double-buffers; measured slower than mma.sync with heads as M at 8 and 16 heads
@@ -265,6 +277,131 @@ def _sparse_mla_fwd_kernel(
     else:
         o_ptrs = OUT + t * stride_ot + offs_h[:, None] * stride_oh + offs_r[None, :]
         tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=mask_h[:, None] & mask_r[None, :])
+
+
+@triton.jit
+def _sparse_mla_groups_kernel(
+    Q,
+    KV,
+    TOPK,
+    PAGE_TABLE,
+    TOKEN_REQ,
+    POSITIONS,
+    OUT,
+    WS_O,
+    WS_LSE,
+    stride_qt,
+    stride_qh,
+    stride_kv,
+    stride_tk,
+    stride_pt,
+    stride_ot,
+    stride_oh,
+    num_tokens,
+    num_heads,
+    topk,
+    rank,
+    rope_dim,
+    page_size,
+    keys_per_split,
+    num_splits,
+    dense_below,
+    qk_scale,  # softmax_scale · log2(e)
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # == rank
+    BLOCK_PE: tl.constexpr,  # == rope_dim
+    SPLIT: tl.constexpr,
+    DENSE_T: tl.constexpr,
+    LAZY: tl.constexpr = 0,
+):
+    """The sparse kernel's ``LEAN`` loop with the latent row in four column groups of
+    ``BLOCK_R / 4``: four key loads, four partial score dots summed (independent tensor-core
+    chains of 8 steps instead of one of 36) and four accumulators. The rows (``TOPK``) come
+    from ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as
+    ``_sparse_mla_fwd_kernel``."""
+    t = tl.program_id(0)  # 32-bit: widened where it addresses (fewer registers live across the loop)
+    hb = tl.program_id(1)
+    split = tl.program_id(2)
+    if DENSE_T > 0:
+        if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
+            return  # written by _dense_mla_fwd_kernel
+    GR: tl.constexpr = BLOCK_R // 4
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_g = tl.arange(0, GR)
+    offs_pe = tl.arange(0, BLOCK_PE)
+    mask_h = offs_h < num_heads
+    # Padding rows (heads past num_heads) repeat the last head: unmasked loads, never stored.
+    q_rows = Q + t.to(tl.int64) * stride_qt + tl.minimum(offs_h, num_heads - 1)[:, None] * stride_qh
+    q0 = tl.load(q_rows + offs_g[None, :])
+    q1 = tl.load(q_rows + GR + offs_g[None, :])
+    q2 = tl.load(q_rows + 2 * GR + offs_g[None, :])
+    q3 = tl.load(q_rows + 3 * GR + offs_g[None, :])
+    q_pe = tl.load(q_rows + BLOCK_R + offs_pe[None, :])
+    pos_row = TOPK + t.to(tl.int64) * stride_tk
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, GR], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, GR], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, GR], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, GR], tl.float32)
+    k_start = split * keys_per_split
+    k_end = tl.minimum(k_start + keys_per_split, topk)
+    for n0 in range(k_start, k_end, BLOCK_N):
+        raw = tl.load(pos_row + n0 + tl.arange(0, BLOCK_N))
+        valid = raw >= 0
+        rows = KV + (tl.where(valid, raw, -1 - raw) * stride_kv)[:, None]
+        c0 = tl.load(rows + offs_g[None, :])
+        c1 = tl.load(rows + GR + offs_g[None, :])
+        c2 = tl.load(rows + 2 * GR + offs_g[None, :])
+        c3 = tl.load(rows + 3 * GR + offs_g[None, :])
+        k_pe = tl.load(rows + BLOCK_R + offs_pe[None, :])
+        s = tl.dot(q_pe, tl.trans(k_pe), tl.dot(q0, tl.trans(c0)))
+        s += tl.dot(q1, tl.trans(c1))
+        s += tl.dot(q2, tl.trans(c2))
+        s += tl.dot(q3, tl.trans(c3))
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if LAZY > 0:  # as _softmax_step_lazy: rescale only past a growth of 2^LAZY
+            if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > LAZY:
+                alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+                l_i = l_i * alpha
+                acc0, acc1 = acc0 * alpha[:, None], acc1 * alpha[:, None]
+                acc2, acc3 = acc2 * alpha[:, None], acc3 * alpha[:, None]
+                m_i = m_new
+        else:
+            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            l_i = l_i * alpha
+            acc0, acc1 = acc0 * alpha[:, None], acc1 * alpha[:, None]
+            acc2, acc3 = acc2 * alpha[:, None], acc3 * alpha[:, None]
+            m_i = m_new
+        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        p = p.to(c0.dtype)
+        acc0 = tl.dot(p, c0, acc0)
+        acc1 = tl.dot(p, c1, acc1)
+        acc2 = tl.dot(p, c2, acc2)
+        acc3 = tl.dot(p, c3, acc3)
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    inv = (1.0 / l_safe)[:, None]
+    if SPLIT:
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        ws_row = (t.to(tl.int64) * num_heads + offs_h) * num_splits + split
+        tl.store(WS_LSE + ws_row, lse, mask=mask_h)
+        o_ptrs = WS_O + ws_row[:, None] * BLOCK_R + offs_g[None, :]
+        tl.store(o_ptrs, acc0 * inv, mask=mask_h[:, None])
+        tl.store(o_ptrs + GR, acc1 * inv, mask=mask_h[:, None])
+        tl.store(o_ptrs + 2 * GR, acc2 * inv, mask=mask_h[:, None])
+        tl.store(o_ptrs + 3 * GR, acc3 * inv, mask=mask_h[:, None])
+    else:
+        o_ptrs = OUT + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_g[None, :]
+        dtype = OUT.dtype.element_ty
+        tl.store(o_ptrs, (acc0 * inv).to(dtype), mask=mask_h[:, None])
+        tl.store(o_ptrs + GR, (acc1 * inv).to(dtype), mask=mask_h[:, None])
+        tl.store(o_ptrs + 2 * GR, (acc2 * inv).to(dtype), mask=mask_h[:, None])
+        tl.store(o_ptrs + 3 * GR, (acc3 * inv).to(dtype), mask=mask_h[:, None])
 
 
 @triton.jit
@@ -523,6 +660,7 @@ def default_config(
         "slots": few_heads_bf16,
         "lean": False,
         "lazy": 0.0,
+        "groups": 1,
     }
 
 
@@ -643,6 +781,7 @@ def sparse_mla_attention_triton(
     slots: bool | None = None,
     lean: bool | None = None,
     lazy: float | None = None,
+    groups: int | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -661,7 +800,10 @@ def sparse_mla_attention_triton(
     :func:`dense_config` (benchmarks, tests; ``dense_block_t`` is a power of two;
     ``dense_chunk_keys = 0``: one chunk; ``dense_page_blocks``: one page-table entry per key
     block, which needs ``page_size`` divisible by the key block — by default on where it is;
-    ``maxnreg = 0``: no register cap; ``swap_ab``: the sparse kernel's swap-AB form).
+    ``maxnreg = 0``: no register cap; ``swap_ab``: the sparse kernel's swap-AB form; ``lean``:
+    the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
+    four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one;
+    ``lazy``: rescale only past a growth of ``2^lazy``, 0 = every block).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
     (``< page_table.shape[1] · page_size``), which bounds the dense path's key chunks.
@@ -690,6 +832,10 @@ def sparse_mla_attention_triton(
     use_lean = use_lean and not swap
     use_slots = use_slots or use_lean
     tau = cfg["lazy"] if lazy is None else lazy
+    # Four column groups (_sparse_mla_groups_kernel): the lean loop with independent score
+    # chains; needs groups of at least 16 columns.
+    use_groups = use_lean and (cfg["groups"] if groups is None else groups) == 4 and rank % 64 == 0
+    cap = maxnreg if maxnreg is not None else (None if use_groups else cfg["maxnreg"])
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
@@ -744,16 +890,21 @@ def sparse_mla_attention_triton(
             BLOCK=slot_block, FILL=use_lean, num_warps=4,
         )  # fmt: skip
     shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
-    _sparse_mla_fwd_kernel[grid](
+    args = (
         q, kv_cache, rows, page_table, token_req, positions if dense_t else token_req, out, ws_o, ws_lse,
         q.stride(0), q.stride(1), kv_cache.stride(0), stride_rows, page_table.stride(0),
         out.stride(0), out.stride(1),
         num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
-        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1, DENSE_T=dense_t,
-        KV_FP8=kv_fp8, SWAP_AB=swap, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean,
-        LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
-        maxnreg=(maxnreg if maxnreg is not None else cfg["maxnreg"]) or None,
     )  # fmt: skip
+    tiles = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1,
+                 DENSE_T=dense_t, LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
+                 maxnreg=cap or None)  # fmt: skip
+    if use_groups:
+        _sparse_mla_groups_kernel[grid](*args, **tiles)
+    else:
+        _sparse_mla_fwd_kernel[grid](
+            *args, KV_FP8=kv_fp8, SWAP_AB=swap, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles
+        )
     if splits > 1:
         _sparse_mla_merge_kernel[(num_tokens, num_heads)](
             ws_o, ws_lse, out, out.stride(0), out.stride(1), num_heads, rank, splits,
