@@ -256,12 +256,12 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
 # more than 2^τ.
 MLA_VARIANTS = [
     dict(lean=True, groups=4, lazy=8.0),
+    dict(lean=True, groups=4, lazy=8.0, chains=2, maxnreg=128),
+    dict(lean=True, groups=4, lazy=8.0, chains=2),
     dict(lean=True, groups=4, lazy=8.0, block_n=64, num_warps=8),
     dict(lean=True, groups=4),
-    dict(lean=True, groups=4, lazy=8.0, num_stages=3),
-    dict(lean=True, groups=4, lazy=8.0, block_n=16),
+    dict(lean=True, groups=4, lazy=8.0, block_n=64),
     dict(lean=True, lazy=8.0),
-    dict(lean=True),
     dict(lazy=8.0),
 ]
 MLA_FP8_VARIANTS = [dict(lazy=8.0), dict(lazy=8.0, num_stages=2)]  # the FP8 cache: masked loop only

@@ -314,11 +314,13 @@ def _sparse_mla_groups_kernel(
     SPLIT: tl.constexpr,
     DENSE_T: tl.constexpr,
     LAZY: tl.constexpr = 0,
+    CHAINS: tl.constexpr = 1,  # 2: the score dot as two independent tensor-core chains
 ):
     """The sparse kernel's ``LEAN`` loop with the latent row in four column groups of
-    ``BLOCK_R / 4``: four key loads, four partial score dots summed (independent tensor-core
-    chains of 8 steps instead of one of 36) and four accumulators. The rows (``TOPK``) come
-    from ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as
+    ``BLOCK_R / 4``: four key loads (6 distinct rows per thread at 32 keys, 4 warps, instead of
+    18), four partial score dots and four accumulators. ``CHAINS = 2`` sums the score dots as
+    two chains of 16–20 steps that the tensor cores interleave, instead of one of 36. The rows
+    (``TOPK``) come from ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as
     ``_sparse_mla_fwd_kernel``."""
     t = tl.program_id(0)  # 32-bit: widened where it addresses (fewer registers live across the loop)
     hb = tl.program_id(1)
@@ -357,10 +359,12 @@ def _sparse_mla_groups_kernel(
         c2 = tl.load(rows + 2 * GR + offs_g[None, :])
         c3 = tl.load(rows + 3 * GR + offs_g[None, :])
         k_pe = tl.load(rows + BLOCK_R + offs_pe[None, :])
-        s = tl.dot(q_pe, tl.trans(k_pe), tl.dot(q0, tl.trans(c0)))
-        s += tl.dot(q1, tl.trans(c1))
-        s += tl.dot(q2, tl.trans(c2))
-        s += tl.dot(q3, tl.trans(c3))
+        if CHAINS == 2:  # Triton folds `dot(a, b, 0) + x` into one chain, not a sum of two chains
+            s = tl.dot(q1, tl.trans(c1), tl.dot(q0, tl.trans(c0)))
+            s += tl.dot(q_pe, tl.trans(k_pe), tl.dot(q3, tl.trans(c3), tl.dot(q2, tl.trans(c2))))
+        else:
+            s = tl.dot(q_pe, tl.trans(k_pe), tl.dot(q0, tl.trans(c0)))
+            s = tl.dot(q3, tl.trans(c3), tl.dot(q2, tl.trans(c2), tl.dot(q1, tl.trans(c1), s)))
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         if LAZY > 0:  # as _softmax_step_lazy: rescale only past a growth of 2^LAZY
@@ -661,6 +665,7 @@ def default_config(
         "lean": False,
         "lazy": 0.0,
         "groups": 1,
+        "chains": 1,
     }
 
 
@@ -782,6 +787,7 @@ def sparse_mla_attention_triton(
     lean: bool | None = None,
     lazy: float | None = None,
     groups: int | None = None,
+    chains: int | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -802,7 +808,8 @@ def sparse_mla_attention_triton(
     block, which needs ``page_size`` divisible by the key block — by default on where it is;
     ``maxnreg = 0``: no register cap; ``swap_ab``: the sparse kernel's swap-AB form; ``lean``:
     the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
-    four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one;
+    four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one
+    (``chains = 2``: its score dot as two chains);
     ``lazy``: rescale only past a growth of ``2^lazy``, 0 = every block).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
@@ -900,7 +907,7 @@ def sparse_mla_attention_triton(
                  DENSE_T=dense_t, LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
                  maxnreg=cap or None)  # fmt: skip
     if use_groups:
-        _sparse_mla_groups_kernel[grid](*args, **tiles)
+        _sparse_mla_groups_kernel[grid](*args, CHAINS=chains or cfg["chains"], **tiles)
     else:
         _sparse_mla_fwd_kernel[grid](
             *args, KV_FP8=kv_fp8, SWAP_AB=swap, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles
