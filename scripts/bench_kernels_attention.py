@@ -264,7 +264,8 @@ MLA_VARIANTS = [
     dict(lean=True, lazy=8.0),
     dict(lazy=8.0),
 ]
-MLA_FP8_VARIANTS = [dict(lazy=8.0), dict(lazy=8.0, num_stages=2)]  # the FP8 cache: masked loop only
+MLA_FP8_VARIANTS = [dict(lean=True, groups=4, lazy=8.0), dict(lean=True, lazy=8.0), dict(lazy=8.0),
+                    dict(lean=True, lazy=8.0, num_stages=2)]  # fmt: skip
 VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]
 
 

@@ -15,11 +15,12 @@ instruction, DRAM idle, L2 hit 99%), so the key-row addresses come from ``_topk_
 which turns the top-k positions into cache rows once per call (``SLOTS``): the loop then loads
 one int32 per key instead of walking position → page → row itself (where it still does, pages
 of a power-of-two size use shifts, ``PAGE_SHIFT``, not an emulated division per key and layout).
-``LEAN`` (bf16/fp16 cache, power-of-two widths, ``K`` a multiple of the key block): the slots
+``LEAN`` (power-of-two widths, ``K`` a multiple of the key block): the slots
 kernel writes ``-1 − f`` for unused entries, ``f`` the cache row of the token's largest
 position, so the loop loads whole key blocks and rows without masks (the unused keys read a
 real, finite row and are dropped from the scores), with loop-invariant column pointers and one
-32-bit row offset per key: the masked loop spends ~16 instructions of address and predicate
+32-bit row offset per key (an FP8 cache: its load helper with the widths as constants and no
+row mask): the masked loop spends ~16 instructions of address and predicate
 math per 16-byte copy (sm_90 SASS), the lean one ~4. ``_sparse_mla_groups_kernel`` is the lean
 loop with the row in four column groups of ``r/4``: four partial score dots summed give the
 tensor cores four independent chains of 8 steps instead of one of 36, each thread gathers 6
@@ -76,6 +77,7 @@ import triton
 import triton.language as tl
 
 from breakgraph.kernels.dispatch import num_sms
+from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
 from breakgraph.kernels.triton_latent_fp8 import load_latent_rows
 
@@ -226,7 +228,7 @@ def _sparse_mla_fwd_kernel(
 
     k_start = split * keys_per_split
     k_end = tl.minimum(k_start + keys_per_split, topk)
-    if LEAN:  # whole blocks (topk % BLOCK_N == 0), rank == BLOCK_R, rope_dim == BLOCK_PE, bf16/fp16 cache
+    if LEAN:  # whole blocks (topk % BLOCK_N == 0), rank == BLOCK_R, rope_dim == BLOCK_PE
         # Loop-invariant column pointers; per key one 32-bit row offset (the caller checks the
         # cache's size): no masks, no 64-bit multiply per key in the loop.
         c_cols = KV + offs_r[None, :]
@@ -234,9 +236,12 @@ def _sparse_mla_fwd_kernel(
         for n0 in range(k_start, k_end, BLOCK_N):
             raw = tl.load(pos_row + n0 + tl.arange(0, BLOCK_N))
             valid = raw >= 0
-            off = tl.where(valid, raw, -1 - raw) * stride_kv
-            c = tl.load(c_cols + off[:, None])
-            k_pe = tl.load(pe_cols + off[:, None])
+            row = tl.where(valid, raw, -1 - raw)
+            if KV_FP8:  # the widths as constants: no masks in the helper either
+                c, k_pe = load_latent_rows(KV, row, None, offs_r, offs_pe, stride_kv, BLOCK_R, BLOCK_PE, True, Q.dtype.element_ty)  # fmt: skip
+            else:
+                c = tl.load(c_cols + (row * stride_kv)[:, None])
+                k_pe = tl.load(pe_cols + (row * stride_kv)[:, None])
             if LAZY > 0:
                 m_i, l_i, acc = _softmax_step_lazy(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc, LAZY)
             else:
@@ -280,6 +285,13 @@ def _sparse_mla_fwd_kernel(
 
 
 @triton.jit
+def _dequant_group(codes, scale, DTYPE: tl.constexpr):
+    """e4m3 ``codes [BLOCK_N, G]`` (uint8) times their row's ``scale [BLOCK_N]`` in fp32, rounded
+    to ``DTYPE``, as :func:`~breakgraph.kernels.latent_fp8.dequantize_latent_ref` computes it."""
+    return (codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(DTYPE)
+
+
+@triton.jit
 def _sparse_mla_groups_kernel(
     Q,
     KV,
@@ -315,13 +327,17 @@ def _sparse_mla_groups_kernel(
     DENSE_T: tl.constexpr,
     LAZY: tl.constexpr = 0,
     CHAINS: tl.constexpr = 1,  # 2: the score dot as two independent tensor-core chains
+    KV_FP8: tl.constexpr = False,  # the FP8 latent cache; its scale and RoPE byte offsets:
+    SCALE_OFF: tl.constexpr = 0,
+    PE_OFF: tl.constexpr = 0,
 ):
     """The sparse kernel's ``LEAN`` loop with the latent row in four column groups of
     ``BLOCK_R / 4``: four key loads (6 distinct rows per thread at 32 keys, 4 warps, instead of
     18), four partial score dots and four accumulators. ``CHAINS = 2`` sums the score dots as
     two chains of 16–20 steps that the tensor cores interleave, instead of one of 36. The rows
     (``TOPK``) come from ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as
-    ``_sparse_mla_fwd_kernel``."""
+    ``_sparse_mla_fwd_kernel``. ``KV_FP8``: each group lies in one 128-column scale group, so a
+    group's dequantisation is one ``[BLOCK_N]`` scale load and a row-broadcast multiply."""
     t = tl.program_id(0)  # 32-bit: widened where it addresses (fewer registers live across the loop)
     hb = tl.program_id(1)
     split = tl.program_id(2)
@@ -353,12 +369,22 @@ def _sparse_mla_groups_kernel(
     for n0 in range(k_start, k_end, BLOCK_N):
         raw = tl.load(pos_row + n0 + tl.arange(0, BLOCK_N))
         valid = raw >= 0
-        rows = KV + (tl.where(valid, raw, -1 - raw) * stride_kv)[:, None]
-        c0 = tl.load(rows + offs_g[None, :])
-        c1 = tl.load(rows + GR + offs_g[None, :])
-        c2 = tl.load(rows + 2 * GR + offs_g[None, :])
-        c3 = tl.load(rows + 3 * GR + offs_g[None, :])
-        k_pe = tl.load(rows + BLOCK_R + offs_pe[None, :])
+        row = KV + tl.where(valid, raw, -1 - raw) * stride_kv
+        rows = row[:, None]
+        if KV_FP8:
+            dtype = Q.dtype.element_ty
+            scales = (row + SCALE_OFF).to(tl.pointer_type(tl.float32))
+            c0 = _dequant_group(tl.load(rows + offs_g[None, :]), tl.load(scales + 0 * GR // 128), dtype)
+            c1 = _dequant_group(tl.load(rows + GR + offs_g[None, :]), tl.load(scales + 1 * GR // 128), dtype)
+            c2 = _dequant_group(tl.load(rows + 2 * GR + offs_g[None, :]), tl.load(scales + 2 * GR // 128), dtype)
+            c3 = _dequant_group(tl.load(rows + 3 * GR + offs_g[None, :]), tl.load(scales + 3 * GR // 128), dtype)
+            k_pe = tl.load((row + PE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + offs_pe[None, :]).to(dtype)
+        else:
+            c0 = tl.load(rows + offs_g[None, :])
+            c1 = tl.load(rows + GR + offs_g[None, :])
+            c2 = tl.load(rows + 2 * GR + offs_g[None, :])
+            c3 = tl.load(rows + 3 * GR + offs_g[None, :])
+            k_pe = tl.load(rows + BLOCK_R + offs_pe[None, :])
         if CHAINS == 2:  # Triton folds `dot(a, b, 0) + x` into one chain, not a sum of two chains
             s = tl.dot(q1, tl.trans(c1), tl.dot(q0, tl.trans(c0)))
             s += tl.dot(q_pe, tl.trans(k_pe), tl.dot(q3, tl.trans(c3), tl.dot(q2, tl.trans(c2))))
@@ -382,7 +408,7 @@ def _sparse_mla_groups_kernel(
             m_i = m_new
         p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
         l_i = l_i + tl.sum(p, 1)
-        p = p.to(c0.dtype)
+        p = p.to(c0.dtype)  # the query's dtype (an FP8 cache is dequantised to it)
         acc0 = tl.dot(p, c0, acc0)
         acc1 = tl.dot(p, c1, acc1)
         acc2 = tl.dot(p, c2, acc2)
@@ -718,16 +744,11 @@ def dense_config(
 
 
 def lean_supported(kv_cache: torch.Tensor, topk: int, rank: int, dim: int, block_n: int) -> bool:
-    """Whether the sparse kernel's unmasked ``LEAN`` loop fits: a cache of the query's dtype
-    (not FP8), power-of-two ``rank`` and rope widths (no column padding), ``topk`` a multiple of
-    the key block and element offsets of the cache that fit 32 bits."""
+    """Whether the sparse kernel's unmasked ``LEAN`` loop fits: power-of-two ``rank`` and rope
+    widths (no column padding), ``topk`` a multiple of the key block and element offsets of the
+    cache that fit 32 bits."""
     pow2 = rank == _pow2(rank) and dim - rank == _pow2(dim - rank)
-    return (
-        not is_fp8_latent(kv_cache)
-        and pow2
-        and topk % block_n == 0
-        and kv_cache.shape[0] * kv_cache.stride(0) < 2**31
-    )
+    return pow2 and topk % block_n == 0 and kv_cache.shape[0] * kv_cache.stride(0) < 2**31
 
 
 def supports(
@@ -840,8 +861,9 @@ def sparse_mla_attention_triton(
     use_slots = use_slots or use_lean
     tau = cfg["lazy"] if lazy is None else lazy
     # Four column groups (_sparse_mla_groups_kernel): the lean loop with independent score
-    # chains; needs groups of at least 16 columns.
-    use_groups = use_lean and (cfg["groups"] if groups is None else groups) == 4 and rank % 64 == 0
+    # chains; groups of at least 16 columns, each inside one scale group of an FP8 cache.
+    fp8_ok = not kv_fp8 or (rank // 4 <= LATENT_GROUP and LATENT_GROUP % (rank // 4) == 0)
+    use_groups = use_lean and fp8_ok and (cfg["groups"] if groups is None else groups) == 4 and rank % 64 == 0
     cap = maxnreg if maxnreg is not None else (None if use_groups else cfg["maxnreg"])
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
@@ -907,7 +929,9 @@ def sparse_mla_attention_triton(
                  DENSE_T=dense_t, LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
                  maxnreg=cap or None)  # fmt: skip
     if use_groups:
-        _sparse_mla_groups_kernel[grid](*args, CHAINS=chains or cfg["chains"], **tiles)
+        layout = LatentLayout(rank, dim - rank)
+        _sparse_mla_groups_kernel[grid](*args, CHAINS=chains or cfg["chains"], KV_FP8=kv_fp8,
+                                        SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off, **tiles)  # fmt: skip
     else:
         _sparse_mla_fwd_kernel[grid](
             *args, KV_FP8=kv_fp8, SWAP_AB=swap, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles
