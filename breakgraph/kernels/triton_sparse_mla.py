@@ -22,10 +22,9 @@ real, finite row and are dropped from the scores), with loop-invariant column po
 32-bit row offset per key (an FP8 cache: its load helper with the widths as constants and no
 row mask): the masked loop spends ~16 instructions of address and predicate
 math per 16-byte copy (sm_90 SASS), the lean one ~4. ``_sparse_mla_groups_kernel`` is the lean
-loop with the row in four column groups of ``r/4``: four partial score dots summed give the
-tensor cores four independent chains of 8 steps instead of one of 36, each thread gathers 6
-distinct rows per block instead of 18, and it fits 128 registers (four programs per SM) without
-a cap. ``LAZY`` (``_softmax_step_lazy``): the accumulator is rescaled only when some row's
+loop with the row in four column groups of ``r/4``: each thread gathers 6 distinct rows per
+block instead of 18, it fits 128 registers (four programs per SM) without a cap, and its score
+dots can run as two independent tensor-core chains (``CHAINS``) instead of one of 36 steps. ``LAZY`` (``_softmax_step_lazy``): the accumulator is rescaled only when some row's
 maximum grew by more than ``2^LAZY`` since the last rescale, so most blocks skip the
 ``[16, 512]`` multiply (the terms stay relative to the stale maximum, at most ``2^LAZY``).
 ``SWAP_AB`` (``_softmax_step_t``) makes the key block the dots' M side (``sᵀ = k·qᵀ``,
