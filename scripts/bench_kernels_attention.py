@@ -596,6 +596,7 @@ def run_aot():
         _dense_mla_merge_kernel,
         _pow2,
         _sparse_mla_fwd_kernel,
+        _sparse_mla_groups_kernel,
         _sparse_mla_merge_kernel,
         dense_config,
     )
@@ -627,6 +628,17 @@ def run_aot():
                 consts |= dict(BLOCK_N=v["block_n"], SWAP_AB=v["swap_ab"], SLOTS=v["slots"])
                 r = aot_report(_sparse_mla_fwd_kernel, a, consts, v["num_warps"], v["num_stages"], v["maxnreg"] or None)
                 print(f"    sweep tile {v} {r}")
+            for v in MLA_VARIANTS:  # --variants: the lean loops (one column group, or four)
+                w = cfg | v
+                lean = dict(BLOCK_H=16, BLOCK_N=w["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=False,
+                            DENSE_T=dense["block_t"], LAZY=w["lazy"])  # fmt: skip
+                if w["groups"] == 4:
+                    fn, lean, cap = _sparse_mla_groups_kernel, lean | dict(CHAINS=w["chains"]), v.get("maxnreg")
+                else:
+                    fn, cap = _sparse_mla_fwd_kernel, w["maxnreg"]
+                    lean |= dict(SLOTS=True, LEAN=w["lean"], PAGE_SHIFT=PAGE.bit_length() - 1)
+                r = aot_report(fn, a, lean, w["num_warps"], w["num_stages"], cap or None)
+                print(f"    variant {v} {r}")
         if not split:
             for chunked in (False, True):
                 consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
