@@ -233,6 +233,8 @@ def _interp_sparse_mla_fp32():
         (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 16, "block_n": 32}),
         (_DECODE, 8, 8, 64, 16, 48, {"lean": True, "groups": 4, "lazy": 0.25, "num_splits": 3, "block_n": 16}),
         (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "chains": 2, "lazy": 8.0, "block_n": 16}),
+        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 8, "block_n": 16}),
+        (_DECODE, 4, 20, 64, 16, 48, {"lean": True, "groups": 4, "block_h": 8, "num_splits": 3, "block_n": 16}),
         (_DECODE, 4, 8, 32, 16, 40, {"lazy": 1.0, "num_splits": 3, "block_n": 16}),
     ]
     for i, (layout, ps, heads, rank, rope, topk, opts) in enumerate(cases):
@@ -683,7 +685,8 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("opts", [{"lean": True, "groups": 4, "lazy": 8.0}, {"lean": True, "lazy": 8.0}])
+@pytest.mark.parametrize("opts", [{"lean": True, "groups": 4, "lazy": 8.0}, {"lean": True, "lazy": 8.0},
+                                  {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 8, "num_stages": 5}])  # fmt: skip
 @pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
 def test_sparse_mla_variants_glm5_shapes_on_gpu(opts, layout):
     """The lean loop (four column groups or one) with the lazy rescale at 8 heads (prefill and
@@ -862,13 +865,16 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
             lean = consts | dict(BLOCK_N=bn, SWAP_AB=False, SLOTS=True, LEAN=True, LAZY=8.0)
             info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, lean, warps, stages, cap)
             assert info["stack"] == 0 and info["local_insts"] == 0, (bn, warps, stages, info)
-        groups = dict(BLOCK_H=16, BLOCK_R=RANK, BLOCK_PE=ROPE, DENSE_T=dense["block_t"], LAZY=8.0)
-        for bn, warps, split, chains, cap in ((32, 4, False, 1, None), (32, 4, True, 1, None), (64, 8, False, 1, None),
-                                              (32, 4, False, 2, 128)):  # fmt: skip
-            consts = groups | dict(BLOCK_N=bn, SPLIT=split, CHAINS=chains)
-            info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, consts, warps, 2, cap)
-            assert info["stack"] == 0 and info["local_insts"] == 0, (bn, warps, split, info)
-            assert bn != 32 or warps != 4 or info["regs"] <= 128, info  # four programs per SM
+        groups = dict(BLOCK_R=RANK, BLOCK_PE=ROPE, DENSE_T=dense["block_t"], LAZY=8.0)
+        for bh, bn, warps, stages, split, chains, cap in (
+            (16, 32, 4, 2, False, 1, None), (16, 32, 4, 2, True, 1, None), (16, 64, 8, 2, False, 1, None),
+            (16, 32, 4, 2, False, 2, 128), (16, 32, 4, 5, False, 1, None), (8, 32, 4, 2, False, 1, None),
+            (8, 32, 4, 5, False, 1, None),
+        ):  # fmt: skip
+            consts = groups | dict(BLOCK_H=bh, BLOCK_N=bn, SPLIT=split, CHAINS=chains)
+            info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, consts, warps, stages, cap)
+            assert info["stack"] == 0 and info["local_insts"] == 0, (bh, bn, warps, stages, split, info)
+            assert bn != 32 or warps != 4 or split or info["regs"] <= 128, info  # four programs per SM by registers
 
 
 @pytest.mark.cuda
