@@ -266,7 +266,7 @@ MLA_VARIANTS = [
     _G | dict(block_h=8, num_stages=5),
     _G | dict(block_n=64),
     _G | dict(block_n=16, num_stages=5),
-    dict(lean=True, groups=4, num_stages=5),
+    _G | dict(block_h=8, block_n=16, num_stages=5),  # double-buffered at four programs per SM
 ]
 MLA_FP8_VARIANTS = [_G, _G | dict(num_stages=5), dict(lazy=8.0, num_stages=2)]
 VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]
