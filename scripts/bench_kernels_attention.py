@@ -257,7 +257,8 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
 # Round 2, around the fastest of round 1 (G: 3.242 ms vs 3.530 at 8k; 0.061 vs 0.102 ms at decode
 # B=64): stages = 5 is where the pipeliner double-buffers the gathered tile (2 and 3 stages keep
 # one buffer: the index load takes the earlier stages); block_h = 8 halves the query's
-# shared-memory reads (it was padded to 16 rows); 64 keys read the query half as often.
+# shared-memory reads (it was padded to 16 rows); 64 keys read the query half as often;
+# batched: each warp holds its column group of the query in registers.
 _G = dict(lean=True, groups=4, lazy=8.0)
 MLA_VARIANTS = [
     _G,
@@ -265,8 +266,8 @@ MLA_VARIANTS = [
     _G | dict(block_h=8),
     _G | dict(block_h=8, num_stages=5),
     _G | dict(block_n=64),
-    _G | dict(block_n=16, num_stages=5),
     _G | dict(block_h=8, block_n=16, num_stages=5),  # double-buffered at four programs per SM
+    _G | dict(batched=True),  # _sparse_mla_batched_kernel: a warp per column group
 ]
 MLA_FP8_VARIANTS = [_G, _G | dict(num_stages=5), dict(lazy=8.0, num_stages=2)]
 VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]

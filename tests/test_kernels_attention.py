@@ -234,6 +234,8 @@ def _interp_sparse_mla_fp32():
         (_DECODE, 8, 8, 64, 16, 48, {"lean": True, "groups": 4, "lazy": 0.25, "num_splits": 3, "block_n": 16}),
         (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "chains": 2, "lazy": 8.0, "block_n": 16}),
         (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 8, "block_n": 16}),
+        (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "batched": True, "lazy": 8.0, "block_n": 16}),
+        (_DECODE, 4, 8, 64, 16, 48, {"lean": True, "groups": 4, "batched": True, "num_splits": 3, "block_n": 16}),
         (_DECODE, 4, 20, 64, 16, 48, {"lean": True, "groups": 4, "block_h": 8, "num_splits": 3, "block_n": 16}),
         (_DECODE, 4, 8, 32, 16, 40, {"lazy": 1.0, "num_splits": 3, "block_n": 16}),
     ]
@@ -686,7 +688,8 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("opts", [{"lean": True, "groups": 4, "lazy": 8.0}, {"lean": True, "lazy": 8.0},
-                                  {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 8, "num_stages": 5}])  # fmt: skip
+                                  {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 8, "num_stages": 5},
+                                  {"lean": True, "groups": 4, "lazy": 8.0, "batched": True}])  # fmt: skip
 @pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
 def test_sparse_mla_variants_glm5_shapes_on_gpu(opts, layout):
     """The lean loop (four column groups or one) with the lazy rescale at 8 heads (prefill and
@@ -875,6 +878,9 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
             info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, consts, warps, stages, cap)
             assert info["stack"] == 0 and info["local_insts"] == 0, (bh, bn, warps, stages, split, info)
             assert bn != 32 or warps != 4 or split or info["regs"] <= 128, info  # four programs per SM by registers
+        batched = groups | dict(BLOCK_H=16, BLOCK_N=32, SPLIT=False)
+        info = compile_for_sm90(tsm._sparse_mla_batched_kernel, a, batched, 4, 2)
+        assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 @pytest.mark.cuda

@@ -434,6 +434,106 @@ def _sparse_mla_groups_kernel(
 
 
 @triton.jit
+def _sparse_mla_batched_kernel(
+    Q,
+    KV,
+    TOPK,
+    PAGE_TABLE,
+    TOKEN_REQ,
+    POSITIONS,
+    OUT,
+    WS_O,
+    WS_LSE,
+    stride_qt,
+    stride_qh,
+    stride_kv,
+    stride_tk,
+    stride_pt,
+    stride_ot,
+    stride_oh,
+    num_tokens,
+    num_heads,
+    topk,
+    rank,
+    rope_dim,
+    page_size,
+    keys_per_split,
+    num_splits,
+    dense_below,
+    qk_scale,  # softmax_scale · log2(e)
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # == rank
+    BLOCK_PE: tl.constexpr,  # == rope_dim
+    SPLIT: tl.constexpr,
+    DENSE_T: tl.constexpr,
+    LAZY: tl.constexpr = 0,
+):
+    """The groups kernel's loop with the four column groups as the batch of one batched dot
+    (``[4, BLOCK_H, r/4]`` queries): the compiler gives each warp one group, so a warp keeps its
+    slice of the queries in registers and reads only its group of the key tile for both dots;
+    the group partials of the scores are summed across warps once per block. bf16/fp16 cache."""
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    split = tl.program_id(2)
+    if DENSE_T > 0:
+        if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
+            return  # written by _dense_mla_fwd_kernel
+    GR: tl.constexpr = BLOCK_R // 4
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
+    offs_b = tl.arange(0, 4)
+    offs_g = tl.arange(0, GR)
+    offs_pe = tl.arange(0, BLOCK_PE)
+    cols = offs_b[:, None, None] * GR + offs_g[None, None, :]  # [4, 1, GR]: group b's columns
+    q_rows = Q + t.to(tl.int64) * stride_qt + tl.minimum(offs_h, num_heads - 1) * stride_qh
+    q = tl.load(q_rows[None, :, None] + cols)  # [4, BLOCK_H, GR]
+    q_pe = tl.load(q_rows[:, None] + BLOCK_R + offs_pe[None, :])
+    pos_row = TOPK + t.to(tl.int64) * stride_tk
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([4, BLOCK_H, GR], tl.float32)
+    k_start = split * keys_per_split
+    k_end = tl.minimum(k_start + keys_per_split, topk)
+    for n0 in range(k_start, k_end, BLOCK_N):
+        raw = tl.load(pos_row + n0 + tl.arange(0, BLOCK_N))
+        valid = raw >= 0
+        row = KV + tl.where(valid, raw, -1 - raw) * stride_kv
+        c = tl.load(row[None, :, None] + cols)  # [4, BLOCK_N, GR]
+        k_pe = tl.load(row[:, None] + BLOCK_R + offs_pe[None, :])
+        s = tl.sum(tl.dot(q, tl.trans(c, 0, 2, 1)), 0) + tl.dot(q_pe, tl.trans(k_pe))
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if LAZY > 0:  # as _softmax_step_lazy
+            if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > LAZY:
+                alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+                l_i = l_i * alpha
+                acc = acc * alpha[None, :, None]
+                m_i = m_new
+        else:
+            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            l_i = l_i * alpha
+            acc = acc * alpha[None, :, None]
+            m_i = m_new
+        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        pb = tl.broadcast_to(p.to(c.dtype)[None, :, :], (4, BLOCK_H, BLOCK_N))
+        acc = tl.dot(pb, c, acc)
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc * (1.0 / l_safe)[None, :, None]
+    if SPLIT:
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        ws_row = (t.to(tl.int64) * num_heads + offs_h) * num_splits + split
+        tl.store(WS_LSE + ws_row, lse, mask=mask_h)
+        tl.store(WS_O + ws_row[None, :, None] * BLOCK_R + cols, o, mask=mask_h[None, :, None])
+    else:
+        o_rows = OUT + t.to(tl.int64) * stride_ot + offs_h * stride_oh
+        tl.store(o_rows[None, :, None] + cols, o.to(OUT.dtype.element_ty), mask=mask_h[None, :, None])
+
+
+@triton.jit
 def _dense_mla_fwd_kernel(
     Q,
     KV,
@@ -691,6 +791,7 @@ def default_config(
         "lazy": 0.0,
         "groups": 1,
         "chains": 1,
+        "batched": False,
     }
 
 
@@ -808,6 +909,7 @@ def sparse_mla_attention_triton(
     lazy: float | None = None,
     groups: int | None = None,
     chains: int | None = None,
+    batched: bool | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -829,7 +931,8 @@ def sparse_mla_attention_triton(
     ``maxnreg = 0``: no register cap; ``swap_ab``: the sparse kernel's swap-AB form; ``lean``:
     the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
     four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one
-    (``chains = 2``: its score dot as two chains);
+    (``chains = 2``: its score dot as two chains; ``batched``: the groups as one batched dot,
+    bf16/fp16 cache);
     ``lazy``: rescale only past a growth of ``2^lazy``, 0 = every block).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
@@ -927,7 +1030,9 @@ def sparse_mla_attention_triton(
     tiles = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1,
                  DENSE_T=dense_t, LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
                  maxnreg=cap or None)  # fmt: skip
-    if use_groups:
+    if use_groups and not kv_fp8 and (cfg["batched"] if batched is None else batched):
+        _sparse_mla_batched_kernel[grid](*args, **tiles)
+    elif use_groups:
         layout = LatentLayout(rank, dim - rank)
         _sparse_mla_groups_kernel[grid](*args, CHAINS=chains or cfg["chains"], KV_FP8=kv_fp8,
                                         SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off, **tiles)  # fmt: skip
