@@ -269,7 +269,7 @@ MLA_VARIANTS = [
     _G | dict(block_h=8, block_n=16, num_stages=5),  # double-buffered at four programs per SM
     _G | dict(batched=True),  # _sparse_mla_batched_kernel: a warp per column group
 ]
-MLA_FP8_VARIANTS = [_G, _G | dict(num_stages=5), dict(lazy=8.0, num_stages=2)]
+MLA_FP8_VARIANTS = [_G, dict(lazy=8.0, num_stages=2)]
 VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]
 
 

@@ -5,7 +5,7 @@
 # default on prefill 8K/16K and decode B=1/16/64 at ~8K context: ms, gathered TB/s, largest
 # error vs the default. Logs under $OUT; the summary table comes last. At most 4 minutes on one
 # H200 (timeouts 45 + 35 + 155 s). SHORT=1: the newest variants' tests only and the shapes
-# prefill 8K/16K and decode B=64 (at most 2 minutes: timeouts 30 + 20 + 70 s).
+# prefill 8K/16K and decode B=64 (at most 2 minutes: timeouts 25 + 25 + 70 s).
 set -u
 OUT=${OUT:-/tmp/gpu_check_sparse_mla}
 mkdir -p "$OUT"
@@ -18,7 +18,7 @@ limits=(45 35 155)
 if [ "${SHORT:-0}" = 1 ]; then
     tests="(sparse_mla_variants_glm5 and (opts2 or opts3)) or fp8_cache_lean_variants"
     layouts=(--layouts "prefill 8k" "prefill 16k" "decode B=64 (L~8k)")
-    limits=(30 20 70)
+    limits=(25 25 70)
 fi
 timeout "${limits[0]}" python -m pytest -q -m cuda tests/test_kernels_attention.py tests/test_kernels_latent_fp8.py \
     -k "$tests" -p no:cacheprovider >"$OUT/pytest.log" 2>&1
