@@ -191,18 +191,15 @@ def run_mla(args):
 # The few-heads prefill (BLOCK_H = 16: 8 or 16 heads, one split, bf16 cache), most telling
 # first (a --budget cuts the tail). The default (mma.sync, 32-key blocks, 2 stages, 168-register
 # cap, cache rows precomputed by _topk_slots_kernel) is timed apart; "slots": False is the loop
-# that walks position → page → row itself (power-of-two pages: shifts, no division). Swap-AB
-# puts the keys on the M side (64 keys: both dots on wgmma, two key buffers); more stages give
-# the old form more key buffers only past 6 (the pipeliner splits them over the dependent loads).
+# that walks position → page → row itself (power-of-two pages: shifts, no division); more
+# stages give more key buffers only from 5 on (the index loads take the earlier stages).
 FEW_HEADS_VARIANTS = [
     dict(slots=False),
     dict(block_n=64, num_warps=8, num_stages=2, maxnreg=0),
     dict(block_n=32, num_warps=4, num_stages=2, maxnreg=0),
     dict(block_n=16, num_warps=4, num_stages=2, maxnreg=168),
-    dict(swap_ab=True, block_n=64, num_warps=8, num_stages=2, maxnreg=0),
     dict(block_n=32, num_warps=4, num_stages=3, maxnreg=168),
     dict(block_n=64, num_warps=8, num_stages=3, maxnreg=0),
-    dict(slots=False, swap_ab=True, block_n=64, num_warps=8, num_stages=4, maxnreg=0),
     dict(slots=False, block_n=16, num_warps=4, num_stages=7, maxnreg=168),
 ]
 
@@ -219,9 +216,7 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
     if cfg["block_h"] == 16 and cfg["num_splits"] == 1 and not fp8:
         grid = [dict(v) for v in FEW_HEADS_VARIANTS]
     elif fp8 and args.sweep_fp8_small:  # the few candidates sm_90 ptxas compiles without (many) spills
-        grid = [dict(swap_ab=True, block_n=64, num_warps=8, num_stages=ns, maxnreg=0, num_splits=cfg["num_splits"])
-                for ns in (2, 4)]  # fmt: skip
-        grid += [dict(block_n=bn, num_stages=ns, maxnreg=mr, num_splits=cfg["num_splits"])
+        grid = [dict(block_n=bn, num_stages=ns, maxnreg=mr, num_splits=cfg["num_splits"])
                  for bn, ns, mr in ((32, 1, None), (32, 2, None), (16, 2, None), (16, 1, None), (32, 1, 168))]  # fmt: skip
     else:
         block_hs = [b for b in (16, 32, 64) if b <= max(16, triton.next_power_of_2(heads))]
@@ -619,7 +614,7 @@ def run_aot():
         )  # fmt: skip
         split = cfg["num_splits"] > 1
         consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=split,
-                      DENSE_T=0 if split else dense["block_t"], SWAP_AB=cfg["swap_ab"], SLOTS=cfg["slots"],
+                      DENSE_T=0 if split else dense["block_t"], SLOTS=cfg["slots"],
                       PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
         r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
@@ -629,7 +624,7 @@ def run_aot():
             print(f"    page walk with a runtime division (before slots and shifts) {r}")
             for v in FEW_HEADS_VARIANTS:
                 v = cfg | v
-                consts |= dict(BLOCK_N=v["block_n"], SWAP_AB=v["swap_ab"], SLOTS=v["slots"])
+                consts |= dict(BLOCK_N=v["block_n"], SLOTS=v["slots"])
                 r = aot_report(_sparse_mla_fwd_kernel, a, consts, v["num_warps"], v["num_stages"], v["maxnreg"] or None)
                 print(f"    sweep tile {v} {r}")
             for v in MLA_VARIANTS:  # --variants: the lean loops (one column group, or four)

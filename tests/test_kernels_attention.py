@@ -217,12 +217,8 @@ def _interp_sparse_mla_fp32():
         (_DECODE, 16, 4, 64, 16, 40, {}),  # D = 80
         (_DECODE, 8, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16}),
         (_RAGGED, 3, 16, 32, 16, 64, {"num_splits": 2, "block_n": 16}),
-        (_RAGGED, 4, 8, 32, 16, 24, {"swap_ab": True, "block_n": 16}),  # swap-AB: keys as the M side
-        (_RAGGED, 1, 20, 48, 16, 16, {"block_h": 16, "swap_ab": True}),
-        (_DECODE, 8, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16, "swap_ab": True}),
         (_RAGGED, 3, 8, 32, 16, 24, {"slots": True}),  # cache rows precomputed (page of 3: a division)
         (_DECODE, 4, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16, "slots": True}),
-        (_RAGGED, 4, 8, 32, 16, 24, {"swap_ab": True, "slots": True, "block_n": 16}),
         (_RAGGED, 4, 8, 32, 16, 32, {"lean": True, "block_n": 16}),  # unused entries read a real row
         (_RAGGED, 3, 8, 32, 16, 32, {"lean": True, "lazy": 8.0, "block_n": 32}),
         (_RAGGED, 4, 16, 32, 16, 32, {"lean": True, "lazy": 0.25, "block_n": 16}),  # rescales often
@@ -262,7 +258,6 @@ def _interp_sparse_mla_bf16():
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
     for i, (layout, opts) in enumerate([(_RAGGED, {}), (_DECODE, {"num_splits": 4, "block_n": 16}),
-                                        (_RAGGED, {"swap_ab": True, "block_n": 64}),
                                         (_RAGGED, {"lean": True, "lazy": 8.0, "block_n": 16}),
                                         (_DECODE, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
                                         (_RAGGED, {"lean": True, "groups": 4, "lazy": 8.0, "block_n": 16})]):  # fmt: skip
@@ -856,7 +851,7 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     info = compile_for_sm90(tsm._dense_mla_merge_kernel, a, consts, 4, 2)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     consts = dict(BLOCK_H=sparse["block_h"], BLOCK_N=sparse["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
-                  DENSE_T=dense["block_t"], SWAP_AB=sparse["swap_ab"], SLOTS=sparse["slots"], PAGE_SHIFT=6)  # fmt: skip
+                  DENSE_T=dense["block_t"], SLOTS=sparse["slots"], PAGE_SHIFT=6)  # fmt: skip
     info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"],
                             sparse["maxnreg"])  # fmt: skip
     if sparse["maxnreg"]:
@@ -865,7 +860,7 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
         assert info["stack"] == 0 and info["local_insts"] == 0, info
     if heads == 8:  # the lean loop with the lazy rescale at the bench's tiles: no spills at all
         for bn, warps, stages, cap in ((32, 4, 2, 168), (64, 8, 2, None), (32, 4, 3, 168)):
-            lean = consts | dict(BLOCK_N=bn, SWAP_AB=False, SLOTS=True, LEAN=True, LAZY=8.0)
+            lean = consts | dict(BLOCK_N=bn, SLOTS=True, LEAN=True, LAZY=8.0)
             info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, lean, warps, stages, cap)
             assert info["stack"] == 0 and info["local_insts"] == 0, (bn, warps, stages, info)
         groups = dict(BLOCK_R=RANK, BLOCK_PE=ROPE, DENSE_T=dense["block_t"], LAZY=8.0)

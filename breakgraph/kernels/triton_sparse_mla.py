@@ -24,13 +24,12 @@ row mask): the masked loop spends ~16 instructions of address and predicate
 math per 16-byte copy (sm_90 SASS), the lean one ~4. ``_sparse_mla_groups_kernel`` is the lean
 loop with the row in four column groups of ``r/4``: each thread gathers 6 distinct rows per
 block instead of 18, it fits 128 registers (four programs per SM) without a cap, and its score
-dots can run as two independent tensor-core chains (``CHAINS``) instead of one of 36 steps. ``LAZY`` (``_softmax_step_lazy``): the accumulator is rescaled only when some row's
-maximum grew by more than ``2^LAZY`` since the last rescale, so most blocks skip the
-``[16, 512]`` multiply (the terms stay relative to the stale maximum, at most ``2^LAZY``).
-``SWAP_AB`` (``_softmax_step_t``) makes the key block the dots' M side (``sᵀ = k·qᵀ``,
-``accᵀ += cᵀ·pᵀ``): with 64 keys both dots run on wgmma from the shared-memory key tile, which
-the pipeliner double-buffers; measured slower than mma.sync with heads as M at 8 and 16 heads
-(one 169 KB program per SM), it is not a default.
+dots can run as two independent tensor-core chains (``CHAINS``) instead of one of 36 steps.
+``LAZY`` (``_softmax_step_lazy``): the accumulator is rescaled only when some row's maximum grew
+by more than ``2^LAZY`` since the last rescale, so most blocks skip the ``[16, 512]`` multiply
+(the terms stay relative to the stale maximum, at most ``2^LAZY``). The keys as the dots' M side
+(swap-AB: 64-key blocks on wgmma, one 169 KB program per SM) measured slower than mma.sync
+with heads as M at 8 and 16 heads (docs/benchmarks.md).
 
 Dense-causal path (``_dense_mla_fwd_kernel``; on when the caller passes ``positions`` and
 ``dense_below``). The DSA indexer selects ``min(K, pos + 1)`` keys, so a token at ``pos < K``
@@ -137,24 +136,6 @@ def _softmax_step_lazy(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc, TAU
 
 
 @triton.jit
-def _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, keep, qk_scale, m_i, l_i, acc_t):
-    """:func:`_softmax_step` with the key block as the dots' M side (swap-AB): ``sᵀ = k·qᵀ``
-    ``[BLOCK_N, BLOCK_H]`` where ``keep`` (``[BLOCK_N, 1]``), else ``-inf``; ``accᵀ += cᵀ·pᵀ``
-    ``[BLOCK_R, BLOCK_H]``. With 64 keys per block both dots fit wgmma (M ≥ 64) reading the key
-    tile from shared memory, so the few heads need no registers for the queries."""
-    s = tl.dot(c, q_nope_t)
-    s = tl.dot(k_pe, q_pe_t, s)
-    s = tl.where(keep, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 0))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[None, :])
-    l_i = l_i * alpha + tl.sum(p, 0)
-    acc_t = tl.dot(tl.trans(c), p.to(c.dtype), acc_t * alpha[None, :])
-    return m_new, l_i, acc_t
-
-
-@triton.jit
 def _sparse_mla_fwd_kernel(
     Q,
     KV,
@@ -189,7 +170,6 @@ def _sparse_mla_fwd_kernel(
     SPLIT: tl.constexpr,
     DENSE_T: tl.constexpr,  # token block of the dense kernel; 0: no dense path
     KV_FP8: tl.constexpr = False,  # KV is the uint8 FP8 latent cache (kernels/latent_fp8.py)
-    SWAP_AB: tl.constexpr = False,  # keys as the dots' M side (_softmax_step_t)
     PAGE_SHIFT: tl.constexpr = -1,  # log2(page_size) for a power-of-two page, else -1
     SLOTS: tl.constexpr = False,  # TOPK holds each key's cache row (-1 unused), not its position
     LEAN: tl.constexpr = False,  # SLOTS rows hold -1 - (a real row) where unused: unmasked loads
@@ -219,11 +199,7 @@ def _sparse_mla_fwd_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    if SWAP_AB:
-        q_nope_t, q_pe_t = tl.trans(q_nope), tl.trans(q_pe)
-        acc_t = tl.zeros([BLOCK_R, BLOCK_H], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
 
     k_start = split * keys_per_split
     k_end = tl.minimum(k_start + keys_per_split, topk)
@@ -260,14 +236,10 @@ def _sparse_mla_fwd_kernel(
                 page = tl.load(pages + pos // page_size, mask=valid, other=0).to(tl.int64)
                 slot = page * page_size + pos % page_size
             c, k_pe = load_latent_rows(KV, slot, valid, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
-            if SWAP_AB:
-                m_i, l_i, acc_t = _softmax_step_t(q_nope_t, q_pe_t, c, k_pe, valid[:, None], qk_scale, m_i, l_i, acc_t)
-            elif LAZY > 0:
+            if LAZY > 0:
                 m_i, l_i, acc = _softmax_step_lazy(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc, LAZY)
             else:
                 m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
-    if SWAP_AB:
-        acc = tl.trans(acc_t)
 
     # A row that saw no valid key has l = 0: write 0 (the twin gives NaN there; callers
     # always pass at least the token's own position).
@@ -783,7 +755,6 @@ def default_config(
         # Few heads, one split, bf16 cache: capping registers at 168 fits a third program per
         # SM, which outweighs the few spilled bytes (they stay in L1).
         "maxnreg": 168 if few_heads_bf16 else None,
-        "swap_ab": False,
         # Few heads, one split, bf16 cache: the keys' cache rows come from _topk_slots_kernel,
         # so the loop issues one gather per key instead of position → page → row.
         "slots": few_heads_bf16,
@@ -903,7 +874,6 @@ def sparse_mla_attention_triton(
     dense_chunk_keys: int | None = None,
     dense_page_blocks: bool | None = None,
     maxnreg: int | None = None,
-    swap_ab: bool | None = None,
     slots: bool | None = None,
     lean: bool | None = None,
     lazy: float | None = None,
@@ -928,7 +898,7 @@ def sparse_mla_attention_triton(
     :func:`dense_config` (benchmarks, tests; ``dense_block_t`` is a power of two;
     ``dense_chunk_keys = 0``: one chunk; ``dense_page_blocks``: one page-table entry per key
     block, which needs ``page_size`` divisible by the key block — by default on where it is;
-    ``maxnreg = 0``: no register cap; ``swap_ab``: the sparse kernel's swap-AB form; ``lean``:
+    ``maxnreg = 0``: no register cap; ``lean``:
     the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
     four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one
     (``chains = 2``: its score dot as two chains; ``batched``: the groups as one batched dot,
@@ -954,12 +924,10 @@ def sparse_mla_attention_triton(
     splits = num_splits or cfg["num_splits"]
     keys_per_split = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
     splits = triton.cdiv(topk, keys_per_split)
-    swap = cfg["swap_ab"] if swap_ab is None else swap_ab
     use_slots = cfg["slots"] if slots is None else slots
     # The unmasked loop: whole key blocks and row widths, 32-bit row offsets; its rows come
     # from _topk_slots_kernel with the unused entries filled.
     use_lean = (cfg["lean"] if lean is None else lean) and lean_supported(kv_cache, topk, rank, dim, block_n)
-    use_lean = use_lean and not swap
     use_slots = use_slots or use_lean
     tau = cfg["lazy"] if lazy is None else lazy
     # Four column groups (_sparse_mla_groups_kernel): the lean loop with independent score
@@ -1038,7 +1006,7 @@ def sparse_mla_attention_triton(
                                         SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off, **tiles)  # fmt: skip
     else:
         _sparse_mla_fwd_kernel[grid](
-            *args, KV_FP8=kv_fp8, SWAP_AB=swap, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles
+            *args, KV_FP8=kv_fp8, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles
         )
     if splits > 1:
         _sparse_mla_merge_kernel[(num_tokens, num_heads)](
