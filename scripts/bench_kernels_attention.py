@@ -616,7 +616,12 @@ def run_aot():
         consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=split,
                       DENSE_T=0 if split else dense["block_t"], SLOTS=cfg["slots"],
                       PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
-        r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
+        if cfg["groups"] == 4:  # the column-group kernel (no register cap)
+            g = {k: consts[k] for k in ("BLOCK_H", "BLOCK_N", "BLOCK_R", "BLOCK_PE", "SPLIT", "DENSE_T")}
+            g |= dict(LAZY=cfg["lazy"], CHAINS=cfg["chains"])
+            r = aot_report(_sparse_mla_groups_kernel, a, g, cfg["num_warps"], cfg["num_stages"], None)
+        else:
+            r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
         if heads == 8 and not split:  # the few-heads sweep's tiles, and the loop before slots and shifts
             walk = consts | dict(SLOTS=False, PAGE_SHIFT=-1)

@@ -226,6 +226,7 @@ def _interp_sparse_mla_fp32():
         (_DECODE, 2, 8, 32, 16, 64, {"lean": True, "lazy": 8.0, "block_n": 64}),  # every row shorter than K
         (_RAGGED, 4, 8, 32, 16, 24, {"lazy": 8.0}),  # lazy rescale on the masked loop
         (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "block_n": 16}),  # four column groups
+        (_RAGGED, 4, 8, 64, 16, 64, {}),  # the few-heads default: four column groups, lazy rescale
         (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 16, "block_n": 32}),
         (_DECODE, 8, 8, 64, 16, 48, {"lean": True, "groups": 4, "lazy": 0.25, "num_splits": 3, "block_n": 16}),
         (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "chains": 2, "lazy": 8.0, "block_n": 16}),

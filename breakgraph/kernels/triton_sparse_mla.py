@@ -734,7 +734,10 @@ def default_config(
     of every token's row (mostly ``-1``) instead of its few causal keys. ``kv_fp8``: the cache
     is FP8 (dequantised in registers): at few heads a prefill takes one stage and no register cap
     (sm_90 ptxas: 195 registers, no spills, where two stages need 255 and the cap spills; the
-    fastest of the FP8 sweep at 8K tokens), split-K decode two stages (faster in the sweep)."""
+    fastest of the FP8 sweep at 8K tokens), split-K decode two stages (faster in the sweep).
+    At few heads on the bf16 cache (``block_h`` 16): the column-group kernel (``lean``,
+    ``groups = 4``, ``lazy``; ``maxnreg`` and ``slots`` are the slots loop's, where the lean loop
+    does not fit)."""
     block_h = min(64, _pow2(num_heads))
     # (BLOCK_N, warps) per BLOCK_H: the largest key block that compiles for sm_90 without
     # register spills (ptxas: 16 → 226 regs, 32 → 195, 64 → 230 with wgmma).
@@ -746,21 +749,25 @@ def default_config(
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
     few_heads_fp8 = kv_fp8 and block_h == 16
     few_heads_bf16 = block_h == 16 and splits == 1 and not kv_fp8
+    # Few heads, bf16 cache, prefill and decode: the column-group kernel with the lazy rescale
+    # (where lean_supported; else the slots loop below). H200, 8 heads: 3.24 vs 3.53 ms at 8K
+    # tokens, 0.061 vs 0.102 ms at decode B=64 (docs/benchmarks.md).
+    groups = block_h == 16 and not kv_fp8
     return {
         "block_h": block_h,
         "block_n": block_n,
         "num_warps": num_warps,
         "num_stages": 1 if few_heads_fp8 and splits == 1 else 2,
         "num_splits": splits,
-        # Few heads, one split, bf16 cache: capping registers at 168 fits a third program per
-        # SM, which outweighs the few spilled bytes (they stay in L1).
+        # The slots loop (few heads, one split, bf16 cache): capping registers at 168 fits a
+        # third program per SM, which outweighs the few spilled bytes (they stay in L1); the
+        # keys' cache rows come from _topk_slots_kernel, so the loop issues one gather per key
+        # instead of position → page → row.
         "maxnreg": 168 if few_heads_bf16 else None,
-        # Few heads, one split, bf16 cache: the keys' cache rows come from _topk_slots_kernel,
-        # so the loop issues one gather per key instead of position → page → row.
         "slots": few_heads_bf16,
-        "lean": False,
-        "lazy": 0.0,
-        "groups": 1,
+        "lean": groups,
+        "lazy": 8.0 if groups else 0.0,
+        "groups": 4 if groups else 1,
         "chains": 1,
         "batched": False,
     }
