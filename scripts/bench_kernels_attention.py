@@ -254,9 +254,9 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
 # one buffer: the index load takes the earlier stages); block_h = 8 halves the query's
 # shared-memory reads (it was padded to 16 rows); 64 keys read the query half as often;
 # batched: each warp holds its column group of the query in registers.
-_G = dict(lean=True, groups=4, lazy=8.0)
+_G = dict(lean=True, groups=4, lazy=8.0)  # the default at few heads on the bf16 cache
 MLA_VARIANTS = [
-    _G,
+    dict(lean=False, groups=1, lazy=0.0),  # the slots loop, the default before the column groups
     _G | dict(num_stages=5),
     _G | dict(block_h=8),
     _G | dict(block_h=8, num_stages=5),
