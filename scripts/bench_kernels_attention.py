@@ -594,6 +594,7 @@ def run_aot():
         _dense_mla_fwd_kernel,
         _dense_mla_merge_kernel,
         _pow2,
+        _sparse_mla_batched_kernel,
         _sparse_mla_fwd_kernel,
         _sparse_mla_groups_kernel,
         _sparse_mla_merge_kernel,
@@ -636,7 +637,9 @@ def run_aot():
                 w = cfg | v
                 lean = dict(BLOCK_H=w["block_h"], BLOCK_N=w["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=False,
                             DENSE_T=dense["block_t"], LAZY=w["lazy"])  # fmt: skip
-                if w["groups"] == 4:
+                if w["groups"] == 4 and w["batched"]:
+                    fn, cap = _sparse_mla_batched_kernel, v.get("maxnreg")
+                elif w["groups"] == 4:
                     fn, lean, cap = _sparse_mla_groups_kernel, lean | dict(CHAINS=w["chains"]), v.get("maxnreg")
                 else:
                     fn, cap = _sparse_mla_fwd_kernel, w["maxnreg"]
