@@ -3,6 +3,7 @@
     python scripts/bench_kernels_attention.py             # table on the GPU
     python scripts/bench_kernels_attention.py --sweep     # also try block configs, report the best
     python scripts/bench_kernels_attention.py --twin      # also time the plain-PyTorch twins
+    python scripts/bench_kernels_attention.py --variants --heads 8  # sparse MLA loop variants vs default
     python scripts/bench_kernels_attention.py --aot       # no GPU needed: compile for sm_90 and
                                                           # print registers / spills / shared memory
     python scripts/bench_kernels_attention.py --only mla --kv-cache-dtype bfloat16 fp8_e4m3
@@ -50,6 +51,9 @@ LAYOUTS = {
     "decode B=1 (L=1k, 200k pool)": ([1023], [1], 200_000),
     "decode B=64 (L~4k)": ([4000 + 37 * i for i in range(64)], [1] * 64),
     "decode B=64 (L~16k)": ([16000 + 37 * i for i in range(64)], [1] * 64),
+    "decode B=1 (L~8k)": ([8191], [1]),
+    "decode B=16 (L~8k)": ([7500 + 41 * i for i in range(16)], [1] * 16),
+    "decode B=64 (L~8k)": ([7000 + 19 * i for i in range(64)], [1] * 64),
 }
 
 
@@ -187,18 +191,15 @@ def run_mla(args):
 # The few-heads prefill (BLOCK_H = 16: 8 or 16 heads, one split, bf16 cache), most telling
 # first (a --budget cuts the tail). The default (mma.sync, 32-key blocks, 2 stages, 168-register
 # cap, cache rows precomputed by _topk_slots_kernel) is timed apart; "slots": False is the loop
-# that walks position → page → row itself (power-of-two pages: shifts, no division). Swap-AB
-# puts the keys on the M side (64 keys: both dots on wgmma, two key buffers); more stages give
-# the old form more key buffers only past 6 (the pipeliner splits them over the dependent loads).
+# that walks position → page → row itself (power-of-two pages: shifts, no division); more
+# stages give more key buffers only from 5 on (the index loads take the earlier stages).
 FEW_HEADS_VARIANTS = [
     dict(slots=False),
     dict(block_n=64, num_warps=8, num_stages=2, maxnreg=0),
     dict(block_n=32, num_warps=4, num_stages=2, maxnreg=0),
     dict(block_n=16, num_warps=4, num_stages=2, maxnreg=168),
-    dict(swap_ab=True, block_n=64, num_warps=8, num_stages=2, maxnreg=0),
     dict(block_n=32, num_warps=4, num_stages=3, maxnreg=168),
     dict(block_n=64, num_warps=8, num_stages=3, maxnreg=0),
-    dict(slots=False, swap_ab=True, block_n=64, num_warps=8, num_stages=4, maxnreg=0),
     dict(slots=False, block_n=16, num_warps=4, num_stages=7, maxnreg=168),
 ]
 
@@ -215,9 +216,7 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
     if cfg["block_h"] == 16 and cfg["num_splits"] == 1 and not fp8:
         grid = [dict(v) for v in FEW_HEADS_VARIANTS]
     elif fp8 and args.sweep_fp8_small:  # the few candidates sm_90 ptxas compiles without (many) spills
-        grid = [dict(swap_ab=True, block_n=64, num_warps=8, num_stages=ns, maxnreg=0, num_splits=cfg["num_splits"])
-                for ns in (2, 4)]  # fmt: skip
-        grid += [dict(block_n=bn, num_stages=ns, maxnreg=mr, num_splits=cfg["num_splits"])
+        grid = [dict(block_n=bn, num_stages=ns, maxnreg=mr, num_splits=cfg["num_splits"])
                  for bn, ns, mr in ((32, 1, None), (32, 2, None), (16, 2, None), (16, 1, None), (32, 1, 168))]  # fmt: skip
     else:
         block_hs = [b for b in (16, 32, 64) if b <= max(16, triton.next_power_of_2(heads))]
@@ -242,6 +241,67 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
             best = (t, opts)
     print(f"    best {best[0]:.3f} ms with {best[1]}")
     return best
+
+
+# --variants: the sparse kernel's loop variants at 8 heads against the default, as the engine
+# calls it (prefill with the dense path, decode with split-K); each with the default tiles
+# unless it names its own. lean: unmasked loads, unused entries filled with a real row by the
+# slots kernel; groups=4: the lean loop in four column groups (_sparse_mla_groups_kernel, no
+# register cap unless named); lazy: the accumulator rescaled only when a row maximum grows by
+# more than 2^τ.
+# Round 2, around the fastest of round 1 (G: 3.242 ms vs 3.530 at 8k; 0.061 vs 0.102 ms at decode
+# B=64): stages = 5 is where the pipeliner double-buffers the gathered tile (2 and 3 stages keep
+# one buffer: the index load takes the earlier stages); block_h = 8 halves the query's
+# shared-memory reads (it was padded to 16 rows); 64 keys read the query half as often;
+# batched: each warp holds its column group of the query in registers.
+_G = dict(lean=True, groups=4, lazy=8.0)  # the default at few heads on the bf16 cache
+MLA_VARIANTS = [
+    dict(lean=False, groups=1, lazy=0.0),  # the slots loop, the default before the column groups
+    _G | dict(num_stages=5),
+    _G | dict(block_h=8),
+    _G | dict(block_h=8, num_stages=5),
+    _G | dict(block_n=64),
+    _G | dict(block_h=8, block_n=16, num_stages=5),  # double-buffered at four programs per SM
+    _G | dict(batched=True),  # _sparse_mla_batched_kernel: a warp per column group
+]
+MLA_FP8_VARIANTS = [_G, dict(lazy=8.0, num_stages=2)]
+VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]
+
+
+def run_mla_variants(args):
+    """ms, gathered TB/s and the largest error against the default of each variant per shape."""
+    from breakgraph.kernels.triton_sparse_mla import default_config, sparse_mla_attention_triton
+
+    heads = args.heads[0]
+    print(f"\nsparse MLA loop variants, H={heads}, page {PAGE} (engine calls: prefill dense_below=K)")
+    rows = []
+    for kv_dtype, layout in itertools.product(args.kv_cache_dtype, _layouts(args, VARIANT_LAYOUTS)):
+        fp8 = kv_dtype == "fp8_e4m3"
+        (q, kv, tk, batch, out), _, _, gbytes = mla_case(heads, layout, kv_dtype=kv_dtype)
+        a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
+        engine = dict(positions=batch["positions"], dense_below=0 if layout.startswith("decode") else TOPK)
+        cfg = default_config(q.shape[0], heads, TOPK, q.device, dense=engine["dense_below"] > 0, kv_fp8=fp8)
+        layout = f"{layout}{' fp8' if fp8 else ''}"
+        ms = bench(partial(sparse_mla_attention_triton, *a, **engine))
+        want = out.float().clone()
+        print(f"  {layout:<26} default {ms:8.3f} ms  gathered {gbytes / (ms * 1e-3) / 1e12:5.2f} TB/s  "
+              f"(splits {cfg['num_splits']})", flush=True)  # fmt: skip
+        best = (ms, "default")
+        for opts in MLA_FP8_VARIANTS if fp8 else MLA_VARIANTS:
+            try:
+                t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts))
+            except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
+                print(f"    {opts}: {type(e).__name__} {str(e)[:100]}")
+                continue
+            err = (out.float() - want).abs().max().item()
+            print(f"    {t:8.3f} ms  gathered {gbytes / (t * 1e-3) / 1e12:5.2f} TB/s  x{ms / t:4.2f}  max err vs default"
+                  f" {err:.1e}  {opts}", flush=True)  # fmt: skip
+            best = min(best, (t, opts), key=lambda b: b[0])
+        rows.append((layout, ms, gbytes, best))
+    print(f"\n{'shape':<26} {'default ms':>10} {'gath TB/s':>9} {'best ms':>8} {'gath TB/s':>9} {'x':>5}  best")
+    for layout, ms, gbytes, (t, opts) in rows:
+        print(f"{layout:<26} {ms:10.3f} {gbytes / (ms * 1e-3) / 1e12:9.2f} {t:8.3f} {gbytes / (t * 1e-3) / 1e12:9.2f}"
+              f" {ms / t:5.2f}  {opts}")  # fmt: skip
 
 
 # The dense-causal path as it stood before key chunks: one program per token block walking
@@ -534,7 +594,9 @@ def run_aot():
         _dense_mla_fwd_kernel,
         _dense_mla_merge_kernel,
         _pow2,
+        _sparse_mla_batched_kernel,
         _sparse_mla_fwd_kernel,
+        _sparse_mla_groups_kernel,
         _sparse_mla_merge_kernel,
         dense_config,
     )
@@ -553,9 +615,14 @@ def run_aot():
         )  # fmt: skip
         split = cfg["num_splits"] > 1
         consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=split,
-                      DENSE_T=0 if split else dense["block_t"], SWAP_AB=cfg["swap_ab"], SLOTS=cfg["slots"],
+                      DENSE_T=0 if split else dense["block_t"], SLOTS=cfg["slots"],
                       PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
-        r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
+        if cfg["groups"] == 4:  # the column-group kernel (no register cap)
+            g = {k: consts[k] for k in ("BLOCK_H", "BLOCK_N", "BLOCK_R", "BLOCK_PE", "SPLIT", "DENSE_T")}
+            g |= dict(LAZY=cfg["lazy"], CHAINS=cfg["chains"])
+            r = aot_report(_sparse_mla_groups_kernel, a, g, cfg["num_warps"], cfg["num_stages"], None)
+        else:
+            r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
         if heads == 8 and not split:  # the few-heads sweep's tiles, and the loop before slots and shifts
             walk = consts | dict(SLOTS=False, PAGE_SHIFT=-1)
@@ -563,9 +630,22 @@ def run_aot():
             print(f"    page walk with a runtime division (before slots and shifts) {r}")
             for v in FEW_HEADS_VARIANTS:
                 v = cfg | v
-                consts |= dict(BLOCK_N=v["block_n"], SWAP_AB=v["swap_ab"], SLOTS=v["slots"])
+                consts |= dict(BLOCK_N=v["block_n"], SLOTS=v["slots"])
                 r = aot_report(_sparse_mla_fwd_kernel, a, consts, v["num_warps"], v["num_stages"], v["maxnreg"] or None)
                 print(f"    sweep tile {v} {r}")
+            for v in MLA_VARIANTS:  # --variants: the lean loops (one column group, or four)
+                w = cfg | v
+                lean = dict(BLOCK_H=w["block_h"], BLOCK_N=w["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=False,
+                            DENSE_T=dense["block_t"], LAZY=w["lazy"])  # fmt: skip
+                if w["groups"] == 4 and w["batched"]:
+                    fn, cap = _sparse_mla_batched_kernel, v.get("maxnreg")
+                elif w["groups"] == 4:
+                    fn, lean, cap = _sparse_mla_groups_kernel, lean | dict(CHAINS=w["chains"]), v.get("maxnreg")
+                else:
+                    fn, cap = _sparse_mla_fwd_kernel, w["maxnreg"]
+                    lean |= dict(SLOTS=True, LEAN=w["lean"], PAGE_SHIFT=PAGE.bit_length() - 1)
+                r = aot_report(fn, a, lean, w["num_warps"], w["num_stages"], cap or None)
+                print(f"    variant {v} {r}")
         if not split:
             for chunked in (False, True):
                 consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
@@ -608,6 +688,9 @@ def run_aot():
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", action="store_true", help="try block configs per shape and print the best")
+    p.add_argument("--variants", action="store_true",
+                   help="time the sparse MLA loop variants (lean, lazy rescale, tiles) against the default at "
+                        "the first --heads; shapes: --layouts (default: prefill 8k/16k, decode B=1/16/64 at ~8k)")
     p.add_argument("--twin", action="store_true", help="also time the plain-PyTorch twins")
     p.add_argument("--aot", action="store_true", help="compile for sm_90 only (no GPU) and print resources")
     p.add_argument("--only", choices=("mla", "indexer", "dense", "topk"),
@@ -643,6 +726,9 @@ def main() -> None:
         return
     if args.only == "topk":
         run_topk(args)
+        return
+    if args.variants:
+        run_mla_variants(args)
         return
     if args.only in (None, "mla"):
         run_mla(args)

@@ -188,11 +188,28 @@ _RAGGED = {"prefix_lens": [0, 9, 30, 2], "extend_lens": [7, 5, 3, 1]}  # 16 toke
 _DECODE = {"prefix_lens": [4, 40, 17, 0, 25], "extend_lens": [1, 1, 1, 1, 1]}
 
 
+def _poison_unowned(kv: torch.Tensor, layout: dict, batch: dict) -> torch.Tensor:
+    """``kv`` with NaN in every cache row that holds no position of the batch's requests (the
+    padding page, spare pages, page tails): a kernel that reads one writes NaN."""
+    from breakgraph.kernels.paging import positions_to_slots
+
+    lens = [p + e for p, e in zip(layout["prefix_lens"], layout["extend_lens"])]
+    pos = torch.full((len(lens), max(lens)), -1, dtype=torch.int64)
+    for b, n in enumerate(lens):
+        pos[b, :n] = torch.arange(n)
+    owned = positions_to_slots(pos, batch["page_table"], torch.arange(len(lens)), batch["page_size"])[pos >= 0]
+    out = torch.full_like(kv, float("nan"))
+    out[owned] = kv[owned]
+    return out
+
+
 def _interp_sparse_mla_fp32():
     """fp32 in, exact dots: the kernel computes the twin's function (single pass, split-K,
-    heads not a multiple of the head block, D not a power of two, several page sizes)."""
+    heads not a multiple of the head block, D not a power of two, several page sizes; the
+    unmasked ``lean`` loop and the lazy rescale, with and without split-K, on rows shorter and
+    longer than K). Cache rows outside the requests hold NaN: no variant reads them."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
-    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+    from breakgraph.kernels.triton_sparse_mla import lean_supported, sparse_mla_attention_triton
 
     cases = [
         (_RAGGED, 4, 8, 32, 16, 24, {}),
@@ -200,16 +217,31 @@ def _interp_sparse_mla_fp32():
         (_DECODE, 16, 4, 64, 16, 40, {}),  # D = 80
         (_DECODE, 8, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16}),
         (_RAGGED, 3, 16, 32, 16, 64, {"num_splits": 2, "block_n": 16}),
-        (_RAGGED, 4, 8, 32, 16, 24, {"swap_ab": True, "block_n": 16}),  # swap-AB: keys as the M side
-        (_RAGGED, 1, 20, 48, 16, 16, {"block_h": 16, "swap_ab": True}),
-        (_DECODE, 8, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16, "swap_ab": True}),
         (_RAGGED, 3, 8, 32, 16, 24, {"slots": True}),  # cache rows precomputed (page of 3: a division)
         (_DECODE, 4, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16, "slots": True}),
-        (_RAGGED, 4, 8, 32, 16, 24, {"swap_ab": True, "slots": True, "block_n": 16}),
+        (_RAGGED, 4, 8, 32, 16, 32, {"lean": True, "block_n": 16}),  # unused entries read a real row
+        (_RAGGED, 3, 8, 32, 16, 32, {"lean": True, "lazy": 8.0, "block_n": 32}),
+        (_RAGGED, 4, 16, 32, 16, 32, {"lean": True, "lazy": 0.25, "block_n": 16}),  # rescales often
+        (_DECODE, 8, 8, 32, 16, 48, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
+        (_DECODE, 2, 8, 32, 16, 64, {"lean": True, "lazy": 8.0, "block_n": 64}),  # every row shorter than K
+        (_RAGGED, 4, 8, 32, 16, 24, {"lazy": 8.0}),  # lazy rescale on the masked loop
+        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "block_n": 16}),  # four column groups
+        (_RAGGED, 4, 8, 64, 16, 64, {}),  # the few-heads default: four column groups, lazy rescale
+        (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 16, "block_n": 32}),
+        (_DECODE, 8, 8, 64, 16, 48, {"lean": True, "groups": 4, "lazy": 0.25, "num_splits": 3, "block_n": 16}),
+        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "chains": 2, "lazy": 8.0, "block_n": 16}),
+        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 8, "block_n": 16}),
+        (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "batched": True, "lazy": 8.0, "block_n": 16}),
+        (_DECODE, 4, 8, 64, 16, 48, {"lean": True, "groups": 4, "batched": True, "num_splits": 3, "block_n": 16}),
+        (_DECODE, 4, 20, 64, 16, 48, {"lean": True, "groups": 4, "block_h": 8, "num_splits": 3, "block_n": 16}),
+        (_DECODE, 4, 8, 32, 16, 40, {"lazy": 1.0, "num_splits": 3, "block_n": 16}),
     ]
     for i, (layout, ps, heads, rank, rope, topk, opts) in enumerate(cases):
         batch = make_batch(**layout, page_size=ps, seed=i)
         q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, torch.float32, seed=i)
+        kv = _poison_unowned(kv, layout, batch)
+        if opts.get("lean"):
+            assert lean_supported(kv, topk, rank, rank + rope, opts["block_n"]), (i, opts)
         scale = (rank + rope) ** -0.5 * (1.0 + i)
         args = (tk, batch["page_table"], batch["token_req"], ps, scale)
         ref = torch.empty(q.shape[0], heads, rank)
@@ -227,7 +259,9 @@ def _interp_sparse_mla_bf16():
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
     for i, (layout, opts) in enumerate([(_RAGGED, {}), (_DECODE, {"num_splits": 4, "block_n": 16}),
-                                        (_RAGGED, {"swap_ab": True, "block_n": 64})]):  # fmt: skip
+                                        (_RAGGED, {"lean": True, "lazy": 8.0, "block_n": 16}),
+                                        (_DECODE, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
+                                        (_RAGGED, {"lean": True, "groups": 4, "lazy": 8.0, "block_n": 16})]):  # fmt: skip
         batch = make_batch(**layout, page_size=4, seed=10 + i)
         q, kv, tk = mla_inputs(batch, 16, 64, 16, 48, torch.bfloat16, seed=10 + i)
         args = (tk, batch["page_table"], batch["token_req"], 4, 80**-0.5)
@@ -649,6 +683,30 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("opts", [{"lean": True, "groups": 4, "lazy": 8.0}, {"lean": True, "lazy": 8.0},
+                                  {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 8, "num_stages": 5},
+                                  {"lean": True, "groups": 4, "lazy": 8.0, "batched": True}])  # fmt: skip
+@pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
+def test_sparse_mla_variants_glm5_shapes_on_gpu(opts, layout):
+    """The lean loop (four column groups or one) with the lazy rescale at 8 heads (prefill and
+    split-K decode, rows shorter and longer than K): within 2× the bf16 output rounding of the
+    fp32 twin."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+
+    batch = _gpu_batch(layout, seed=3)
+    q, kv, tk = mla_inputs(batch, 8, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=3)
+    args = (tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE)
+    out = torch.full((q.shape[0], 8, RANK), float("nan"), dtype=torch.bfloat16, device="cuda")
+    sparse_mla_attention_triton(q, kv, *args, out, **opts)
+    ref = torch.empty(q.shape[0], 8, RANK, device="cuda")
+    with _fp32_reference():
+        sparse_mla_attention_ref(q.float(), kv.float(), *args, ref)
+    floor, err = rel_err(ref.bfloat16(), ref), rel_err(out, ref)
+    assert err <= 2 * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("heads", [8, 64])
 @pytest.mark.parametrize("layout", ["prefill1024_fresh", "prefill1024_on_1000", "prefill4096"])
 def test_sparse_mla_dense_causal_path_glm5_shapes_on_gpu(heads, layout):
@@ -794,12 +852,30 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     info = compile_for_sm90(tsm._dense_mla_merge_kernel, a, consts, 4, 2)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     consts = dict(BLOCK_H=sparse["block_h"], BLOCK_N=sparse["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
-                  DENSE_T=dense["block_t"], SWAP_AB=sparse["swap_ab"], SLOTS=sparse["slots"], PAGE_SHIFT=6)  # fmt: skip
+                  DENSE_T=dense["block_t"], SLOTS=sparse["slots"], PAGE_SHIFT=6)  # fmt: skip
     info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"],
                             sparse["maxnreg"])  # fmt: skip
     if sparse["maxnreg"]:
         assert info["regs"] <= sparse["maxnreg"] and info["stack"] <= 128, info
     else:
+        assert info["stack"] == 0 and info["local_insts"] == 0, info
+    if heads == 8:  # the lean loop with the lazy rescale at the bench's tiles: no spills at all
+        for bn, warps, stages, cap in ((32, 4, 2, 168), (64, 8, 2, None), (32, 4, 3, 168)):
+            lean = consts | dict(BLOCK_N=bn, SLOTS=True, LEAN=True, LAZY=8.0)
+            info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, lean, warps, stages, cap)
+            assert info["stack"] == 0 and info["local_insts"] == 0, (bn, warps, stages, info)
+        groups = dict(BLOCK_R=RANK, BLOCK_PE=ROPE, DENSE_T=dense["block_t"], LAZY=8.0)
+        for bh, bn, warps, stages, split, chains, cap in (
+            (16, 32, 4, 2, False, 1, None), (16, 32, 4, 2, True, 1, None), (16, 64, 8, 2, False, 1, None),
+            (16, 32, 4, 2, False, 2, 128), (16, 32, 4, 5, False, 1, None), (8, 32, 4, 2, False, 1, None),
+            (8, 32, 4, 5, False, 1, None),
+        ):  # fmt: skip
+            consts = groups | dict(BLOCK_H=bh, BLOCK_N=bn, SPLIT=split, CHAINS=chains)
+            info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, consts, warps, stages, cap)
+            assert info["stack"] == 0 and info["local_insts"] == 0, (bh, bn, warps, stages, split, info)
+            assert bn != 32 or warps != 4 or split or info["regs"] <= 128, info  # four programs per SM by registers
+        batched = groups | dict(BLOCK_H=16, BLOCK_N=32, SPLIT=False)
+        info = compile_for_sm90(tsm._sparse_mla_batched_kernel, a, batched, 4, 2)
         assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
