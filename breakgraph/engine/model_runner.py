@@ -146,8 +146,9 @@ class ModelRunner:
         if decode.build is not None:
             max_bs = config.cuda_graph_max_bs or min(config.max_running_requests, 64)
             self.decode_graphs = decode.build(GraphSetup(
-                self.model, spec.device, default_decode_buckets(max_bs), kv_cache=self.kv_cache,
-                max_pages=self.kv_cache.pool.pages_for(spec.context_length),
+                self.model, spec.device, default_decode_buckets(max_bs, config.cuda_graph_ladder),
+                kv_cache=self.kv_cache, max_pages=self.kv_cache.pool.pages_for(spec.context_length),
+                warmup=self._warmup,
             ))  # fmt: skip
         self.startup_s["decode graphs"] = time.perf_counter() - t1
         logger.info(
@@ -156,8 +157,12 @@ class ModelRunner:
         )  # fmt: skip
 
     def _tune_fp8_linears(self) -> None:
-        """Time the FP8 GEMM paths (``_scaled_mm``, Triton W8A8 and W8A16) for every FP8 linear
-        shape of the model, up to the largest prefill step (:mod:`breakgraph.kernels.fp8_gemm_choice`)."""
+        """Choose the FP8 GEMM path (``_scaled_mm``, Triton W8A8 or W8A16) per row-count bucket
+        for every FP8 linear shape of the model, up to the largest prefill step: read from the
+        on-disk cache where this GPU and these versions measured them before, timed otherwise
+        (:mod:`breakgraph.kernels.fp8_gemm_choice`)."""
+        from breakgraph.kernels import fp8_gemm_choice as choice
+        from breakgraph.kernels.dispatch import device_index
         from breakgraph.kernels.triton_fp8 import tune_fp8_paths
         from breakgraph.layers.linear import LinearBase
 
@@ -167,8 +172,19 @@ class ModelRunner:
             if isinstance(m, LinearBase) and m.quantized
         }
         t0 = time.perf_counter()
-        tune_fp8_paths(shapes, self.device, max_m=self.config.chunked_prefill_size)
-        logger.info("fp8 linears: GEMM paths of %d shapes timed in %.1fs", len(shapes), time.perf_counter() - t0)
+        max_m = self.config.chunked_prefill_size
+        root = choice.cache_dir()
+        key = choice.environment_key(self.device, max_m)
+        tables, cached = choice.load_or_tune(
+            shapes, key, lambda missing: tune_fp8_paths(missing, self.device, max_m=max_m), root
+        )
+        for (k, n), table in tables.items():
+            choice.set_table(device_index(self.device), k, n, table)
+        where = f" ({cached} read from {choice.cache_file(root, key)})" if cached else ""
+        logger.info(
+            "fp8 linears: GEMM paths of %d shapes chosen in %.1fs, %d timed%s",
+            len(shapes), time.perf_counter() - t0, len(shapes) - cached, where,
+        )  # fmt: skip
 
     def _default_num_pages(self) -> int:
         cfg, spec = self.config, self.spec
@@ -197,7 +213,7 @@ class ModelRunner:
     def set_prefill_backend(
         self, backend: str, buckets: list[int] | tuple[int, ...] | None = None, max_bucket: int | None = None
     ) -> None:
-        """(Re)build the prefill graphs: capture ``buckets`` (default: the ladder up to
+        """(Re)build the prefill graphs: capture ``buckets`` (default: the config's ladder up to
         ``max_bucket``, itself defaulting to ``min(chunked_prefill_size, 4096)``) for ``backend``;
         ``disabled`` drops them. ``torch-compile`` compiles the model's regions in place instead
         (no buckets; every forward, decode too, runs them), in one process without decode graphs."""
@@ -212,13 +228,19 @@ class ModelRunner:
             self.prefill_graphs = entry.build(GraphSetup(self.model, self.device, []))
             return
         max_bucket = max_bucket or min(self.config.chunked_prefill_size, 4096)
-        buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket)
+        buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket, self.config.cuda_graph_ladder)
         if self.config.chunked_prefill_size > buckets[-1]:
             logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
         self.prefill_graphs = entry.build(GraphSetup(
             self.model, self.device, buckets, capture_context=self.capture_context,
-            fold_islands=self.config.fold_islands,
+            fold_islands=self.config.fold_islands, warmup=self._warmup,
         ))  # fmt: skip
+
+    @property
+    def _warmup(self) -> str:
+        # Tensor-parallel ranks hold collectives in their breaks: every rank must run the same
+        # captures in the same order, which a capture retried on one rank only would break.
+        return "every" if self.config.tp_size > 1 else self.config.cuda_graph_warmup
 
     def _close_prefill_graphs(self) -> None:
         close = getattr(self.prefill_graphs, "close", None)  # a runner that changed the model restores it
