@@ -160,9 +160,11 @@ class ModelRunner:
         """Choose the FP8 GEMM path (``_scaled_mm``, Triton W8A8 or W8A16) per row-count bucket
         for every FP8 linear shape of the model, up to the largest prefill step: read from the
         on-disk cache where this GPU and these versions measured them before, timed otherwise
-        (:mod:`breakgraph.kernels.fp8_gemm_choice`)."""
+        (:mod:`breakgraph.kernels.fp8_gemm_choice`; the candidates' Triton kernels compiled
+        in parallel processes first, :mod:`breakgraph.kernels.precompile`)."""
         from breakgraph.kernels import fp8_gemm_choice as choice
         from breakgraph.kernels.dispatch import device_index
+        from breakgraph.kernels.precompile import default_workers
         from breakgraph.kernels.triton_fp8 import tune_fp8_paths
         from breakgraph.layers.linear import LinearBase
 
@@ -175,9 +177,12 @@ class ModelRunner:
         max_m = self.config.chunked_prefill_size
         root = choice.cache_dir()
         key = choice.environment_key(self.device, max_m)
-        tables, cached = choice.load_or_tune(
-            shapes, key, lambda missing: tune_fp8_paths(missing, self.device, max_m=max_m), root
-        )
+        workers = default_workers(share=self.config.tp_size)  # the candidates' kernels compile in parallel first
+
+        def tune(missing: set[tuple[int, int]]) -> dict:
+            return tune_fp8_paths(missing, self.device, max_m=max_m, workers=workers)
+
+        tables, cached = choice.load_or_tune(shapes, key, tune, root)
         for (k, n), table in tables.items():
             choice.set_table(device_index(self.device), k, n, table)
         where = f" ({cached} read from {choice.cache_file(root, key)})" if cached else ""

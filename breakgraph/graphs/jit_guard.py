@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from breakgraph.kernels.precompile import triton_runtime_knobs as _runtime_knobs
+
 
 class CompileInCapture(Exception):
     """A Triton kernel would have compiled or loaded inside a CUDA-graph capture (``kernel``: its name)."""
@@ -27,21 +29,6 @@ class CompileInCapture(Exception):
     def __init__(self, kernel: str) -> None:
         super().__init__(f"Triton kernel {kernel} is not compiled yet: it cannot compile inside a capture")
         self.kernel = kernel
-
-
-def _runtime_knobs() -> Any:
-    try:
-        from triton import knobs
-    except ImportError:
-        return None
-    runtime = getattr(knobs, "runtime", None)
-    return runtime if runtime is not None and hasattr(runtime, "jit_cache_hook") else None
-
-
-def guard_available() -> bool:
-    """Whether the installed Triton lets :func:`compile_guard` see its kernel-cache misses
-    (``triton.knobs.runtime.jit_cache_hook``, Triton 3.4 and later)."""
-    return _runtime_knobs() is not None
 
 
 @contextlib.contextmanager
