@@ -96,7 +96,7 @@ class EngineConfig:
         "coarse", "default buckets: coarse = prefill 4, 8, 16 … 256 (powers of two), 384, 512, 768, 1024, then quarter "
         "steps (1280, 1536, 1792, 2048, 2560 … 4096: 19 buckets; a batch pads by < 2x below 256 tokens, <= 50%% to "
         "1024, <= 25%% above) and decode 1, 2, 4, 8, then every 16; fine = prefill 4…32 step 4 … 1280…4096 step 256 "
-        "(50 buckets) and decode every 8 (about 2.5x the capture time at start-up)",
+        "(50 buckets) and decode every 8, as before",
         group=GRAPHS, choices=LADDERS,
     )  # fmt: skip
     cuda_graph_warmup: str = setting(
