@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import pytest
 import torch
@@ -190,3 +191,27 @@ def test_chunked_prefill_under_graphs_equals_eager(engines):
         for a, b in zip(engines[name].prompt_logits(prompts), ref):
             assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
         assert engines[name].graph_stats()["replays"] - before >= 3, "220 tokens take at least 3 replayed chunks of 64"
+
+
+def test_a_failed_capture_without_warmup_captures_every_bucket_again_warmed(caplog):
+    """Should a capture without a warm-up fail (on CUDA: something initialised lazily that the
+    Triton guard cannot see), the whole ladder is captured again with a warm-up each."""
+    table = torch.randn(32, 8)
+    calls = {"n16": 0}
+
+    def body(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        if ids.shape[0] == 16:
+            calls["n16"] += 1
+            if calls["n16"] == 1:
+                raise RuntimeError("operation not permitted when stream is capturing")
+        return (table[ids] + pos[:, None].float()).relu()
+
+    runner = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[16, 64],
+                                capture_context=lambda n: contextlib.nullcontext())  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="breakgraph.graphs.prefill_runner"):
+        runner.capture(progress=False)
+    assert {b.tokens: b.warmups for b in runner.stats.buckets} == {16: 1, 64: 1}
+    assert any("prefill bucket 16, captured without a warm-up, failed" in r.getMessage() for r in caplog.records)
+    ids, pos = torch.randint(0, 32, (9,)), torch.arange(9)
+    with torch.inference_mode():
+        assert torch.equal(runner.run(ids, pos), body(ids, pos))

@@ -20,7 +20,7 @@ import torch
 
 from breakgraph.forward_context import ForwardBatch, forward_batch_context
 from breakgraph.graphs.capture import make_capturer
-from breakgraph.graphs.jit_guard import CompileInCapture, compile_guard
+from breakgraph.graphs.jit_guard import CompileInCapture, UnwarmedCaptureFailed, compile_guard
 from breakgraph.graphs.prefill_runner import LADDERS, WARMUPS
 from breakgraph.graphs.segments import Segment, new_graph_pool
 from breakgraph.graphs.static_batch import StaticBatch
@@ -70,8 +70,8 @@ class DecodeGraphRunner:
 
     def capture(self, progress: bool = True) -> None:
         """Warm up (see ``warmup``) and capture each batch size, largest first, in one shared
-        pool; should a capture without warm-up fail on CUDA, all are captured again, each after
-        a warm-up, in a new pool (logged)."""
+        pool; should a capture without warm-up fail, all are captured again, each after a
+        warm-up, in a new pool (logged)."""
         from tqdm.auto import tqdm
 
         start = time.perf_counter()
@@ -80,17 +80,20 @@ class DecodeGraphRunner:
         def capture_all(every: bool) -> None:
             for i, bs in enumerate(tqdm(sizes, desc="Capturing decode graphs", unit="bs",
                                         disable=None if progress else True)):  # None: TQDM_DISABLE and non-TTY rules apply
-                self.stats.buckets.append(self._capture_one(bs, warm=every or i == 0))
+                warm = every or i == 0
+                try:
+                    self.stats.buckets.append(self._capture_one(bs, warm))
+                except RuntimeError as exc:  # GraphError included
+                    if warm:
+                        raise
+                    raise UnwarmedCaptureFailed(f"decode batch size {bs}", exc) from exc
 
         with compile_guard() as guarded:
             every = self.warmup == "every" or (self.device.type == "cuda" and not guarded)
             try:
                 capture_all(every)
-            except RuntimeError as exc:  # GraphError included
-                if every or self.device.type != "cuda":
-                    raise
-                logger.warning("a decode capture without warm-up failed (%s); capturing every batch size again, "
-                               "each after a warm-up, in a new pool", str(exc).splitlines()[0])  # fmt: skip
+            except UnwarmedCaptureFailed as exc:  # the guard sees Triton only
+                logger.warning("%s; capturing every batch size again, each after a warm-up, in a new pool", exc)
                 self._graphs.clear()
                 self.stats.buckets.clear()
                 self.pool = new_graph_pool(self.device)

@@ -31,6 +31,18 @@ class CompileInCapture(Exception):
         self.kernel = kernel
 
 
+class UnwarmedCaptureFailed(Exception):
+    """A capture that ran without a warm-up failed (``error``: why): on CUDA, something other
+    than a Triton kernel may have initialised lazily inside it, and its memory pool refuses new
+    captures; the runner captures everything again, each after a warm-up, in a new pool (an
+    error that is not about the warm-up then comes again, from a warmed capture)."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        first = str(error).splitlines()[0] if str(error) else repr(error)
+        super().__init__(f"{what}, captured without a warm-up, failed: {first}")
+        self.error = error
+
+
 @contextlib.contextmanager
 def compile_guard() -> Iterator[bool]:
     """Within the block, a Triton kernel-cache miss on a capturing CUDA stream raises

@@ -25,7 +25,7 @@ import torch
 
 from breakgraph.graphs.breakable import BreakableGraph
 from breakgraph.graphs.cuda_segment import pool_segments
-from breakgraph.graphs.jit_guard import CompileInCapture, compile_guard
+from breakgraph.graphs.jit_guard import CompileInCapture, UnwarmedCaptureFailed, compile_guard
 from breakgraph.graphs.piecewise import PiecewiseBackend
 from breakgraph.graphs.segments import new_graph_pool
 from breakgraph.graphs.static_batch import StaticBatch
@@ -132,20 +132,16 @@ class PrefillGraphRunner:
     # -- capture --------------------------------------------------------------------------
     def capture(self, progress: bool = True) -> None:
         """Warm up (see ``warmup``) and capture every bucket, largest first (so smaller ones
-        reuse its pool). Should a capture without warm-up fail on CUDA, every bucket is captured
-        again, each after a warm-up, in a new pool (logged)."""
+        reuse its pool). Should a capture without warm-up fail, every bucket is captured again,
+        each after a warm-up, in a new pool (logged)."""
         free_before = _free_memory(self.device)
         start = time.perf_counter()
         with compile_guard() as guarded:
             every = self.warmup == "every" or (self.device.type == "cuda" and not guarded)
             try:
                 self._capture_ladder(every, progress)
-            except RuntimeError as exc:  # GraphError included
-                if every or self.device.type != "cuda" or self.backend != "breakable":
-                    raise
-                # The guard sees Triton only: something else initialised lazily inside a capture.
-                logger.warning("a prefill capture without warm-up failed (%s); capturing every bucket again, "
-                               "each after a warm-up, in a new pool", str(exc).splitlines()[0])  # fmt: skip
+            except UnwarmedCaptureFailed as exc:  # the guard sees Triton only
+                logger.warning("%s; capturing every bucket again, each after a warm-up, in a new pool", exc)
                 self._graphs.clear()
                 self._outputs.clear()
                 self.stats.buckets.clear()
@@ -187,7 +183,13 @@ class PrefillGraphRunner:
                    unit="bucket", disable=None if progress else True)  # fmt: skip
         for i, n in enumerate(bar):
             bar.set_postfix(tokens=n, free_mem=_fmt_bytes(_free_memory(self.device)))
-            info = self._capture_bucket(n, warm=every or i == 0)
+            warm = every or i == 0
+            try:
+                info = self._capture_bucket(n, warm)
+            except RuntimeError as exc:  # GraphError included
+                if warm or self.backend != "breakable":
+                    raise
+                raise UnwarmedCaptureFailed(f"prefill bucket {n}", exc) from exc
             self.stats.buckets.append(info)
             logger.debug(info.line())
         bar.close()
