@@ -45,15 +45,50 @@ def test_a_worker_compiles_under_the_key_the_launch_reads(tmp_path, monkeypatch)
     assert sorted(tmp_path.rglob("*")) == written and kernel.asm["cubin"]
 
 
-def test_compile_in_workers_counts_what_compiled(tmp_path, monkeypatch):
+def test_ahead_compiler_counts_what_compiled(tmp_path, monkeypatch):
     _, fn, sig, consts, attrs, target, options = _act_quant_specialisation()
     from triton.runtime.jit import serialize_specialization_data
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     good = (fn.fn.__module__, fn.fn.__qualname__, serialize_specialization_data(fn.__name__, sig, consts, attrs, options, "k"))
     bad = (fn.fn.__module__, "no_such_kernel", good[2])
-    assert precompile.compile_in_workers([good, bad], (target.backend, target.arch, 32), workers=2) == 1
-    assert precompile.compile_in_workers([], (target.backend, target.arch, 32), workers=2) == 0
+    ahead = precompile.AheadCompiler(2, target=(target.backend, target.arch, 32))
+    try:
+        assert ahead.compile([good, bad]) == 1 and ahead.compile([]) == 0
+        assert (ahead.recorded, ahead.compiled) == (2, 1)
+    finally:
+        ahead.close()
+    assert ahead.compile([good]) == 0, "closed: nothing more is compiled ahead"
+
+
+def test_zero_fill_zeroes_new_tensors_only_inside():
+    import torch
+
+    with precompile.zero_fill():
+        made = [torch.empty(64), torch.empty_like(torch.ones(8)), torch.ones(4).new_empty(16), torch.empty_strided((4, 4), (4, 1))]
+    assert all(bool((t == 0).all()) for t in made)
+
+
+def test_run_dry_skips_without_the_hook_and_survives_a_failing_thunk(monkeypatch):
+    import types
+
+    ahead = precompile.AheadCompiler(1, target=("cuda", 90, 32))
+    try:
+        monkeypatch.setattr(precompile, "triton_runtime_knobs", lambda: None)
+        ran = []
+        ahead.run_dry(lambda: ran.append(1))
+        assert ran == [], "no Triton hook: no dry run"
+        runtime = types.SimpleNamespace(jit_cache_hook=None)
+        monkeypatch.setattr(precompile, "triton_runtime_knobs", lambda: runtime)
+
+        def thunk():
+            ran.append(2)
+            raise RuntimeError("a dry run met something")
+
+        ahead.run_dry(thunk)  # logged, not raised
+        assert ran == [2] and runtime.jit_cache_hook is None
+    finally:
+        ahead.close()
 
 
 def test_recording_without_the_triton_hook_yields_none(monkeypatch):

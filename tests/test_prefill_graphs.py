@@ -215,3 +215,28 @@ def test_a_failed_capture_without_warmup_captures_every_bucket_again_warmed(capl
     ids, pos = torch.randint(0, 32, (9,)), torch.arange(9)
     with torch.inference_mode():
         assert torch.equal(runner.run(ids, pos), body(ids, pos))
+
+
+def test_prepare_runs_before_each_warmup_only():
+    """``prepare`` (the model runner's compile-ahead dry run) is handed the body at a bucket
+    before each warm-up, and the buckets captured without one never see it."""
+    table = torch.randn(32, 8)
+    prepared = []
+
+    def body(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return (table[ids] * 3 - pos[:, None].float()).tanh()
+
+    def prepare(thunk):
+        prepared.append(thunk().shape[0])  # the thunk runs the body at that bucket
+
+    runner = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[8, 16, 64],
+                                capture_context=lambda n: contextlib.nullcontext(), prepare=prepare)  # fmt: skip
+    runner.capture(progress=False)
+    assert prepared == [64]
+    every = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[8, 16, 64],
+                               capture_context=lambda n: contextlib.nullcontext(), prepare=prepare, warmup="every")  # fmt: skip
+    every.capture(progress=False)
+    assert prepared == [64, 64, 16, 8]
+    ids, pos = torch.randint(0, 32, (11,)), torch.arange(11)
+    with torch.inference_mode():
+        assert torch.equal(every.run(ids, pos), body(ids, pos))

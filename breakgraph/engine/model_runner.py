@@ -38,6 +38,17 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _ahead_compiler(config: EngineConfig) -> Any:
+    """An :class:`~breakgraph.kernels.precompile.AheadCompiler` with this rank's share of the
+    host's CPUs, or None (``BREAKGRAPH_COMPILE_AHEAD=0``, or no Triton with the hook it needs)."""
+    from breakgraph import env
+    from breakgraph.kernels import precompile
+
+    if env.read("BREAKGRAPH_COMPILE_AHEAD") == "0" or precompile.triton_runtime_knobs() is None:
+        return None
+    return precompile.AheadCompiler(precompile.default_workers(share=config.tp_size))
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """``auto`` → bf16 on CUDA, fp32 elsewhere; else the named dtype."""
     if isinstance(dtype, torch.dtype):
@@ -107,6 +118,17 @@ class ModelRunner:
         self.spec = spec
         self.device = spec.device
         t0 = time.perf_counter()
+        # Worker processes that compile kernels ahead of the FP8 timing and the graph warm-ups;
+        # spawned first, so that they import while the model loads; closed once ready.
+        self._ahead = _ahead_compiler(config) if spec.device.type == "cuda" else None
+        try:
+            self._start(config, spec, tp, t0)
+        finally:
+            if self._ahead is not None:
+                self._ahead.close()
+                self._ahead = None
+
+    def _start(self, config: EngineConfig, spec: ModelSpec, tp: TPGroup | None, t0: float) -> None:
         self.model = load_model(
             config.model_path, config=spec.model_config, device=spec.device, dtype=spec.dtype,
             load_format=config.load_format, max_positions=spec.context_length, seed=config.seed,
@@ -148,7 +170,7 @@ class ModelRunner:
             self.decode_graphs = decode.build(GraphSetup(
                 self.model, spec.device, default_decode_buckets(max_bs, config.cuda_graph_ladder),
                 kv_cache=self.kv_cache, max_pages=self.kv_cache.pool.pages_for(spec.context_length),
-                warmup=self._warmup,
+                warmup=self._warmup, prepare=self._prepare,
             ))  # fmt: skip
         self.startup_s["decode graphs"] = time.perf_counter() - t1
         logger.info(
@@ -164,9 +186,12 @@ class ModelRunner:
         in parallel processes first, :mod:`breakgraph.kernels.precompile`)."""
         from breakgraph.kernels import fp8_gemm_choice as choice
         from breakgraph.kernels.dispatch import device_index
-        from breakgraph.kernels.precompile import default_workers
-        from breakgraph.kernels.triton_fp8 import tune_fp8_paths
+        from breakgraph.kernels.triton_fp8 import scaled_mm_blockwise_mode, tune_fp8_paths
         from breakgraph.layers.linear import LinearBase
+
+        # The cuBLAS probe runs real kernels: now, not first inside a compile-ahead dry run
+        # (which skips kernel launches) even when every table comes from the cache.
+        scaled_mm_blockwise_mode(self.device)
 
         shapes = {
             (m.in_features, m.out_features)
@@ -177,10 +202,8 @@ class ModelRunner:
         max_m = self.config.chunked_prefill_size
         root = choice.cache_dir()
         key = choice.environment_key(self.device, max_m)
-        workers = default_workers(share=self.config.tp_size)  # the candidates' kernels compile in parallel first
-
         def tune(missing: set[tuple[int, int]]) -> dict:
-            return tune_fp8_paths(missing, self.device, max_m=max_m, workers=workers)
+            return tune_fp8_paths(missing, self.device, max_m=max_m, ahead=self._ahead)
 
         tables, cached = choice.load_or_tune(shapes, key, tune, root)
         for (k, n), table in tables.items():
@@ -238,8 +261,13 @@ class ModelRunner:
             logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
         self.prefill_graphs = entry.build(GraphSetup(
             self.model, self.device, buckets, capture_context=self.capture_context,
-            fold_islands=self.config.fold_islands, warmup=self._warmup,
+            fold_islands=self.config.fold_islands, warmup=self._warmup, prepare=self._prepare,
         ))  # fmt: skip
+
+    @property
+    def _prepare(self) -> Any:
+        # before a graph warm-up: its kernels compiled ahead, in parallel (during start-up only)
+        return self._ahead.run_dry if getattr(self, "_ahead", None) is not None else None
 
     @property
     def _warmup(self) -> str:

@@ -29,7 +29,8 @@ class GraphSetup:
     batch sizes (decode) to capture; ``capture_context(n)``: installs a stand-in batch of ``n``
     tokens while a prefill bucket is captured; ``kv_cache`` and ``max_pages``: the paged cache
     a decode graph's static batch points at, and its page-table width; ``warmup``: ``once`` or
-    ``every`` (see :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner`)."""
+    ``every``, and ``prepare``: what runs before a warm-up (see
+    :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner`)."""
 
     model: Any
     device: torch.device
@@ -39,6 +40,7 @@ class GraphSetup:
     kv_cache: Any = None
     max_pages: int = 0
     warmup: str = "once"
+    prepare: Callable[[Callable[[], Any]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ def _bucketed_prefill(mode: str) -> Callable[[GraphSetup], Any]:
         runner = PrefillGraphRunner(
             setup.model, backend=mode, device=setup.device, buckets=setup.buckets,
             capture_context=setup.capture_context, fold_islands=setup.fold_islands, warmup=setup.warmup,
+            prepare=setup.prepare,
         )  # fmt: skip
         runner.capture()
         return runner
@@ -73,7 +76,8 @@ def _regional(setup: GraphSetup) -> regional.RegionalCompileRunner:
 
 def _full_decode(setup: GraphSetup) -> DecodeGraphRunner:
     runner = DecodeGraphRunner(
-        setup.model, setup.kv_cache, setup.device, setup.buckets, max_pages=setup.max_pages, warmup=setup.warmup
+        setup.model, setup.kv_cache, setup.device, setup.buckets, max_pages=setup.max_pages, warmup=setup.warmup,
+        prepare=setup.prepare,
     )
     runner.capture()
     return runner

@@ -54,11 +54,12 @@ class DecodeGraphRunner:
 
     def __init__(
         self, model: Body, kv_cache: Any, device: torch.device, buckets: list[int], max_pages: int,
-        warmup: str = "once",
+        warmup: str = "once", prepare: Callable[[Callable[[], Any]], None] | None = None,
     ) -> None:  # fmt: skip
         if warmup not in WARMUPS:
             raise ValueError(f"--cuda-graph-warmup must be one of {WARMUPS}, got {warmup!r}")
         self.warmup = warmup
+        self.prepare = prepare
         self.model = model
         self.kv_cache = kv_cache
         self.device = torch.device(device)
@@ -111,6 +112,8 @@ class DecodeGraphRunner:
             while True:
                 if warm:
                     t1 = time.perf_counter()
+                    if self.prepare is not None:
+                        self.prepare(lambda: self.model(batch.input_ids, batch.positions))
                     self.model(batch.input_ids, batch.positions)  # kernel compiles cannot happen inside a capture
                     if self.device.type == "cuda":
                         torch.cuda.synchronize(self.device)

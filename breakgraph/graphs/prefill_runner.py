@@ -82,6 +82,9 @@ class PrefillGraphRunner:
             compile inside its capture (:mod:`breakgraph.graphs.jit_guard`). ``every``: each
             bucket is warmed up first. Without the guard (no Triton hook) ``once`` acts as ``every``
             on CUDA.
+        prepare: called before each warm-up with a thunk that runs the body at that bucket; may
+            run it once to learn the kernels it launches and compile them ahead, in parallel
+            (the model runner's :meth:`~breakgraph.kernels.precompile.AheadCompiler.run_dry`).
     The hidden tensor :meth:`run` returns is graph-owned memory, valid until the next run.
     """
 
@@ -96,6 +99,7 @@ class PrefillGraphRunner:
         fold_islands: bool = False,
         max_padding_ratio: float = 2.0,
         warmup: str = "once",
+        prepare: Callable[[Callable[[], Any]], None] | None = None,
     ) -> None:
         if backend not in MODES:
             raise ValueError(f"prefill graph backend must be one of {MODES}, got {backend!r}")
@@ -104,6 +108,7 @@ class PrefillGraphRunner:
         if warmup not in WARMUPS:
             raise ValueError(f"--cuda-graph-warmup must be one of {WARMUPS}, got {warmup!r}")
         self.warmup = warmup
+        self.prepare = prepare
         self.body = body
         self.backend = backend
         self.device = torch.device(device)
@@ -204,6 +209,8 @@ class PrefillGraphRunner:
                 while True:
                     if warm:
                         t1 = time.perf_counter()
+                        if self.prepare is not None:
+                            self.prepare(lambda: self.body(ids, pos))
                         self.body(ids, pos)  # lazy initialisation (kernel compiles) cannot happen inside a capture
                         _sync(self.device)
                         warmup_s += time.perf_counter() - t1

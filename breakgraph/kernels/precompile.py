@@ -2,14 +2,15 @@
 
 A Triton kernel compiles (about a second of one CPU core) the first time a process launches one
 of its specialisations. Start-up code about to launch dozens of new specialisations one after
-another — the FP8 GEMM path timing, :func:`breakgraph.kernels.triton_fp8.tune_fp8_paths` — can
-instead
+another — the FP8 GEMM path timing (:func:`breakgraph.kernels.triton_fp8.tune_fp8_paths`), a
+graph runner's warm-up before a capture — can instead
 
 1. run once under :func:`recording`: every launch that would compile is recorded (its
-   specialisation as Triton serialises it) and skipped — the kernel does not run and its outputs
-   hold whatever their memory held, so only code that cannot fault on such values (no indexing
-   by a kernel's output) may run under it;
-2. :func:`compile_in_workers`: compile the records in parallel processes into Triton's on-disk
+   specialisation as Triton serialises it) and skipped — the kernel does not run, and its outputs
+   hold zeros where they were allocated under :func:`zero_fill`
+   (:meth:`AheadCompiler.run_dry` does both), so code that indexes by a kernel's output stays in
+   its buffers;
+2. compile the records in parallel processes (:class:`AheadCompiler`) into Triton's on-disk
    cache (the workers inherit ``TRITON_CACHE_DIR`` and the rest of the environment);
 3. run for real: each compile is now a read of that cache.
 
@@ -26,7 +27,7 @@ import logging
 import multiprocessing
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -118,28 +119,104 @@ def _compile_in_worker(record: Record, target: tuple) -> bool:
         return False
 
 
-def compile_in_workers(records: list[Record], target: tuple, workers: int) -> int:
-    """Compile ``records`` in up to ``workers`` spawned processes (see :func:`compile_record`);
-    returns how many compiled. Nothing is raised: a record that fails here compiles at its
-    launch. Logs the count and the time."""
-    if not records:
-        return 0
-    t0 = time.perf_counter()
-    workers = max(1, min(workers, len(records)))
-    done = 0
-    try:
-        context = multiprocessing.get_context("spawn")  # never fork a process that holds CUDA
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            done = sum(pool.map(_compile_in_worker, records, [target] * len(records)))
-    except (OSError, RuntimeError) as exc:  # no processes here: each kernel compiles at its launch
-        logger.warning("Triton kernels not compiled ahead (%s)", exc)
-    logger.info("Triton: %d of %d kernel specialisations compiled ahead in %d processes in %.1fs",
-                done, len(records), workers, time.perf_counter() - t0)  # fmt: skip
-    return done
+def _import_in_worker() -> None:
+    import breakgraph.kernels.triton_fp8  # noqa: F401  (torch and triton: a worker's slow part)
+
+
+_EMPTY_OPS = ("empty.memory_format", "empty_strided.default", "empty_like.default", "new_empty.default",
+              "new_empty_strided.default")  # fmt: skip
+
+
+@contextlib.contextmanager
+def zero_fill() -> Iterator[None]:
+    """Within the block every tensor allocated through the dispatcher (``torch.empty`` and kin)
+    starts zeroed: what a skipped kernel leaves in its outputs is then zeros, which later code
+    may use as indices or counts without leaving its buffers."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    empties = {getattr(torch.ops.aten, op.split(".")[0]).__getattr__(op.split(".")[1]) for op in _EMPTY_OPS}
+
+    class ZeroFill(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+            out = func(*args, **(kwargs or {}))
+            if func in empties:
+                out.zero_()
+            return out
+
+    with ZeroFill():
+        yield
+
+
+class AheadCompiler:
+    """Worker processes that compile recorded Triton specialisations into the disk cache, kept
+    for one start-up: spawned at construction (they import torch and Triton meanwhile), closed
+    by :meth:`close`. Every failure is logged and leaves the kernels to compile at their launch."""
+
+    def __init__(self, workers: int, target: tuple | None = None) -> None:
+        self.workers = workers
+        self.target = target  # (backend, arch, warp size); None: this process's GPU
+        self.recorded = self.compiled = 0
+        self.seconds = 0.0
+        self._pool: ProcessPoolExecutor | None = None
+        try:
+            context = multiprocessing.get_context("spawn")  # never fork a process that holds CUDA
+            self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+            for _ in range(workers):
+                self._pool.submit(_import_in_worker)
+        except (OSError, RuntimeError) as exc:
+            logger.warning("Triton kernels will not be compiled ahead (%s)", exc)
+            self._pool = None
+
+    def compile(self, records: list[Record]) -> int:
+        """Compile ``records`` in the workers for this process's GPU (waits); returns how many compiled."""
+        if self._pool is None or not records:
+            return 0
+        if self.target is None:
+            import triton
+
+            t = triton.runtime.driver.active.get_current_target()
+            self.target = (t.backend, t.arch, t.warp_size)
+        t0 = time.perf_counter()
+        try:
+            done = sum(self._pool.map(_compile_in_worker, records, [self.target] * len(records)))
+        except (OSError, RuntimeError) as exc:  # a broken pool is a RuntimeError
+            logger.warning("Triton kernels no longer compiled ahead (%s)", exc)
+            self._pool, done = None, 0
+        self.recorded, self.compiled = self.recorded + len(records), self.compiled + done
+        self.seconds += time.perf_counter() - t0
+        return done
+
+    def run_dry(self, thunk: Callable[[], Any]) -> None:
+        """Run ``thunk`` once with every Triton launch that would compile recorded and skipped
+        (:func:`recording`) and new tensors zeroed (:func:`zero_fill`), then compile what it
+        recorded in the workers. ``thunk`` must need no kernel's results on the host (graph-safe
+        code: what it launches depends on shapes and host metadata only). An error in it is
+        logged, and what was recorded before is compiled."""
+        if self._pool is None:
+            return
+        with recording() as records:
+            if records is None:
+                return
+            try:
+                with zero_fill():
+                    thunk()
+            except Exception as exc:  # only a head start: the real run that follows decides
+                logger.warning("the dry run for compiling ahead stopped (%s)", exc)
+        self.compile(records)
+
+    def close(self) -> None:
+        """Stop the workers and log what they compiled."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self.recorded:
+            logger.info("Triton: %d of %d kernel specialisations compiled ahead in %d processes (%.1fs waited for them)",
+                        self.compiled, self.recorded, self.workers, self.seconds)  # fmt: skip
 
 
 def default_workers(share: int = 1) -> int:
-    """Worker processes for :func:`compile_in_workers`: the CPUs this process may use, divided
+    """Worker processes for an :class:`AheadCompiler`: the CPUs this process may use, divided
     by ``share`` (processes of one host compiling at once, e.g. tensor-parallel ranks), less one."""
     try:
         cpus = len(os.sched_getaffinity(0))

@@ -41,6 +41,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -49,6 +50,9 @@ import triton.language as tl
 from breakgraph.kernels import fp8_gemm_choice
 from breakgraph.kernels.dispatch import device_index, num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX, block_dequant, fp8_block_linear_ref
+
+if TYPE_CHECKING:
+    from breakgraph.kernels.precompile import AheadCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -616,13 +620,13 @@ def _graph_seconds(fn: Callable[[], object], calls: int = 10, replays: int = 3) 
 
 
 def tune_fp8_paths(
-    shapes: Iterable[tuple[int, int]], device: torch.device, max_m: int, workers: int = 0
+    shapes: Iterable[tuple[int, int]], device: torch.device, max_m: int, ahead: AheadCompiler | None = None
 ) -> dict[tuple[int, int], tuple]:
     """Time every path for every ``(K, N)`` in ``shapes`` at each bucket ``<= max_m`` on
     ``device`` (CUDA, outside capture; random weights of that shape) and record the tables that
     :func:`~breakgraph.kernels.fp8_gemm_choice.choose` reads (``_scaled_mm`` only where it can run the shape). Returns
-    ``{(K, N): table}``; logs one line per shape. ``workers > 0``: first compile the Triton
-    kernels every candidate launches in that many processes at once
+    ``{(K, N): table}``; logs one line per shape. With ``ahead``, the Triton kernels every
+    candidate launches are first compiled in its worker processes at once
     (:mod:`breakgraph.kernels.precompile`), so that the timing reads them from Triton's cache."""
     from breakgraph.kernels.fp8 import block_quant
 
@@ -633,11 +637,9 @@ def tune_fp8_paths(
         (k, n): [p for p in fp8_gemm_choice.PATHS if p != "scaled_mm" or scaled_mm_takes(k, n, device)]
         for k, n in sorted(set(shapes))
     }  # the probe runs here, before any launch is recorded
-    if workers > 0:
-        try:
-            _compile_candidates_ahead(candidates, buckets, device, workers)
-        except Exception as exc:  # only a head start: each candidate still compiles at its first launch
-            logger.warning("fp8 linears: the GEMM candidates were not compiled ahead (%s)", exc)
+    if ahead is not None:
+        ahead.run_dry(partial(_launch_candidates, candidates, buckets, device))
+        torch.cuda.synchronize(device)
     tuned: dict[tuple[int, int], tuple] = {}
     for (k, n), paths in candidates.items():
         w8, ws = block_quant(torch.randn(n, k, device=device, generator=gen) / k**0.5)
@@ -657,24 +659,14 @@ def tune_fp8_paths(
     return tuned
 
 
-def _compile_candidates_ahead(
-    candidates: dict[tuple[int, int], list[str]], buckets: list[int], device: torch.device, workers: int
-) -> None:
-    """One pass over every candidate with the Triton launches recorded instead of run (zero
-    operands: the products are never read), then their kernels compiled in ``workers`` processes."""
-    from breakgraph.kernels import precompile
+def _launch_candidates(candidates: dict[tuple[int, int], list[str]], buckets: list[int], device: torch.device) -> None:
+    """Run every candidate once on zero operands (the dry run that records their kernels)."""
     from breakgraph.kernels.fp8 import block_quant
 
-    with precompile.recording() as records:
-        if records is None:
-            return
-        for (k, n), paths in candidates.items():
-            w8, ws = block_quant(torch.zeros(n, k, device=device))
-            for bucket in buckets:
-                x = torch.zeros(bucket, k, device=device, dtype=torch.bfloat16)
-                for path in paths:
-                    if path != "triton_w8a16" or bucket <= fp8_gemm_choice.W8A16_MAX_M:
-                        fp8_linear(x, w8, ws, (128, 128), path=path)
-    torch.cuda.synchronize(device)
-    target = triton.runtime.driver.active.get_current_target()
-    precompile.compile_in_workers(records, (target.backend, target.arch, target.warp_size), workers)
+    for (k, n), paths in candidates.items():
+        w8, ws = block_quant(torch.zeros(n, k, device=device))
+        for bucket in buckets:
+            x = torch.zeros(bucket, k, device=device, dtype=torch.bfloat16)
+            for path in paths:
+                if path != "triton_w8a16" or bucket <= fp8_gemm_choice.W8A16_MAX_M:
+                    fp8_linear(x, w8, ws, (128, 128), path=path)
