@@ -108,3 +108,20 @@ def test_recording_keeps_each_specialisation_once_and_skips_the_launch(monkeypat
             assert runtime.jit_cache_hook(fn=fn, key=key, compile={"specialization_data": key}) is True
     assert records == [("m", "k", "a"), ("m", "k", "b")] and runtime.jit_cache_hook is None
     assert precompile.default_workers() >= 1 and precompile.default_workers(share=10_000) == 1
+
+
+def test_the_model_runner_compiles_ahead_unless_told_not_to(monkeypatch):
+    import types
+
+    from breakgraph.engine import model_runner
+    from breakgraph.engine.config import EngineConfig
+
+    made = []
+    monkeypatch.setattr(precompile, "triton_runtime_knobs", lambda: types.SimpleNamespace(jit_cache_hook=None))
+    monkeypatch.setattr(precompile, "AheadCompiler", lambda workers: made.append(workers) or "pool")
+    monkeypatch.setenv("BREAKGRAPH_COMPILE_AHEAD", "0")
+    assert model_runner._ahead_compiler(EngineConfig()) is None and made == []
+    monkeypatch.setenv("BREAKGRAPH_COMPILE_AHEAD", "1")
+    assert model_runner._ahead_compiler(EngineConfig(tp_size=1)) == "pool" and made == [precompile.default_workers()]
+    monkeypatch.setattr(precompile, "triton_runtime_knobs", lambda: None)
+    assert model_runner._ahead_compiler(EngineConfig()) is None, "no Triton hook: nothing to compile ahead"
