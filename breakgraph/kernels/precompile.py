@@ -26,6 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -148,6 +149,22 @@ def zero_fill() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _main_not_inherited() -> Iterator[None]:
+    """Processes spawned within do not import the caller's ``__main__`` (a script that builds an
+    engine at top level would otherwise build one in every worker); they run this module only."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__["__spec__"] = None
+            main.__dict__.pop("__file__", None)
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
 class AheadCompiler:
     """Worker processes that compile recorded Triton specialisations into the disk cache, kept
     for one start-up: spawned at construction (they import torch and Triton meanwhile), closed
@@ -162,9 +179,10 @@ class AheadCompiler:
         try:
             context = multiprocessing.get_context("spawn")  # never fork a process that holds CUDA
             self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-            for _ in range(workers):
-                self._pool.submit(_import_in_worker)
-        except (OSError, RuntimeError) as exc:
+            with _main_not_inherited():
+                for _ in range(workers):  # starts every worker now
+                    self._pool.submit(_import_in_worker)
+        except Exception as exc:  # e.g. a daemonic process may not have children
             logger.warning("Triton kernels will not be compiled ahead (%s)", exc)
             self._pool = None
 
