@@ -34,6 +34,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+#: Seconds one batch of records may take in the workers before the rest compile at their launch.
+COMPILE_TIMEOUT_S = 300
 #: (module, qualified name of the ``@triton.jit`` function, Triton's specialization data JSON)
 Record = tuple[str, str, str]
 
@@ -197,8 +199,8 @@ class AheadCompiler:
             self.target = (t.backend, t.arch, t.warp_size)
         t0 = time.perf_counter()
         try:
-            done = sum(self._pool.map(_compile_in_worker, records, [self.target] * len(records)))
-        except (OSError, RuntimeError) as exc:  # a broken pool is a RuntimeError
+            done = sum(self._pool.map(_compile_in_worker, records, [self.target] * len(records), timeout=COMPILE_TIMEOUT_S))
+        except (OSError, RuntimeError) as exc:  # a broken pool is a RuntimeError, a timeout an OSError
             logger.warning("Triton kernels no longer compiled ahead (%s)", exc)
             self._pool, done = None, 0
         self.recorded, self.compiled = self.recorded + len(records), self.compiled + done
