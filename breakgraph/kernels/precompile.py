@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ class AheadCompiler:
         t0 = time.perf_counter()
         try:
             done = sum(self._pool.map(_compile_in_worker, records, [self.target] * len(records), timeout=COMPILE_TIMEOUT_S))
-        except (OSError, RuntimeError) as exc:  # a broken pool is a RuntimeError, a timeout an OSError
+        except (OSError, RuntimeError, FuturesTimeout) as exc:  # a broken pool is a RuntimeError
             logger.warning("Triton kernels no longer compiled ahead (%s)", exc)
             self._pool, done = None, 0
         self.recorded, self.compiled = self.recorded + len(records), self.compiled + done
