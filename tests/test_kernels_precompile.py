@@ -126,5 +126,10 @@ def test_the_model_runner_compiles_ahead_unless_told_not_to(monkeypatch):
     assert model_runner._ahead_compiler(EngineConfig()) is None and made == []
     monkeypatch.setenv("BREAKGRAPH_COMPILE_AHEAD", "1")
     assert model_runner._ahead_compiler(EngineConfig(tp_size=1)) == "pool" and made == [precompile.default_workers()]
+    runner = object.__new__(model_runner.ModelRunner)  # only what _prepare reads
+    runner._ahead = types.SimpleNamespace(run_dry="dry run")
+    assert runner._prepare == "dry run"
+    monkeypatch.setenv("BREAKGRAPH_COMPILE_AHEAD", "fp8")
+    assert model_runner._ahead_compiler(EngineConfig()) == "pool" and runner._prepare is None, "fp8: no graph dry runs"
     monkeypatch.setattr(precompile, "triton_runtime_knobs", lambda: None)
     assert model_runner._ahead_compiler(EngineConfig()) is None, "no Triton hook: nothing to compile ahead"

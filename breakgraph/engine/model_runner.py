@@ -40,7 +40,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def _ahead_compiler(config: EngineConfig) -> Any:
     """An :class:`~breakgraph.kernels.precompile.AheadCompiler` with this rank's share of the
-    host's CPUs, or None (``BREAKGRAPH_COMPILE_AHEAD=0``, or no Triton with the hook it needs)."""
+    host's CPUs, or None (``BREAKGRAPH_COMPILE_AHEAD=0``, or no Triton with the hook it needs;
+    ``fp8``: for the FP8 timing only, not before graph warm-ups)."""
     from breakgraph import env
     from breakgraph.kernels import precompile
 
@@ -267,7 +268,10 @@ class ModelRunner:
     @property
     def _prepare(self) -> Any:
         # before a graph warm-up: its kernels compiled ahead, in parallel (during start-up only)
-        return self._ahead.run_dry if getattr(self, "_ahead", None) is not None else None
+        from breakgraph import env
+
+        ahead = getattr(self, "_ahead", None)
+        return ahead.run_dry if ahead is not None and env.read("BREAKGRAPH_COMPILE_AHEAD") == "1" else None
 
     @property
     def _warmup(self) -> str:

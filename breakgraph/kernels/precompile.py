@@ -136,7 +136,6 @@ def zero_fill() -> Iterator[None]:
     """Within the block every tensor allocated through the dispatcher (``torch.empty`` and kin)
     starts zeroed: what a skipped kernel leaves in its outputs is then zeros, which later code
     may use as indices or counts without leaving its buffers."""
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     empties = {f"aten.{op}" for op in _EMPTY_OPS}  # by name: overload objects can be re-made
