@@ -1,6 +1,9 @@
 """The per-shape FP8 GEMM choice table (CPU: the table logic; tests/test_kernels_fp8.py times
 the paths on the GPU)."""
 
+import json
+import logging
+
 import pytest
 
 from breakgraph.kernels import fp8_gemm_choice as choice
@@ -76,3 +79,96 @@ def test_scaled_mm_shape_rule(monkeypatch):
         assert triton_fp8.scaled_mm_takes(k, n, gpu) is want, (k, n)
     monkeypatch.setattr(triton_fp8, "scaled_mm_blockwise_mode", lambda device: None)
     assert not triton_fp8.scaled_mm_takes(6144, 2048, gpu)
+
+
+# -- the on-disk cache of measured tables -------------------------------------------------------
+
+KEY = {"format": choice.CACHE_FORMAT, "gpu": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "buckets": [1, 16]}
+
+
+class FakeTune:
+    """Stands in for the GPU timing: a table per shape, and which shapes it was asked for."""
+
+    def __init__(self):
+        self.asked: list[set] = []
+
+    def __call__(self, shapes):
+        self.asked.append(set(shapes))
+        return {(k, n): ((1, "triton_w8a16"), (16, "scaled_mm" if k % 512 == 0 else "triton")) for k, n in shapes}
+
+
+def test_cache_round_trip_times_only_what_the_file_lacks(tmp_path):
+    tune = FakeTune()
+    tables, cached = choice.load_or_tune({(6144, 2048), (256, 6144)}, KEY, tune, tmp_path)
+    assert cached == 0 and tune.asked == [{(6144, 2048), (256, 6144)}]
+    path = choice.cache_file(tmp_path, KEY)
+    assert path.exists() and path.parent == tmp_path / "fp8_gemm_choice"
+    again, cached = choice.load_or_tune({(6144, 2048), (256, 6144)}, KEY, tune, tmp_path)
+    assert cached == 2 and len(tune.asked) == 1 and again == tables, "a second start times nothing"
+    more, cached = choice.load_or_tune({(6144, 2048), (2048, 4096)}, KEY, tune, tmp_path)
+    assert cached == 1 and tune.asked[-1] == {(2048, 4096)}
+    assert set(more) == {(6144, 2048), (2048, 4096)} and more[(6144, 2048)] == tables[(6144, 2048)]
+    _, cached = choice.load_or_tune({(6144, 2048), (256, 6144), (2048, 4096)}, KEY, tune, tmp_path)
+    assert cached == 3, "the file holds the union"
+
+
+def test_another_gpu_or_version_measures_again(tmp_path):
+    tune = FakeTune()
+    choice.load_or_tune({(6144, 2048)}, KEY, tune, tmp_path)
+    other = {**KEY, "triton": "3.7.0"}
+    assert choice.cache_file(tmp_path, other) != choice.cache_file(tmp_path, KEY)
+    _, cached = choice.load_or_tune({(6144, 2048)}, other, tune, tmp_path)
+    assert cached == 0 and len(tune.asked) == 2
+    # a file of another key put where this key's belongs is not believed
+    choice.cache_file(tmp_path, KEY).write_text(choice.cache_file(tmp_path, other).read_text())
+    _, cached = choice.load_or_tune({(6144, 2048)}, KEY, tune, tmp_path)
+    assert cached == 0 and len(tune.asked) == 3
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\x00\xff not json",
+        b'{"key": ',
+        b"[]",
+        json.dumps({"key": KEY, "tables": [{"k": 6144, "n": 2048, "table": [[1, "cublas_magic"]]}]}).encode(),
+        json.dumps({"key": KEY, "tables": [{"k": 6144, "n": 2048, "table": [[16, "triton"], [1, "triton"]]}]}).encode(),
+        json.dumps({"key": KEY, "tables": [{"k": 6144}]}).encode(),
+    ],
+)
+def test_a_corrupt_file_is_logged_and_measured_again(tmp_path, caplog, content):
+    path = choice.cache_file(tmp_path, KEY)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    tune = FakeTune()
+    with caplog.at_level(logging.WARNING, logger=choice.__name__):
+        tables, cached = choice.load_or_tune({(6144, 2048)}, KEY, tune, tmp_path)
+    assert cached == 0 and tune.asked == [{(6144, 2048)}]
+    assert any("unreadable" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+    _, cached = choice.load_or_tune({(6144, 2048)}, KEY, tune, tmp_path)
+    assert cached == 1, "the file was rewritten whole"
+
+
+def test_no_cache_dir_and_an_unwritable_one(tmp_path, caplog):
+    tune = FakeTune()
+    choice.load_or_tune({(6144, 2048)}, KEY, tune, None)
+    choice.load_or_tune({(6144, 2048)}, KEY, tune, None)
+    assert len(tune.asked) == 2 and not (tmp_path / "fp8_gemm_choice").exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING, logger=choice.__name__):
+        tables, cached = choice.load_or_tune({(6144, 2048)}, KEY, tune, blocker)  # a file where a folder goes
+    assert set(tables) == {(6144, 2048)} and any("could not be written" in r.getMessage() for r in caplog.records)
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("BREAKGRAPH_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert choice.cache_dir() == tmp_path / "xdg" / "breakgraph"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert choice.cache_dir() == tmp_path / "home" / ".cache" / "breakgraph"
+    monkeypatch.setenv("BREAKGRAPH_CACHE_DIR", str(tmp_path / "mine"))
+    assert choice.cache_dir() == tmp_path / "mine"
+    monkeypatch.setenv("BREAKGRAPH_CACHE_DIR", "off")
+    assert choice.cache_dir() is None

@@ -16,9 +16,9 @@ from breakgraph.graphs.stats import BucketInfo, GraphStats
 
 PREFILL_KEYS = {
     "backend", "captured_buckets", "capture_s", "traces", "graph_memory_bytes", "replays", "replayed_tokens",
-    "padded_tokens", "fallbacks", "segments", "breaks", "islands",
+    "padded_tokens", "fallbacks", "segments", "breaks", "islands", "warmups",
 }  # fmt: skip
-DECODE_KEYS = {"backend", "batch_sizes", "capture_s", "replays", "fallbacks"}
+DECODE_KEYS = {"backend", "batch_sizes", "capture_s", "replays", "fallbacks", "warmups"}
 
 
 def test_flag_choices_are_the_registry():
@@ -71,9 +71,12 @@ def test_stats_report_the_keys_of_each_phase():
     assert set(d) == PREFILL_KEYS
     assert (d["replays"], d["replayed_tokens"], d["padded_tokens"]) == (1, 10, 6)
     assert d["segments"] == {16: 3} and d["fallbacks"] == {"padding_over_limit": 1}
-    decode = GraphStats("full", phase="decode", buckets=[BucketInfo(b, 0.0, 1, 0, 0, None) for b in (1, 2)])
+    decode = GraphStats("full", phase="decode", buckets=[BucketInfo(b, 0.0, 1, 0, 0, None, 0.0, b // 2) for b in (1, 2)])
     decode.count_replay(1, 2)
-    assert decode.as_dict() == {"backend": "full", "batch_sizes": [1, 2], "capture_s": 0.0, "replays": 1, "fallbacks": {}}
+    assert decode.as_dict() == {
+        "backend": "full", "batch_sizes": [1, 2], "capture_s": 0.0, "replays": 1, "fallbacks": {}, "warmups": {1: 0, 2: 1}
+    }  # fmt: skip
+    assert decode.warmup_text() == "warm-ups 0.0s: 1 of 2 batch sizes"
 
 
 def _decode_batch(rows: list[tuple[int, int, list[int]]]) -> ForwardBatch:
@@ -113,3 +116,33 @@ def test_static_batch_for_prefill_holds_tokens_only():
     ids, pos = static.tokens(6)
     assert ids.tolist() == [5, 6, 7, 0, 0, 0] and pos.tolist() == [0, 1, 2, 0, 0, 0]
     assert static.input_ids[6:].tolist() == [7, 7], "rows past the bucket are not touched"
+
+
+def test_compile_guard_raises_only_for_a_miss_inside_a_capture(monkeypatch):
+    """The Triton guard (graphs/jit_guard.py) against a stand-in for triton.knobs.runtime: a
+    kernel-cache miss raises CompileInCapture while the stream captures, else goes on to the
+    hook installed before (restored on exit)."""
+    import types
+
+    from breakgraph.graphs import jit_guard
+
+    seen = []
+    runtime = types.SimpleNamespace(jit_cache_hook=lambda **kw: seen.append(kw["fn"].name))
+    before = runtime.jit_cache_hook
+    monkeypatch.setattr(jit_guard, "_runtime_knobs", lambda: runtime)
+    capturing = {"now": False}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["now"])
+    fn = types.SimpleNamespace(name="_fp8_gemm_kernel")
+    with jit_guard.compile_guard() as active:
+        assert active
+        runtime.jit_cache_hook(fn=fn, key="k")  # not capturing: compiles as usual
+        assert seen == ["_fp8_gemm_kernel"]
+        capturing["now"] = True
+        with pytest.raises(jit_guard.CompileInCapture, match="_fp8_gemm_kernel"):
+            runtime.jit_cache_hook(fn=fn, key="k")
+        assert seen == ["_fp8_gemm_kernel"]
+    assert runtime.jit_cache_hook is before
+    monkeypatch.setattr(jit_guard, "_runtime_knobs", lambda: None)
+    with jit_guard.compile_guard() as active:
+        assert not active, "no Triton hook: the caller warms up every capture"

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import pytest
 import torch
 
 from breakgraph import Engine, SamplingParams
 from breakgraph.engine.model_runner import BatchEntry
 from breakgraph.forward_context import ForwardMode, forward_batch_context
-from breakgraph.graphs.prefill_runner import default_prefill_buckets
+from breakgraph.graphs.decode_runner import default_decode_buckets
+from breakgraph.graphs.jit_guard import CompileInCapture
+from breakgraph.graphs.prefill_runner import PrefillGraphRunner, default_prefill_buckets
 from breakgraph.layers.dsa import dsa_indexer_graph_dispatch, sparse_mla_attention
 
 BUCKETS = [16, 64]
@@ -91,12 +96,72 @@ def test_breaks_zero_padded_rows(hf_checkpoints):
     assert (out[n:] == 0).all() and torch.isfinite(out[:n]).all()
 
 
-def test_default_bucket_ladder():
-    b = default_prefill_buckets(8192)
+def test_default_bucket_ladder_is_coarse_with_bounded_padding():
+    b = default_prefill_buckets(4096)
+    assert b == [4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096]
+    assert default_prefill_buckets(8192)[-5:] == [4096, 5120, 6144, 7168, 8192]
+    assert default_prefill_buckets(100)[-2:] == [64, 100] and default_prefill_buckets(3000)[-2:] == [2560, 3000]
+    # the padding the help text states: < 2x (so never an eager fallback) from 3 tokens,
+    # <= 50% from 257 to 1024 tokens, <= 25% above
+    for n in range(3, 4097):
+        bucket = next(x for x in b if x >= n)
+        assert bucket < 2 * n or n < 3
+        if n > 256:
+            assert bucket <= (1.25 if n > 1024 else 1.5) * n, n
+
+
+def test_fine_ladder_is_the_former_one():
+    b = default_prefill_buckets(8192, "fine")
     assert b[:8] == [4, 8, 12, 16, 20, 24, 28, 32]
     assert {48, 256, 288, 512, 576, 1024, 1280, 4096, 4608, 8192} <= set(b)
-    assert b == sorted(set(b)) and b[-1] == 8192
-    assert default_prefill_buckets(100)[-1] == 100
+    assert b == sorted(set(b)) and b[-1] == 8192 and len(default_prefill_buckets(4096, "fine")) == 50
+    with pytest.raises(ValueError, match="--cuda-graph-ladder"):
+        default_prefill_buckets(64, "finest")
+
+
+def test_decode_ladders():
+    assert default_decode_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert default_decode_buckets(64, "fine") == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert default_decode_buckets(20) == [1, 2, 4, 8, 16, 20] and default_decode_buckets(3) == [1, 2, 3]
+
+
+def test_one_warmup_for_the_ladder_unless_asked_for_every(hf_checkpoints):
+    """Default: only the largest bucket runs eagerly before its capture (the logits still equal
+    eager's: test_graph_backends_equal_eager_logits_and_tokens); ``every`` warms up each."""
+    folder = hf_checkpoints["glm_moe_dsa"]
+    common = dict(device="cpu", dtype="float32", page_size=4, cuda_graph_bs_prefill=[8, 16, 64])
+    once = Engine(folder, cuda_graph_backend_prefill="breakable", **common)
+    assert once.graph_stats()["warmups"] == {8: 0, 16: 0, 64: 1}
+    every = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_warmup="every", **common)
+    assert every.graph_stats()["warmups"] == {8: 1, 16: 1, 64: 1}
+    batch = ragged_batches(seed=4)[0]
+    for a, b in zip(once.prompt_logits(batch), every.prompt_logits(batch)):
+        assert torch.equal(a, b)
+
+
+def test_a_capture_that_would_compile_is_warmed_up_and_captured_again():
+    """A kernel compile met inside a capture (CompileInCapture, raised by the Triton guard on
+    CUDA) aborts that capture; the bucket is warmed up, captured again and replays correctly."""
+    torch.manual_seed(0)
+    table = torch.randn(32, 8)
+    state = {"raise_for": {16}}
+
+    def body(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        n = ids.shape[0]
+        h = table[ids] * 2 + pos[:, None].float()
+        if n in state["raise_for"]:
+            state["raise_for"].discard(n)
+            raise CompileInCapture("fake_kernel")
+        return h.relu()
+
+    runner = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[8, 16, 64],
+                                capture_context=lambda n: contextlib.nullcontext())  # fmt: skip
+    runner.capture(progress=False)
+    assert {b.tokens: b.warmups for b in runner.stats.buckets} == {8: 0, 16: 1, 64: 1}
+    ids, pos = torch.randint(0, 32, (13,)), torch.arange(13)
+    with torch.inference_mode():  # as the model runner replays
+        got = runner.run(ids, pos)
+    assert torch.equal(got, body(ids, pos)) and runner.stats.replays == 1
 
 
 @pytest.mark.parametrize("model_type", ["glm_moe_dsa", "deepseek_v32"])
@@ -111,6 +176,7 @@ def test_full_decode_graphs_equal_eager(model_type, hf_checkpoints):
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     decode = engine.graph_stats()["decode"]
     assert decode["batch_sizes"] == [1, 2]
+    assert decode["warmups"] == {1: 0, 2: 1}, "one warm-up, at the largest batch size"
     assert decode["replays"] > 0 and decode["fallbacks"].get("batch_above_largest_bucket", 0) > 0
 
 
@@ -125,3 +191,52 @@ def test_chunked_prefill_under_graphs_equals_eager(engines):
         for a, b in zip(engines[name].prompt_logits(prompts), ref):
             assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
         assert engines[name].graph_stats()["replays"] - before >= 3, "220 tokens take at least 3 replayed chunks of 64"
+
+
+def test_a_failed_capture_without_warmup_captures_every_bucket_again_warmed(caplog):
+    """Should a capture without a warm-up fail (on CUDA: something initialised lazily that the
+    Triton guard cannot see), the whole ladder is captured again with a warm-up each."""
+    table = torch.randn(32, 8)
+    calls = {"n16": 0}
+
+    def body(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        if ids.shape[0] == 16:
+            calls["n16"] += 1
+            if calls["n16"] == 1:
+                raise RuntimeError("operation not permitted when stream is capturing")
+        return (table[ids] + pos[:, None].float()).relu()
+
+    runner = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[16, 64],
+                                capture_context=lambda n: contextlib.nullcontext())  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="breakgraph.graphs.prefill_runner"):
+        runner.capture(progress=False)
+    assert {b.tokens: b.warmups for b in runner.stats.buckets} == {16: 1, 64: 1}
+    assert any("prefill bucket 16, captured without a warm-up, failed" in r.getMessage() for r in caplog.records)
+    ids, pos = torch.randint(0, 32, (9,)), torch.arange(9)
+    with torch.inference_mode():
+        assert torch.equal(runner.run(ids, pos), body(ids, pos))
+
+
+def test_prepare_runs_before_each_warmup_only():
+    """``prepare`` (the model runner's compile-ahead dry run) is handed the body at a bucket
+    before each warm-up, and the buckets captured without one never see it."""
+    table = torch.randn(32, 8)
+    prepared = []
+
+    def body(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return (table[ids] * 3 - pos[:, None].float()).tanh()
+
+    def prepare(thunk):
+        prepared.append(thunk().shape[0])  # the thunk runs the body at that bucket
+
+    runner = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[8, 16, 64],
+                                capture_context=lambda n: contextlib.nullcontext(), prepare=prepare)  # fmt: skip
+    runner.capture(progress=False)
+    assert prepared == [64]
+    every = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[8, 16, 64],
+                               capture_context=lambda n: contextlib.nullcontext(), prepare=prepare, warmup="every")  # fmt: skip
+    every.capture(progress=False)
+    assert prepared == [64, 64, 16, 8]
+    ids, pos = torch.randint(0, 32, (11,)), torch.arange(11)
+    with torch.inference_mode():
+        assert torch.equal(every.run(ids, pos), body(ids, pos))

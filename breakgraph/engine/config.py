@@ -16,6 +16,7 @@ from typing import Any
 
 from breakgraph import env
 from breakgraph.graphs.backends import DECODE_BACKENDS, PREFILL_BACKENDS  # the registry of graph backends
+from breakgraph.graphs.prefill_runner import LADDERS, WARMUPS
 
 ENGINE = "model and engine"
 GRAPHS = "graphs"
@@ -88,8 +89,20 @@ class EngineConfig:
         "on CPU the graph backends run on the CPU graph backend", group=GRAPHS, choices=PREFILL_BACKENDS,
     )  # fmt: skip
     cuda_graph_bs_prefill: tuple[int, ...] | None = setting(
-        None, "token counts to capture prefill graphs for (default: the bucket ladder up to "
+        None, "token counts to capture prefill graphs for (default: the --cuda-graph-ladder up to "
         "--cuda-graph-max-bs-prefill)", group=GRAPHS, type=int, nargs="+",
+    )  # fmt: skip
+    cuda_graph_ladder: str = setting(
+        "coarse", "default buckets: coarse = prefill 4, 8, 16 … 256 (powers of two), 384, 512, 768, 1024, then quarter "
+        "steps (1280, 1536, 1792, 2048, 2560 … 4096: 19 buckets; a batch pads by < 2x below 256 tokens, <= 50%% to "
+        "1024, <= 25%% above) and decode 1, 2, 4, 8, then every 16; fine = prefill 4…32 step 4 … 1280…4096 step 256 "
+        "(50 buckets) and decode every 8, as before",
+        group=GRAPHS, choices=LADDERS,
+    )  # fmt: skip
+    cuda_graph_warmup: str = setting(
+        "once", "eager warm-up before a capture: once = the largest bucket (and batch size) only, the others are "
+        "captured directly and warmed up only where a Triton kernel would compile inside the capture; every = before "
+        "each bucket's capture (always so with --tp-size > 1)", group=GRAPHS, choices=WARMUPS,
     )  # fmt: skip
     cuda_graph_max_bs_prefill: int | None = setting(
         None, "largest prefill bucket in tokens (default: min(--chunked-prefill-size, 4096)); prefill chunks never "

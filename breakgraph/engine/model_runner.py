@@ -38,6 +38,18 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _ahead_compiler(config: EngineConfig) -> Any:
+    """An :class:`~breakgraph.kernels.precompile.AheadCompiler` with this rank's share of the
+    host's CPUs, or None (``BREAKGRAPH_COMPILE_AHEAD=0``, or no Triton with the hook it needs;
+    ``fp8``: for the FP8 timing only, not before graph warm-ups)."""
+    from breakgraph import env
+    from breakgraph.kernels import precompile
+
+    if env.read("BREAKGRAPH_COMPILE_AHEAD") == "0" or precompile.triton_runtime_knobs() is None:
+        return None
+    return precompile.AheadCompiler(precompile.default_workers(share=config.tp_size))
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """``auto`` → bf16 on CUDA, fp32 elsewhere; else the named dtype."""
     if isinstance(dtype, torch.dtype):
@@ -107,6 +119,17 @@ class ModelRunner:
         self.spec = spec
         self.device = spec.device
         t0 = time.perf_counter()
+        # Worker processes that compile kernels ahead of the FP8 timing and the graph warm-ups;
+        # spawned first, so that they import while the model loads; closed once ready.
+        self._ahead = _ahead_compiler(config) if spec.device.type == "cuda" else None
+        try:
+            self._start(config, spec, tp, t0)
+        finally:
+            if self._ahead is not None:
+                self._ahead.close()
+                self._ahead = None
+
+    def _start(self, config: EngineConfig, spec: ModelSpec, tp: TPGroup | None, t0: float) -> None:
         self.model = load_model(
             config.model_path, config=spec.model_config, device=spec.device, dtype=spec.dtype,
             load_format=config.load_format, max_positions=spec.context_length, seed=config.seed,
@@ -146,8 +169,9 @@ class ModelRunner:
         if decode.build is not None:
             max_bs = config.cuda_graph_max_bs or min(config.max_running_requests, 64)
             self.decode_graphs = decode.build(GraphSetup(
-                self.model, spec.device, default_decode_buckets(max_bs), kv_cache=self.kv_cache,
-                max_pages=self.kv_cache.pool.pages_for(spec.context_length),
+                self.model, spec.device, default_decode_buckets(max_bs, config.cuda_graph_ladder),
+                kv_cache=self.kv_cache, max_pages=self.kv_cache.pool.pages_for(spec.context_length),
+                warmup=self._warmup, prepare=self._prepare,
             ))  # fmt: skip
         self.startup_s["decode graphs"] = time.perf_counter() - t1
         logger.info(
@@ -156,10 +180,19 @@ class ModelRunner:
         )  # fmt: skip
 
     def _tune_fp8_linears(self) -> None:
-        """Time the FP8 GEMM paths (``_scaled_mm``, Triton W8A8 and W8A16) for every FP8 linear
-        shape of the model, up to the largest prefill step (:mod:`breakgraph.kernels.fp8_gemm_choice`)."""
-        from breakgraph.kernels.triton_fp8 import tune_fp8_paths
+        """Choose the FP8 GEMM path (``_scaled_mm``, Triton W8A8 or W8A16) per row-count bucket
+        for every FP8 linear shape of the model, up to the largest prefill step: read from the
+        on-disk cache where this GPU and these versions measured them before, timed otherwise
+        (:mod:`breakgraph.kernels.fp8_gemm_choice`; the candidates' Triton kernels compiled
+        in parallel processes first, :mod:`breakgraph.kernels.precompile`)."""
+        from breakgraph.kernels import fp8_gemm_choice as choice
+        from breakgraph.kernels.dispatch import device_index
+        from breakgraph.kernels.triton_fp8 import scaled_mm_blockwise_mode, tune_fp8_paths
         from breakgraph.layers.linear import LinearBase
+
+        # The cuBLAS probe runs real kernels: now, not first inside a compile-ahead dry run
+        # (which skips kernel launches) even when every table comes from the cache.
+        scaled_mm_blockwise_mode(self.device)
 
         shapes = {
             (m.in_features, m.out_features)
@@ -167,8 +200,20 @@ class ModelRunner:
             if isinstance(m, LinearBase) and m.quantized
         }
         t0 = time.perf_counter()
-        tune_fp8_paths(shapes, self.device, max_m=self.config.chunked_prefill_size)
-        logger.info("fp8 linears: GEMM paths of %d shapes timed in %.1fs", len(shapes), time.perf_counter() - t0)
+        max_m = self.config.chunked_prefill_size
+        root = choice.cache_dir()
+        key = choice.environment_key(self.device, max_m)
+        def tune(missing: set[tuple[int, int]]) -> dict:
+            return tune_fp8_paths(missing, self.device, max_m=max_m, ahead=self._ahead)
+
+        tables, cached = choice.load_or_tune(shapes, key, tune, root)
+        for (k, n), table in tables.items():
+            choice.set_table(device_index(self.device), k, n, table)
+        where = f" ({cached} read from {choice.cache_file(root, key)})" if cached else ""
+        logger.info(
+            "fp8 linears: GEMM paths of %d shapes chosen in %.1fs, %d timed%s",
+            len(shapes), time.perf_counter() - t0, len(shapes) - cached, where,
+        )  # fmt: skip
 
     def _default_num_pages(self) -> int:
         cfg, spec = self.config, self.spec
@@ -197,7 +242,7 @@ class ModelRunner:
     def set_prefill_backend(
         self, backend: str, buckets: list[int] | tuple[int, ...] | None = None, max_bucket: int | None = None
     ) -> None:
-        """(Re)build the prefill graphs: capture ``buckets`` (default: the ladder up to
+        """(Re)build the prefill graphs: capture ``buckets`` (default: the config's ladder up to
         ``max_bucket``, itself defaulting to ``min(chunked_prefill_size, 4096)``) for ``backend``;
         ``disabled`` drops them. ``torch-compile`` compiles the model's regions in place instead
         (no buckets; every forward, decode too, runs them), in one process without decode graphs."""
@@ -212,13 +257,27 @@ class ModelRunner:
             self.prefill_graphs = entry.build(GraphSetup(self.model, self.device, []))
             return
         max_bucket = max_bucket or min(self.config.chunked_prefill_size, 4096)
-        buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket)
+        buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket, self.config.cuda_graph_ladder)
         if self.config.chunked_prefill_size > buckets[-1]:
             logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
         self.prefill_graphs = entry.build(GraphSetup(
             self.model, self.device, buckets, capture_context=self.capture_context,
-            fold_islands=self.config.fold_islands,
+            fold_islands=self.config.fold_islands, warmup=self._warmup, prepare=self._prepare,
         ))  # fmt: skip
+
+    @property
+    def _prepare(self) -> Any:
+        # before a graph warm-up: its kernels compiled ahead, in parallel (during start-up only)
+        from breakgraph import env
+
+        ahead = getattr(self, "_ahead", None)
+        return ahead.run_dry if ahead is not None and env.read("BREAKGRAPH_COMPILE_AHEAD") == "1" else None
+
+    @property
+    def _warmup(self) -> str:
+        # Tensor-parallel ranks hold collectives in their breaks: every rank must run the same
+        # captures in the same order, which a capture retried on one rank only would break.
+        return "every" if self.config.tp_size > 1 else self.config.cuda_graph_warmup
 
     def _close_prefill_graphs(self) -> None:
         close = getattr(self.prefill_graphs, "close", None)  # a runner that changed the model restores it

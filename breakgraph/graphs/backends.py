@@ -28,7 +28,9 @@ class GraphSetup:
     (with ``compile_regions()`` for ``torch-compile``); ``buckets``: token counts (prefill) or
     batch sizes (decode) to capture; ``capture_context(n)``: installs a stand-in batch of ``n``
     tokens while a prefill bucket is captured; ``kv_cache`` and ``max_pages``: the paged cache
-    a decode graph's static batch points at, and its page-table width."""
+    a decode graph's static batch points at, and its page-table width; ``warmup``: ``once`` or
+    ``every``, and ``prepare``: what runs before a warm-up (see
+    :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner`)."""
 
     model: Any
     device: torch.device
@@ -37,6 +39,8 @@ class GraphSetup:
     fold_islands: bool = False
     kv_cache: Any = None
     max_pages: int = 0
+    warmup: str = "once"
+    prepare: Callable[[Callable[[], Any]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ def _bucketed_prefill(mode: str) -> Callable[[GraphSetup], Any]:
         assert setup.capture_context is not None
         runner = PrefillGraphRunner(
             setup.model, backend=mode, device=setup.device, buckets=setup.buckets,
-            capture_context=setup.capture_context, fold_islands=setup.fold_islands,
+            capture_context=setup.capture_context, fold_islands=setup.fold_islands, warmup=setup.warmup,
+            prepare=setup.prepare,
         )  # fmt: skip
         runner.capture()
         return runner
@@ -70,7 +75,10 @@ def _regional(setup: GraphSetup) -> regional.RegionalCompileRunner:
 
 
 def _full_decode(setup: GraphSetup) -> DecodeGraphRunner:
-    runner = DecodeGraphRunner(setup.model, setup.kv_cache, setup.device, setup.buckets, max_pages=setup.max_pages)
+    runner = DecodeGraphRunner(
+        setup.model, setup.kv_cache, setup.device, setup.buckets, max_pages=setup.max_pages, warmup=setup.warmup,
+        prepare=setup.prepare,
+    )
     runner.capture()
     return runner
 

@@ -20,6 +20,8 @@ import torch
 
 from breakgraph.forward_context import ForwardBatch, forward_batch_context
 from breakgraph.graphs.capture import make_capturer
+from breakgraph.graphs.jit_guard import CompileInCapture, UnwarmedCaptureFailed, compile_guard
+from breakgraph.graphs.prefill_runner import LADDERS, WARMUPS
 from breakgraph.graphs.segments import Segment, new_graph_pool
 from breakgraph.graphs.static_batch import StaticBatch
 from breakgraph.graphs.stats import BucketInfo, GraphStats
@@ -29,9 +31,14 @@ logger = logging.getLogger(__name__)
 Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def default_decode_buckets(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, then every 8 up to ``max_bs`` (included)."""
-    return sorted({b for b in [1, 2, 4, 8, *range(16, max_bs + 1, 8)] if b <= max_bs} | {max_bs})
+def default_decode_buckets(max_bs: int, ladder: str = "coarse") -> list[int]:
+    """1, 2, 4, 8, then every 16 (``coarse``: 8 batch sizes to 64) or every 8 (``fine``: 11)
+    up to ``max_bs`` (included). A padded decode row costs little (it reads the reserved page
+    0 and routes to the same experts as every other padded row)."""
+    if ladder not in LADDERS:
+        raise ValueError(f"--cuda-graph-ladder must be one of {LADDERS}, got {ladder!r}")
+    step = 16 if ladder == "coarse" else 8
+    return sorted({b for b in [1, 2, 4, 8, *range(16, max_bs + 1, step)] if b <= max_bs} | {max_bs})
 
 
 class DecodeGraphRunner:
@@ -39,11 +46,20 @@ class DecodeGraphRunner:
 
     ``model`` is the decoder body ``(input_ids [B], positions [B]) -> hidden [B, D]``;
     ``kv_cache`` the paged cache the static batch points at; ``max_pages`` the page-table
-    width captured (the longest context a replayed batch may have)."""
+    width captured (the longest context a replayed batch may have); ``warmup`` as for
+    :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner` (``once``: only the largest
+    batch size, and any whose capture would compile a kernel, runs eagerly before its capture)."""
 
     backend = "full"
 
-    def __init__(self, model: Body, kv_cache: Any, device: torch.device, buckets: list[int], max_pages: int) -> None:
+    def __init__(
+        self, model: Body, kv_cache: Any, device: torch.device, buckets: list[int], max_pages: int,
+        warmup: str = "once", prepare: Callable[[Callable[[], Any]], None] | None = None,
+    ) -> None:  # fmt: skip
+        if warmup not in WARMUPS:
+            raise ValueError(f"--cuda-graph-warmup must be one of {WARMUPS}, got {warmup!r}")
+        self.warmup = warmup
+        self.prepare = prepare
         self.model = model
         self.kv_cache = kv_cache
         self.device = torch.device(device)
@@ -54,29 +70,75 @@ class DecodeGraphRunner:
         self._graphs: dict[int, tuple[Segment, torch.Tensor, ForwardBatch]] = {}
 
     def capture(self, progress: bool = True) -> None:
-        """Warm up and capture each batch size, largest first, in one shared pool."""
+        """Warm up (see ``warmup``) and capture each batch size, largest first, in one shared
+        pool; should a capture without warm-up fail, all are captured again, each after a
+        warm-up, in a new pool (logged)."""
         from tqdm.auto import tqdm
 
         start = time.perf_counter()
-        for bs in tqdm(sorted(self.buckets, reverse=True), desc="Capturing decode graphs", unit="bs",
-                       disable=None if progress else True):  # None: TQDM_DISABLE and non-TTY rules apply
-            t0 = time.perf_counter()
-            batch = self.buffers.batch(bs, self.kv_cache)
-            with torch.inference_mode(), forward_batch_context(batch):
-                self.model(batch.input_ids, batch.positions)  # warm-up
+        sizes = sorted(self.buckets, reverse=True)
+
+        def capture_all(every: bool) -> None:
+            for i, bs in enumerate(tqdm(sizes, desc="Capturing decode graphs", unit="bs",
+                                        disable=None if progress else True)):  # None: TQDM_DISABLE and non-TTY rules apply
+                warm = every or i == 0
+                try:
+                    self.stats.buckets.append(self._capture_one(bs, warm))
+                except RuntimeError as exc:  # GraphError included
+                    if warm:
+                        raise
+                    raise UnwarmedCaptureFailed(f"decode batch size {bs}", exc) from exc
+
+        with compile_guard() as guarded:
+            every = self.warmup == "every" or (self.device.type == "cuda" and not guarded)
+            try:
+                capture_all(every)
+            except UnwarmedCaptureFailed as exc:  # the guard sees Triton only
+                logger.warning("%s; capturing every batch size again, each after a warm-up, in a new pool", exc)
+                self._graphs.clear()
+                self.stats.buckets.clear()
+                self.pool = new_graph_pool(self.device)
+                capture_all(True)
+        self.stats.buckets.sort(key=lambda b: b.tokens)
+        self.stats.capture_s = time.perf_counter() - start
+        logger.info("decode graphs: batch sizes %s captured in %.1fs (%s)", self.buckets, self.stats.capture_s,
+                    self.stats.warmup_text())  # fmt: skip
+
+    def _capture_one(self, bs: int, warm: bool) -> BucketInfo:
+        t0 = time.perf_counter()
+        warmup_s, warmups = 0.0, 0
+        batch = self.buffers.batch(bs, self.kv_cache)
+        with torch.inference_mode(), forward_batch_context(batch):
+            while True:
+                if warm:
+                    t1 = time.perf_counter()
+                    if self.prepare is not None:
+                        self.prepare(lambda: self.model(batch.input_ids, batch.positions))
+                    self.model(batch.input_ids, batch.positions)  # kernel compiles cannot happen inside a capture
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    warmup_s += time.perf_counter() - t1
+                    warmups += 1
                 capturer = make_capturer(self.device, self.pool)
                 capturer.open()
                 try:
                     capturer.begin(f"decode graph bs={bs}")
-                    out = self.model(batch.input_ids, batch.positions)
+                    try:
+                        out = self.model(batch.input_ids, batch.positions)
+                    except BaseException:
+                        capturer.abort()
+                        raise
                     segment = capturer.end("end of capture")
+                    break
+                except CompileInCapture as exc:
+                    if warm:
+                        raise
+                    logger.debug("decode bs %d: %s; warming it up and capturing again", bs, exc)
+                    warm = True
                 finally:
                     capturer.close()
-            self._graphs[bs] = (segment, out, batch)
-            self.stats.buckets.append(BucketInfo(bs, time.perf_counter() - t0, 1, 0, 0, None))
-        self.stats.buckets.sort(key=lambda b: b.tokens)
-        self.stats.capture_s = time.perf_counter() - start
-        logger.info("decode graphs: batch sizes %s captured in %.1fs", self.buckets, self.stats.capture_s)
+        self._graphs[bs] = (segment, out, batch)
+        return BucketInfo(bs, time.perf_counter() - t0, 1, 0, 0, None, warmup_s, warmups)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states ``[B, D]`` for a decode batch (graph-owned memory, valid until the next run)."""

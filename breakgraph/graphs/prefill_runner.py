@@ -25,6 +25,7 @@ import torch
 
 from breakgraph.graphs.breakable import BreakableGraph
 from breakgraph.graphs.cuda_segment import pool_segments
+from breakgraph.graphs.jit_guard import CompileInCapture, UnwarmedCaptureFailed, compile_guard
 from breakgraph.graphs.piecewise import PiecewiseBackend
 from breakgraph.graphs.segments import new_graph_pool
 from breakgraph.graphs.static_batch import StaticBatch
@@ -36,14 +37,31 @@ MODES = ("breakable", "piecewise")  # the registry's names for the two capture m
 Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def default_prefill_buckets(max_tokens: int) -> list[int]:
-    """The token-count ladder up to ``max_tokens``: 4…32 step 4, 48…256 step 16, 288…512 step
-    32, 576…1024 step 64, 1280…4096 step 256, then step 512; ``max_tokens`` itself is included."""
-    ladder = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64)]
-    ladder += [*range(1280, 4097, 256)]
-    ladder += list(range(4608, max_tokens + 1, 512))
-    buckets = sorted({b for b in ladder if b <= max_tokens} | {max_tokens})
-    return buckets
+LADDERS = ("coarse", "fine")  # --cuda-graph-ladder
+WARMUPS = ("once", "every")  # --cuda-graph-warmup
+
+
+def default_prefill_buckets(max_tokens: int, ladder: str = "coarse") -> list[int]:
+    """The token-count ladder up to ``max_tokens`` (itself included).
+
+    ``coarse`` (19 buckets to 4096): powers of two 4…256, then 384, 512, 768, 1024, then steps
+    of a quarter of the power of two below (1280, 1536, 1792, 2048, 2560, …, 4096, 5120, …). A
+    batch pads by less than 2× below 256 tokens (where a prefill costs about the same at any
+    length: the weights dominate), by at most 50% (257 → 384) up to 1024, by at most 25% above.
+    ``fine`` (50 buckets to 4096): 4…32 step 4, 48…256 step 16, 288…512 step 32, 576…1024 step
+    64, 1280…4096 step 256, then step 512."""
+    if ladder not in LADDERS:
+        raise ValueError(f"--cuda-graph-ladder must be one of {LADDERS}, got {ladder!r}")
+    if ladder == "fine":
+        steps = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64)]
+        steps += [*range(1280, 4097, 256), *range(4608, max_tokens + 1, 512)]
+    else:
+        steps = [4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024]
+        power = 1024
+        while power < max_tokens:
+            steps += range(power + power // 4, 2 * power + 1, power // 4)
+            power *= 2
+    return sorted({b for b in steps if b <= max_tokens} | {max_tokens})
 
 
 class PrefillGraphRunner:
@@ -58,6 +76,15 @@ class PrefillGraphRunner:
         capture_context: ``n -> context manager`` active while bucket ``n`` warms up and is captured.
         fold_islands: BCG only; run single-kernel segments eagerly inside the neighbouring break.
         max_padding_ratio: fall back to eager when ``bucket > ratio × tokens``.
+        warmup: BCG only. ``once``: the largest bucket is run eagerly before its capture (lazy
+            initialisation cannot happen inside a capture); the others are captured directly,
+            and one is warmed up and captured again only where a Triton kernel would have to
+            compile inside its capture (:mod:`breakgraph.graphs.jit_guard`). ``every``: each
+            bucket is warmed up first. Without the guard (no Triton hook) ``once`` acts as ``every``
+            on CUDA.
+        prepare: called before each warm-up with a thunk that runs the body at that bucket; may
+            run it once to learn the kernels it launches and compile them ahead, in parallel
+            (the model runner's :meth:`~breakgraph.kernels.precompile.AheadCompiler.run_dry`).
     The hidden tensor :meth:`run` returns is graph-owned memory, valid until the next run.
     """
 
@@ -71,11 +98,17 @@ class PrefillGraphRunner:
         capture_context: Callable[[int], AbstractContextManager[Any]],
         fold_islands: bool = False,
         max_padding_ratio: float = 2.0,
+        warmup: str = "once",
+        prepare: Callable[[Callable[[], Any]], None] | None = None,
     ) -> None:
         if backend not in MODES:
             raise ValueError(f"prefill graph backend must be one of {MODES}, got {backend!r}")
         if not buckets or sorted(set(buckets)) != list(buckets) or buckets[0] < 1:
             raise ValueError(f"--cuda-graph-bs-prefill must be ascending positive token counts, got {buckets}")
+        if warmup not in WARMUPS:
+            raise ValueError(f"--cuda-graph-warmup must be one of {WARMUPS}, got {warmup!r}")
+        self.warmup = warmup
+        self.prepare = prepare
         self.body = body
         self.backend = backend
         self.device = torch.device(device)
@@ -103,19 +136,22 @@ class PrefillGraphRunner:
 
     # -- capture --------------------------------------------------------------------------
     def capture(self, progress: bool = True) -> None:
-        """Warm up and capture every bucket, largest first (so smaller ones reuse its pool)."""
-        from tqdm.auto import tqdm
-
+        """Warm up (see ``warmup``) and capture every bucket, largest first (so smaller ones
+        reuse its pool). Should a capture without warm-up fail, every bucket is captured again,
+        each after a warm-up, in a new pool (logged)."""
         free_before = _free_memory(self.device)
         start = time.perf_counter()
-        bar = tqdm(sorted(self.buckets, reverse=True), desc=f"Capturing prefill graphs ({self.backend})",
-                   unit="bucket", disable=None if progress else True)  # fmt: skip
-        for n in bar:
-            bar.set_postfix(tokens=n, free_mem=_fmt_bytes(_free_memory(self.device)))
-            info = self._capture_bucket(n)
-            self.stats.buckets.append(info)
-            logger.debug(info.line())
-        bar.close()
+        with compile_guard() as guarded:
+            every = self.warmup == "every" or (self.device.type == "cuda" and not guarded)
+            try:
+                self._capture_ladder(every, progress)
+            except UnwarmedCaptureFailed as exc:  # the guard sees Triton only
+                logger.warning("%s; capturing every bucket again, each after a warm-up, in a new pool", exc)
+                self._graphs.clear()
+                self._outputs.clear()
+                self.stats.buckets.clear()
+                self.pool = new_graph_pool(self.device)
+                self._capture_ladder(True, progress)
         self.stats.buckets.sort(key=lambda b: b.tokens)
         self.stats.capture_s = time.perf_counter() - start
         if self._pcg is not None:
@@ -134,10 +170,10 @@ class PrefillGraphRunner:
             else "n/a on CPU"
         )
         logger.info(
-            "prefill graphs (%s): %d buckets %d…%d tokens captured in %.1fs, graph memory %s; "
+            "prefill graphs (%s): %d buckets %s tokens captured in %.1fs (%s), graph memory %s; "
             "largest bucket: %d segments, %d breaks, %d single-kernel islands",
-            self.backend, len(self.buckets), self.buckets[0], self.buckets[-1], self.stats.capture_s,
-            memory, largest.segments, largest.breaks, largest.islands,
+            self.backend, len(self.buckets), _ladder_text(self.buckets), self.stats.capture_s,
+            self.stats.warmup_text(), memory, largest.segments, largest.breaks, largest.islands,
         )  # fmt: skip
         if self.backend == "breakable":
             eager = Counter(line[len("eager  "):] for line in self._graphs[self.max_tokens].describe().splitlines()
@@ -145,15 +181,49 @@ class PrefillGraphRunner:
             logger.info("runs eagerly at each replay (breaks: per-batch lengths and pages): %s",
                         "; ".join(f"{name} ×{n}" for name, n in eager.items()))  # fmt: skip
 
-    def _capture_bucket(self, n: int) -> BucketInfo:
+    def _capture_ladder(self, every: bool, progress: bool) -> None:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(sorted(self.buckets, reverse=True), desc=f"Capturing prefill graphs ({self.backend})",
+                   unit="bucket", disable=None if progress else True)  # fmt: skip
+        for i, n in enumerate(bar):
+            bar.set_postfix(tokens=n, free_mem=_fmt_bytes(_free_memory(self.device)))
+            warm = every or i == 0
+            try:
+                info = self._capture_bucket(n, warm)
+            except RuntimeError as exc:  # GraphError included
+                if warm or self.backend != "breakable":
+                    raise
+                raise UnwarmedCaptureFailed(f"prefill bucket {n}", exc) from exc
+            self.stats.buckets.append(info)
+            logger.debug(info.line())
+        bar.close()
+
+    def _capture_bucket(self, n: int, warm: bool) -> BucketInfo:
         ids, pos = self.inputs.tokens(n)
         self.inputs.load_tokens(ids[:0], pos[:0], n)
         t0 = time.perf_counter()
+        warmup_s, warmups = 0.0, 0
         with torch.inference_mode(), self.capture_context(n):
             if self.backend == "breakable":
-                self.body(ids, pos)  # warm-up: lazy library initialisation cannot happen inside a capture
-                graph = BreakableGraph(self.device, pool=self.pool, fold_islands=self.fold_islands)
-                self._outputs[n] = graph.capture(self.body, ids, pos)
+                while True:
+                    if warm:
+                        t1 = time.perf_counter()
+                        if self.prepare is not None:
+                            self.prepare(lambda: self.body(ids, pos))
+                        self.body(ids, pos)  # lazy initialisation (kernel compiles) cannot happen inside a capture
+                        _sync(self.device)
+                        warmup_s += time.perf_counter() - t1
+                        warmups += 1
+                    graph = BreakableGraph(self.device, pool=self.pool, fold_islands=self.fold_islands)
+                    try:
+                        self._outputs[n] = graph.capture(self.body, ids, pos)
+                        break
+                    except CompileInCapture as exc:
+                        if warm:
+                            raise  # the warm-up compiled what the capture runs: cannot happen twice
+                        logger.debug("bucket %d: %s; warming it up and capturing again", n, exc)
+                        warm = True
                 self._graphs[n] = graph
                 s = graph.stats
                 info = BucketInfo(n, 0.0, s.segments, s.breaks, s.single_kernel_islands, _sum(s.kernels_per_segment))
@@ -165,14 +235,16 @@ class PrefillGraphRunner:
                 # Only the token dimension is symbolic: no automatic dynamic for the rest (a float
                 # that differs between two models would become a host read of a tensor).
                 with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+                    t1 = time.perf_counter()
                     self._compiled(ids, pos)  # compile (first bucket, or one the trace does not cover) + warm-up
+                    warmup_s, warmups = time.perf_counter() - t1, 1
                     with self._pcg.capturing():
                         self._outputs[n] = self._compiled(ids, pos)
                 pieces = self._pcg.stats.captures - captures
                 info = BucketInfo(n, 0.0, pieces, self._pcg.stats.split_ops // max(1, self._pcg.stats.graphs), 0, None)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        _sync(self.device)
         info.capture_s = time.perf_counter() - t0
+        info.warmup_s, info.warmups = warmup_s, warmups
         return info
 
     # -- run ------------------------------------------------------------------------------
@@ -203,6 +275,15 @@ class PrefillGraphRunner:
         return out[:n]
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ladder_text(buckets: list[int]) -> str:
+    return ", ".join(map(str, buckets)) if len(buckets) <= 24 else f"{buckets[0]}…{buckets[-1]}"
+
+
 def _sum(values: list[int | None]) -> int | None:
     return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
@@ -217,4 +298,4 @@ def _fmt_bytes(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-__all__ = ["MODES", "PrefillGraphRunner", "default_prefill_buckets"]
+__all__ = ["LADDERS", "MODES", "WARMUPS", "PrefillGraphRunner", "default_prefill_buckets"]

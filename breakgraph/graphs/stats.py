@@ -10,7 +10,8 @@ from typing import Any
 @dataclass
 class BucketInfo:
     """What one bucket's capture produced (``tokens``: the bucket's token count; a decode
-    bucket of ``tokens`` requests decodes one token each)."""
+    bucket of ``tokens`` requests decodes one token each). ``capture_s`` is the whole time the
+    bucket took, its ``warmups`` eager warm-up passes (``warmup_s``) included."""
 
     tokens: int
     capture_s: float
@@ -18,12 +19,15 @@ class BucketInfo:
     breaks: int
     islands: int
     kernels: int | None
+    warmup_s: float = 0.0
+    warmups: int = 0
 
     def line(self) -> str:
         k = "?" if self.kernels is None else self.kernels
         return (
             f"bucket {self.tokens:>5}: {self.segments} segments, {self.breaks} breaks, "
-            f"{self.islands} single-kernel islands, {k} kernels, captured in {self.capture_s:.2f}s"
+            f"{self.islands} single-kernel islands, {k} kernels, captured in {self.capture_s:.2f}s "
+            f"({self.warmups} warm-up(s) {self.warmup_s:.2f}s)"
         )
 
 
@@ -45,6 +49,12 @@ class GraphStats:
     padded_tokens: int = 0
     fallbacks: Counter = field(default_factory=Counter)
 
+    def warmup_text(self) -> str:
+        """``"warm-ups 3.2s: 2 of 19 buckets"``: the eager warm-up passes the capture ran."""
+        warmed = [b for b in self.buckets if b.warmups]
+        seconds = sum(b.warmup_s for b in self.buckets)
+        return f"warm-ups {seconds:.1f}s: {len(warmed)} of {len(self.buckets)} {'batch sizes' if self.phase == 'decode' else 'buckets'}"
+
     def count_replay(self, tokens: int, bucket: int) -> None:
         """One replay of ``bucket`` for a batch of ``tokens``."""
         self.replays += 1
@@ -58,7 +68,7 @@ class GraphStats:
         capture_s, fallbacks = round(self.capture_s, 3), dict(self.fallbacks)
         if self.phase == "decode":
             return {"backend": self.backend, "batch_sizes": sizes, "capture_s": capture_s, "replays": self.replays,
-                    "fallbacks": fallbacks}  # fmt: skip
+                    "fallbacks": fallbacks, "warmups": {b.tokens: b.warmups for b in self.buckets}}  # fmt: skip
         return {
             "backend": self.backend,
             "captured_buckets": sizes,
@@ -72,6 +82,7 @@ class GraphStats:
             "segments": {b.tokens: b.segments for b in self.buckets},
             "breaks": {b.tokens: b.breaks for b in self.buckets},
             "islands": {b.tokens: b.islands for b in self.buckets},
+            "warmups": {b.tokens: b.warmups for b in self.buckets},
         }
 
 

@@ -14,12 +14,32 @@ path replayed from a CUDA graph as the engine runs it).
 A shape that was not tuned takes W8A8: ``_scaled_mm`` from :data:`UNTUNED_SCALED_MM_MIN_M`
 rows (where cuBLAS can run it), else the Triton GEMM.
 
+The measured tables are kept on disk (:func:`load_or_tune`), one JSON file per GPU model,
+torch / Triton / CUDA versions and timed buckets, under :func:`cache_dir`
+(``$BREAKGRAPH_CACHE_DIR``, else ``$XDG_CACHE_HOME/breakgraph``, else ``~/.cache/breakgraph``;
+``BREAKGRAPH_CACHE_DIR=off`` keeps nothing): a second start on the same machine times only the
+shapes the file lacks. Deleting the folder is always safe; a file that cannot be read is
+logged and measured again.
+
 W8A16 keeps the activations' bf16 precision (closer to a bf16 reference than W8A8, by the
 ≈ 2.5% that e4m3 activations cost on random data), so rows of different buckets may take
 numerically different paths, as they already take different kernels.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+Table = tuple[tuple[int, str], ...]
 
 #: Row-count buckets of the table; ``M`` uses the largest timed bucket ``<= M`` (:func:`choose`).
 M_BUCKETS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -86,3 +106,124 @@ def describe(table: tuple[tuple[int, str], ...]) -> str:
         hi = f"M<{end}" if end is not None else ""
         parts.append(f"{path} {' '.join(s for s in (lo, hi) if s) or 'all M'}")
     return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# the on-disk cache of measured tables
+
+#: Bumped when the meaning of a cached table changes (paths, buckets, how they are timed).
+CACHE_FORMAT = 1
+
+
+def cache_dir() -> Path | None:
+    """Where start-up measurements are kept: ``$BREAKGRAPH_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/breakgraph``, else ``~/.cache/breakgraph``; None when
+    ``BREAKGRAPH_CACHE_DIR`` is ``off``."""
+    from breakgraph import env
+
+    chosen = env.read("BREAKGRAPH_CACHE_DIR")
+    if chosen == "off":
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "breakgraph"
+
+
+def environment_key(device: Any, max_m: int) -> dict[str, Any]:
+    """What a measured table depends on besides its shape: the GPU model of CUDA ``device``,
+    the torch, CUDA and Triton versions, the timed buckets and paths, :data:`CACHE_FORMAT`."""
+    import torch
+    import triton
+
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "format": CACHE_FORMAT,
+        "gpu": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "buckets": [b for b in M_BUCKETS if b <= max(1, max_m)],
+        "paths": list(PATHS),
+        "w8a16_max_m": W8A16_MAX_M,
+    }
+
+
+def cache_file(root: Path, key: dict[str, Any]) -> Path:
+    """The file under ``root`` that holds the tables measured under ``key``."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return root / "fp8_gemm_choice" / f"{digest}.json"
+
+
+def _read_tables(path: Path, key: dict[str, Any]) -> dict[tuple[int, int], Table]:
+    """The tables in ``path`` (``{}`` when it does not exist); ``ValueError`` when it is not a
+    file this module wrote for ``key``."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    data = json.loads(text)  # JSONDecodeError is a ValueError
+    if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("tables"), list):
+        raise ValueError("not a table file of this GPU and these versions")
+    tables: dict[tuple[int, int], Table] = {}
+    for entry in data["tables"]:
+        k, n, rows = entry["k"], entry["n"], entry["table"]
+        table = tuple((int(bucket), str(path_)) for bucket, path_ in rows)
+        if not isinstance(k, int) or not isinstance(n, int) or any(p not in PATHS for _, p in table):
+            raise ValueError(f"bad entry {entry!r}")
+        if [b for b, _ in table] != sorted({b for b, _ in table}):
+            raise ValueError(f"buckets out of order in {entry!r}")
+        tables[(k, n)] = table
+    return tables
+
+
+def _write_tables(path: Path, key: dict[str, Any], tables: dict[tuple[int, int], Table]) -> None:
+    """Write ``tables`` to ``path`` atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "key": key,
+        "tables": [{"k": k, "n": n, "table": [list(row) for row in t]} for (k, n), t in sorted(tables.items())],
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_or_tune(
+    shapes: Iterable[tuple[int, int]],
+    key: dict[str, Any],
+    tune: Callable[[set[tuple[int, int]]], dict[tuple[int, int], Table]],
+    root: Path | None,
+) -> tuple[dict[tuple[int, int], Table], int]:
+    """The choice table of every ``(K, N)`` in ``shapes``: read from the cache file of ``key``
+    under ``root`` where it holds them, measured by ``tune(missing shapes)`` otherwise (then the
+    file is rewritten with both). Returns ``(tables, how many came from the file)``.
+
+    ``root`` None: no file, every shape is measured. A file that cannot be read or was not
+    written for ``key`` is logged and measured over; one that cannot be written is logged (the
+    tables still hold for this process). Does not record the tables (:func:`set_table`)."""
+    wanted = set(shapes)
+    path = cache_file(root, key) if root is not None else None
+    cached: dict[tuple[int, int], Table] = {}
+    if path is not None:
+        try:
+            cached = _read_tables(path, key)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("FP8 GEMM choice cache %s is unreadable (%s): measuring again", path, exc)
+            cached = {}
+    hits = {s: cached[s] for s in wanted if s in cached}
+    missing = wanted - set(hits)
+    measured = tune(missing) if missing else {}
+    if path is not None and missing:
+        try:
+            _write_tables(path, key, {**cached, **measured})
+        except OSError as exc:
+            logger.warning("FP8 GEMM choice cache %s could not be written (%s)", path, exc)
+    return {**hits, **{s: measured[s] for s in missing if s in measured}}, len(hits)

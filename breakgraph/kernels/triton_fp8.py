@@ -41,6 +41,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -49,6 +50,9 @@ import triton.language as tl
 from breakgraph.kernels import fp8_gemm_choice
 from breakgraph.kernels.dispatch import device_index, num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX, block_dequant, fp8_block_linear_ref
+
+if TYPE_CHECKING:
+    from breakgraph.kernels.precompile import AheadCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -615,21 +619,32 @@ def _graph_seconds(fn: Callable[[], object], calls: int = 10, replays: int = 3) 
         return float("inf")
 
 
-def tune_fp8_paths(shapes: Iterable[tuple[int, int]], device: torch.device, max_m: int) -> dict[tuple[int, int], tuple]:
+def tune_fp8_paths(
+    shapes: Iterable[tuple[int, int]], device: torch.device, max_m: int, ahead: AheadCompiler | None = None
+) -> dict[tuple[int, int], tuple]:
     """Time every path for every ``(K, N)`` in ``shapes`` at each bucket ``<= max_m`` on
     ``device`` (CUDA, outside capture; random weights of that shape) and record the tables that
     :func:`~breakgraph.kernels.fp8_gemm_choice.choose` reads (``_scaled_mm`` only where it can run the shape). Returns
-    ``{(K, N): table}``; logs one line per shape."""
+    ``{(K, N): table}``; logs one line per shape. With ``ahead``, the Triton kernels every
+    candidate launches are first compiled in its worker processes at once
+    (:mod:`breakgraph.kernels.precompile`), so that the timing reads them from Triton's cache."""
     from breakgraph.kernels.fp8 import block_quant
 
     idx = device_index(device)
     gen = torch.Generator(device=device).manual_seed(0)
+    buckets = [b for b in fp8_gemm_choice.M_BUCKETS if b <= max(1, max_m)]
+    candidates = {
+        (k, n): [p for p in fp8_gemm_choice.PATHS if p != "scaled_mm" or scaled_mm_takes(k, n, device)]
+        for k, n in sorted(set(shapes))
+    }  # the probe runs here, before any launch is recorded
+    if ahead is not None:
+        ahead.run_dry(partial(_launch_candidates, candidates, buckets, device))
+        torch.cuda.synchronize(device)
     tuned: dict[tuple[int, int], tuple] = {}
-    for k, n in sorted(set(shapes)):
-        paths = [p for p in fp8_gemm_choice.PATHS if p != "scaled_mm" or scaled_mm_takes(k, n, device)]
+    for (k, n), paths in candidates.items():
         w8, ws = block_quant(torch.randn(n, k, device=device, generator=gen) / k**0.5)
         timings: dict[int, dict[str, float]] = {}
-        for bucket in (b for b in fp8_gemm_choice.M_BUCKETS if b <= max(1, max_m)):
+        for bucket in buckets:
             x = torch.randn(bucket, k, device=device, generator=gen).to(torch.bfloat16)
             timings[bucket] = {
                 path: _graph_seconds(partial(fp8_linear, x, w8, ws, (128, 128), path=path))
@@ -642,3 +657,16 @@ def tune_fp8_paths(shapes: Iterable[tuple[int, int]], device: torch.device, max_
         tuned[(k, n)] = table
         logger.info("fp8 linear K=%d N=%d: %s", k, n, fp8_gemm_choice.describe(table))
     return tuned
+
+
+def _launch_candidates(candidates: dict[tuple[int, int], list[str]], buckets: list[int], device: torch.device) -> None:
+    """Run every candidate once on zero operands (the dry run that records their kernels)."""
+    from breakgraph.kernels.fp8 import block_quant
+
+    for (k, n), paths in candidates.items():
+        w8, ws = block_quant(torch.zeros(n, k, device=device))
+        for bucket in buckets:
+            x = torch.zeros(bucket, k, device=device, dtype=torch.bfloat16)
+            for path in paths:
+                if path != "triton_w8a16" or bucket <= fp8_gemm_choice.W8A16_MAX_M:
+                    fp8_linear(x, w8, ws, (128, 128), path=path)
