@@ -262,7 +262,7 @@ def _long_rows(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     )
     scores = torch.randn(pos.shape[0], width, generator=g, device="cuda")
     scores *= torch.logspace(-3, 3, pos.shape[0], device="cuda")[:, None]
-    hard, hard_pos = hard_rows(TOPK, 24000, seed)
+    hard, hard_pos = hard_rows(TOPK, 300 * TOPK // 24, seed)  # the CPU rows' width, stretched alike
     hard = torch.nn.functional.pad(hard, (0, width - hard.shape[1]))
     return torch.cat([scores, hard.cuda()]), torch.cat([pos, hard_pos.cuda()])
 
