@@ -18,23 +18,15 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from breakgraph.kernels import triton_norm  # noqa: E402
-from breakgraph.kernels.fp8 import FP8_DTYPE  # noqa: E402
 from breakgraph.kernels.triton_fp8 import QUANT_GROUP, act_quant  # noqa: E402
 
 SHAPES = ((8192, 6144), (1024, 6144), (8192, 2048), (1, 6144))
 
 
 def launch(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, quant: bool, num_warps: int) -> None:
-    """One ``_rms_norm_kernel`` launch over ``x [M, N]`` with the residual add, fresh outputs."""
-    m, n = x.shape
-    out, res_out = torch.empty_like(x), torch.empty_like(x)
-    q = torch.empty(m, n, dtype=FP8_DTYPE, device=x.device) if quant else None
-    s = torch.empty(n // QUANT_GROUP, m, dtype=torch.float32, device=x.device).t() if quant else None
-    triton_norm._rms_norm_kernel[(m,)](
-        x, res, w, out, res_out, q, s, m, n, x.stride(0), res.stride(0), *(s.stride() if quant else (0, 0)),
-        1.0 / n, 1e-6, HAS_RESIDUAL=True, QUANT=quant, GROUP=QUANT_GROUP, BLOCK=triton.next_power_of_2(n),
-        INTERP=False, num_warps=num_warps,
-    )  # fmt: skip
+    """One ``_rms_norm_kernel`` launch over ``x [M, N]`` with the residual add, as the engine
+    launches it (fresh outputs) but with ``num_warps`` given."""
+    triton_norm._launch(x, res, w, 1e-6, quant_pad_rows=1 if quant else 0, num_warps=num_warps)
 
 
 def main() -> None:

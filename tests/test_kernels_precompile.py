@@ -111,6 +111,8 @@ def test_recording_keeps_each_specialisation_once_and_skips_the_launch(monkeypat
             assert runtime.jit_cache_hook(fn=fn, key=key, compile={"specialization_data": key}) is True
     assert records == [("m", "k", "a"), ("m", "k", "b")] and runtime.jit_cache_hook is None
     assert precompile.default_workers() >= 1 and precompile.default_workers(share=10_000) == 1
+    monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert precompile.default_workers() == 7 and precompile.default_workers(share=2) == 3  # CPUs / share - 1
 
 
 def test_the_model_runner_compiles_ahead_unless_told_not_to(monkeypatch):

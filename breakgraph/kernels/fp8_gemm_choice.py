@@ -50,6 +50,11 @@ UNTUNED_SCALED_MM_MIN_M = 1024
 _TABLES: dict[tuple[int, int, int], tuple[tuple[int, str], ...]] = {}
 
 
+def timed_buckets(max_m: int) -> list[int]:
+    """The row-count buckets the start-up timing measures for rows up to ``max_m``."""
+    return [b for b in M_BUCKETS if b <= max(1, max_m)]
+
+
 def table_from_timings(timings: dict[int, dict[str, float]]) -> tuple[tuple[int, str], ...]:
     """``{bucket: {path: seconds}}`` → ``((bucket, fastest path), ...)`` by ascending bucket.
 
@@ -145,7 +150,7 @@ def environment_key(device: Any, max_m: int) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": triton.__version__,
-        "buckets": [b for b in M_BUCKETS if b <= max(1, max_m)],
+        "buckets": timed_buckets(max_m),
         "paths": list(PATHS),
         "w8a16_max_m": W8A16_MAX_M,
     }

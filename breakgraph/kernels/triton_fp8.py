@@ -632,7 +632,7 @@ def tune_fp8_paths(
 
     idx = device_index(device)
     gen = torch.Generator(device=device).manual_seed(0)
-    buckets = [b for b in fp8_gemm_choice.M_BUCKETS if b <= max(1, max_m)]
+    buckets = fp8_gemm_choice.timed_buckets(max_m)
     candidates = {
         (k, n): [p for p in fp8_gemm_choice.PATHS if p != "scaled_mm" or scaled_mm_takes(k, n, device)]
         for k, n in sorted(set(shapes))

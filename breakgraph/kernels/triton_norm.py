@@ -117,8 +117,9 @@ def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | Non
 
 
 def _launch(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, quant_pad_rows: int = 0
-):
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, quant_pad_rows: int = 0,
+    num_warps: int | None = None,
+):  # fmt: skip
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     m = x2.shape[0]
@@ -138,7 +139,7 @@ def _launch(
             m, n, x2.stride(0), 0 if res is None else res.stride(0), *(scale.stride() if quant_pad_rows else (0, 0)),
             1.0 / n, eps,
             HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), GROUP=QUANT_GROUP, BLOCK=block,
-            INTERP=interpreting(), num_warps=max(1, min(8 if quant_pad_rows else 16, block // 512)),
+            INTERP=interpreting(), num_warps=num_warps or max(1, min(8 if quant_pad_rows else 16, block // 512)),
         )  # fmt: skip
     return out, res_out, q, scale
 

@@ -180,9 +180,7 @@ def _topk_select_kernel(
     row = SCORES + t * stride_st
     out = OUT + t * stride_ot
     if n <= topk:
-        for o in range(0, topk, BLOCK_K):
-            offs = o + tl.arange(0, BLOCK_K)
-            tl.store(out + offs, tl.where(offs < n, offs, -1), mask=offs < topk)
+        _short_row(out, n, topk, BLOCK_K)
     else:
         none = tl.zeros([], tl.uint32)  # no key bounds: SKIP is off
         key, take_eq, num_eq = _radix_threshold(row, row, n, topk, none, none, False, BLOCK, 1, False)
