@@ -18,7 +18,7 @@ let the page-table and key loads run ahead of the dot. Token blocks whose tokens
 ``skip_below`` are not scored (their selection is every causal key).
 
 Tokens of one block usually share a request (prefill lays a request's tokens out
-contiguously). In a batch of several requests the stacked grid has ``BLOCK_T`` programs per
+contiguously). In a batch of ``R`` requests the stacked grid has ``min(BLOCK_T, R)`` programs per
 (token block, key program), the ``s``-th scoring the block's tokens of its ``s``-th request
 against that request's keys (the others return at once), so a straddling block costs no
 separate code path. Decode-like batches use ``BLOCK_T = 1``.
@@ -320,8 +320,9 @@ def indexer_scores_triton(
     block_h = max(16, triton.next_power_of_2(num_heads))
     if use_stacked and block_t * block_h > 256:  # on the H200, 16 × 32 columns gave wrong sums
         raise ValueError(f"the stacked dot takes at most 256 query rows, got block_t={block_t} × {block_h} heads")
-    # Stacked blocks of a multi-request batch may straddle requests: a program per request part.
-    segments = block_t if use_stacked and page_table.shape[0] > 1 else 1
+    # Stacked blocks of a multi-request batch may straddle requests: a program per request part
+    # (a block of block_t tokens holds parts of at most min(block_t, requests) requests).
+    segments = min(block_t, page_table.shape[0]) if use_stacked else 1
     grid = (triton.cdiv(num_tokens, block_t), (key_programs or cfg["key_programs"]) * segments)
     _indexer_scores_kernel[grid](
         q, weights, k_cache, page_table, token_req, positions, scores,
