@@ -413,7 +413,7 @@ def run_indexer(args):
         topk_select_triton,
     )
 
-    print("\nDSA indexer (Hi=32, Di=128, K=2048, page 64): length-true scores, radix top-k select, both;")
+    print("\nDSA indexer (Hi=32, Di=128, K=2048, page 64): length-true scores, the top-k select, both;")
     print("  TFLOP/s count the causal work of the scored tokens (2·Σ_{pos≥K}(pos+1)·Hi·Di);")
     print("  'torch.topk (full width)' sorts the score rows over the whole page-table width, as the engine did before;")
     print("  'fp8' quantises bf16 keys in the kernel, 'fp8 keys' reads the FP8 key cache (e4m3 rows stored once)")
@@ -504,10 +504,11 @@ def _short(opts: dict) -> str:
 
 
 def topk_variants() -> dict:
-    """Name → options of :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (keys per
-    block, warps; ``default``: block 512, 4 warps)."""
-    return {"default": {}, "block 1024, 8 warps": dict(block=1024, num_warps=8), "block 2048, 8 warps":
-            dict(block=2048, num_warps=8), "block 256, 4 warps": dict(block=256, num_warps=4)}  # fmt: skip
+    """Name → options of :func:`~breakgraph.kernels.triton_topk.topk_select_triton`: the default
+    (the method :func:`~breakgraph.kernels.triton_topk.default_method` picks for the shape) and
+    each method forced (``scripts/bench_topk.py`` sweeps their blocks and bins)."""
+    return {"default": {}, "range": dict(method="range"), "split": dict(method="split"),
+            "radix": dict(method="radix")}  # fmt: skip
 
 
 def topk_rows(layout: str, g) -> tuple[torch.Tensor, torch.Tensor]:
