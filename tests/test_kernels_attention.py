@@ -805,7 +805,7 @@ def test_indexer_scores_compile_for_sm90_without_spills():
     a = dict(Q="*bf16", W="*fp32", K="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
              SCORES="*fp32", stride_qt=IDX_HEADS * IDX_DIM, stride_qh=IDX_DIM, stride_wt=IDX_HEADS, stride_k=IDX_DIM,
              stride_pt=37, stride_st=4096, num_tokens=4096, num_heads=IDX_HEADS, head_dim=IDX_DIM, page_size=PAGE,
-             skip_below=TOPK, scale=0.088)  # fmt: skip
+             skip_below=TOPK, scale=0.088, segments=1)  # fmt: skip
     consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=IDX_HEADS, BLOCK_D=IDX_DIM, BLOCK_L=cfg["block_l"], FP8=0,
                   STACKED=cfg["stacked"])  # fmt: skip
     info = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])

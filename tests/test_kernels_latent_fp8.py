@@ -346,7 +346,7 @@ def test_fp8_key_scores_compile_for_sm90_no_worse_than_in_kernel_quantisation(nu
         a = dict(Q="*bf16", W="*fp32", K=k_type, PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
                  SCORES="*fp32", stride_qt=32 * 128, stride_qh=128, stride_wt=32, stride_k=stride_k, stride_pt=37,
                  stride_st=4096, num_tokens=num, num_heads=32, head_dim=128, page_size=64, skip_below=2048,
-                 scale=0.088)  # fmt: skip
+                 scale=0.088, segments=1)  # fmt: skip
         consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8,
                       STACKED=cfg["stacked"])  # fmt: skip
         info[fp8] = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
