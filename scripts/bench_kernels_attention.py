@@ -263,7 +263,7 @@ MLA_VARIANTS = [
 # stage), a 168-register cap (174 uncapped: two programs per SM, three capped), the 16-row head
 # block and 64-key blocks.
 MLA_FP8_VARIANTS = [
-    dict(lean=False, groups=1, lazy=0.0, num_stages=1),  # the default before
+    dict(lean=False, groups=1, lazy=0.0, num_stages=1),  # the prefill default before (decode had 2 stages)
     dict(maxnreg=168),
     dict(block_h=16),
     dict(block_n=64),

@@ -682,7 +682,7 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("opts", [{}, {"lean": True, "lazy": 8.0}, {"block_h": 16}, {"block_n": 64},
+@pytest.mark.parametrize("opts", [{}, {"lean": True, "groups": 1, "lazy": 8.0}, {"block_h": 16}, {"block_n": 64},
                                   {"block_n": 64, "num_warps": 8}])  # fmt: skip
 @pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
 def test_sparse_mla_variants_glm5_shapes_on_gpu(opts, layout):
