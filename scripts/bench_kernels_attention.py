@@ -599,15 +599,19 @@ def run_aot_fp8(a: dict, dense: dict) -> None:
     converted in inline PTX), Triton's cast in its place, and the --variants tiles."""
     from breakgraph.kernels.aot import compile_for_sm90 as aot_report
     from breakgraph.kernels.latent_fp8 import LatentLayout
-    from breakgraph.kernels.triton_sparse_mla import _sparse_mla_groups_kernel
+    from breakgraph.kernels.triton_sparse_mla import _sparse_mla_fwd_kernel, _sparse_mla_groups_kernel
     from breakgraph.kernels.triton_sparse_mla import default_config as mla_cfg
 
     cfg, lay = mla_cfg(4096, 8, TOPK, torch.device("cpu"), dense=True, kv_fp8=True), LatentLayout(RANK, ROPE)
     a = a | dict(KV="*u8", stride_kv=lay.row_bytes)
     for name, v, asm in [("default", {}, True), ("Triton's cast", {}, False)] + [(str(v), v, True) for v in MLA_FP8_VARIANTS]:
         w = cfg | v
-        if w["groups"] != 4:
-            continue  # the slots loop: its own report above
+        if w["groups"] != 4:  # the slots loop (the default before), dequantising the tile
+            f = dict(BLOCK_H=16, BLOCK_N=w["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
+                     DENSE_T=dense["block_t"], KV_FP8=True, PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
+            r = aot_report(_sparse_mla_fwd_kernel, a, f, w["num_warps"], w["num_stages"], w["maxnreg"])
+            print(f"    fp8 cache {name} {r}")
+            continue
         g = dict(BLOCK_H=w["block_h"], BLOCK_N=w["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
                  DENSE_T=dense["block_t"], LAZY=w["lazy"], KV_FP8=True, SCALE_OFF=lay.scale_off, PE_OFF=lay.pe_off,
                  CVT_ASM=asm)  # fmt: skip
