@@ -225,7 +225,7 @@ def _interp_sparse_mla_fp32():
         (_DECODE, 8, 8, 32, 16, 48, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
         (_DECODE, 2, 8, 32, 16, 64, {"lean": True, "lazy": 8.0, "block_n": 64}),  # every row shorter than K
         (_RAGGED, 4, 8, 32, 16, 24, {"lazy": 8.0}),  # lazy rescale on the masked loop
-        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "block_n": 16}),  # four column groups
+        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 0.0, "block_n": 16}),  # rescale every block
         (_RAGGED, 4, 8, 64, 16, 64, {}),  # the few-heads default: four column groups, lazy rescale, 8-row heads
         (_RAGGED, 4, 5, 64, 16, 64, {"block_n": 64, "num_warps": 8}),  # 5 heads in the 8-row block
         (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 16, "block_n": 32}),
