@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # GPU check of the sparse MLA kernel at glm5-tp8-rank shapes (8 heads), at most 150 s on one
 # H200: its CUDA tests (the column-group kernel on the bf16 and FP8 caches, its tile variants,
-# the inline-PTX e4m3 conversion against torch's cast; prefill and split-K decode), then the
-# loop variants against the default on both caches at prefill 8K/16K and decode B=64/B=1 (~8K
-# context): ms, gathered TB/s, largest error vs the default; the summary table comes last
-# (with the default's ms × 78 layers). Logs under $OUT (timeouts 55 + 90 s; the sweep times
+# the FP8 scales on the columns with the inline-PTX e4m3 conversion checked against torch's
+# cast; prefill and split-K decode), then the loop variants against the default on both caches
+# at prefill 8K/16K and decode B=64/B=1 (~8K context): ms, gathered TB/s, largest error vs the
+# default; the summary table comes last (with the default's ms × 78 layers). If a
+# {'fp8_columns': True, ...} row is the FP8 best, BREAKGRAPH_SPARSE_MLA_FP8=columns turns it on
+# (its default: default_config's fp8_columns). Logs under $OUT (timeouts 55 + 90 s; the sweep times
 # only the defaults once 70 s are spent).
 set -u
 OUT=${OUT:-/tmp/gpu_check_sparse_mla}

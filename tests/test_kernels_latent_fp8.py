@@ -159,21 +159,24 @@ def _interp_kernels_on_fp8_cache():
         (_DENSE, 4, 8, 32, 16, 12, True, {}),
         (_DENSE, 3, 8, 32, 16, 12, True, {"dense_block_t": 4, "dense_block_n": 16}),
         (_DENSE, 4, 72, 32, 16, 12, True, {}),  # H > 64: dense head blocks
-        (_DENSE, 4, 8, 64, 16, 16, True, {"block_n": 16}),  # the few-heads default: column groups, 8-row heads
-        (_RAGGED, 4, 5, 64, 16, 64, False, {"block_n": 64, "num_warps": 8}),  # 5 heads in the 8-row block
-        (_RAGGED, 4, 16, 512, 16, 32, False, {"block_n": 16}),  # four scale groups, one per column group
+        (_DENSE, 4, 8, 64, 16, 16, True, {"block_n": 16}),  # the few-heads default: column groups, tile dequantised
         (_RAGGED, 4, 8, 32, 16, 32, False, {"lean": True, "lazy": 8.0, "block_n": 16}),  # unmasked loop
         (_DECODE, 8, 8, 64, 16, 48, False, {"lean": True, "num_splits": 3, "block_n": 16}),
         (_DENSE, 4, 8, 32, 16, 16, True, {"lean": True, "lazy": 8.0, "block_n": 16}),
         (_RAGGED, 4, 8, 64, 16, 32, False, {"lean": True, "groups": 4, "lazy": 8.0, "block_n": 16}),  # one scale
         (_DECODE, 8, 8, 256, 16, 48, False, {"lean": True, "groups": 4, "num_splits": 3, "block_n": 16}),  # two
+        (_DENSE, 4, 8, 64, 16, 16, True, {"block_n": 16, "fp8_columns": True}),  # scales on the columns, 8-row heads
+        (_RAGGED, 4, 5, 64, 16, 64, False, {"block_n": 64, "num_warps": 8, "fp8_columns": True}),  # 5 heads of 8 rows
+        (_RAGGED, 4, 16, 512, 16, 32, False, {"block_n": 16, "fp8_columns": True}),  # four scale groups
+        (_DECODE, 8, 8, 256, 16, 48, False, {"num_splits": 3, "block_n": 16, "fp8_columns": True}),  # two, split-K
     ]
     for i, (layout, ps, heads, rank, rope, topk, dense, opts) in enumerate(cases):
         batch = make_batch(**layout, page_size=ps, seed=60 + i)
         q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, torch.float32, seed=60 + i)
         rows = quantize_latent_ref(kv * 3, rank)
-        # Past the first seven cases milder scales: bf16 queries against the fp32 twin lose more with sharper softmaxes.
-        scale = (rank + rope) ** -0.5 * (1.0 + i / 3 if i < 7 else 1.0 + (i - 7) / 6)
+        # Past the first seven cases milder scales (bf16 queries against the fp32 twin lose more with sharper
+        # softmaxes), the ramp restarting at the column-scale cases.
+        scale = (rank + rope) ** -0.5 * (1.0 + i / 3 if i < 7 else 1.0 + (i - 7) / 6 if i < 13 else 1.0 + (i - 13) / 6)
         rest = (tk, batch["page_table"], batch["token_req"], ps, scale)
         kw = dict(positions=batch["positions"], dense_below=topk, **opts) if dense else opts
         ref = torch.empty(q.shape[0], heads, rank)
@@ -295,9 +298,10 @@ GLM5_SCALE = (192 + 64) ** -0.5
 def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
     """ptxas for sm_90a at the default configs on an FP8 cache: the sparse kernel (prefill with
     the dense-block check; decode with split-K) spills nothing, the dense-causal kernel at most
-    128 bytes (its bf16-cache bound). At few heads (the column-group kernel) the e4m3 codes'
-    conversion in inline PTX takes fewer instructions per loop trip than Triton's cast, which
-    the layout pass repeats in each dot's operand layout."""
+    128 bytes (its bf16-cache bound). With the scales on the columns (few heads,
+    ``BREAKGRAPH_SPARSE_MLA_FP8=columns``) no spills either, and the e4m3 codes' conversion in
+    inline PTX takes fewer instructions per loop trip than Triton's cast, which the layout pass
+    repeats in each dot's operand layout."""
     from test_kernels_fp8 import compile_for_sm90
 
     from breakgraph.kernels import triton_sparse_mla as tsm
@@ -318,18 +322,28 @@ def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
                   DENSE_T=0 if split else dense["block_t"], KV_FP8=True)  # fmt: skip
     if cfg["groups"] == 4:
         layout = LatentLayout(RANK, ROPE)
-        groups = consts | dict(LAZY=cfg["lazy"], SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off)
-        info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups | dict(CVT_ASM=True), cfg["num_warps"],
-                                cfg["num_stages"], cfg["maxnreg"])  # fmt: skip
-        cast = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, cfg["num_warps"], cfg["num_stages"],
+        groups = consts | dict(LAZY=cfg["lazy"], SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off, KV_FP8=1)
+        info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, cfg["num_warps"], cfg["num_stages"],
                                 cfg["maxnreg"])  # fmt: skip
-        print(f"groups H={heads} {phase} {cfg}: {info}; with Triton's cast: {cast}")
-        assert info["loop_insts"] < cast["loop_insts"], (info, cast)
+        print(f"groups H={heads} {phase} {cfg}: {info}")
     else:
         info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"],
                                 cfg["maxnreg"])  # fmt: skip
         print(f"sparse H={heads} {phase} {cfg}: {info}")
     assert info["stack"] == 0 and info["local_insts"] == 0, info
+    col = tsm.default_config(num, heads, TOPK, torch.device("cpu"), dense=phase == "prefill", kv_fp8=True,
+                             fp8_columns=True)  # fmt: skip
+    if col["fp8_columns"]:  # BREAKGRAPH_SPARSE_MLA_FP8=columns
+        layout = LatentLayout(RANK, ROPE)
+        groups = consts | dict(BLOCK_H=col["block_h"], LAZY=col["lazy"], SCALE_OFF=layout.scale_off,
+                               PE_OFF=layout.pe_off, KV_FP8=2)  # fmt: skip
+        info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups | dict(CVT_ASM=True), col["num_warps"],
+                                col["num_stages"], col["maxnreg"])  # fmt: skip
+        cast = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, col["num_warps"], col["num_stages"],
+                                col["maxnreg"])  # fmt: skip
+        print(f"column scales H={heads} {phase} {col}: {info}; with Triton's cast: {cast}")
+        assert info["loop_insts"] < cast["loop_insts"], (info, cast)
+        assert info["stack"] == 0 and info["local_insts"] == 0, info
     if phase == "prefill":
         consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tsm._pow2(dense["block_t"] * dense["heads"]),
                       BLOCK_N=dense["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False, PAGE_BLOCKS=True,
@@ -433,13 +447,15 @@ def test_e4m3_codes_in_ptx_equal_the_cast_on_gpu():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("opts", [{}, {"block_h": 16}, {"block_n": 64}, {"maxnreg": 168}, {"lean": False}])
+@pytest.mark.parametrize("opts", [{}, {"fp8_columns": True}, {"fp8_columns": True, "block_h": 16},
+                                  {"fp8_columns": True, "block_n": 64}, {"fp8_columns": True, "maxnreg": 168},
+                                  {"lean": False}])  # fmt: skip
 @pytest.mark.parametrize("layout", ["ragged4096", "decode_short_in_200k_pool"])
 def test_fp8_cache_lean_variants_glm5_shapes_on_gpu(layout, opts):
-    """The FP8 cache at 8 heads as the engine calls it: the default (the column-group kernel,
-    the scales on the score and probability columns), its 16-row head block, 64-key block and
-    168-register cap, and the slots loop that dequantises the tile: within 3× the bf16 output
-    rounding of the fp32 twin on the same cache."""
+    """The FP8 cache at 8 heads as the engine calls it: the default (prefill: the column-group
+    kernel dequantising the tile; decode: the slots loop), the scales on the columns
+    (``fp8_columns``; with 16-row head blocks, 64-key blocks, a 168-register cap) and the slots
+    loop everywhere: within 3× the bf16 output rounding of the fp32 twin on the same cache."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 

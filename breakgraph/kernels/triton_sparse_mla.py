@@ -79,6 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
+from breakgraph import env
 from breakgraph.kernels.dispatch import num_sms
 from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
@@ -273,6 +274,13 @@ def _sparse_mla_fwd_kernel(
 
 
 @triton.jit
+def _dequant_group(codes, scale, DTYPE: tl.constexpr):
+    """e4m3 ``codes [BLOCK_N, G]`` (uint8) times their row's ``scale [BLOCK_N]`` in fp32, rounded
+    to ``DTYPE``, as :func:`~breakgraph.kernels.latent_fp8.dequantize_latent_ref` computes it."""
+    return (codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(DTYPE)
+
+
+@triton.jit
 def _e4m3_codes(codes, DTYPE: tl.constexpr, ASM: tl.constexpr):
     """e4m3 ``codes`` (uint8) as ``DTYPE`` values, exactly (every e4m3 value is a bf16 value).
 
@@ -344,10 +352,10 @@ def _sparse_mla_groups_kernel(
     SPLIT: tl.constexpr,
     DENSE_T: tl.constexpr,
     LAZY: tl.constexpr = 0,
-    KV_FP8: tl.constexpr = False,  # the FP8 latent cache; its scale and RoPE byte offsets:
+    KV_FP8: tl.constexpr = 0,  # the FP8 latent cache (1: tile dequantised; 2: column scales); its offsets:
     SCALE_OFF: tl.constexpr = 0,
     PE_OFF: tl.constexpr = 0,
-    CVT_ASM: tl.constexpr = False,  # KV_FP8 with bf16 queries on the GPU: _e4m3_codes's ASM
+    CVT_ASM: tl.constexpr = False,  # KV_FP8 = 2 with bf16 queries on the GPU: _e4m3_codes's ASM
 ):
     """The sparse kernel's ``LEAN`` loop with the latent row in four column groups of
     ``BLOCK_R / 4``: four key loads (6 distinct rows per thread at 32 keys, 4 warps, instead of
@@ -355,8 +363,10 @@ def _sparse_mla_groups_kernel(
     ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as ``_sparse_mla_fwd_kernel``.
 
     ``KV_FP8``: each group lies in one 128-column scale group, so its scale is one number per
-    key: the dots take the e4m3 codes as they are (converted exactly to the query's dtype) and
-    the scales go on the ``[BLOCK_H, BLOCK_N]`` side instead of on every element of the tile:
+    key. ``1`` (the default, until the other is measured on the H200): each group's codes times
+    their key's scale, rounded to the query's dtype, as the twin dequantises them. ``2``: the
+    dots take the e4m3 codes as they are (converted exactly to the query's dtype) and the scales
+    go on the ``[BLOCK_H, BLOCK_N]`` side instead of on every element of the tile:
     ``s = Σ_g (q_g·c8_gᵀ) · scale_g`` and ``acc_g += (p · scale_g) · c8_g``."""
     t = tl.program_id(0)  # 32-bit: widened where it addresses (fewer registers live across the loop)
     hb = tl.program_id(1)
@@ -392,29 +402,37 @@ def _sparse_mla_groups_kernel(
         valid = raw >= 0
         row = KV + tl.where(valid, raw, -1 - raw) * stride_kv
         rows = row[:, None]
-        if KV_FP8:
+        if KV_FP8 > 0:
             # Scale group of column group g: g·GR // 128 (all four in group 0 where r ≤ 128).
             scales = (row + SCALE_OFF).to(tl.pointer_type(tl.float32))
-            sc0 = tl.load(scales + 0 * GR // 128)[None, :]
-            sc1 = tl.load(scales + 1 * GR // 128)[None, :]
-            sc2 = tl.load(scales + 2 * GR // 128)[None, :]
-            sc3 = tl.load(scales + 3 * GR // 128)[None, :]
-            c0 = _e4m3_codes(tl.load(rows + offs_g[None, :]), dtype, CVT_ASM)
-            c1 = _e4m3_codes(tl.load(rows + GR + offs_g[None, :]), dtype, CVT_ASM)
-            c2 = _e4m3_codes(tl.load(rows + 2 * GR + offs_g[None, :]), dtype, CVT_ASM)
-            c3 = _e4m3_codes(tl.load(rows + 3 * GR + offs_g[None, :]), dtype, CVT_ASM)
+            sc0 = tl.load(scales + 0 * GR // 128)
+            sc1 = tl.load(scales + 1 * GR // 128)
+            sc2 = tl.load(scales + 2 * GR // 128)
+            sc3 = tl.load(scales + 3 * GR // 128)
             k_pe = tl.load((row + PE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + offs_pe[None, :]).to(dtype)
-            s = tl.dot(q_pe, tl.trans(k_pe))
-            s += tl.dot(q0, tl.trans(c0)) * sc0
-            s += tl.dot(q1, tl.trans(c1)) * sc1
-            s += tl.dot(q2, tl.trans(c2)) * sc2
-            s += tl.dot(q3, tl.trans(c3)) * sc3
+            if KV_FP8 == 2:
+                c0 = _e4m3_codes(tl.load(rows + offs_g[None, :]), dtype, CVT_ASM)
+                c1 = _e4m3_codes(tl.load(rows + GR + offs_g[None, :]), dtype, CVT_ASM)
+                c2 = _e4m3_codes(tl.load(rows + 2 * GR + offs_g[None, :]), dtype, CVT_ASM)
+                c3 = _e4m3_codes(tl.load(rows + 3 * GR + offs_g[None, :]), dtype, CVT_ASM)
+            else:
+                c0 = _dequant_group(tl.load(rows + offs_g[None, :]), sc0, dtype)
+                c1 = _dequant_group(tl.load(rows + GR + offs_g[None, :]), sc1, dtype)
+                c2 = _dequant_group(tl.load(rows + 2 * GR + offs_g[None, :]), sc2, dtype)
+                c3 = _dequant_group(tl.load(rows + 3 * GR + offs_g[None, :]), sc3, dtype)
         else:
             c0 = tl.load(rows + offs_g[None, :])
             c1 = tl.load(rows + GR + offs_g[None, :])
             c2 = tl.load(rows + 2 * GR + offs_g[None, :])
             c3 = tl.load(rows + 3 * GR + offs_g[None, :])
             k_pe = tl.load(rows + BLOCK_R + offs_pe[None, :])
+        if KV_FP8 == 2:
+            s = tl.dot(q_pe, tl.trans(k_pe))
+            s += tl.dot(q0, tl.trans(c0)) * sc0[None, :]
+            s += tl.dot(q1, tl.trans(c1)) * sc1[None, :]
+            s += tl.dot(q2, tl.trans(c2)) * sc2[None, :]
+            s += tl.dot(q3, tl.trans(c3)) * sc3[None, :]
+        else:
             s = tl.dot(q_pe, tl.trans(k_pe), tl.dot(q0, tl.trans(c0)))
             s = tl.dot(q3, tl.trans(c3), tl.dot(q2, tl.trans(c2), tl.dot(q1, tl.trans(c1), s)))
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -422,11 +440,11 @@ def _sparse_mla_groups_kernel(
         if rescale:
             acc0, acc1 = acc0 * alpha[:, None], acc1 * alpha[:, None]
             acc2, acc3 = acc2 * alpha[:, None], acc3 * alpha[:, None]
-        if KV_FP8:
-            acc0 = tl.dot((p * sc0).to(dtype), c0, acc0)
-            acc1 = tl.dot((p * sc1).to(dtype), c1, acc1)
-            acc2 = tl.dot((p * sc2).to(dtype), c2, acc2)
-            acc3 = tl.dot((p * sc3).to(dtype), c3, acc3)
+        if KV_FP8 == 2:
+            acc0 = tl.dot((p * sc0[None, :]).to(dtype), c0, acc0)
+            acc1 = tl.dot((p * sc1[None, :]).to(dtype), c1, acc1)
+            acc2 = tl.dot((p * sc2[None, :]).to(dtype), c2, acc2)
+            acc3 = tl.dot((p * sc3[None, :]).to(dtype), c3, acc3)
         else:
             p = p.to(dtype)
             acc0 = tl.dot(p, c0, acc0)
@@ -673,17 +691,28 @@ DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this 
 
 
 def default_config(
-    num_tokens: int, num_heads: int, topk: int, device: torch.device, dense: bool = False, kv_fp8: bool = False
+    num_tokens: int,
+    num_heads: int,
+    topk: int,
+    device: torch.device,
+    dense: bool = False,
+    kv_fp8: bool = False,
+    fp8_columns: bool = False,
 ) -> dict:
     """Block sizes, warps, stages and split count for a shape (tuned guesses; see the bench).
 
     Split-K when the programs cannot fill the GPU (decode), except where the caller asked for
     the dense-causal path (``dense``: prefill) and there are at least ``DENSE_MIN_TOKENS``
     tokens: split-K switches that path off, and a short prompt then walks all ``topk`` slots
-    of every token's row (mostly ``-1``) instead of its few causal keys. ``kv_fp8``: the cache
-    is FP8 (dequantised in registers). At few heads (8 or 16; ``block_h`` 8 or 16) the
-    column-group kernel on both caches (``lean``, ``groups = 4``, ``lazy``; ``maxnreg`` and
-    ``slots`` are the slots loop's, where the lean loop does not fit)."""
+    of every token's row (mostly ``-1``) instead of its few causal keys. At few heads (8 or 16:
+    ``block_h`` 16 for the slots loop) the column-group kernel (``lean``, ``groups = 4``,
+    ``lazy``; ``maxnreg`` and ``slots`` are the slots loop's, where the lean loop does not fit):
+    on the bf16 cache with its heads padded to 8 rows only; on an FP8 cache (``kv_fp8``,
+    dequantised in registers) at prefill with one stage and 16-row heads, its decode the slots
+    loop. ``fp8_columns`` (off by default until measured on the H200): the FP8 cache's scales
+    on the column-group kernel's score and probability columns (``_sparse_mla_groups_kernel``
+    with ``KV_FP8 = 2``), prefill and decode, 8-row heads, two stages (the codes then arrive by
+    ``cp.async``)."""
     block_h = min(64, _pow2(num_heads))
     # (BLOCK_N, warps) per BLOCK_H: the largest key block that compiles for sm_90 without
     # register spills (ptxas: 16 → 226 regs, 32 → 195, 64 → 230 with wgmma).
@@ -694,15 +723,20 @@ def default_config(
     if programs < sms and not (dense and num_tokens >= DENSE_MIN_TOKENS):
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
     few_heads = block_h == 16
-    # Few heads, both caches, prefill and decode: the column-group kernel with the lazy rescale
+    fp8_columns = few_heads and kv_fp8 and fp8_columns
+    # Few heads, bf16 cache, prefill and decode: the column-group kernel with the lazy rescale
     # (where lean_supported; else the slots loop below), its head block padded only to 8 (the
-    # loop reloads the query tile from shared memory per key block, so the padding costs
-    # shared-memory bandwidth: H200, 8 heads, 8K tokens: 2.617 vs 3.270 ms).
+    # loop reads the query tile from shared memory again per key block, so the padding costs
+    # shared-memory bandwidth). H200, 8 heads (run0 sweep): 2.617 vs 3.270 ms at 8K tokens,
+    # 5.800 vs 7.217 at 16K, 0.055 vs 0.061 at decode B=64. FP8 cache, prefill 8K: the
+    # column-group kernel 6.871 ms, the slots loop 8.708.
+    groups = few_heads and (not kv_fp8 or splits == 1 or fp8_columns)
+    narrow = few_heads and (not kv_fp8 or fp8_columns)
     return {
-        "block_h": max(8, triton.next_power_of_2(num_heads)) if few_heads else block_h,
+        "block_h": max(8, triton.next_power_of_2(num_heads)) if narrow else block_h,
         "block_n": block_n,
         "num_warps": num_warps,
-        "num_stages": 2,
+        "num_stages": 1 if few_heads and kv_fp8 and splits == 1 and not fp8_columns else 2,
         "num_splits": splits,
         # The slots loop (few heads, one split, bf16 cache): capping registers at 168 fits a
         # third program per SM, which outweighs the few spilled bytes (they stay in L1); the
@@ -710,9 +744,10 @@ def default_config(
         # instead of position → page → row.
         "maxnreg": 168 if few_heads and splits == 1 and not kv_fp8 else None,
         "slots": few_heads and splits == 1 and not kv_fp8,
-        "lean": few_heads,
-        "lazy": 8.0 if few_heads else 0.0,
-        "groups": 4 if few_heads else 1,
+        "lean": groups,
+        "lazy": 8.0 if groups else 0.0,
+        "groups": 4 if groups else 1,
+        "fp8_columns": fp8_columns,
     }
 
 
@@ -828,6 +863,7 @@ def sparse_mla_attention_triton(
     lean: bool | None = None,
     lazy: float | None = None,
     groups: int | None = None,
+    fp8_columns: bool | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -849,7 +885,9 @@ def sparse_mla_attention_triton(
     ``maxnreg = 0``: no register cap; ``lean``:
     the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
     four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one;
-    ``lazy``: rescale only past a growth of ``2^lazy``, 0 = every block).
+    ``lazy``: rescale only past a growth of ``2^lazy``, 0 = every block; ``fp8_columns``: on an
+    FP8 cache, the column-group kernel's scales on its score and probability columns — default
+    from ``BREAKGRAPH_SPARSE_MLA_FP8``, off until measured on the H200).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
     (``< page_table.shape[1] · page_size``), which bounds the dense path's key chunks.
@@ -862,7 +900,10 @@ def sparse_mla_attention_triton(
     if dense_below > 0 and positions is None:
         raise ValueError("dense_below > 0 needs the token positions")
     kv_fp8 = is_fp8_latent(kv_cache)
-    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8)
+    if fp8_columns is None:
+        fp8_columns = env.read("BREAKGRAPH_SPARSE_MLA_FP8") == "columns"
+    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8,
+                         fp8_columns=fp8_columns)  # fmt: skip
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
     num_stages = num_stages or cfg["num_stages"]
@@ -946,9 +987,10 @@ def sparse_mla_attention_triton(
                  maxnreg=cap or None)  # fmt: skip
     if use_groups:
         layout = LatentLayout(rank, dim - rank)
-        asm = kv_fp8 and q.dtype == torch.bfloat16 and not interpreting()
-        _sparse_mla_groups_kernel[grid](*args, KV_FP8=kv_fp8, SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off,
-                                        CVT_ASM=asm, **tiles)  # fmt: skip
+        columns = kv_fp8 and fp8_columns
+        asm = columns and q.dtype == torch.bfloat16 and not interpreting()
+        _sparse_mla_groups_kernel[grid](*args, KV_FP8=(2 if columns else 1) if kv_fp8 else 0, SCALE_OFF=layout.scale_off,
+                                        PE_OFF=layout.pe_off, CVT_ASM=asm, **tiles)  # fmt: skip
     else:
         _sparse_mla_fwd_kernel[grid](
             *args, KV_FP8=kv_fp8, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles
