@@ -276,6 +276,46 @@ def test_attention_kernels_on_fp8_cache_match_twin_interpreted():
     _run_interpreted_here("_interp_kernels_on_fp8_cache")
 
 
+def test_fp8_column_scales_only_where_asked(monkeypatch):
+    """At few heads the FP8 cache's default is the H200-measured one (prefill: the column-group
+    kernel dequantising the tile, 16-row heads, one stage; decode: the slots loop); the scales on
+    the columns (``KV_FP8 = 2``, the PTX conversion for bf16 queries) only with ``fp8_columns``
+    or ``BREAKGRAPH_SPARSE_MLA_FP8=columns``, at prefill and decode; 64 heads never. A bad knob
+    value is refused by name."""
+    from breakgraph.kernels import triton_sparse_mla as tsm
+
+    cpu = torch.device("cpu")
+    tile = tsm.default_config(4096, 8, 2048, cpu, dense=True, kv_fp8=True)
+    assert (tile["groups"], tile["block_h"], tile["num_stages"], tile["fp8_columns"]) == (4, 16, 1, False), tile
+    assert tsm.default_config(8, 8, 2048, cpu, kv_fp8=True)["groups"] == 1  # decode: the slots loop
+    for num, dense in ((4096, True), (8, False)):
+        col = tsm.default_config(num, 8, 2048, cpu, dense=dense, kv_fp8=True, fp8_columns=True)
+        assert (col["groups"], col["block_h"], col["num_stages"], col["fp8_columns"]) == (4, 8, 2, True), col
+    assert not tsm.default_config(4096, 64, 2048, cpu, dense=True, kv_fp8=True, fp8_columns=True)["fp8_columns"]
+    assert tsm.default_config(4096, 8, 2048, cpu, dense=True)["block_h"] == 8  # bf16 cache: 8-row heads
+
+    launches = []
+
+    class Record:  # stands in for the Triton kernels: records each launch's constexprs
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append(kw)
+
+    monkeypatch.setattr(tsm, "_sparse_mla_groups_kernel", Record())
+    monkeypatch.setattr(tsm, "_topk_slots_kernel", Record())
+    batch = make_batch(**_RAGGED, page_size=4)
+    q, kv, tk = mla_inputs(batch, 8, 512, 64, 32, torch.bfloat16)
+    rows = quantize_latent_ref(kv.float(), 512)
+    args = (q, rows, tk, batch["page_table"], batch["token_req"], 4, 0.1, torch.empty(q.shape[0], 8, 512))
+    for knob, want in (("tile", (1, False)), ("columns", (2, True))):
+        monkeypatch.setenv("BREAKGRAPH_SPARSE_MLA_FP8", knob)
+        launches.clear()
+        tsm.sparse_mla_attention_triton(*args, lean=True, groups=4)
+        assert (launches[-1]["KV_FP8"], launches[-1]["CVT_ASM"]) == want, (knob, launches[-1])
+    monkeypatch.setenv("BREAKGRAPH_SPARSE_MLA_FP8", "rows")
+    with pytest.raises(ValueError, match="BREAKGRAPH_SPARSE_MLA_FP8"):
+        tsm.sparse_mla_attention_triton(*args)
+
+
 def _run_interpreted_here(check: str) -> None:
     import os
     import subprocess
