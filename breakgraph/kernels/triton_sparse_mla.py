@@ -59,11 +59,12 @@ The sparse kernel's ``_sparse_mla_merge_kernel`` does not fit these partials (it
 every split of every token; here the chunk count varies per block and most tokens have one).
 
 FP8 latent cache (``kv_cache`` ``uint8``, rows of :mod:`~breakgraph.kernels.latent_fp8`: 656
-bytes instead of 1152): the column-group kernel (few heads) takes the e4m3 codes into its dots
-as they are (converted exactly to bf16) and puts each key's per-128 scale on the score and
-probability columns of its group, not on the tile's elements; the other kernels read their key
-blocks through :func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`, which dequantises
-the codes with their scales in registers to the query's dtype; the dots and softmax are as above.
+bytes instead of 1152): the kernels dequantise the e4m3 codes with their per-128 scales in
+registers to the query's dtype (the column-group kernel group by group, the others through
+:func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`); the dots and softmax are as
+above. With ``fp8_columns`` (``BREAKGRAPH_SPARSE_MLA_FP8=columns``; off until measured on the
+H200) the column-group kernel takes the codes into its dots as they are (converted exactly to
+bf16) and puts each key's scale on the score and probability columns of its group instead.
 
 Split-K (flash-decoding) for small batches: when ``T × head_blocks`` programs cannot fill
 the GPU (decode), the ``K`` keys are cut into ``num_splits`` ranges (grid axis 2); each split
