@@ -213,7 +213,7 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
     best = (default_ms, "default")
-    if cfg["block_h"] == 16 and cfg["num_splits"] == 1 and not fp8:
+    if cfg["block_h"] <= 16 and cfg["num_splits"] == 1 and not fp8:
         grid = [dict(v) for v in FEW_HEADS_VARIANTS]
     elif fp8 and args.sweep_fp8_small:  # the few candidates sm_90 ptxas compiles without (many) spills
         grid = [dict(block_n=bn, num_stages=ns, maxnreg=mr, num_splits=cfg["num_splits"])
@@ -245,37 +245,45 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
 
 # --variants: the sparse kernel's loop variants at 8 heads against the default, as the engine
 # calls it (prefill with the dense path, decode with split-K); each with the default tiles
-# unless it names its own. lean: unmasked loads, unused entries filled with a real row by the
-# slots kernel; groups=4: the lean loop in four column groups (_sparse_mla_groups_kernel, no
-# register cap unless named); lazy: the accumulator rescaled only when a row maximum grows by
-# more than 2^τ.
-# Round 2, around the fastest of round 1 (G: 3.242 ms vs 3.530 at 8k; 0.061 vs 0.102 ms at decode
-# B=64): stages = 5 is where the pipeliner double-buffers the gathered tile (2 and 3 stages keep
-# one buffer: the index load takes the earlier stages); block_h = 8 halves the query's
-# shared-memory reads (it was padded to 16 rows); 64 keys read the query half as often;
-# batched: each warp holds its column group of the query in registers.
-_G = dict(lean=True, groups=4, lazy=8.0)  # the default at few heads on the bf16 cache
+# unless it names its own. The default at few heads is the column-group kernel
+# (_sparse_mla_groups_kernel: the lean loop in four column groups, the lazy rescale, 8-row head
+# blocks); the loop is bound by shared-memory traffic (ncu), and it reads the query tile from
+# shared memory once per key block, so 64-key blocks halve those reads per key (at 84 KB of
+# shared memory per program: two programs per SM instead of four), 8 warps split the keys
+# further at twice the query reads.
 MLA_VARIANTS = [
-    dict(lean=False, groups=1, lazy=0.0),  # the slots loop, the default before the column groups
-    _G | dict(num_stages=5),
-    _G | dict(block_h=8),
-    _G | dict(block_h=8, num_stages=5),
-    _G | dict(block_n=64),
-    _G | dict(block_h=8, block_n=16, num_stages=5),  # double-buffered at four programs per SM
-    _G | dict(batched=True),  # _sparse_mla_batched_kernel: a warp per column group
+    dict(block_h=16),  # the default before the 8-row head blocks
+    dict(block_n=64),
+    dict(block_n=64, num_warps=8),
+    dict(num_warps=8),
+    dict(num_stages=3),
 ]
-MLA_FP8_VARIANTS = [_G, dict(lazy=8.0, num_stages=2)]
+# The FP8 cache: the default (prefill: the column-group kernel dequantising the tile, 16-row
+# heads, one stage; decode: the slots loop) against the scales on the columns
+# (BREAKGRAPH_SPARSE_MLA_FP8=columns: the codes converted exactly in inline PTX, 8-row heads,
+# two stages), with its 16-row head block, 64-key blocks and a 168-register cap (174 uncapped:
+# two programs per SM, three capped), and the slots loop at prefill (the default before).
+_COL = dict(fp8_columns=True)
+MLA_FP8_VARIANTS = [
+    _COL,
+    _COL | dict(block_h=16),
+    _COL | dict(block_n=64),
+    _COL | dict(maxnreg=168),
+    dict(lean=False, groups=1, lazy=0.0, num_stages=1),  # the prefill default before (decode's now, at 2 stages)
+]
 VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]
 
 
 def run_mla_variants(args):
-    """ms, gathered TB/s and the largest error against the default of each variant per shape."""
+    """ms, gathered TB/s and the largest error against the default of each variant per shape
+    (shapes outer, cache kinds inner); past ``--budget`` seconds only the defaults are timed.
+    The summary's last column: the default's ms × 78 layers."""
     from breakgraph.kernels.triton_sparse_mla import default_config, sparse_mla_attention_triton
 
     heads = args.heads[0]
     print(f"\nsparse MLA loop variants, H={heads}, page {PAGE} (engine calls: prefill dense_below=K)")
-    rows = []
-    for kv_dtype, layout in itertools.product(args.kv_cache_dtype, _layouts(args, VARIANT_LAYOUTS)):
+    rows, start = [], time.monotonic()
+    for layout, kv_dtype in itertools.product(_layouts(args, VARIANT_LAYOUTS), args.kv_cache_dtype):
         fp8 = kv_dtype == "fp8_e4m3"
         (q, kv, tk, batch, out), _, _, gbytes = mla_case(heads, layout, kv_dtype=kv_dtype)
         a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
@@ -288,6 +296,9 @@ def run_mla_variants(args):
               f"(splits {cfg['num_splits']})", flush=True)  # fmt: skip
         best = (ms, "default")
         for opts in MLA_FP8_VARIANTS if fp8 else MLA_VARIANTS:
+            if args.budget and time.monotonic() - start > args.budget:
+                print(f"    budget spent: {opts} and the rest skipped")
+                break
             try:
                 t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts))
             except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
@@ -298,10 +309,11 @@ def run_mla_variants(args):
                   f" {err:.1e}  {opts}", flush=True)  # fmt: skip
             best = min(best, (t, opts), key=lambda b: b[0])
         rows.append((layout, ms, gbytes, best))
-    print(f"\n{'shape':<26} {'default ms':>10} {'gath TB/s':>9} {'best ms':>8} {'gath TB/s':>9} {'x':>5}  best")
+    print(f"\n{'shape':<26} {'default ms':>10} {'gath TB/s':>9} {'best ms':>8} {'gath TB/s':>9} {'x':>5}"
+          f" {'78 layers ms':>12}  best")  # fmt: skip
     for layout, ms, gbytes, (t, opts) in rows:
         print(f"{layout:<26} {ms:10.3f} {gbytes / (ms * 1e-3) / 1e12:9.2f} {t:8.3f} {gbytes / (t * 1e-3) / 1e12:9.2f}"
-              f" {ms / t:5.2f}  {opts}")  # fmt: skip
+              f" {ms / t:5.2f} {ms * 78:12.1f}  {opts}")  # fmt: skip
 
 
 # The dense-causal path as it stood before key chunks: one program per token block walking
@@ -586,6 +598,34 @@ def run_topk(args):
 # ----------------------------------------------------------------------------------------
 
 
+def run_aot_fp8(a: dict, dense: dict) -> None:
+    """The FP8 cache at 8 heads, prefill: the default (the column-group kernel dequantising the
+    tile), the scales on the columns (the codes converted in inline PTX; Triton's cast in its
+    place), the --variants tiles."""
+    from breakgraph.kernels.aot import compile_for_sm90 as aot_report
+    from breakgraph.kernels.latent_fp8 import LatentLayout
+    from breakgraph.kernels.triton_sparse_mla import _sparse_mla_fwd_kernel, _sparse_mla_groups_kernel
+    from breakgraph.kernels.triton_sparse_mla import default_config as mla_cfg
+
+    cpu, lay = torch.device("cpu"), LatentLayout(RANK, ROPE)
+    a = a | dict(KV="*u8", stride_kv=lay.row_bytes)
+    cases = [("default", {}, False), ("columns, Triton's cast", _COL, False)]
+    cases += [(str(v), v, True) for v in MLA_FP8_VARIANTS]
+    for name, v, asm in cases:
+        w = mla_cfg(4096, 8, TOPK, cpu, dense=True, kv_fp8=True, fp8_columns=bool(v.get("fp8_columns"))) | v
+        if w["groups"] != 4:  # the slots loop, dequantising the tile
+            f = dict(BLOCK_H=16, BLOCK_N=w["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
+                     DENSE_T=dense["block_t"], KV_FP8=True, PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
+            r = aot_report(_sparse_mla_fwd_kernel, a, f, w["num_warps"], w["num_stages"], w["maxnreg"])
+            print(f"    fp8 cache {name} {r}")
+            continue
+        g = dict(BLOCK_H=w["block_h"], BLOCK_N=w["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
+                 DENSE_T=dense["block_t"], LAZY=w["lazy"], KV_FP8=2 if w["fp8_columns"] else 1,
+                 SCALE_OFF=lay.scale_off, PE_OFF=lay.pe_off, CVT_ASM=asm and w["fp8_columns"])  # fmt: skip
+        r = aot_report(_sparse_mla_groups_kernel, a, g, w["num_warps"], w["num_stages"], w["maxnreg"])
+        print(f"    fp8 cache {name} {r}")
+
+
 def run_aot():
     from breakgraph.kernels.aot import compile_for_sm90 as aot_report
     from breakgraph.kernels.triton_indexer import _indexer_scores_kernel
@@ -595,7 +635,6 @@ def run_aot():
         _dense_mla_fwd_kernel,
         _dense_mla_merge_kernel,
         _pow2,
-        _sparse_mla_batched_kernel,
         _sparse_mla_fwd_kernel,
         _sparse_mla_groups_kernel,
         _sparse_mla_merge_kernel,
@@ -620,12 +659,13 @@ def run_aot():
                       PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
         if cfg["groups"] == 4:  # the column-group kernel (no register cap)
             g = {k: consts[k] for k in ("BLOCK_H", "BLOCK_N", "BLOCK_R", "BLOCK_PE", "SPLIT", "DENSE_T")}
-            g |= dict(LAZY=cfg["lazy"], CHAINS=cfg["chains"])
+            g |= dict(LAZY=cfg["lazy"])
             r = aot_report(_sparse_mla_groups_kernel, a, g, cfg["num_warps"], cfg["num_stages"], None)
         else:
             r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
         if heads == 8 and not split:  # the few-heads sweep's tiles, and the loop before slots and shifts
+            consts |= dict(BLOCK_H=16)  # the slots loop keeps 16-row head blocks
             walk = consts | dict(SLOTS=False, PAGE_SHIFT=-1)
             r = aot_report(_sparse_mla_fwd_kernel, a, walk, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
             print(f"    page walk with a runtime division (before slots and shifts) {r}")
@@ -638,15 +678,14 @@ def run_aot():
                 w = cfg | v
                 lean = dict(BLOCK_H=w["block_h"], BLOCK_N=w["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=False,
                             DENSE_T=dense["block_t"], LAZY=w["lazy"])  # fmt: skip
-                if w["groups"] == 4 and w["batched"]:
-                    fn, cap = _sparse_mla_batched_kernel, v.get("maxnreg")
-                elif w["groups"] == 4:
-                    fn, lean, cap = _sparse_mla_groups_kernel, lean | dict(CHAINS=w["chains"]), v.get("maxnreg")
+                if w["groups"] == 4:
+                    fn, cap = _sparse_mla_groups_kernel, v.get("maxnreg")
                 else:
                     fn, cap = _sparse_mla_fwd_kernel, w["maxnreg"]
-                    lean |= dict(SLOTS=True, LEAN=w["lean"], PAGE_SHIFT=PAGE.bit_length() - 1)
+                    lean |= dict(BLOCK_H=16, SLOTS=True, LEAN=w["lean"], PAGE_SHIFT=PAGE.bit_length() - 1)
                 r = aot_report(fn, a, lean, w["num_warps"], w["num_stages"], cap or None)
                 print(f"    variant {v} {r}")
+            run_aot_fp8(a, dense)
         if not split:
             for chunked in (False, True):
                 consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,

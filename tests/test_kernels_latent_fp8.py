@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_kernels_attention import (  # noqa: E402
@@ -51,6 +52,7 @@ from breakgraph.kernels.latent_fp8 import (  # noqa: E402
     store_latent,
     store_latent_ref,
 )
+from breakgraph.kernels.triton_sparse_mla import _e4m3_codes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------
 # Layout and twins (plain CPU)
@@ -157,19 +159,24 @@ def _interp_kernels_on_fp8_cache():
         (_DENSE, 4, 8, 32, 16, 12, True, {}),
         (_DENSE, 3, 8, 32, 16, 12, True, {"dense_block_t": 4, "dense_block_n": 16}),
         (_DENSE, 4, 72, 32, 16, 12, True, {}),  # H > 64: dense head blocks
-        (_DENSE, 4, 8, 64, 16, 16, True, {"lean": True, "groups": 4, "chains": 2, "block_n": 16}),
+        (_DENSE, 4, 8, 64, 16, 16, True, {"block_n": 16}),  # the few-heads default: column groups, tile dequantised
         (_RAGGED, 4, 8, 32, 16, 32, False, {"lean": True, "lazy": 8.0, "block_n": 16}),  # unmasked loop
         (_DECODE, 8, 8, 64, 16, 48, False, {"lean": True, "num_splits": 3, "block_n": 16}),
         (_DENSE, 4, 8, 32, 16, 16, True, {"lean": True, "lazy": 8.0, "block_n": 16}),
         (_RAGGED, 4, 8, 64, 16, 32, False, {"lean": True, "groups": 4, "lazy": 8.0, "block_n": 16}),  # one scale
         (_DECODE, 8, 8, 256, 16, 48, False, {"lean": True, "groups": 4, "num_splits": 3, "block_n": 16}),  # two
+        (_DENSE, 4, 8, 64, 16, 16, True, {"block_n": 16, "fp8_columns": True}),  # scales on the columns, 8-row heads
+        (_RAGGED, 4, 5, 64, 16, 64, False, {"block_n": 64, "num_warps": 8, "fp8_columns": True}),  # 5 heads of 8 rows
+        (_RAGGED, 4, 16, 512, 16, 32, False, {"block_n": 16, "fp8_columns": True}),  # four scale groups
+        (_DECODE, 8, 8, 256, 16, 48, False, {"num_splits": 3, "block_n": 16, "fp8_columns": True}),  # two, split-K
     ]
     for i, (layout, ps, heads, rank, rope, topk, dense, opts) in enumerate(cases):
         batch = make_batch(**layout, page_size=ps, seed=60 + i)
         q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, torch.float32, seed=60 + i)
         rows = quantize_latent_ref(kv * 3, rank)
-        # Past the first seven cases milder scales: bf16 queries against the fp32 twin lose more with sharper softmaxes.
-        scale = (rank + rope) ** -0.5 * (1.0 + i / 3 if i < 7 else 1.0 + (i - 7) / 6)
+        # Past the first seven cases milder scales (bf16 queries against the fp32 twin lose more with sharper
+        # softmaxes), the ramp restarting at the column-scale cases.
+        scale = (rank + rope) ** -0.5 * (1.0 + i / 3 if i < 7 else 1.0 + (i - 7) / 6 if i < 13 else 1.0 + (i - 13) / 6)
         rest = (tk, batch["page_table"], batch["token_req"], ps, scale)
         kw = dict(positions=batch["positions"], dense_below=topk, **opts) if dense else opts
         ref = torch.empty(q.shape[0], heads, rank)
@@ -269,6 +276,46 @@ def test_attention_kernels_on_fp8_cache_match_twin_interpreted():
     _run_interpreted_here("_interp_kernels_on_fp8_cache")
 
 
+def test_fp8_column_scales_only_where_asked(monkeypatch):
+    """At few heads the FP8 cache's default is the H200-measured one (prefill: the column-group
+    kernel dequantising the tile, 16-row heads, one stage; decode: the slots loop); the scales on
+    the columns (``KV_FP8 = 2``, the PTX conversion for bf16 queries) only with ``fp8_columns``
+    or ``BREAKGRAPH_SPARSE_MLA_FP8=columns``, at prefill and decode; 64 heads never. A bad knob
+    value is refused by name."""
+    from breakgraph.kernels import triton_sparse_mla as tsm
+
+    cpu = torch.device("cpu")
+    tile = tsm.default_config(4096, 8, 2048, cpu, dense=True, kv_fp8=True)
+    assert (tile["groups"], tile["block_h"], tile["num_stages"], tile["fp8_columns"]) == (4, 16, 1, False), tile
+    assert tsm.default_config(8, 8, 2048, cpu, kv_fp8=True)["groups"] == 1  # decode: the slots loop
+    for num, dense in ((4096, True), (8, False)):
+        col = tsm.default_config(num, 8, 2048, cpu, dense=dense, kv_fp8=True, fp8_columns=True)
+        assert (col["groups"], col["block_h"], col["num_stages"], col["fp8_columns"]) == (4, 8, 2, True), col
+    assert not tsm.default_config(4096, 64, 2048, cpu, dense=True, kv_fp8=True, fp8_columns=True)["fp8_columns"]
+    assert tsm.default_config(4096, 8, 2048, cpu, dense=True)["block_h"] == 8  # bf16 cache: 8-row heads
+
+    launches = []
+
+    class Record:  # stands in for the Triton kernels: records each launch's constexprs
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append(kw)
+
+    monkeypatch.setattr(tsm, "_sparse_mla_groups_kernel", Record())
+    monkeypatch.setattr(tsm, "_topk_slots_kernel", Record())
+    batch = make_batch(**_RAGGED, page_size=4)
+    q, kv, tk = mla_inputs(batch, 8, 512, 64, 32, torch.bfloat16)
+    rows = quantize_latent_ref(kv.float(), 512)
+    args = (q, rows, tk, batch["page_table"], batch["token_req"], 4, 0.1, torch.empty(q.shape[0], 8, 512))
+    for knob, want in (("tile", (1, False)), ("columns", (2, True))):
+        monkeypatch.setenv("BREAKGRAPH_SPARSE_MLA_FP8", knob)
+        launches.clear()
+        tsm.sparse_mla_attention_triton(*args, lean=True, groups=4)
+        assert (launches[-1]["KV_FP8"], launches[-1]["CVT_ASM"]) == want, (knob, launches[-1])
+    monkeypatch.setenv("BREAKGRAPH_SPARSE_MLA_FP8", "rows")
+    with pytest.raises(ValueError, match="BREAKGRAPH_SPARSE_MLA_FP8"):
+        tsm.sparse_mla_attention_triton(*args)
+
+
 def _run_interpreted_here(check: str) -> None:
     import os
     import subprocess
@@ -291,7 +338,10 @@ GLM5_SCALE = (192 + 64) ** -0.5
 def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
     """ptxas for sm_90a at the default configs on an FP8 cache: the sparse kernel (prefill with
     the dense-block check; decode with split-K) spills nothing, the dense-causal kernel at most
-    128 bytes (its bf16-cache bound)."""
+    128 bytes (its bf16-cache bound). With the scales on the columns (few heads,
+    ``BREAKGRAPH_SPARSE_MLA_FP8=columns``) no spills either, and the e4m3 codes' conversion in
+    inline PTX takes fewer instructions per loop trip than Triton's cast, which the layout pass
+    repeats in each dot's operand layout."""
     from test_kernels_fp8 import compile_for_sm90
 
     from breakgraph.kernels import triton_sparse_mla as tsm
@@ -310,17 +360,29 @@ def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
     )  # fmt: skip
     consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=split,
                   DENSE_T=0 if split else dense["block_t"], KV_FP8=True)  # fmt: skip
-    info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
-    print(f"sparse H={heads} {phase} {cfg}: {info}")
-    assert info["stack"] == 0 and info["local_insts"] == 0, info
-    if heads == 8:  # the lean loop, one column group and four, with the lazy rescale: no spills either
-        lean = consts | dict(SLOTS=True, LEAN=True, LAZY=8.0)
-        info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, lean, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
-        assert info["stack"] == 0 and info["local_insts"] == 0, info
+    if cfg["groups"] == 4:
         layout = LatentLayout(RANK, ROPE)
-        groups = {k: consts[k] for k in ("BLOCK_H", "BLOCK_N", "BLOCK_R", "BLOCK_PE", "SPLIT", "DENSE_T", "KV_FP8")}
-        groups |= dict(LAZY=8.0, SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off)
-        info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, 4, 2)
+        groups = consts | dict(LAZY=cfg["lazy"], SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off, KV_FP8=1)
+        info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, cfg["num_warps"], cfg["num_stages"],
+                                cfg["maxnreg"])  # fmt: skip
+        print(f"groups H={heads} {phase} {cfg}: {info}")
+    else:
+        info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"],
+                                cfg["maxnreg"])  # fmt: skip
+        print(f"sparse H={heads} {phase} {cfg}: {info}")
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    col = tsm.default_config(num, heads, TOPK, torch.device("cpu"), dense=phase == "prefill", kv_fp8=True,
+                             fp8_columns=True)  # fmt: skip
+    if col["fp8_columns"]:  # BREAKGRAPH_SPARSE_MLA_FP8=columns
+        layout = LatentLayout(RANK, ROPE)
+        groups = consts | dict(BLOCK_H=col["block_h"], LAZY=col["lazy"], SCALE_OFF=layout.scale_off,
+                               PE_OFF=layout.pe_off, KV_FP8=2)  # fmt: skip
+        info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups | dict(CVT_ASM=True), col["num_warps"],
+                                col["num_stages"], col["maxnreg"])  # fmt: skip
+        cast = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, col["num_warps"], col["num_stages"],
+                                col["maxnreg"])  # fmt: skip
+        print(f"column scales H={heads} {phase} {col}: {info}; with Triton's cast: {cast}")
+        assert info["loop_insts"] < cast["loop_insts"], (info, cast)
         assert info["stack"] == 0 and info["local_insts"] == 0, info
     if phase == "prefill":
         consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tsm._pow2(dense["block_t"] * dense["heads"]),
@@ -404,12 +466,36 @@ def test_store_kernel_matches_twin_on_gpu():
     assert same > 0.999 and bool(((codes[differ].int() - ref[differ].int()).abs() == 1).all()), same
 
 
+@triton.jit
+def _convert_e4m3(CODES, OUT, ASM: tl.constexpr):
+    offs = tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(OUT + offs, _e4m3_codes(tl.load(CODES + offs), tl.bfloat16, ASM))
+
+
 @pytest.mark.cuda
+def test_e4m3_codes_in_ptx_equal_the_cast_on_gpu():
+    """The column-group kernel's inline-PTX conversion gives every e4m3 code's value exactly
+    (zeros, subnormals, ±448; the NaN codes stay NaN), as torch's cast does."""
+    codes = torch.arange(256, dtype=torch.uint8, device="cuda")
+    want = codes.view(torch.float8_e4m3fn).to(torch.bfloat16)
+    for asm in (True, False):
+        out = torch.empty(256, dtype=torch.bfloat16, device="cuda")
+        _convert_e4m3[(1,)](codes, out, ASM=asm)
+        assert torch.equal(out.isnan(), want.isnan()), asm
+        fin = ~want.isnan()
+        assert torch.equal(out[fin].view(torch.int16), want[fin].view(torch.int16)), asm
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("opts", [{}, {"fp8_columns": True}, {"fp8_columns": True, "block_h": 16},
+                                  {"fp8_columns": True, "block_n": 64}, {"fp8_columns": True, "maxnreg": 168},
+                                  {"lean": False}])  # fmt: skip
 @pytest.mark.parametrize("layout", ["ragged4096", "decode_short_in_200k_pool"])
-def test_fp8_cache_lean_variants_glm5_shapes_on_gpu(layout):
-    """The lean loop in four column groups with the lazy rescale on the FP8 cache at 8 heads,
-    as the engine calls it: within 3× the bf16 output rounding of the fp32 twin."""
-    opts = {"lean": True, "groups": 4, "lazy": 8.0}
+def test_fp8_cache_lean_variants_glm5_shapes_on_gpu(layout, opts):
+    """The FP8 cache at 8 heads as the engine calls it: the default (prefill: the column-group
+    kernel dequantising the tile; decode: the slots loop), the scales on the columns
+    (``fp8_columns``; with 16-row head blocks, 64-key blocks, a 168-register cap) and the slots
+    loop everywhere: within 3× the bf16 output rounding of the fp32 twin on the same cache."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 

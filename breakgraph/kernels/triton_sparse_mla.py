@@ -23,9 +23,12 @@ real, finite row and are dropped from the scores), with loop-invariant column po
 row mask): the masked loop spends ~16 instructions of address and predicate
 math per 16-byte copy (sm_90 SASS), the lean one ~4. ``_sparse_mla_groups_kernel`` is the lean
 loop with the row in four column groups of ``r/4``: each thread gathers 6 distinct rows per
-block instead of 18, it fits 128 registers (four programs per SM) without a cap, and its score
-dots can run as two independent tensor-core chains (``CHAINS``) instead of one of 36 steps.
-``LAZY`` (``_softmax_step_lazy``): the accumulator is rescaled only when some row's maximum grew
+block instead of 18 and it fits 128 registers (four programs per SM) without a cap. Its head
+block is padded to 8 rows, not 16: the loop reads the query tile from shared memory again for
+every key block (the ``mma.sync`` A operand of all 576 columns would take 144 registers), so
+the padding costs shared-memory bandwidth, which bounds the loop (H200 ``ncu``: L1/shared 78%
+busy, short-scoreboard stalls on shared memory; DRAM idle).
+``LAZY`` (``_online_softmax``): the accumulator is rescaled only when some row's maximum grew
 by more than ``2^LAZY`` since the last rescale, so most blocks skip the ``[16, 512]`` multiply
 (the terms stay relative to the stale maximum, at most ``2^LAZY``). The keys as the dots' M side
 (swap-AB: 64-key blocks on wgmma, one 169 KB program per SM) measured slower than mma.sync
@@ -56,9 +59,12 @@ The sparse kernel's ``_sparse_mla_merge_kernel`` does not fit these partials (it
 every split of every token; here the chunk count varies per block and most tokens have one).
 
 FP8 latent cache (``kv_cache`` ``uint8``, rows of :mod:`~breakgraph.kernels.latent_fp8`: 656
-bytes instead of 1152): both kernels read their key blocks through one helper,
-:func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`, which dequantises the e4m3 codes
-with their per-128 scales in registers to the query's dtype; the dots and softmax are as above.
+bytes instead of 1152): the kernels dequantise the e4m3 codes with their per-128 scales in
+registers to the query's dtype (the column-group kernel group by group, the others through
+:func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`); the dots and softmax are as
+above. With ``fp8_columns`` (``BREAKGRAPH_SPARSE_MLA_FP8=columns``; off until measured on the
+H200) the column-group kernel takes the codes into its dots as they are (converted exactly to
+bf16) and puts each key's scale on the score and probability columns of its group instead.
 
 Split-K (flash-decoding) for small batches: when ``T × head_blocks`` programs cannot fill
 the GPU (decode), the ``K`` keys are cut into ``num_splits`` ranges (grid axis 2); each split
@@ -74,9 +80,11 @@ import torch
 import triton
 import triton.language as tl
 
+from breakgraph import env
 from breakgraph.kernels.dispatch import num_sms
 from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
+from breakgraph.kernels.triton_fp8 import interpreting
 from breakgraph.kernels.triton_latent_fp8 import load_latent_rows
 
 _LOG2E = 1.4426950408889634
@@ -112,25 +120,36 @@ def _softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
 
 
 @triton.jit
-def _softmax_step_lazy(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc, TAU: tl.constexpr):
-    """:func:`_softmax_step` that rescales ``acc`` and ``l_i`` only when some row's maximum grew
-    by more than ``TAU`` (base 2) since the last rescale: the stale maximum then bounds
+def _online_softmax(s, m_i, l_i, TAU: tl.constexpr):
+    """One key block of the online softmax (base 2) on scores ``s [M, N]`` (``-inf``: dropped).
+    Returns ``(p, alpha, rescale, m_i, l_i)``: the caller computes ``acc · alpha`` where
+    ``rescale`` and then adds ``p·v``. ``TAU > 0``: the maxima (and so ``acc``) move only when
+    some row's maximum grew by more than ``TAU`` since the last move: the stale maximum bounds
     ``p ≤ 2^TAU`` (fp32 sums, bf16 ``p`` keep their relative precision) and most key blocks skip
-    the ``[BLOCK_H, BLOCK_R]`` multiply. ``m_i`` is the maximum the terms are relative to."""
+    the accumulator's multiply. ``m_i`` is the maximum the terms are relative to."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if TAU > 0:
+        # -inf − -inf is NaN (a row with no key yet): not a reason to rescale.
+        rescale = tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > TAU
+        m_new = tl.where(rescale, m_new, m_i)
+    else:
+        rescale = True
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked so far: keep p = 0
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, rescale, m_new, l_i
+
+
+@triton.jit
+def _softmax_step_lazy(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc, TAU: tl.constexpr):
+    """:func:`_softmax_step` with the lazy rescale of :func:`_online_softmax` (``TAU > 0``)."""
     s = tl.dot(q_nope, tl.trans(c))
     s = tl.dot(q_pe, tl.trans(k_pe), s)
     s = tl.where(keep, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # -inf − -inf is NaN (a row with no key yet, none here): not a reason to rescale.
-    if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > TAU:
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha
+    p, alpha, rescale, m_i, l_i = _online_softmax(s, m_i, l_i, TAU)
+    if rescale:
         acc = acc * alpha[:, None]
-        m_i = m_new
-    m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i + tl.sum(p, 1)
     acc = tl.dot(p.to(c.dtype), c, acc)
     return m_i, l_i, acc
 
@@ -263,6 +282,44 @@ def _dequant_group(codes, scale, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_codes(codes, DTYPE: tl.constexpr, ASM: tl.constexpr):
+    """e4m3 ``codes`` (uint8) as ``DTYPE`` values, exactly (every e4m3 value is a bf16 value).
+
+    ``ASM`` (bf16, compiled for sm_89+): four codes per 32-bit register through two
+    ``cvt.rn.f16x2.e4m3x2`` and fp32 into two bf16 pairs. Declared impure, so the layout pass
+    converts the tile once (into shared memory for both dots) instead of rematerialising the
+    cast in each dot's operand layout (sm_90a, 8 heads, ``scripts/bench_kernels_attention.py
+    --aot``: 901 instead of 1397 instructions per loop trip, 174 registers instead of 255 and
+    16 bytes of spills, the codes fetched by ``cp.async``). Else Triton's cast (the interpreter)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b16 c01, c23, l0, l1, l2, l3;
+            .reg .b32 h0, h1;
+            .reg .f32 f0, f1, f2, f3;
+            mov.b32 {c01, c23}, $2;
+            cvt.rn.f16x2.e4m3x2 h0, c01;
+            cvt.rn.f16x2.e4m3x2 h1, c23;
+            mov.b32 {l0, l1}, h0;
+            mov.b32 {l2, l3}, h1;
+            cvt.f32.f16 f0, l0;
+            cvt.f32.f16 f1, l1;
+            cvt.f32.f16 f2, l2;
+            cvt.f32.f16 f3, l3;
+            cvt.rn.bf16x2.f32 $0, f1, f0;
+            cvt.rn.bf16x2.f32 $1, f3, f2;
+            }""",
+            "=r,=r,r",
+            [codes],
+            dtype=tl.bfloat16,
+            is_pure=False,
+            pack=4,
+        )
+    else:
+        return codes.to(tl.float8e4nv, bitcast=True).to(DTYPE)
+
+
+@triton.jit
 def _sparse_mla_groups_kernel(
     Q,
     KV,
@@ -297,18 +354,22 @@ def _sparse_mla_groups_kernel(
     SPLIT: tl.constexpr,
     DENSE_T: tl.constexpr,
     LAZY: tl.constexpr = 0,
-    CHAINS: tl.constexpr = 1,  # 2: the score dot as two independent tensor-core chains
-    KV_FP8: tl.constexpr = False,  # the FP8 latent cache; its scale and RoPE byte offsets:
+    KV_FP8: tl.constexpr = 0,  # the FP8 latent cache (1: tile dequantised; 2: column scales); its offsets:
     SCALE_OFF: tl.constexpr = 0,
     PE_OFF: tl.constexpr = 0,
+    CVT_ASM: tl.constexpr = False,  # KV_FP8 = 2 with bf16 queries on the GPU: _e4m3_codes's ASM
 ):
     """The sparse kernel's ``LEAN`` loop with the latent row in four column groups of
     ``BLOCK_R / 4``: four key loads (6 distinct rows per thread at 32 keys, 4 warps, instead of
-    18), four partial score dots and four accumulators. ``CHAINS = 2`` sums the score dots as
-    two chains of 16–20 steps that the tensor cores interleave, instead of one of 36. The rows
-    (``TOPK``) come from ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as
-    ``_sparse_mla_fwd_kernel``. ``KV_FP8``: each group lies in one 128-column scale group, so a
-    group's dequantisation is one ``[BLOCK_N]`` scale load and a row-broadcast multiply."""
+    18), four partial score dots and four accumulators. The rows (``TOPK``) come from
+    ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as ``_sparse_mla_fwd_kernel``.
+
+    ``KV_FP8``: each group lies in one 128-column scale group, so its scale is one number per
+    key. ``1`` (the default, until the other is measured on the H200): each group's codes times
+    their key's scale, rounded to the query's dtype, as the twin dequantises them. ``2``: the
+    dots take the e4m3 codes as they are (converted exactly to the query's dtype) and the scales
+    go on the ``[BLOCK_H, BLOCK_N]`` side instead of on every element of the tile:
+    ``s = Σ_g (q_g·c8_gᵀ) · scale_g`` and ``acc_g += (p · scale_g) · c8_g``."""
     t = tl.program_id(0)  # 32-bit: widened where it addresses (fewer registers live across the loop)
     hb = tl.program_id(1)
     split = tl.program_id(2)
@@ -316,6 +377,7 @@ def _sparse_mla_groups_kernel(
         if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
             return  # written by _dense_mla_fwd_kernel
     GR: tl.constexpr = BLOCK_R // 4
+    dtype = Q.dtype.element_ty
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_g = tl.arange(0, GR)
     offs_pe = tl.arange(0, BLOCK_PE)
@@ -342,48 +404,55 @@ def _sparse_mla_groups_kernel(
         valid = raw >= 0
         row = KV + tl.where(valid, raw, -1 - raw) * stride_kv
         rows = row[:, None]
-        if KV_FP8:
-            dtype = Q.dtype.element_ty
+        if KV_FP8 > 0:
+            # Scale group of column group g: g·GR // 128 (all four in group 0 where r ≤ 128).
             scales = (row + SCALE_OFF).to(tl.pointer_type(tl.float32))
-            c0 = _dequant_group(tl.load(rows + offs_g[None, :]), tl.load(scales + 0 * GR // 128), dtype)
-            c1 = _dequant_group(tl.load(rows + GR + offs_g[None, :]), tl.load(scales + 1 * GR // 128), dtype)
-            c2 = _dequant_group(tl.load(rows + 2 * GR + offs_g[None, :]), tl.load(scales + 2 * GR // 128), dtype)
-            c3 = _dequant_group(tl.load(rows + 3 * GR + offs_g[None, :]), tl.load(scales + 3 * GR // 128), dtype)
+            sc0 = tl.load(scales + 0 * GR // 128)
+            sc1 = tl.load(scales + 1 * GR // 128)
+            sc2 = tl.load(scales + 2 * GR // 128)
+            sc3 = tl.load(scales + 3 * GR // 128)
             k_pe = tl.load((row + PE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + offs_pe[None, :]).to(dtype)
+            if KV_FP8 == 2:
+                c0 = _e4m3_codes(tl.load(rows + offs_g[None, :]), dtype, CVT_ASM)
+                c1 = _e4m3_codes(tl.load(rows + GR + offs_g[None, :]), dtype, CVT_ASM)
+                c2 = _e4m3_codes(tl.load(rows + 2 * GR + offs_g[None, :]), dtype, CVT_ASM)
+                c3 = _e4m3_codes(tl.load(rows + 3 * GR + offs_g[None, :]), dtype, CVT_ASM)
+            else:
+                c0 = _dequant_group(tl.load(rows + offs_g[None, :]), sc0, dtype)
+                c1 = _dequant_group(tl.load(rows + GR + offs_g[None, :]), sc1, dtype)
+                c2 = _dequant_group(tl.load(rows + 2 * GR + offs_g[None, :]), sc2, dtype)
+                c3 = _dequant_group(tl.load(rows + 3 * GR + offs_g[None, :]), sc3, dtype)
         else:
             c0 = tl.load(rows + offs_g[None, :])
             c1 = tl.load(rows + GR + offs_g[None, :])
             c2 = tl.load(rows + 2 * GR + offs_g[None, :])
             c3 = tl.load(rows + 3 * GR + offs_g[None, :])
             k_pe = tl.load(rows + BLOCK_R + offs_pe[None, :])
-        if CHAINS == 2:  # Triton folds `dot(a, b, 0) + x` into one chain, not a sum of two chains
-            s = tl.dot(q1, tl.trans(c1), tl.dot(q0, tl.trans(c0)))
-            s += tl.dot(q_pe, tl.trans(k_pe), tl.dot(q3, tl.trans(c3), tl.dot(q2, tl.trans(c2))))
+        if KV_FP8 == 2:
+            s = tl.dot(q_pe, tl.trans(k_pe))
+            s += tl.dot(q0, tl.trans(c0)) * sc0[None, :]
+            s += tl.dot(q1, tl.trans(c1)) * sc1[None, :]
+            s += tl.dot(q2, tl.trans(c2)) * sc2[None, :]
+            s += tl.dot(q3, tl.trans(c3)) * sc3[None, :]
         else:
             s = tl.dot(q_pe, tl.trans(k_pe), tl.dot(q0, tl.trans(c0)))
             s = tl.dot(q3, tl.trans(c3), tl.dot(q2, tl.trans(c2), tl.dot(q1, tl.trans(c1), s)))
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if LAZY > 0:  # as _softmax_step_lazy: rescale only past a growth of 2^LAZY
-            if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > LAZY:
-                alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                l_i = l_i * alpha
-                acc0, acc1 = acc0 * alpha[:, None], acc1 * alpha[:, None]
-                acc2, acc3 = acc2 * alpha[:, None], acc3 * alpha[:, None]
-                m_i = m_new
-        else:
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i = l_i * alpha
+        p, alpha, rescale, m_i, l_i = _online_softmax(s, m_i, l_i, LAZY)
+        if rescale:
             acc0, acc1 = acc0 * alpha[:, None], acc1 * alpha[:, None]
             acc2, acc3 = acc2 * alpha[:, None], acc3 * alpha[:, None]
-            m_i = m_new
-        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        p = p.to(c0.dtype)  # the query's dtype (an FP8 cache is dequantised to it)
-        acc0 = tl.dot(p, c0, acc0)
-        acc1 = tl.dot(p, c1, acc1)
-        acc2 = tl.dot(p, c2, acc2)
-        acc3 = tl.dot(p, c3, acc3)
+        if KV_FP8 == 2:
+            acc0 = tl.dot((p * sc0[None, :]).to(dtype), c0, acc0)
+            acc1 = tl.dot((p * sc1[None, :]).to(dtype), c1, acc1)
+            acc2 = tl.dot((p * sc2[None, :]).to(dtype), c2, acc2)
+            acc3 = tl.dot((p * sc3[None, :]).to(dtype), c3, acc3)
+        else:
+            p = p.to(dtype)
+            acc0 = tl.dot(p, c0, acc0)
+            acc1 = tl.dot(p, c1, acc1)
+            acc2 = tl.dot(p, c2, acc2)
+            acc3 = tl.dot(p, c3, acc3)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     inv = (1.0 / l_safe)[:, None]
@@ -398,111 +467,11 @@ def _sparse_mla_groups_kernel(
         tl.store(o_ptrs + 3 * GR, acc3 * inv, mask=mask_h[:, None])
     else:
         o_ptrs = OUT + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_g[None, :]
-        dtype = OUT.dtype.element_ty
-        tl.store(o_ptrs, (acc0 * inv).to(dtype), mask=mask_h[:, None])
-        tl.store(o_ptrs + GR, (acc1 * inv).to(dtype), mask=mask_h[:, None])
-        tl.store(o_ptrs + 2 * GR, (acc2 * inv).to(dtype), mask=mask_h[:, None])
-        tl.store(o_ptrs + 3 * GR, (acc3 * inv).to(dtype), mask=mask_h[:, None])
-
-
-@triton.jit
-def _sparse_mla_batched_kernel(
-    Q,
-    KV,
-    TOPK,
-    PAGE_TABLE,
-    TOKEN_REQ,
-    POSITIONS,
-    OUT,
-    WS_O,
-    WS_LSE,
-    stride_qt,
-    stride_qh,
-    stride_kv,
-    stride_tk,
-    stride_pt,
-    stride_ot,
-    stride_oh,
-    num_tokens,
-    num_heads,
-    topk,
-    rank,
-    rope_dim,
-    page_size,
-    keys_per_split,
-    num_splits,
-    dense_below,
-    qk_scale,  # softmax_scale · log2(e)
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_R: tl.constexpr,  # == rank
-    BLOCK_PE: tl.constexpr,  # == rope_dim
-    SPLIT: tl.constexpr,
-    DENSE_T: tl.constexpr,
-    LAZY: tl.constexpr = 0,
-):
-    """The groups kernel's loop with the four column groups as the batch of one batched dot
-    (``[4, BLOCK_H, r/4]`` queries): the compiler gives each warp one group, so a warp keeps its
-    slice of the queries in registers and reads only its group of the key tile for both dots;
-    the group partials of the scores are summed across warps once per block. bf16/fp16 cache."""
-    t = tl.program_id(0)
-    hb = tl.program_id(1)
-    split = tl.program_id(2)
-    if DENSE_T > 0:
-        if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
-            return  # written by _dense_mla_fwd_kernel
-    GR: tl.constexpr = BLOCK_R // 4
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < num_heads
-    offs_b = tl.arange(0, 4)
-    offs_g = tl.arange(0, GR)
-    offs_pe = tl.arange(0, BLOCK_PE)
-    cols = offs_b[:, None, None] * GR + offs_g[None, None, :]  # [4, 1, GR]: group b's columns
-    q_rows = Q + t.to(tl.int64) * stride_qt + tl.minimum(offs_h, num_heads - 1) * stride_qh
-    q = tl.load(q_rows[None, :, None] + cols)  # [4, BLOCK_H, GR]
-    q_pe = tl.load(q_rows[:, None] + BLOCK_R + offs_pe[None, :])
-    pos_row = TOPK + t.to(tl.int64) * stride_tk
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([4, BLOCK_H, GR], tl.float32)
-    k_start = split * keys_per_split
-    k_end = tl.minimum(k_start + keys_per_split, topk)
-    for n0 in range(k_start, k_end, BLOCK_N):
-        raw = tl.load(pos_row + n0 + tl.arange(0, BLOCK_N))
-        valid = raw >= 0
-        row = KV + tl.where(valid, raw, -1 - raw) * stride_kv
-        c = tl.load(row[None, :, None] + cols)  # [4, BLOCK_N, GR]
-        k_pe = tl.load(row[:, None] + BLOCK_R + offs_pe[None, :])
-        s = tl.sum(tl.dot(q, tl.trans(c, 0, 2, 1)), 0) + tl.dot(q_pe, tl.trans(k_pe))
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if LAZY > 0:  # as _softmax_step_lazy
-            if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > LAZY:
-                alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                l_i = l_i * alpha
-                acc = acc * alpha[None, :, None]
-                m_i = m_new
-        else:
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i = l_i * alpha
-            acc = acc * alpha[None, :, None]
-            m_i = m_new
-        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        pb = tl.broadcast_to(p.to(c.dtype)[None, :, :], (4, BLOCK_H, BLOCK_N))
-        acc = tl.dot(pb, c, acc)
-
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc * (1.0 / l_safe)[None, :, None]
-    if SPLIT:
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
-        ws_row = (t.to(tl.int64) * num_heads + offs_h) * num_splits + split
-        tl.store(WS_LSE + ws_row, lse, mask=mask_h)
-        tl.store(WS_O + ws_row[None, :, None] * BLOCK_R + cols, o, mask=mask_h[None, :, None])
-    else:
-        o_rows = OUT + t.to(tl.int64) * stride_ot + offs_h * stride_oh
-        tl.store(o_rows[None, :, None] + cols, o.to(OUT.dtype.element_ty), mask=mask_h[None, :, None])
+        o_type = OUT.dtype.element_ty
+        tl.store(o_ptrs, (acc0 * inv).to(o_type), mask=mask_h[:, None])
+        tl.store(o_ptrs + GR, (acc1 * inv).to(o_type), mask=mask_h[:, None])
+        tl.store(o_ptrs + 2 * GR, (acc2 * inv).to(o_type), mask=mask_h[:, None])
+        tl.store(o_ptrs + 3 * GR, (acc3 * inv).to(o_type), mask=mask_h[:, None])
 
 
 @triton.jit
@@ -724,20 +693,28 @@ DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this 
 
 
 def default_config(
-    num_tokens: int, num_heads: int, topk: int, device: torch.device, dense: bool = False, kv_fp8: bool = False
+    num_tokens: int,
+    num_heads: int,
+    topk: int,
+    device: torch.device,
+    dense: bool = False,
+    kv_fp8: bool = False,
+    fp8_columns: bool = False,
 ) -> dict:
     """Block sizes, warps, stages and split count for a shape (tuned guesses; see the bench).
 
     Split-K when the programs cannot fill the GPU (decode), except where the caller asked for
     the dense-causal path (``dense``: prefill) and there are at least ``DENSE_MIN_TOKENS``
     tokens: split-K switches that path off, and a short prompt then walks all ``topk`` slots
-    of every token's row (mostly ``-1``) instead of its few causal keys. ``kv_fp8``: the cache
-    is FP8 (dequantised in registers): at few heads a prefill takes one stage and no register cap
-    (sm_90 ptxas: 195 registers, no spills, where two stages need 255 and the cap spills; the
-    fastest of the FP8 sweep at 8K tokens), split-K decode two stages (faster in the sweep).
-    At few heads on the bf16 cache (``block_h`` 16): the column-group kernel (``lean``,
-    ``groups = 4``, ``lazy``; ``maxnreg`` and ``slots`` are the slots loop's, where the lean loop
-    does not fit)."""
+    of every token's row (mostly ``-1``) instead of its few causal keys. At few heads (8 or 16:
+    ``block_h`` 16 for the slots loop) the column-group kernel (``lean``, ``groups = 4``,
+    ``lazy``; ``maxnreg`` and ``slots`` are the slots loop's, where the lean loop does not fit):
+    on the bf16 cache with its heads padded to 8 rows only; on an FP8 cache (``kv_fp8``,
+    dequantised in registers) at prefill with one stage and 16-row heads, its decode the slots
+    loop. ``fp8_columns`` (off by default until measured on the H200): the FP8 cache's scales
+    on the column-group kernel's score and probability columns (``_sparse_mla_groups_kernel``
+    with ``KV_FP8 = 2``), prefill and decode, 8-row heads, two stages (the codes then arrive by
+    ``cp.async``)."""
     block_h = min(64, _pow2(num_heads))
     # (BLOCK_N, warps) per BLOCK_H: the largest key block that compiles for sm_90 without
     # register spills (ptxas: 16 → 226 regs, 32 → 195, 64 → 230 with wgmma).
@@ -747,29 +724,32 @@ def default_config(
     sms = num_sms(device)
     if programs < sms and not (dense and num_tokens >= DENSE_MIN_TOKENS):
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
-    few_heads_fp8 = kv_fp8 and block_h == 16
-    few_heads_bf16 = block_h == 16 and splits == 1 and not kv_fp8
+    few_heads = block_h == 16
+    fp8_columns = few_heads and kv_fp8 and fp8_columns
     # Few heads, bf16 cache, prefill and decode: the column-group kernel with the lazy rescale
-    # (where lean_supported; else the slots loop below). H200, 8 heads: 3.24 vs 3.53 ms at 8K
-    # tokens, 0.061 vs 0.102 ms at decode B=64 (docs/benchmarks.md).
-    groups = block_h == 16 and not kv_fp8
+    # (where lean_supported; else the slots loop below), its head block padded only to 8 (the
+    # loop reads the query tile from shared memory again per key block, so the padding costs
+    # shared-memory bandwidth). H200, 8 heads (run0 sweep): 2.617 vs 3.270 ms at 8K tokens,
+    # 5.800 vs 7.217 at 16K, 0.055 vs 0.061 at decode B=64. FP8 cache, prefill 8K: the
+    # column-group kernel 6.871 ms, the slots loop 8.708.
+    groups = few_heads and (not kv_fp8 or splits == 1 or fp8_columns)
+    narrow = few_heads and (not kv_fp8 or fp8_columns)
     return {
-        "block_h": block_h,
+        "block_h": max(8, triton.next_power_of_2(num_heads)) if narrow else block_h,
         "block_n": block_n,
         "num_warps": num_warps,
-        "num_stages": 1 if few_heads_fp8 and splits == 1 else 2,
+        "num_stages": 1 if few_heads and kv_fp8 and splits == 1 and not fp8_columns else 2,
         "num_splits": splits,
         # The slots loop (few heads, one split, bf16 cache): capping registers at 168 fits a
         # third program per SM, which outweighs the few spilled bytes (they stay in L1); the
         # keys' cache rows come from _topk_slots_kernel, so the loop issues one gather per key
         # instead of position → page → row.
-        "maxnreg": 168 if few_heads_bf16 else None,
-        "slots": few_heads_bf16,
+        "maxnreg": 168 if few_heads and splits == 1 and not kv_fp8 else None,
+        "slots": few_heads and splits == 1 and not kv_fp8,
         "lean": groups,
         "lazy": 8.0 if groups else 0.0,
         "groups": 4 if groups else 1,
-        "chains": 1,
-        "batched": False,
+        "fp8_columns": fp8_columns,
     }
 
 
@@ -885,8 +865,7 @@ def sparse_mla_attention_triton(
     lean: bool | None = None,
     lazy: float | None = None,
     groups: int | None = None,
-    chains: int | None = None,
-    batched: bool | None = None,
+    fp8_columns: bool | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -907,10 +886,10 @@ def sparse_mla_attention_triton(
     block, which needs ``page_size`` divisible by the key block — by default on where it is;
     ``maxnreg = 0``: no register cap; ``lean``:
     the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
-    four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one
-    (``chains = 2``: its score dot as two chains; ``batched``: the groups as one batched dot,
-    bf16/fp16 cache);
-    ``lazy``: rescale only past a growth of ``2^lazy``, 0 = every block).
+    four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one;
+    ``lazy``: rescale only past a growth of ``2^lazy``, 0 = every block; ``fp8_columns``: on an
+    FP8 cache, the column-group kernel's scales on its score and probability columns — default
+    from ``BREAKGRAPH_SPARSE_MLA_FP8``, off until measured on the H200).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
     (``< page_table.shape[1] · page_size``), which bounds the dense path's key chunks.
@@ -923,8 +902,10 @@ def sparse_mla_attention_triton(
     if dense_below > 0 and positions is None:
         raise ValueError("dense_below > 0 needs the token positions")
     kv_fp8 = is_fp8_latent(kv_cache)
-    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8)
-    block_h = block_h or cfg["block_h"]
+    if fp8_columns is None:
+        fp8_columns = env.read("BREAKGRAPH_SPARSE_MLA_FP8") == "columns"
+    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8,
+                         fp8_columns=fp8_columns)  # fmt: skip
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
     num_stages = num_stages or cfg["num_stages"]
@@ -937,11 +918,12 @@ def sparse_mla_attention_triton(
     use_lean = (cfg["lean"] if lean is None else lean) and lean_supported(kv_cache, topk, rank, dim, block_n)
     use_slots = use_slots or use_lean
     tau = cfg["lazy"] if lazy is None else lazy
-    # Four column groups (_sparse_mla_groups_kernel): the lean loop with independent score
-    # chains; groups of at least 16 columns, each inside one scale group of an FP8 cache.
+    # Four column groups (_sparse_mla_groups_kernel): the lean loop in four loads, dots and
+    # accumulators; groups of at least 16 columns, each inside one scale group of an FP8 cache.
     fp8_ok = not kv_fp8 or (rank // 4 <= LATENT_GROUP and LATENT_GROUP % (rank // 4) == 0)
     use_groups = use_lean and fp8_ok and (cfg["groups"] if groups is None else groups) == 4 and rank % 64 == 0
     cap = maxnreg if maxnreg is not None else (None if use_groups else cfg["maxnreg"])
+    block_h = block_h or (cfg["block_h"] if use_groups else max(16, cfg["block_h"]))
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
@@ -1005,12 +987,12 @@ def sparse_mla_attention_triton(
     tiles = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1,
                  DENSE_T=dense_t, LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
                  maxnreg=cap or None)  # fmt: skip
-    if use_groups and not kv_fp8 and (cfg["batched"] if batched is None else batched):
-        _sparse_mla_batched_kernel[grid](*args, **tiles)
-    elif use_groups:
+    if use_groups:
         layout = LatentLayout(rank, dim - rank)
-        _sparse_mla_groups_kernel[grid](*args, CHAINS=chains or cfg["chains"], KV_FP8=kv_fp8,
-                                        SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off, **tiles)  # fmt: skip
+        columns = kv_fp8 and fp8_columns
+        asm = columns and q.dtype == torch.bfloat16 and not interpreting()
+        _sparse_mla_groups_kernel[grid](*args, KV_FP8=(2 if columns else 1) if kv_fp8 else 0, SCALE_OFF=layout.scale_off,
+                                        PE_OFF=layout.pe_off, CVT_ASM=asm, **tiles)  # fmt: skip
     else:
         _sparse_mla_fwd_kernel[grid](
             *args, KV_FP8=kv_fp8, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles
