@@ -52,16 +52,32 @@ def _largest_loop(sass: str) -> int:
     return best
 
 
+def _mma_loop_spills(sass: str) -> int:
+    """Local-memory loads and stores (spills) inside the smallest backward-branch range of a SASS
+    listing that holds a matrix instruction (a kernel's innermost dot loop; 0 without one)."""
+    insts = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best = None
+    for addr, text in insts:
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            body = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
+            if any(re.search(r"\b(HGMMA|QGMMA|HMMA)\b", t) for t in body) and (best is None or len(body) < len(best)):
+                best = body
+    return sum(bool(re.search(r"\b(?:LDL|STL)\b", t)) for t in best or [])
+
+
 def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
-    "async_copies", "async_copies_16B", "loop_insts", "narrow_stores", "vector_loads"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    "async_copies", "async_copies_16B", "loop_insts", "narrow_stores", "vector_loads",
+    "mma_loop_spills"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
     ``async_copies_16B`` those of them that move 16 bytes per thread;
     ``loop_insts``: the instructions per trip of its largest loop, per warp; ``narrow_stores``:
     its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to;
-    ``vector_loads``: its 128-bit global loads, ``LDG.E.128``).
+    ``vector_loads``: its 128-bit global loads, ``LDG.E.128``; ``mma_loop_spills``: the spill
+    loads and stores inside its innermost loop with a matrix instruction).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
@@ -113,4 +129,5 @@ def compile_for_sm90(
         "loop_insts": _largest_loop(sass),
         "narrow_stores": len(re.findall(r"\bSTG\.E\.[US](?:8|16)\b", sass)),
         "vector_loads": len(re.findall(r"\bLDG\.E\.128\b", sass)),
+        "mma_loop_spills": _mma_loop_spills(sass),
     }
