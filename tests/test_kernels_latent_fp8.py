@@ -290,15 +290,16 @@ GLM5_SCALE = (192 + 64) ** -0.5
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
     """ptxas for sm_90a at the default configs on an FP8 cache: the sparse kernel (prefill with
-    the dense-block check; decode with split-K) spills nothing, the dense-causal kernel at most
-    128 bytes (its bf16-cache bound)."""
+    the dense-block check; decode with split-K) spills nothing, the dense-causal kernel nothing
+    inside its key loop (its bf16-cache bound)."""
     from test_kernels_fp8 import compile_for_sm90
 
+    from breakgraph.kernels import triton_dense_mla as tdm
     from breakgraph.kernels import triton_sparse_mla as tsm
 
     num = 4096 if phase == "prefill" else 8
     cfg = tsm.default_config(num, heads, TOPK, torch.device("cpu"), dense=phase == "prefill", kv_fp8=True)
-    dense = tsm.dense_config(heads, page_size=16)
+    dense = tdm.dense_config(heads)
     split = cfg["num_splits"] > 1
     assert split == (phase == "decode")
     a = dict(
@@ -306,7 +307,7 @@ def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
         WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=656, stride_tk=TOPK,
         stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_tokens=num - 1, num_heads=heads, topk=TOPK,
         rank=RANK, rope_dim=ROPE, page_size=16, keys_per_split=TOPK // cfg["num_splits"], num_splits=cfg["num_splits"],
-        dense_below=TOPK, qk_scale=0.1, chunk_keys=512, num_chunks=4,
+        dense_below=TOPK, qk_scale=0.1, START="*i32", num_blocks=512, page_shift=4,
     )  # fmt: skip
     consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=split,
                   DENSE_T=0 if split else dense["block_t"], KV_FP8=True)  # fmt: skip
@@ -323,13 +324,13 @@ def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
         info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, 4, 2)
         assert info["stack"] == 0 and info["local_insts"] == 0, info
     if phase == "prefill":
-        consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tsm._pow2(dense["block_t"] * dense["heads"]),
-                      BLOCK_N=dense["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False, PAGE_BLOCKS=True,
+        consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tdm._pow2(dense["block_t"] * dense["heads"]),
+                      BLOCK_N=dense["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, POW2_PAGE=True, ROW32=True,
                       KV_FP8=True)  # fmt: skip
-        info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
+        info = compile_for_sm90(tdm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
         print(f"dense H={heads} {dense}: {info}")
-        # as on the bf16 cache (tests/test_kernels_attention.py): at most 128 bytes on the stack
-        assert info["stack"] <= 128 and info["mma"] == ["HGMMA"], info
+        # as on the bf16 cache (tests/test_kernels_attention.py): no spills inside the key loop
+        assert info["mma_loop_spills"] == 0 and info["mma"] == ["HGMMA"], info
 
 
 @pytest.mark.parametrize("num, reqs", [(4096, 1), (64, 64)])
