@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RANK, ROPE, TOPK, LAYERS = 512, 64, 2048, 78
 DEVICE = "cuda"
 GLM5_SCALE = (192 + 64) ** -0.5
-# (block_n, num_stages, programs per SM): the variants of --sweep besides the default
-VARIANTS = [(64, 2, 2), (64, 2, 0.5), (32, 3, 1), (32, 2, 1), (64, 3, 1)]
+# (block_n, num_stages, programs per SM, partials in bf16): the variants of --sweep besides the default
+VARIANTS = [(64, 2, 1, True), (64, 2, 2, False), (64, 2, 0.5, False), (32, 3, 1, False), (32, 2, 1, False),
+            (64, 3, 1, False)]  # fmt: skip
 
 
 def make_case(heads: int, tokens: int, page: int, seed: int = 0):
@@ -137,15 +138,17 @@ def run(args) -> None:
         if old is not None:
             measure(case, "old", partial(old_dense_call, old, q, kv, pt, req, pos, page, GLM5_SCALE, out))
     if args.sweep:
-        for (bn, st, per_sm), case in itertools.product(VARIANTS, cases):  # one compile, then every shape
+        for (bn, st, per_sm, bf16), case in itertools.product(VARIANTS, cases):  # one compile, then every shape
             if args.budget and time.monotonic() - begin > args.budget:
                 print(f"    budget of {args.budget:.0f} s spent: the rest of the sweep skipped", flush=True)
                 break
             q, kv, pt, req, pos, out, _ = made[case]
             heads, _, page = case
-            opts = dict(block_n=bn, num_stages=st, programs=max(1, int(sms * per_sm)) // max(1, -(-heads // 64)))
+            opts = dict(block_n=bn, num_stages=st, programs=max(1, int(sms * per_sm)) // max(1, -(-heads // 64)),
+                        partial_dtype=torch.bfloat16 if bf16 else torch.float32)  # fmt: skip
             call = partial(dense_mla_attention_triton, q, kv, pt, req, pos, page, GLM5_SCALE, out, TOPK, **opts)
-            measure(case, f"bn {bn} st {st} programs {opts['programs']}", call, str(opts))
+            name = f"bn {bn} st {st} programs {opts['programs']}" + (" bf16 partials" if bf16 else "")
+            measure(case, name, call, str(opts))
     print(f"\ndense-causal MLA, fresh prompts, bf16, K={TOPK}: µs per layer (ms over {LAYERS} layers)")
     print(f"{'H':>3} {'tokens':>6} {'page':>4} {'old µs':>8} {'new µs':>8} {'best µs':>8} {'old ms':>7} "
           f"{'new ms':>7} {'best ms':>7}  best variant")  # fmt: skip

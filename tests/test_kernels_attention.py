@@ -391,6 +391,8 @@ def _interp_dense_mla_balanced_split():
         (72, 32, 16, 80, 16, torch.float32, {"dense_block_n": 16, "dense_programs": 9}),  # two head blocks
         (8, 64, 16, 80, 16, torch.bfloat16, {"dense_block_n": 16, "dense_programs": 5}),
         (8, 64, 16, 72, 64, torch.bfloat16, {}),  # the default tiles and grid
+        (8, 64, 16, 80, 16, torch.bfloat16, {"dense_block_n": 16, "dense_programs": 6,
+                                                 "dense_partial_dtype": torch.bfloat16}),  # bf16 partials
     ]
     for i, (heads, rank, rope, topk, ps, dtype, opts) in enumerate(cases):
         batch = make_batch(**_DENSE_LONG, page_size=ps, seed=160 + i)

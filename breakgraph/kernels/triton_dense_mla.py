@@ -213,7 +213,7 @@ def _dense_mla_fwd_kernel(
                 item = ((2 * p + (block != first_block).to(tl.int32)) * tl.num_programs(1) + hb).to(tl.int64)
                 lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
                 tl.store(WS_LSE + item * BLOCK_M + offs_m, lse)
-                tl.store(WS_O + (item * BLOCK_M + offs_m)[:, None] * BLOCK_R + offs_r[None, :], o)
+                tl.store(WS_O + (item * BLOCK_M + offs_m)[:, None] * BLOCK_R + offs_r[None, :], o.to(WS_O.dtype.element_ty))
         tile = tl.maximum(tile, seg_hi)
         block += 1
 
@@ -266,7 +266,7 @@ def _dense_mla_merge_kernel(
         item = ((2 * p + ((p == p_first) & (p * per < start)).to(tl.int32)) * tl.num_programs(1) + hb).to(tl.int64)
         rows = item * BLOCK_M + offs_m
         lse = tl.load(WS_LSE + rows)
-        o = tl.load(WS_O + rows[:, None] * BLOCK_R + offs_c[None, :])
+        o = tl.load(WS_O + rows[:, None] * BLOCK_R + offs_c[None, :]).to(tl.float32)
         m_new = tl.maximum(m_i, lse)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_use)
@@ -289,14 +289,16 @@ def dense_config(num_heads: int, device: torch.device | None = None) -> dict:
     token, heads in blocks of 64); 8 warps hold the ``[64, 512]`` fp32 accumulator; key blocks
     of 64 (16 where the head block is not a power of two), 2 stages. ``programs``: the forward
     grid's programs per head block (the balanced split), together one per SM of ``device``
-    (132 without one): the kernel fits one program per SM. Shapes only: graph-safe."""
+    (132 without one): the kernel fits one program per SM; ``partial_dtype``: the dtype of the
+    partial outputs of shared token blocks (their log-sum-exp stays fp32). Shapes only:
+    graph-safe."""
     heads = min(num_heads, 64)
     block_t = 1 << ((64 // heads).bit_length() - 1)  # a power of two
     block_n = 16 if heads & (heads - 1) else 64
     head_blocks = triton.cdiv(num_heads, heads)
     sms = num_sms(device) if device is not None else 132
     return {"block_t": block_t, "heads": heads, "block_n": block_n, "num_warps": 8, "num_stages": 2,
-            "programs": max(1, sms // head_blocks)}  # fmt: skip
+            "programs": max(1, sms // head_blocks), "partial_dtype": torch.float32}  # fmt: skip
 
 
 def dense_mla_attention_triton(
@@ -315,6 +317,7 @@ def dense_mla_attention_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     programs: int | None = None,
+    partial_dtype: torch.dtype | None = None,
 ) -> int:
     """Writes the rows of ``out [T, H, r]`` of the token blocks on the dense path (their tokens
     in one request, every position ``< dense_below``): attention of each to the latent rows of
@@ -325,7 +328,8 @@ def dense_mla_attention_triton(
     Tensors as :func:`~breakgraph.kernels.triton_sparse_mla.sparse_mla_attention_triton` takes
     them (``positions`` contiguous ``[T]``, inside the page table). The keyword arguments
     override :func:`dense_config` (benchmarks, tests; ``block_t`` a power of two; ``programs``:
-    the forward programs per head block)."""
+    the forward programs per head block; ``partial_dtype``: fp32 or the query's dtype, which
+    halves the partials' bytes and adds one rounding of them)."""
     num_tokens, num_heads, dim = q.shape
     rank = out.shape[-1]
     cfg = dense_config(num_heads, q.device)
@@ -345,7 +349,7 @@ def dense_mla_attention_triton(
         BLOCK_T=block_t, BLOCK_N=block_n, CHUNK=_PLAN_TOKENS // block_t, num_warps=8,
     )  # fmt: skip
     items = 2 * grid_p * head_blocks * block_m
-    ws_o = torch.empty(items, block_r, dtype=torch.float32, device=q.device)
+    ws_o = torch.empty(items, block_r, dtype=partial_dtype or cfg["partial_dtype"], device=q.device)
     ws_lse = torch.empty(items, dtype=torch.float32, device=q.device)
     pow2_page = page_size & (page_size - 1) == 0
     common = (out.stride(0), out.stride(1), num_tokens, num_heads, num_blocks, rank)

@@ -647,6 +647,7 @@ def sparse_mla_attention_triton(
     dense_num_stages: int | None = None,
     dense_num_warps: int | None = None,
     dense_programs: int | None = None,
+    dense_partial_dtype: torch.dtype | None = None,
     maxnreg: int | None = None,
     slots: bool | None = None,
     lean: bool | None = None,
@@ -671,7 +672,7 @@ def sparse_mla_attention_triton(
     The keyword arguments after ``dense_below`` override :func:`default_config` and, as
     ``dense_*``, :func:`~breakgraph.kernels.triton_dense_mla.dense_config` (benchmarks, tests;
     ``dense_block_t`` is a power of two; ``dense_programs``: forward programs per head block of
-    the balanced split); ``maxnreg = 0``: no register cap; ``lean``:
+    the balanced split; ``dense_partial_dtype``: its partials' dtype); ``maxnreg = 0``: no register cap; ``lean``:
     the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
     four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one
     (``chains = 2``: its score dot as two chains; ``batched``: the groups as one batched dot,
@@ -716,7 +717,7 @@ def sparse_mla_attention_triton(
         dense_t = dense_mla_attention_triton(
             q, kv_cache, page_table, token_req, positions, page_size, softmax_scale, out, dense_below,
             block_t=dense_block_t, block_n=dense_block_n, num_warps=dense_num_warps, num_stages=dense_num_stages,
-            programs=dense_programs,
+            programs=dense_programs, partial_dtype=dense_partial_dtype,
         )  # fmt: skip
     grid = (num_tokens, triton.cdiv(num_heads, block_h), splits)
     if splits > 1:
