@@ -870,7 +870,7 @@ def test_dense_config_tiles_do_not_depend_on_the_page():
 
     cpu = torch.device("cpu")
     assert dense_config(8, cpu) == {"block_t": 8, "heads": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                                    "programs": 132}  # fmt: skip
+                                    "programs": 132, "partial_dtype": torch.float32}  # fmt: skip
     assert dense_config(16, cpu)["block_t"] == 4 and dense_config(64, cpu)["block_t"] == 1
     assert dense_config(20, cpu)["block_n"] == 16  # head block not a power of two
     assert dense_config(128, cpu)["programs"] == 66  # two head blocks
