@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
+import signal
 import sys
 import time
 from functools import partial
@@ -102,15 +103,18 @@ def old_dense_call(mod, q, kv, pt, req, pos, page, scale, out) -> None:
         )  # fmt: skip
 
 
+class _Stopped(BaseException):
+    """SIGTERM (`timeout`) mid-run: not an Exception, so no variant's error handler takes it."""
+
+
 def run(args) -> None:
     from breakgraph.kernels.dispatch import num_sms
-    from breakgraph.kernels.triton_dense_mla import dense_config, dense_mla_attention_triton
 
     old = load_old(args.old) if args.old else None
     sms = num_sms(torch.device(DEVICE))
     cases = list(itertools.product(args.heads, args.tokens, args.pages))
     results: dict[tuple, dict[str, tuple[float, str]]] = {c: {} for c in cases}
-    made, begin = {}, time.monotonic()
+    made = {}
 
     def measure(case, name, fn, opts=""):
         q, kv, pt, req, pos, out, want = made[case]
@@ -127,7 +131,23 @@ def run(args) -> None:
         print(f"    H={case[0]} T={case[1]} page {case[2]}: {name:<34} {t * 1e3:8.1f} µs  vs default {diff:.1e}",
               flush=True)  # fmt: skip
 
-    for case in cases:  # the default and the old kernel of every shape first, then the sweep
+    def stop(*_):
+        raise _Stopped("stopped (SIGTERM)")
+
+    signal.signal(signal.SIGTERM, stop)  # under `timeout`: still print the table of what ran
+    try:
+        measure_all(args, cases, made, measure, old, sms)
+    except _Stopped as e:
+        print(f"    {e}: the table holds what ran", flush=True)
+    print_table(results)
+
+
+def measure_all(args, cases, made, measure, old, sms) -> None:
+    """The default and the old kernel at every shape, then the sweep (until ``args.budget``)."""
+    from breakgraph.kernels.triton_dense_mla import dense_config, dense_mla_attention_triton
+
+    begin = time.monotonic()
+    for case in cases:
         heads, tokens, page = case
         q, kv, pt, req, pos = make_case(heads, tokens, page, seed=heads + tokens + page)
         out = torch.empty(tokens, heads, RANK, dtype=torch.bfloat16, device=DEVICE)
@@ -149,6 +169,9 @@ def run(args) -> None:
             call = partial(dense_mla_attention_triton, q, kv, pt, req, pos, page, GLM5_SCALE, out, TOPK, **opts)
             name = f"bn {bn} st {st} programs {opts['programs']}" + (" bf16 partials" if bf16 else "")
             measure(case, name, call, str(opts))
+
+
+def print_table(results: dict) -> None:
     print(f"\ndense-causal MLA, fresh prompts, bf16, K={TOPK}: µs per layer (ms over {LAYERS} layers)")
     print(f"{'H':>3} {'tokens':>6} {'page':>4} {'old µs':>8} {'new µs':>8} {'best µs':>8} {'old ms':>7} "
           f"{'new ms':>7} {'best ms':>7}  best variant")  # fmt: skip
