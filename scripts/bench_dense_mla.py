@@ -1,23 +1,19 @@
 """Micro-benchmark of the dense-causal MLA kernels (``breakgraph/kernels/triton_dense_mla.py``)
 on ``glm5-tp8-rank`` shapes: bf16 latent cache, r = 512, dr = 64, K = 2048, fresh prompts (the
 tokens below K run dense-causal), µs per layer and ms over 78 layers, medians of CUDA-graph
-replays of the dense launcher alone (plan, forward, merge).
+replays of the dense launcher alone: the chunked kernel (the default) against the balanced one.
 
     python scripts/bench_dense_mla.py --heads 8 --tokens 1024 8192 --pages 16 64 --sweep
-    python scripts/bench_dense_mla.py --old OLD.py   # also the kernel of another revision:
-        # OLD.py is that revision's breakgraph/kernels/triton_sparse_mla.py with the dense
-        # kernel inside (the chunked grid, before the dense module), e.g. from
-        # git show 2c53f7b:breakgraph/kernels/triton_sparse_mla.py > OLD.py
     python scripts/bench_dense_mla.py --aot          # no GPU: sm_90a registers / spills per variant
 
-The sweep tries the key block / stages and the forward grid (programs per head block) and prints
-each variant's time and its difference from the default's output; the table comes last.
+The sweep tries the balanced kernel's key block / stages, forward grid (programs per head block)
+and bf16 partials, and prints each variant's time and its difference from the chunked kernel's
+output; the table comes last.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import signal
 import sys
@@ -32,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RANK, ROPE, TOPK, LAYERS = 512, 64, 2048, 78
 DEVICE = "cuda"
 GLM5_SCALE = (192 + 64) ** -0.5
-# (block_n, num_stages, programs per SM, partials in bf16): the variants of --sweep besides the default
+# (block_n, num_stages, programs per SM, partials in bf16): the balanced kernel's variants of --sweep
 VARIANTS = [(64, 2, 1, True), (64, 2, 2, False), (64, 2, 0.5, False), (32, 3, 1, False), (32, 2, 1, False),
             (64, 3, 1, False)]  # fmt: skip
 
@@ -63,46 +59,6 @@ def bench(fn, rep: int = 40) -> float:
         return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
-def load_old(path: str):
-    spec = importlib.util.spec_from_file_location("old_triton_sparse_mla", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def old_dense_call(mod, q, kv, pt, req, pos, page, scale, out) -> None:
-    """The dense-causal launch of ``mod`` (the chunked-grid kernel inside triton_sparse_mla.py,
-    as its ``sparse_mla_attention_triton`` made it at its default config), without the sparse
-    kernel that followed it."""
-    import triton
-
-    num_tokens, num_heads, dim = q.shape
-    rank = out.shape[-1]
-    max_keys = min(TOPK, pt.shape[1] * page)
-    d = mod.dense_config(num_heads, num_tokens, max_keys, q.device, page)
-    block_t, block_n, block_r = d["block_t"], d["block_n"], mod._pow2(rank)
-    block_m = mod._pow2(block_t * d["heads"])
-    chunk = triton.cdiv(d["chunk_keys"] or TOPK, block_n) * block_n
-    num_chunks = triton.cdiv(max_keys, chunk) if chunk < TOPK else 1
-    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(num_heads, d["heads"]), num_chunks)
-    items = grid[0] * grid[1] * num_chunks * block_m
-    ws_o = torch.empty(items, block_r, dtype=torch.float32, device=q.device) if num_chunks > 1 else out
-    ws_lse = torch.empty(items, dtype=torch.float32, device=q.device) if num_chunks > 1 else out
-    common = (out.stride(0), out.stride(1), num_tokens, num_heads, rank)
-    mod._dense_mla_fwd_kernel[grid](
-        q, kv, pt, req, pos, out, ws_o, ws_lse, q.stride(0), q.stride(1), kv.stride(0), pt.stride(0), *common,
-        dim - rank, page, TOPK, chunk, scale * mod._LOG2E, BLOCK_T=block_t, HEADS=d["heads"], BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=mod._pow2(dim - rank), SPLIT=num_chunks > 1,
-        PAGE_BLOCKS=page % block_n == 0, num_warps=d["num_warps"], num_stages=d["num_stages"],
-    )  # fmt: skip
-    if num_chunks > 1:
-        cols = min(mod._MERGE_COLS, block_r)
-        mod._dense_mla_merge_kernel[(grid[0], grid[1], triton.cdiv(block_r, cols))](
-            ws_o, ws_lse, req, pos, out, *common, TOPK, chunk, num_chunks, BLOCK_T=block_t, HEADS=d["heads"],
-            BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_C=cols, num_warps=4,
-        )  # fmt: skip
-
-
 class _Stopped(BaseException):
     """SIGTERM (`timeout`) mid-run: not an Exception, so no variant's error handler takes it."""
 
@@ -110,7 +66,6 @@ class _Stopped(BaseException):
 def run(args) -> None:
     from breakgraph.kernels.dispatch import num_sms
 
-    old = load_old(args.old) if args.old else None
     sms = num_sms(torch.device(DEVICE))
     cases = list(itertools.product(args.heads, args.tokens, args.pages))
     results: dict[tuple, dict[str, tuple[float, str]]] = {c: {} for c in cases}
@@ -128,7 +83,7 @@ def run(args) -> None:
         got = out[rows].float()
         diff = float("nan") if want is None else ((got - want).norm() / want.norm()).item()
         results[case][name] = (t, opts)
-        print(f"    H={case[0]} T={case[1]} page {case[2]}: {name:<34} {t * 1e3:8.1f} µs  vs default {diff:.1e}",
+        print(f"    H={case[0]} T={case[1]} page {case[2]}: {name:<50} {t * 1e3:8.1f} µs  vs chunked {diff:.1e}",
               flush=True)  # fmt: skip
 
     def stop(*_):
@@ -136,15 +91,15 @@ def run(args) -> None:
 
     signal.signal(signal.SIGTERM, stop)  # under `timeout`: still print the table of what ran
     try:
-        measure_all(args, cases, made, measure, old, sms)
+        measure_all(args, cases, made, measure, sms)
     except _Stopped as e:
         print(f"    {e}: the table holds what ran", flush=True)
     print_table(results)
 
 
-def measure_all(args, cases, made, measure, old, sms) -> None:
-    """The default and the old kernel at every shape, then the sweep (until ``args.budget``)."""
-    from breakgraph.kernels.triton_dense_mla import dense_config, dense_mla_attention_triton
+def measure_all(args, cases, made, measure, sms) -> None:
+    """Both kernels at their defaults at every shape, then the sweep (until ``args.budget``)."""
+    from breakgraph.kernels.triton_dense_mla import balanced_config, dense_config, dense_mla_attention_triton
 
     begin = time.monotonic()
     for case in cases:
@@ -153,10 +108,10 @@ def measure_all(args, cases, made, measure, old, sms) -> None:
         out = torch.empty(tokens, heads, RANK, dtype=torch.bfloat16, device=DEVICE)
         made[case] = (q, kv, pt, req, pos, out, None)
         call = partial(dense_mla_attention_triton, q, kv, pt, req, pos, page, GLM5_SCALE, out, TOPK)
-        measure(case, "new (default)", call, str(dense_config(heads, q.device)))
+        max_keys = min(TOPK, pt.shape[1] * page)
+        measure(case, "chunked", partial(call, balanced=False), str(dense_config(heads, tokens, max_keys, q.device, page)))
         made[case] = made[case][:6] + (out[pos < TOPK].float().clone(),)
-        if old is not None:
-            measure(case, "old", partial(old_dense_call, old, q, kv, pt, req, pos, page, GLM5_SCALE, out))
+        measure(case, "balanced", partial(call, balanced=True), str(balanced_config(heads, q.device)))
     if args.sweep:
         for (bn, st, per_sm, bf16), case in itertools.product(VARIANTS, cases):  # one compile, then every shape
             if args.budget and time.monotonic() - begin > args.budget:
@@ -166,40 +121,57 @@ def measure_all(args, cases, made, measure, old, sms) -> None:
             heads, _, page = case
             opts = dict(block_n=bn, num_stages=st, programs=max(1, int(sms * per_sm)) // max(1, -(-heads // 64)),
                         partial_dtype=torch.bfloat16 if bf16 else torch.float32)  # fmt: skip
-            call = partial(dense_mla_attention_triton, q, kv, pt, req, pos, page, GLM5_SCALE, out, TOPK, **opts)
-            name = f"bn {bn} st {st} programs {opts['programs']}" + (" bf16 partials" if bf16 else "")
+            call = partial(dense_mla_attention_triton, q, kv, pt, req, pos, page, GLM5_SCALE, out, TOPK,
+                           balanced=True, **opts)  # fmt: skip
+            name = f"balanced bn {bn} st {st} programs {opts['programs']}" + (" bf16 partials" if bf16 else "")
             measure(case, name, call, str(opts))
 
 
 def print_table(results: dict) -> None:
     print(f"\ndense-causal MLA, fresh prompts, bf16, K={TOPK}: µs per layer (ms over {LAYERS} layers)")
-    print(f"{'H':>3} {'tokens':>6} {'page':>4} {'old µs':>8} {'new µs':>8} {'best µs':>8} {'old ms':>7} "
-          f"{'new ms':>7} {'best ms':>7}  best variant")  # fmt: skip
+    print(f"{'H':>3} {'tokens':>6} {'page':>4} {'chunked':>8} {'balanced':>8} {'best':>8} {'chunked ms':>10} "
+          f"{'best ms':>7}  best balanced variant")  # fmt: skip
     for (heads, tokens, page), res in results.items():
-        old_t = res.get("old", (float("nan"), ""))[0]
-        new_t = res.get("new (default)", (float("nan"), ""))[0]
-        name, (best_t, _) = min(((k, v) for k, v in res.items() if k != "old"), key=lambda kv: kv[1][0],
-                                default=("-", (float("nan"), "")))  # fmt: skip
-        print(f"{heads:>3} {tokens:>6} {page:>4} {old_t * 1e3:8.1f} {new_t * 1e3:8.1f} {best_t * 1e3:8.1f} "
-              f"{old_t * LAYERS:7.2f} {new_t * LAYERS:7.2f} {best_t * LAYERS:7.2f}  {name}")  # fmt: skip
+        nan = (float("nan"), "")
+        chunked, balanced = res.get("chunked", nan)[0], res.get("balanced", nan)[0]
+        name, (best_t, _) = min(((k, v) for k, v in res.items() if k != "chunked"), key=lambda kv: kv[1][0],
+                                default=("-", nan))  # fmt: skip
+        print(f"{heads:>3} {tokens:>6} {page:>4} {chunked * 1e3:8.1f} {balanced * 1e3:8.1f} {best_t * 1e3:8.1f} "
+              f"{chunked * LAYERS:10.2f} {best_t * LAYERS:7.2f}  {name}")  # fmt: skip
 
 
 def run_aot(args) -> None:
     from breakgraph.kernels.aot import compile_for_sm90
-    from breakgraph.kernels.triton_dense_mla import _dense_mla_fwd_kernel, _pow2, dense_config
+    from breakgraph.kernels.triton_dense_mla import (
+        _dense_mla_balanced_kernel,
+        _dense_mla_fwd_kernel,
+        _pow2,
+        balanced_config,
+        dense_config,
+    )
 
-    print("sm_90a compile of the dense-causal forward kernel (page 16, bf16 cache)")
+    print("sm_90a compile of the dense-causal forward kernels (bf16 cache; mma_loop_insts: per key block)")
+    for heads, page in itertools.product(args.heads, args.pages):
+        cfg = dense_config(heads, page_size=page)
+        a = dict(Q="*bf16", KV="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16",
+                 WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=576, stride_pt=37,
+                 stride_ot=heads * RANK, stride_oh=RANK, num_heads=heads, rank=RANK, rope_dim=ROPE, page_size=page,
+                 dense_below=TOPK, chunk_keys=512)  # fmt: skip
+        consts = dict(BLOCK_T=cfg["block_t"], HEADS=cfg["heads"], BLOCK_M=_pow2(cfg["block_t"] * cfg["heads"]),
+                      BLOCK_N=cfg["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=True, PAGE_BLOCKS=True)  # fmt: skip
+        info = compile_for_sm90(_dense_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"])
+        print(f"  chunked H={heads} page {page} bn={cfg['block_n']} stages={cfg['num_stages']}: {info}", flush=True)
     for heads in args.heads:
-        cfg = dense_config(heads)
+        cfg = balanced_config(heads)
         a = dict(Q="*bf16", KV="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", START="*i32",
                  OUT="*bf16", WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=576,
                  stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_heads=heads, rank=RANK, rope_dim=ROPE,
                  page_size=16, page_shift=4)  # fmt: skip
-        for bn, st in [(cfg["block_n"], cfg["num_stages"])] + sorted({(v[0], v[1]) for v in VARIANTS}):
+        for bn, st in sorted({(cfg["block_n"], cfg["num_stages"])} | {(v[0], v[1]) for v in VARIANTS}):
             consts = dict(BLOCK_T=cfg["block_t"], HEADS=cfg["heads"], BLOCK_M=_pow2(cfg["block_t"] * cfg["heads"]),
                           BLOCK_N=bn, BLOCK_R=RANK, BLOCK_PE=ROPE, POW2_PAGE=True, ROW32=True)  # fmt: skip
-            info = compile_for_sm90(_dense_mla_fwd_kernel, a, consts, cfg["num_warps"], st)
-            print(f"  H={heads} bn={bn} stages={st}: {info}", flush=True)
+            info = compile_for_sm90(_dense_mla_balanced_kernel, a, consts, cfg["num_warps"], st)
+            print(f"  balanced H={heads} (any page) bn={bn} stages={st}: {info}", flush=True)
 
 
 def main() -> None:
@@ -209,7 +181,6 @@ def main() -> None:
     p.add_argument("--pages", type=int, nargs="+", default=[16, 64], help="page sizes (default 16 64)")
     p.add_argument("--sweep", action="store_true", help="also time the variants (key block, stages, grid)")
     p.add_argument("--budget", type=float, default=0.0, help="seconds for the whole run; past it the sweep stops")
-    p.add_argument("--old", help="another revision's triton_sparse_mla.py: its dense kernel as the 'old' column")
     p.add_argument("--aot", action="store_true", help="compile for sm_90a only (no GPU) and print resources")
     args = p.parse_args()
     if args.aot:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of the dense-causal MLA kernels (breakgraph/kernels/triton_dense_mla.py): their CUDA
-# tests, then the default and a sweep of key block / stages / forward grid at 8 heads, fresh
-# prompts of 1024 and 8192 tokens, pages of 16 and 64, against the kernel before the dense
-# module (2c53f7b); µs per layer and ms over 78 layers, the table last. Logs under $OUT.
+# tests, then the chunked kernel (the default) against the balanced one (BREAKGRAPH_DENSE_MLA_BALANCED=1)
+# and a sweep of the balanced kernel's key block / stages / forward grid / bf16 partials at 8 heads,
+# fresh prompts of 1024 and 8192 tokens, pages of 16 and 64; µs per layer and ms over 78 layers,
+# the table last. Logs under $OUT.
 # At most 120 s on one H200 (the kernel's own CUDA tests ≤ 35 s, the dispatcher's ≤ 25 s, bench ≤ 55 s;
 # stopped early, the bench still prints the table of what it measured).
 set -u
@@ -18,6 +19,6 @@ timeout 25 python -m pytest -q -m cuda tests/test_kernels_attention.py -k "dense
     >"$OUT/pytest_dispatch.log" 2>&1
 echo "pytest (dispatcher's dense path) rc=$? (log: $OUT/pytest_dispatch.log)"; tail -3 "$OUT/pytest_dispatch.log"
 timeout -k 3 55 python scripts/bench_dense_mla.py --heads 8 --tokens 1024 8192 --pages 16 64 --sweep --budget 40 \
-    --old scripts/baseline_triton_sparse_mla_2c53f7b.py >"$OUT/bench.log" 2>&1
+    >"$OUT/bench.log" 2>&1
 echo "bench rc=$? (log: $OUT/bench.log; per-variant lines there)"
 grep -v '^    ' "$OUT/bench.log" | tail -8

@@ -52,9 +52,9 @@ def _largest_loop(sass: str) -> int:
     return best
 
 
-def _mma_loop_spills(sass: str) -> int:
-    """Local-memory loads and stores (spills) inside the smallest backward-branch range of a SASS
-    listing that holds a matrix instruction (a kernel's innermost dot loop; 0 without one)."""
+def _mma_loop(sass: str) -> tuple[int, int]:
+    """(instructions, local-memory loads and stores) of the smallest backward-branch range of a
+    SASS listing that holds a matrix instruction (a kernel's innermost dot loop; 0s without one)."""
     insts = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     best = None
     for addr, text in insts:
@@ -63,7 +63,8 @@ def _mma_loop_spills(sass: str) -> int:
             body = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
             if any(re.search(r"\b(HGMMA|QGMMA|HMMA)\b", t) for t in body) and (best is None or len(body) < len(best)):
                 best = body
-    return sum(bool(re.search(r"\b(?:LDL|STL)\b", t)) for t in best or [])
+    body = best or []
+    return len(body), sum(bool(re.search(r"\b(?:LDL|STL)\b", t)) for t in body)
 
 
 def compile_for_sm90(
@@ -71,13 +72,14 @@ def compile_for_sm90(
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
     "async_copies", "async_copies_16B", "loop_insts", "narrow_stores", "vector_loads",
-    "mma_loop_spills"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    "mma_loop_insts", "mma_loop_spills"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
     ``async_copies_16B`` those of them that move 16 bytes per thread;
     ``loop_insts``: the instructions per trip of its largest loop, per warp; ``narrow_stores``:
     its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to;
-    ``vector_loads``: its 128-bit global loads, ``LDG.E.128``; ``mma_loop_spills``: the spill
-    loads and stores inside its innermost loop with a matrix instruction).
+    ``vector_loads``: its 128-bit global loads, ``LDG.E.128``; ``mma_loop_insts`` and
+    ``mma_loop_spills``: the instructions and the spill loads and stores of its innermost loop
+    with a matrix instruction, per warp and trip).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
@@ -118,6 +120,7 @@ def compile_for_sm90(
             return subprocess.run([tools / "cuobjdump", flag, cubin], capture_output=True, text=True, check=True).stdout
 
         sass, res = dump("-sass"), dump("-res-usage")
+    mma_insts, mma_spills = _mma_loop(sass)
     return {
         "regs": int(re.search(r"REG:(\d+)", res).group(1)),
         "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
@@ -129,5 +132,6 @@ def compile_for_sm90(
         "loop_insts": _largest_loop(sass),
         "narrow_stores": len(re.findall(r"\bSTG\.E\.[US](?:8|16)\b", sass)),
         "vector_loads": len(re.findall(r"\bLDG\.E\.128\b", sass)),
-        "mma_loop_spills": _mma_loop_spills(sass),
+        "mma_loop_insts": mma_insts,
+        "mma_loop_spills": mma_spills,
     }

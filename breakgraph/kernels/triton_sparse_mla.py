@@ -646,6 +646,9 @@ def sparse_mla_attention_triton(
     dense_block_n: int | None = None,
     dense_num_stages: int | None = None,
     dense_num_warps: int | None = None,
+    dense_chunk_keys: int | None = None,
+    dense_page_blocks: bool | None = None,
+    dense_balanced: bool | None = None,
     dense_programs: int | None = None,
     dense_partial_dtype: torch.dtype | None = None,
     maxnreg: int | None = None,
@@ -670,10 +673,10 @@ def sparse_mla_attention_triton(
     :mod:`~breakgraph.kernels.latent_fp8`), dequantised in registers to ``q``'s dtype.
 
     The keyword arguments after ``dense_below`` override :func:`default_config` and, as
-    ``dense_*``, :func:`~breakgraph.kernels.triton_dense_mla.dense_config` (benchmarks, tests;
-    ``dense_block_t`` is a power of two; ``dense_programs``: forward programs per head block of
-    the balanced split; ``dense_partial_dtype``: its partials' dtype); ``maxnreg = 0``: no register cap; ``lean``:
-    the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
+    ``dense_*``, the options of
+    :func:`~breakgraph.kernels.triton_dense_mla.dense_mla_attention_triton` (benchmarks, tests;
+    ``dense_balanced``: its balanced kernel, default ``BREAKGRAPH_DENSE_MLA_BALANCED``);
+    ``maxnreg = 0``: no register cap; ``lean``: the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
     four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one
     (``chains = 2``: its score dot as two chains; ``batched``: the groups as one batched dot,
     bf16/fp16 cache);
@@ -716,7 +719,8 @@ def sparse_mla_attention_triton(
     if dense_below > 0 and splits == 1:  # the dense-causal blocks first (kernels/triton_dense_mla.py)
         dense_t = dense_mla_attention_triton(
             q, kv_cache, page_table, token_req, positions, page_size, softmax_scale, out, dense_below,
-            block_t=dense_block_t, block_n=dense_block_n, num_warps=dense_num_warps, num_stages=dense_num_stages,
+            balanced=dense_balanced, block_t=dense_block_t, block_n=dense_block_n, num_warps=dense_num_warps,
+            num_stages=dense_num_stages, chunk_keys=dense_chunk_keys, page_blocks=dense_page_blocks,
             programs=dense_programs, partial_dtype=dense_partial_dtype,
         )  # fmt: skip
     grid = (num_tokens, triton.cdiv(num_heads, block_h), splits)
