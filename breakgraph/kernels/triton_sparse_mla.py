@@ -676,7 +676,8 @@ def sparse_mla_attention_triton(
     ``dense_*``, the options of
     :func:`~breakgraph.kernels.triton_dense_mla.dense_mla_attention_triton` (benchmarks, tests;
     ``dense_balanced``: its balanced kernel, default ``BREAKGRAPH_DENSE_MLA_BALANCED``);
-    ``maxnreg = 0``: no register cap; ``lean``: the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
+    ``maxnreg = 0``: no register cap; ``lean``: the unmasked loop where :func:`lean_supported`,
+    else ignored; ``groups = 4``: the lean loop in
     four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one
     (``chains = 2``: its score dot as two chains; ``batched``: the groups as one batched dot,
     bf16/fp16 cache);
