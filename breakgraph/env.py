@@ -32,6 +32,7 @@ KNOBS: dict[str, Knob] = {
     "BREAKGRAPH_KERNELS": Knob("auto", ("auto", "torch"), "torch: plain-PyTorch twins everywhere (read once, at import)"),
     "BREAKGRAPH_INDEXER_FP8": Knob("0", ("0", "1"), "1: the Triton indexer scores in FP8 (default bf16)"),
     "BREAKGRAPH_SPARSE_MLA_FP8": Knob("tile", ("tile", "columns"), "FP8 latent cache, sparse MLA at 8-16 heads: tile (default, until measured on a GPU): the gathered codes are dequantised element by element; columns: each key's per-128 scale goes on the score and probability columns and the codes are converted exactly in inline PTX"),
+    "BREAKGRAPH_DENSE_MLA_BALANCED": Knob("0", ("0", "1"), "1: dense-causal MLA through the balanced split with per-key page entries (kernels/triton_dense_mla.py); 0 (default, until measured on the H200): the chunked kernel"),
     "BREAKGRAPH_NORM_FP8": Knob("1", ("0", "1"), "0: the FP8 linears quantise their input themselves (default: the RMSNorm before them also writes the FP8 codes of its output)"),
     "BREAKGRAPH_MOE_W8A8": Knob("auto", ("auto", "0", "1"), "FP8 experts quantise activations: auto (from 128 tokens), 1 always, 0 never"),
     "BREAKGRAPH_GRAPH_DEBUG": Knob("0", None, "1: replay every captured graph against an eager run and name the first mismatch"),

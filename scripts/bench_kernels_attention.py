@@ -8,8 +8,6 @@
                                                           # print registers / spills / shared memory
     python scripts/bench_kernels_attention.py --only mla --kv-cache-dtype bfloat16 fp8_e4m3
                                                           # sparse MLA on a bf16 and an FP8 latent cache
-    python scripts/bench_kernels_attention.py --only dense --heads 8 16 64 --sweep
-                                                          # dense-causal path: old vs new, chunks
     python scripts/bench_kernels_attention.py --only topk # top-k select variants, exactness checked
 
 Every row prints the physical floor next to the time: ``max(bytes / 4.3 TB/s, flops / peak)``
@@ -316,76 +314,6 @@ def run_mla_variants(args):
               f" {ms / t:5.2f} {ms * 78:12.1f}  {opts}")  # fmt: skip
 
 
-# The dense-causal path as it stood before key chunks: one program per token block walking
-# all its keys, 32-key blocks, 2 stages, a page-table entry per key.
-DENSE_OLD = dict(dense_chunk_keys=0, dense_block_n=32, dense_num_stages=2, dense_page_blocks=False)
-DENSE_LAYOUTS = {  # name → (prefix_lens, extend_lens, page-table width in tokens)
-    "1k": ([0], [1024], 1024 + 64),  # as `bench prefill` sizes it: context = input + 64
-    "1k (+1k prefix)": ([1024], [1024], 2048 + 64),
-    "8k": ([0], [8192], 8192 + 64),
-}
-
-
-def run_dense(args):
-    """The dense-causal MLA path (every token below K attends to all its causal keys), timed as
-    the engine calls it (the whole sparse_mla_attention_triton call), old vs new, then a sweep of
-    key block, stages and chunk size; one table of µs per layer (and ms over 78 layers) last."""
-    import triton
-
-    from breakgraph.kernels.dispatch import num_sms
-    from breakgraph.kernels.triton_sparse_mla import dense_config, sparse_mla_attention_triton
-
-    print("\ndense-causal MLA (bf16, r=512, dr=64, K=2048, page 64): µs per call (one layer)")
-    table, start = [], time.monotonic()
-    layouts = [k for k in (args.dense_layouts or DENSE_LAYOUTS)]
-    for heads, layout in itertools.product(args.heads, layouts):
-        prefix, extend, width = DENSE_LAYOUTS[layout]
-        batch = make_batch(prefix, extend, width, seed=heads)
-        g = torch.Generator(device="cuda").manual_seed(heads)
-        num = batch["positions"].shape[0]
-        q = torch.randn(num, heads, RANK + ROPE, generator=g, device="cuda").bfloat16()
-        kv = torch.randn(batch["num_slots"], RANK + ROPE, generator=g, device="cuda").bfloat16()
-        tk = random_topk(batch["positions"], TOPK, batch["page_table"].shape[1] * PAGE, heads)
-        out = torch.empty(num, heads, RANK, dtype=torch.bfloat16, device="cuda")
-        pos = batch["positions"]
-        a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
-        engine = dict(positions=pos, dense_below=TOPK)
-        dense_pos = pos[pos < TOPK].double()
-        flops = 2 * float((dense_pos + 1).sum()) * heads * (RANK + ROPE + RANK)
-        max_keys = min(TOPK, batch["page_table"].shape[1] * PAGE)
-        cfg = dense_config(heads, num, max_keys, q.device, PAGE)
-        variants = {"old": DENSE_OLD, "new (default)": {}}
-        if args.sweep and heads < 64:  # chunks only where the blocks cannot fill the GPU
-            few = triton.cdiv(num, cfg["block_t"]) < 2 * num_sms(q.device)
-            chunks = [0] + [c for c in (256, 384, 512, 768) if few and c < max_keys]
-            for (bn, ns), ch in itertools.product(((32, 2), (32, 3), (32, 4), (16, 3), (16, 4), (64, 2)), chunks):
-                variants[f"bn {bn} st {ns} chunk {ch}"] = dict(dense_block_n=bn, dense_num_stages=ns, dense_chunk_keys=ch)
-        sparse_mla_attention_triton(*a, **engine, **DENSE_OLD)
-        want = out.clone()
-        results = {}
-        for name, opts in variants.items():
-            if args.budget and time.monotonic() - start > args.budget and name not in ("old", "new (default)"):
-                continue  # out of time: the rest of this shape's sweep
-            out.fill_(float("nan"))
-            try:
-                sparse_mla_attention_triton(*a, **engine, **opts)
-                t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts), rep=40)
-            except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
-                print(f"    H={heads} {layout} {name}: {type(e).__name__} {str(e)[:120]}", flush=True)
-                continue
-            diff = ((out.float() - want.float()).norm() / want.float().norm()).item()
-            results[name] = (t, opts)
-            print(f"    H={heads} {layout:<16} {name:<26} {t * 1e3:9.1f} µs  {flops / (t * 1e-3) / 1e12:6.1f} TFLOP/s"
-                  f"  vs old {diff:.1e}", flush=True)  # fmt: skip
-        best = min((v for k, v in results.items() if k != "old"), key=lambda v: v[0], default=(float("nan"), {}))
-        table.append((heads, layout, cfg, results.get("old", (float("nan"),))[0],
-                      results.get("new (default)", (float("nan"),))[0], best))  # fmt: skip
-    print(f"\n{'H':>3} {'layout':<16} {'old µs':>9} {'new µs':>9} {'best µs':>9} {'78 layers ms (new)':>19}  best config")
-    for heads, layout, cfg, old, new, (best_t, best_opts) in table:
-        print(f"{heads:>3} {layout:<16} {old * 1e3:9.1f} {new * 1e3:9.1f} {best_t * 1e3:9.1f} {new * 78:19.2f}  "
-              f"{best_opts} (default chunk {cfg['chunk_keys']})")
-
-
 def selection_overlap(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> float:
     """Mean over ``rows`` of |a ∩ b| / |a| for two top-k position tables (``-1`` unused)."""
     a, b = a[rows].long(), b[rows].long()
@@ -628,17 +556,13 @@ def run_aot_fp8(a: dict, dense: dict) -> None:
 
 def run_aot():
     from breakgraph.kernels.aot import compile_for_sm90 as aot_report
+    from breakgraph.kernels.triton_dense_mla import dense_config
     from breakgraph.kernels.triton_indexer import _indexer_scores_kernel
     from breakgraph.kernels.triton_indexer import default_config as idx_cfg
     from breakgraph.kernels.triton_sparse_mla import (
-        _MERGE_COLS,
-        _dense_mla_fwd_kernel,
-        _dense_mla_merge_kernel,
-        _pow2,
         _sparse_mla_fwd_kernel,
         _sparse_mla_groups_kernel,
         _sparse_mla_merge_kernel,
-        dense_config,
     )
     from breakgraph.kernels.triton_sparse_mla import default_config as mla_cfg
 
@@ -646,7 +570,7 @@ def run_aot():
     print("sm_90 compile report (cuobjdump: registers, stack, spill instructions, MMA, shared memory)")
     for heads, num in ((8, 4096), (8, 64), (64, 4096), (64, 64), (128, 4096)):
         cfg = mla_cfg(num, heads, TOPK, cpu)
-        dense = dense_config(heads, page_size=PAGE)
+        dense = dense_config(heads)
         a = dict(
             Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16",
             WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=576, stride_tk=TOPK,
@@ -686,21 +610,9 @@ def run_aot():
                 r = aot_report(fn, a, lean, w["num_warps"], w["num_stages"], cap or None)
                 print(f"    variant {v} {r}")
             run_aot_fp8(a, dense)
-        if not split:
-            for chunked in (False, True):
-                consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
-                              BLOCK_M=_pow2(dense["block_t"] * dense["heads"]), BLOCK_N=dense["block_n"],
-                              SPLIT=chunked, PAGE_BLOCKS=PAGE % dense["block_n"] == 0)  # fmt: skip
-                r = aot_report(_dense_mla_fwd_kernel, a | dict(chunk_keys=512), consts, dense["num_warps"],
-                               dense["num_stages"])  # fmt: skip
-                print(f"  dense_mla  H={heads:<3} T={num:<5} chunks={chunked!s:<5} {dense} {r}")
     a = dict(WS_O="*fp32", WS_LSE="*fp32", OUT="*bf16", stride_ot=8 * RANK, stride_oh=RANK, num_heads=8,
              rank=RANK, num_splits=5)  # fmt: skip
     print(f"  sparse_mla merge {aot_report(_sparse_mla_merge_kernel, a, dict(BLOCK_S=8, BLOCK_R=512), 4, 1)}")
-    a = dict(WS_O="*fp32", WS_LSE="*fp32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16", stride_ot=8 * RANK,
-             stride_oh=RANK, num_tokens=1024, num_heads=8, rank=RANK, dense_below=TOPK, chunk_keys=512, num_chunks=3)
-    consts = dict(BLOCK_T=8, HEADS=8, BLOCK_M=64, BLOCK_R=512, BLOCK_C=_MERGE_COLS)
-    print(f"  dense_mla merge {aot_report(_dense_mla_merge_kernel, a, consts, 4, 2)}")
     for num, reqs in ((4096, 1), (64, 64)):
         for fp8 in (False, True):
             cfg = idx_cfg(num, reqs, IDX_HEADS, 4096, cpu, int(fp8))
@@ -733,12 +645,10 @@ def main() -> None:
                         "the first --heads; shapes: --layouts (default: prefill 8k/16k, decode B=1/16/64 at ~8k)")
     p.add_argument("--twin", action="store_true", help="also time the plain-PyTorch twins")
     p.add_argument("--aot", action="store_true", help="compile for sm_90 only (no GPU) and print resources")
-    p.add_argument("--only", choices=("mla", "indexer", "dense", "topk"),
-                   help="run one kernel (dense: the dense-causal MLA path, old vs new; topk: the select variants)")
-    p.add_argument("--dense-layouts", nargs="+", choices=sorted(DENSE_LAYOUTS), help="shapes of --only dense")
+    p.add_argument("--only", choices=("mla", "indexer", "topk"),
+                   help="run one kernel (topk: the select variants; the dense-causal path: scripts/bench_dense_mla.py)")
     p.add_argument("--budget", type=float, default=0.0,
-                   help="seconds for a --sweep (dense: past it only old and default are timed; indexer and "
-                        "mla: past it only the defaults)")
+                   help="seconds for a --sweep (indexer and mla: past it only the defaults)")
     p.add_argument("--layouts", nargs="+", choices=sorted([*LAYOUTS, "decode B=64 (L~128k)"]),
                    help="shapes to run (default: all of a kernel's; 'decode B=64 (L~128k)': --only topk only)")
     p.add_argument("--heads", type=int, nargs="+", default=[8, 64], help="MLA heads per GPU (8: TP8, 64: TP1)")
@@ -761,9 +671,6 @@ def main() -> None:
     print(
         f"{torch.cuda.get_device_name()}  peaks: {HBM_TBS} TB/s, {BF16_TFLOPS} TFLOP/s bf16, {FP8_TFLOPS} fp8"
     )
-    if args.only == "dense":
-        run_dense(args)
-        return
     if args.only == "topk":
         run_topk(args)
         return

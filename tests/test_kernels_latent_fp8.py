@@ -169,6 +169,7 @@ def _interp_kernels_on_fp8_cache():
         (_RAGGED, 4, 5, 64, 16, 64, False, {"block_n": 64, "num_warps": 8, "fp8_columns": True}),  # 5 heads of 8 rows
         (_RAGGED, 4, 16, 512, 16, 32, False, {"block_n": 16, "fp8_columns": True}),  # four scale groups
         (_DECODE, 8, 8, 256, 16, 48, False, {"num_splits": 3, "block_n": 16, "fp8_columns": True}),  # two, split-K
+        (_DENSE, 4, 8, 32, 16, 12, True, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 3}),  # the balanced kernel
     ]
     for i, (layout, ps, heads, rank, rope, topk, dense, opts) in enumerate(cases):
         batch = make_batch(**layout, page_size=ps, seed=60 + i)
@@ -337,18 +338,20 @@ GLM5_SCALE = (192 + 64) ** -0.5
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
     """ptxas for sm_90a at the default configs on an FP8 cache: the sparse kernel (prefill with
-    the dense-block check; decode with split-K) spills nothing, the dense-causal kernel at most
-    128 bytes (its bf16-cache bound). With the scales on the columns (few heads,
-    ``BREAKGRAPH_SPARSE_MLA_FP8=columns``) no spills either, and the e4m3 codes' conversion in
+    the dense-block check; decode with split-K) spills nothing, the chunked dense-causal kernel
+    at most 128 bytes (its bf16-cache bound), the balanced one nothing inside its key loop. With
+    the scales on the columns (few heads, ``BREAKGRAPH_SPARSE_MLA_FP8=columns``) no spills
+    either, and the e4m3 codes' conversion in
     inline PTX takes fewer instructions per loop trip than Triton's cast, which the layout pass
     repeats in each dot's operand layout."""
     from test_kernels_fp8 import compile_for_sm90
 
+    from breakgraph.kernels import triton_dense_mla as tdm
     from breakgraph.kernels import triton_sparse_mla as tsm
 
     num = 4096 if phase == "prefill" else 8
     cfg = tsm.default_config(num, heads, TOPK, torch.device("cpu"), dense=phase == "prefill", kv_fp8=True)
-    dense = tsm.dense_config(heads, page_size=16)
+    dense = tdm.dense_config(heads, page_size=16)
     split = cfg["num_splits"] > 1
     assert split == (phase == "decode")
     a = dict(
@@ -356,7 +359,7 @@ def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
         WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=656, stride_tk=TOPK,
         stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_tokens=num - 1, num_heads=heads, topk=TOPK,
         rank=RANK, rope_dim=ROPE, page_size=16, keys_per_split=TOPK // cfg["num_splits"], num_splits=cfg["num_splits"],
-        dense_below=TOPK, qk_scale=0.1, chunk_keys=512, num_chunks=4,
+        dense_below=TOPK, qk_scale=0.1, chunk_keys=512, num_chunks=4, START="*i32", num_blocks=512, page_shift=4,
     )  # fmt: skip
     consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=split,
                   DENSE_T=0 if split else dense["block_t"], KV_FP8=True)  # fmt: skip
@@ -385,13 +388,20 @@ def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
         assert info["loop_insts"] < cast["loop_insts"], (info, cast)
         assert info["stack"] == 0 and info["local_insts"] == 0, info
     if phase == "prefill":
-        consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tsm._pow2(dense["block_t"] * dense["heads"]),
+        consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tdm._pow2(dense["block_t"] * dense["heads"]),
                       BLOCK_N=dense["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False, PAGE_BLOCKS=True,
                       KV_FP8=True)  # fmt: skip
-        info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
+        info = compile_for_sm90(tdm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
         print(f"dense H={heads} {dense}: {info}")
         # as on the bf16 cache (tests/test_kernels_attention.py): at most 128 bytes on the stack
         assert info["stack"] <= 128 and info["mma"] == ["HGMMA"], info
+        bal = tdm.balanced_config(heads)
+        consts = dict(BLOCK_T=bal["block_t"], HEADS=bal["heads"], BLOCK_M=tdm._pow2(bal["block_t"] * bal["heads"]),
+                      BLOCK_N=bal["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, POW2_PAGE=True, ROW32=True,
+                      KV_FP8=True)  # fmt: skip
+        info = compile_for_sm90(tdm._dense_mla_balanced_kernel, a, consts, bal["num_warps"], bal["num_stages"])
+        print(f"balanced dense H={heads} {bal}: {info}")
+        assert info["mma_loop_spills"] == 0 and info["mma"] == ["HGMMA"], info
 
 
 @pytest.mark.parametrize("num, reqs", [(4096, 1), (64, 64)])

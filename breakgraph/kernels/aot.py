@@ -64,17 +64,35 @@ def _opcode(inst: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", inst).split()[0].split(".")[0]
 
 
+def _mma_loop(sass: str) -> tuple[int, int]:
+    """(instructions, local-memory loads and stores) of the smallest backward-branch range of a
+    SASS listing that holds a matrix instruction (a kernel's innermost dot loop; 0s without one)."""
+    insts = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best = None
+    for addr, text in insts:
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            body = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
+            if any(re.search(r"\b(HGMMA|QGMMA|HMMA)\b", t) for t in body) and (best is None or len(body) < len(best)):
+                best = body
+    body = best or []
+    return len(body), sum(bool(re.search(r"\b(?:LDL|STL)\b", t)) for t in body)
+
+
 def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
-    "async_copies", "async_copies_16B", "loop_insts", "loop_shared", "narrow_stores", "vector_loads"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    "async_copies", "async_copies_16B", "loop_insts", "loop_shared", "narrow_stores", "vector_loads",
+    "mma_loop_insts", "mma_loop_spills"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
     ``async_copies_16B`` those of them that move 16 bytes per thread;
     ``loop_insts``: the instructions per trip of its largest loop, per warp; ``loop_shared``: its
     shared-memory instructions by opcode (``LDS``, ``LDSM``, ``STS``, ``LDGSTS``); ``narrow_stores``:
     its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to;
-    ``vector_loads``: its 128-bit global loads, ``LDG.E.128``).
+    ``vector_loads``: its 128-bit global loads, ``LDG.E.128``; ``mma_loop_insts`` and
+    ``mma_loop_spills``: the instructions and the spill loads and stores of its innermost loop
+    with a matrix instruction, per warp and trip).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
@@ -116,6 +134,7 @@ def compile_for_sm90(
 
         sass, res = dump("-sass"), dump("-res-usage")
     loop = _largest_loop(sass)
+    mma_insts, mma_spills = _mma_loop(sass)
     return {
         "regs": int(re.search(r"REG:(\d+)", res).group(1)),
         "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
@@ -128,4 +147,6 @@ def compile_for_sm90(
         "loop_shared": {op: sum(_opcode(i) == op for i in loop) for op in _SHARED_OPS},
         "narrow_stores": len(re.findall(r"\bSTG\.E\.[US](?:8|16)\b", sass)),
         "vector_loads": len(re.findall(r"\bLDG\.E\.128\b", sass)),
+        "mma_loop_insts": mma_insts,
+        "mma_loop_spills": mma_spills,
     }

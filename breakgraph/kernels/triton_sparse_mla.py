@@ -34,29 +34,10 @@ by more than ``2^LAZY`` since the last rescale, so most blocks skip the ``[16, 5
 (swap-AB: 64-key blocks on wgmma, one 169 KB program per SM) measured slower than mma.sync
 with heads as M at 8 and 16 heads (docs/benchmarks.md).
 
-Dense-causal path (``_dense_mla_fwd_kernel``; on when the caller passes ``positions`` and
-``dense_below``). The DSA indexer selects ``min(K, pos + 1)`` keys, so a token at ``pos < K``
-has every causal key ``0…pos`` in its row: its sparse attention *is* dense causal attention.
-One program owns ``BLOCK_T`` consecutive tokens × up to 64 heads (``M = BLOCK_T·H ≤ 64`` rows,
-token-major: 8 tokens at ``H = 8``) and walks the key positions ``0…max pos`` of their
-request in blocks of ``BLOCK_N``, through the page table, with a per-row causal mask: each
-key row is loaded once for up to 64 rows, and only the causal range is visited. A token
-block runs densely only when all its tokens share a request and sit below ``dense_below``;
-both kernels evaluate that predicate (``_dense_block``) and the other one exits, so each
-output row is written once. Blocks with the longest key ranges start first. The
-``[64, 512]`` fp32 accumulator takes 8 warps; Triton then computes the ``M = 64`` score dot
-on both warpgroups redundantly (as in the sparse kernel at ``BLOCK_H = 64``). Where the page
-size is a multiple of ``BLOCK_N``, a key block lies in one page: one page-table entry per
-block, loaded an iteration ahead so the row copies do not wait on it.
-
-Key chunks (flash-decoding over the causal triangle) when the token blocks cannot fill the
-GPU (a short prompt at few heads: 128 blocks at 1k tokens × 8 heads): grid axis 2 cuts each
-block's keys into chunks of ``chunk_keys``; a block whose keys fit one chunk writes its
-output directly, the others write per-chunk partials (normalised output + log-sum-exp, fp32)
-that ``_dense_mla_merge_kernel`` combines. The grid is sized by the page table's width
-(a shape), so programs past a block's last key exit at once: graph-safe, no host sync.
-The sparse kernel's ``_sparse_mla_merge_kernel`` does not fit these partials (it merges
-every split of every token; here the chunk count varies per block and most tokens have one).
+Dense-causal path (on when the caller passes ``positions`` and ``dense_below``): token blocks
+whose tokens share a request and all sit below ``dense_below`` run
+:mod:`~breakgraph.kernels.triton_dense_mla` first; the kernels here evaluate the same predicate
+(``_dense_block``) and skip those blocks, so each output row is written once.
 
 FP8 latent cache (``kv_cache`` ``uint8``, rows of :mod:`~breakgraph.kernels.latent_fp8`: 656
 bytes instead of 1152): the kernels dequantise the e4m3 codes with their per-128 scales in
@@ -84,23 +65,12 @@ from breakgraph import env
 from breakgraph.kernels.dispatch import num_sms
 from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
+from breakgraph.kernels.triton_dense_mla import dense_block as _dense_block
+from breakgraph.kernels.triton_dense_mla import dense_mla_attention_triton
 from breakgraph.kernels.triton_fp8 import interpreting
 from breakgraph.kernels.triton_latent_fp8 import load_latent_rows
 
 _LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _dense_block(TOKEN_REQ, POSITIONS, block, num_tokens, dense_below, BLOCK_T: tl.constexpr):
-    """Whether token block ``block`` (tokens ``block·BLOCK_T …``) runs on the dense path: its
-    real tokens all belong to one request and all sit at positions ``< dense_below``."""
-    offs = block * BLOCK_T + tl.arange(0, BLOCK_T)
-    real = offs < num_tokens
-    req = tl.load(TOKEN_REQ + offs, mask=real, other=0)
-    pos = tl.load(POSITIONS + offs, mask=real, other=0)
-    first_req = tl.load(TOKEN_REQ + block * BLOCK_T)
-    others = tl.sum((real & (req != first_req)).to(tl.int32), 0)
-    return (others == 0) & (tl.max(pos, 0) < dense_below)
 
 
 @triton.jit
@@ -199,7 +169,7 @@ def _sparse_mla_fwd_kernel(
     split = tl.program_id(2)
     if DENSE_T > 0:
         if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
-            return  # written by _dense_mla_fwd_kernel
+            return  # written by the dense-causal kernel (triton_dense_mla)
 
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, BLOCK_R)
@@ -375,7 +345,7 @@ def _sparse_mla_groups_kernel(
     split = tl.program_id(2)
     if DENSE_T > 0:
         if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
-            return  # written by _dense_mla_fwd_kernel
+            return  # written by the dense-causal kernel (triton_dense_mla)
     GR: tl.constexpr = BLOCK_R // 4
     dtype = Q.dtype.element_ty
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -475,159 +445,6 @@ def _sparse_mla_groups_kernel(
 
 
 @triton.jit
-def _dense_mla_fwd_kernel(
-    Q,
-    KV,
-    PAGE_TABLE,
-    TOKEN_REQ,
-    POSITIONS,
-    OUT,
-    WS_O,
-    WS_LSE,
-    stride_qt,
-    stride_qh,
-    stride_kv,
-    stride_pt,
-    stride_ot,
-    stride_oh,
-    num_tokens,
-    num_heads,
-    rank,
-    rope_dim,
-    page_size,
-    dense_below,
-    chunk_keys,  # keys per chunk (a multiple of BLOCK_N); grid axis 2 walks the chunks
-    qk_scale,  # softmax_scale · log2(e)
-    BLOCK_T: tl.constexpr,
-    HEADS: tl.constexpr,  # heads per program
-    BLOCK_M: tl.constexpr,  # ≥ BLOCK_T · HEADS rows, token-major
-    BLOCK_N: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_PE: tl.constexpr,
-    SPLIT: tl.constexpr,  # several chunks: blocks whose keys span more than one write partials
-    PAGE_BLOCKS: tl.constexpr,  # page_size % BLOCK_N == 0: a key block lies in one page
-    KV_FP8: tl.constexpr = False,  # KV is the uint8 FP8 latent cache (kernels/latent_fp8.py)
-):
-    block = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest key ranges start first
-    if not _dense_block(TOKEN_REQ, POSITIONS, block, num_tokens, dense_below, BLOCK_T):
-        return  # written by _sparse_mla_fwd_kernel
-    t0 = block * BLOCK_T
-    hb = tl.program_id(1)
-    chunk = tl.program_id(2)
-    h0 = hb * HEADS
-    # Row m = (token t0 + m // HEADS, head h0 + m % HEADS); 64-bit bases, 32-bit row offsets.
-    offs_m = tl.arange(0, BLOCK_M)
-    t_m, h_m = offs_m // HEADS, offs_m % HEADS
-    mask_m = (offs_m < BLOCK_T * HEADS) & (t0 + t_m < num_tokens) & (h0 + h_m < num_heads)
-    row_pos = tl.load(POSITIONS + t0 + t_m, mask=mask_m, other=-1)
-    last = tl.max(row_pos, 0)
-    k_lo = chunk * chunk_keys
-    if k_lo > last:
-        return  # this block's keys end before the chunk
-    k_hi = tl.minimum(k_lo + chunk_keys, last + 1)
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_pe = tl.arange(0, BLOCK_PE)
-    mask_r = offs_r < rank
-    mask_pe = offs_pe < rope_dim
-
-    q_rows = Q + t0.to(tl.int64) * stride_qt + h0 * stride_qh + (t_m * stride_qt + h_m * stride_qh)[:, None]
-    q_nope = tl.load(q_rows + offs_r[None, :], mask=mask_m[:, None] & mask_r[None, :], other=0.0)
-    q_pe = tl.load(q_rows + rank + offs_pe[None, :], mask=mask_m[:, None] & mask_pe[None, :], other=0.0)
-    pages = PAGE_TABLE + tl.load(TOKEN_REQ + t0).to(tl.int64) * stride_pt
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
-    if PAGE_BLOCKS:
-        page = tl.load(pages + k_lo // page_size).to(tl.int64)
-    for n0 in range(k_lo, k_hi, BLOCK_N):
-        key_pos = n0 + tl.arange(0, BLOCK_N)
-        # Keys past `last` re-read row `last` (finite, in cache, in n0's page; the causal
-        # mask drops them): unmasked loads keep the 576-wide gather cheap in registers.
-        kp = tl.minimum(key_pos, last)
-        if PAGE_BLOCKS:  # one page-table entry per key block, loaded an iteration ahead
-            slot = page * page_size + (n0 % page_size) + (kp - n0)
-            page = tl.load(pages + tl.minimum(n0 + BLOCK_N, last) // page_size).to(tl.int64)
-        else:
-            slot = tl.load(pages + kp // page_size).to(tl.int64) * page_size + kp % page_size
-        c, k_pe = load_latent_rows(KV, slot, None, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
-        causal = key_pos[None, :] <= row_pos[:, None]
-        m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, causal, qk_scale, m_i, l_i, acc)
-
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc * (1.0 / l_safe)[:, None]
-    if SPLIT:
-        partial = last >= chunk_keys  # several chunks: a partial for _dense_mla_merge_kernel
-    else:
-        partial = False
-    if partial:
-        item = (block.to(tl.int64) * tl.num_programs(1) + hb) * tl.num_programs(2) + chunk
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(WS_LSE + item * BLOCK_M + offs_m, lse)
-        tl.store(WS_O + (item * BLOCK_M + offs_m)[:, None] * BLOCK_R + offs_r[None, :], o)
-    else:
-        o_rows = OUT + t0.to(tl.int64) * stride_ot + h0 * stride_oh + (t_m * stride_ot + h_m * stride_oh)[:, None]
-        tl.store(o_rows + offs_r[None, :], o.to(OUT.dtype.element_ty), mask=mask_m[:, None] & mask_r[None, :])
-
-
-@triton.jit
-def _dense_mla_merge_kernel(
-    WS_O,
-    WS_LSE,
-    TOKEN_REQ,
-    POSITIONS,
-    OUT,
-    stride_ot,
-    stride_oh,
-    num_tokens,
-    num_heads,
-    rank,
-    dense_below,
-    chunk_keys,
-    num_chunks,
-    BLOCK_T: tl.constexpr,
-    HEADS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_R: tl.constexpr,  # the workspace row width
-    BLOCK_C: tl.constexpr,  # output columns per program
-):
-    """Combines the chunk partials of the dense blocks that span several chunks (the others
-    were written by the forward kernel): weights ``2^(lse_j − max lse)``."""
-    nblocks = tl.num_programs(0)
-    block = nblocks - 1 - tl.program_id(0)
-    if not _dense_block(TOKEN_REQ, POSITIONS, block, num_tokens, dense_below, BLOCK_T):
-        return
-    t0 = block * BLOCK_T
-    hb = tl.program_id(1)
-    h0 = hb * HEADS
-    offs_m = tl.arange(0, BLOCK_M)
-    t_m, h_m = offs_m // HEADS, offs_m % HEADS
-    mask_m = (offs_m < BLOCK_T * HEADS) & (t0 + t_m < num_tokens) & (h0 + h_m < num_heads)
-    last = tl.max(tl.load(POSITIONS + t0 + t_m, mask=mask_m, other=-1), 0)
-    if last < chunk_keys:
-        return  # one chunk: written directly
-    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
-    base = (block.to(tl.int64) * tl.num_programs(1) + hb) * num_chunks
-    for chunk in range(0, tl.minimum(last // chunk_keys + 1, num_chunks)):
-        rows = (base + chunk) * BLOCK_M + offs_m
-        lse = tl.load(WS_LSE + rows)
-        o = tl.load(WS_O + rows[:, None] * BLOCK_R + offs_c[None, :])
-        m_new = tl.maximum(m_i, lse)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        w = tl.exp2(lse - m_use)
-        l_i = l_i * alpha + w
-        acc = acc * alpha[:, None] + o * w[:, None]
-        m_i = m_new
-    o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
-    o_rows = OUT + t0.to(tl.int64) * stride_ot + h0 * stride_oh + (t_m * stride_ot + h_m * stride_oh)[:, None]
-    tl.store(o_rows + offs_c[None, :], o.to(OUT.dtype.element_ty), mask=mask_m[:, None] & (offs_c < rank)[None, :])
-
-
-@triton.jit
 def _sparse_mla_merge_kernel(
     WS_O,
     WS_LSE,
@@ -687,7 +504,6 @@ def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-_MERGE_COLS = 128  # output columns per program of _dense_mla_merge_kernel
 _SLOT_BLOCK = 1024  # top-k columns per program of _topk_slots_kernel
 DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this many tokens
 
@@ -753,54 +569,6 @@ def default_config(
     }
 
 
-# (key block, stages) of the dense kernel by the largest key block dividing the page size
-# (one page-table entry per block), from the H200 sweep at 1k tokens × 8 heads, page 64
-# (`scripts/bench_kernels_attention.py --only dense --sweep`): 64 keys and 2 stages beat 32
-# and 3 (66.9 vs 73.3 µs with chunks; 81.8 vs 101.3 without) although ptxas spills
-# ~100 bytes there; 16 keys: 99.0 µs.
-_DENSE_TILES = ((64, 2), (32, 3), (16, 3))
-
-
-def dense_config(
-    num_heads: int,
-    num_tokens: int = 0,
-    max_keys: int = 0,
-    device: torch.device | None = None,
-    page_size: int = 64,
-) -> dict:
-    """Tiles of the dense-causal kernel: ``block_t`` tokens × ``heads`` heads per program, so
-    ``block_t · heads ≤ 64`` rows share each key block (``H = 8``: 8 tokens; ``H ≥ 64``: one
-    token, heads in blocks of 64); 8 warps hold the ``[64, 512]`` fp32 accumulator. The key
-    block is the largest of 64, 32, 16 that divides ``page_size`` (a block then lies in one
-    page); other page sizes, and head blocks that are not powers of two, take 16 or 32 keys
-    with a page-table entry per key, 2 stages.
-
-    ``chunk_keys`` (0: one chunk) cuts each block's key range into chunks of that many keys,
-    one program each, merged afterwards: only when the token blocks alone cannot fill the
-    GPU (``num_tokens``, ``device`` given) and the causal triangle is lopsided — the longest
-    range (``max_keys``: the page table's width, at most ``K``) at least 1.5× the mean range
-    of a prompt without cached prefix, i.e. ``num_tokens ≥ ⅔ max_keys`` — sized to half the
-    longest range (rounded down to the key block, at least two blocks), so the long blocks
-    split and the short ones stay whole. (On the H200 at 1k tokens × 8 heads: fresh, 81.8 →
-    66.9 µs; on a 1k prefix, where every block walks 1–2k keys, chunks measured slower.)
-    Shapes only: graph-safe."""
-    heads = min(num_heads, 64)
-    block_t = 1 << ((64 // heads).bit_length() - 1)  # a power of two
-    if heads & (heads - 1):
-        block_n, stages = 16, 2
-    else:
-        block_n, stages = next(((n, st) for n, st in _DENSE_TILES if page_size % n == 0), (32, 2))
-    chunk = 0
-    if device is not None and num_tokens > 0:
-        blocks = triton.cdiv(num_tokens, block_t) * triton.cdiv(num_heads, heads)
-        longest = max_keys if max_keys > 0 else num_tokens
-        lopsided = 3 * min(num_tokens, longest) >= 2 * longest  # longest ≥ 1.5 × the mean (fresh)
-        if blocks < num_sms(device) and lopsided:
-            chunk = max(longest // 2 // block_n, 2) * block_n
-    return {"block_t": block_t, "heads": heads, "block_n": block_n, "num_warps": 8, "num_stages": stages,
-            "chunk_keys": chunk}  # fmt: skip
-
-
 def lean_supported(kv_cache: torch.Tensor, topk: int, rank: int, dim: int, block_n: int) -> bool:
     """Whether the sparse kernel's unmasked ``LEAN`` loop fits: power-of-two ``rank`` and rope
     widths (no column padding), ``topk`` a multiple of the key block and element offsets of the
@@ -860,6 +628,9 @@ def sparse_mla_attention_triton(
     dense_num_warps: int | None = None,
     dense_chunk_keys: int | None = None,
     dense_page_blocks: bool | None = None,
+    dense_balanced: bool | None = None,
+    dense_programs: int | None = None,
+    dense_partial_dtype: torch.dtype | None = None,
     maxnreg: int | None = None,
     slots: bool | None = None,
     lean: bool | None = None,
@@ -880,19 +651,19 @@ def sparse_mla_attention_triton(
     ``kv_cache`` is a cache of ``q``'s dtype or an FP8 latent cache (``uint8`` rows of
     :mod:`~breakgraph.kernels.latent_fp8`), dequantised in registers to ``q``'s dtype.
 
-    The keyword arguments after ``dense_below`` override :func:`default_config` and
-    :func:`dense_config` (benchmarks, tests; ``dense_block_t`` is a power of two;
-    ``dense_chunk_keys = 0``: one chunk; ``dense_page_blocks``: one page-table entry per key
-    block, which needs ``page_size`` divisible by the key block — by default on where it is;
-    ``maxnreg = 0``: no register cap; ``lean``:
-    the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
-    four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one;
-    ``lazy``: rescale only past a growth of ``2^lazy``, 0 = every block; ``fp8_columns``: on an
-    FP8 cache, the column-group kernel's scales on its score and probability columns — default
-    from ``BREAKGRAPH_SPARSE_MLA_FP8``, off until measured on the H200).
+    The keyword arguments after ``dense_below`` override :func:`default_config` and, as
+    ``dense_*``, the options of
+    :func:`~breakgraph.kernels.triton_dense_mla.dense_mla_attention_triton` (benchmarks, tests;
+    ``dense_balanced``: its balanced kernel, default ``BREAKGRAPH_DENSE_MLA_BALANCED``);
+    ``maxnreg = 0``: no register cap; ``lean``: the unmasked loop where :func:`lean_supported`,
+    else ignored; ``groups = 4``: the lean loop in four column groups, ``r`` a multiple of 64, no
+    register cap unless ``maxnreg`` names one; ``lazy``: rescale only past a growth of
+    ``2^lazy``, 0 = every block; ``fp8_columns``: on an FP8 cache, the column-group kernel's
+    scales on its score and probability columns — default from ``BREAKGRAPH_SPARSE_MLA_FP8``,
+    off until measured on the H200).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
-    (``< page_table.shape[1] · page_size``), which bounds the dense path's key chunks.
+    (``< page_table.shape[1] · page_size``), which bounds the dense path's work.
     """
     num_tokens, num_heads, dim = q.shape
     topk = topk_pos.shape[1]
@@ -928,41 +699,13 @@ def sparse_mla_attention_triton(
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
     dense_t = 0
-    if dense_below > 0 and splits == 1:
-        max_keys = min(dense_below, page_table.shape[1] * page_size)
-        dense = dense_config(num_heads, num_tokens, max_keys, q.device, page_size)
-        dense_t = dense_block_t or dense["block_t"]
-        block_m = _pow2(dense_t * dense["heads"])
-        dense_n = dense_block_n or dense["block_n"]
-        chunk = dense["chunk_keys"] if dense_chunk_keys is None else dense_chunk_keys
-        chunk = triton.cdiv(chunk or dense_below, dense_n) * dense_n
-        num_chunks = triton.cdiv(max_keys, chunk) if chunk < dense_below else 1
-        grid = (triton.cdiv(num_tokens, dense_t), triton.cdiv(num_heads, dense["heads"]), num_chunks)
-        page_blocks = page_size % dense_n == 0 if dense_page_blocks is None else dense_page_blocks
-        if page_blocks and page_size % dense_n:
-            raise ValueError(f"dense_page_blocks needs page_size ({page_size}) divisible by the key block ({dense_n})")
-        if num_chunks > 1:
-            items = grid[0] * grid[1] * num_chunks * block_m
-            ws_o = torch.empty(items, block_r, dtype=torch.float32, device=q.device)
-            ws_lse = torch.empty(items, dtype=torch.float32, device=q.device)
-        else:
-            ws_o = ws_lse = out  # unused
-        common = (out.stride(0), out.stride(1), num_tokens, num_heads, rank)
-        _dense_mla_fwd_kernel[grid](
-            q, kv_cache, page_table, token_req, positions, out, ws_o, ws_lse,
-            q.stride(0), q.stride(1), kv_cache.stride(0), page_table.stride(0), *common,
-            dim - rank, page_size, dense_below, chunk, qk_scale,
-            BLOCK_T=dense_t, HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_N=dense_n, BLOCK_R=block_r,
-            BLOCK_PE=block_pe, SPLIT=num_chunks > 1, PAGE_BLOCKS=page_blocks, KV_FP8=kv_fp8,
-            num_warps=dense_num_warps or dense["num_warps"], num_stages=dense_num_stages or dense["num_stages"],
+    if dense_below > 0 and splits == 1:  # the dense-causal blocks first (kernels/triton_dense_mla.py)
+        dense_t = dense_mla_attention_triton(
+            q, kv_cache, page_table, token_req, positions, page_size, softmax_scale, out, dense_below,
+            balanced=dense_balanced, block_t=dense_block_t, block_n=dense_block_n, num_warps=dense_num_warps,
+            num_stages=dense_num_stages, chunk_keys=dense_chunk_keys, page_blocks=dense_page_blocks,
+            programs=dense_programs, partial_dtype=dense_partial_dtype,
         )  # fmt: skip
-        if num_chunks > 1:
-            merge_cols = min(_MERGE_COLS, block_r)
-            _dense_mla_merge_kernel[(grid[0], grid[1], triton.cdiv(block_r, merge_cols))](
-                ws_o, ws_lse, token_req, positions, out, *common, dense_below, chunk, num_chunks,
-                BLOCK_T=dense_t, HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_C=merge_cols,
-                num_warps=4,
-            )  # fmt: skip
     grid = (num_tokens, triton.cdiv(num_heads, block_h), splits)
     if splits > 1:
         ws_o = torch.empty(num_tokens * num_heads * splits, block_r, dtype=torch.float32, device=q.device)
