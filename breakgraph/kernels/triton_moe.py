@@ -50,7 +50,7 @@ import triton.language as tl
 
 from breakgraph import env
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
+from breakgraph.kernels.triton_fp8 import act_quant, interpreting, mma, scaled_update, to_fp8
 
 if TYPE_CHECKING:
     from breakgraph.kernels.moe import SharedExpert
@@ -317,6 +317,65 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeLayo
 # --------------------------------------------------------------------------------------------
 # grouped GEMM
 
+# W8A16 weight tiles (``DEQUANT``): 0 scales every e4m3 weight in registers to ``bf16(w·s)``, the
+# twin's values, before the MMA; 1 widens each code exactly to the activations' dtype and scales
+# the k-block's fp32 partial product by ``s``; 2 rebuilds bf16 bits from the code
+# (:func:`_e4m3_bits_bf16`, the value ``w·2⁻¹²⁰``) and scales the partial product by ``s·2¹²⁰``.
+E4M3_BF16_SHIFT = tl.constexpr(2.0**120)
+
+
+@triton.jit
+def _e4m3_bits_bf16(w, INTERP: tl.constexpr):
+    """e4m3 codes → bf16 whose value is ``code·2⁻¹²⁰`` exactly (subnormal codes included): the
+    sign moves to bit 15 and the 7 exponent-mantissa bits to bits 4…10, so e4m3's exponent
+    (bias 7) reads as bf16's (bias 127). Integer ops only (byte permute, and, shift, lop3: two
+    per code on the integer pipes), none on the conversion units the float path needs."""
+    c = w.to(tl.uint8, bitcast=True)
+    if INTERP:
+        c16 = c.to(tl.uint16)
+        return (((c16 & 0x80) << 8) | ((c16 & 0x7F) << 4)).to(tl.bfloat16, bitcast=True)
+    else:
+        # two codes per 16-bit register in, one bf16 pair out: [0, c0, 0, c1], then the bit moves
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 a, t;
+            mov.b32 a, {$1, $1};
+            prmt.b32 a, a, 0, 0x1404;
+            and.b32 t, a, 0x7f007f00;
+            shr.b32 t, t, 4;
+            lop3.b32 $0, t, a, 0x80008000, 0xf8;
+            }""",
+            constraints="=r,h",
+            args=[c],
+            dtype=tl.bfloat16,
+            is_pure=True,
+            pack=2,
+        )
+
+
+@triton.jit
+def _moe_update(
+    acc, a, w, sw, sa, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr, DEQUANT: tl.constexpr,
+    INTERP: tl.constexpr,
+):  # fmt: skip
+    """:func:`~breakgraph.kernels.triton_fp8.scaled_update` for one k-block, with W8A16's
+    ``DEQUANT`` modes 1 and 2 (see above): the block's product from a fresh accumulator,
+    scaled once (``BLOCK_K`` must divide the 128-wide scale block)."""
+    if W_FP8 and not A_FP8 and DEQUANT > 0:
+        if DEQUANT == 2:
+            wv = _e4m3_bits_bf16(w, INTERP).to(a.dtype)
+            s = sw * E4M3_BF16_SHIFT
+        else:
+            wv = w.to(a.dtype)
+            s = sw
+        if SWAP_AB:
+            d = mma(wv, tl.trans(a), tl.zeros_like(acc), INTERP)
+        else:
+            d = mma(a, tl.trans(wv), tl.zeros_like(acc), INTERP)
+        return acc + d * s
+    else:
+        return scaled_update(acc, a, w, sw, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
+
 
 @triton.jit
 def _moe_gemm_kernel(
@@ -328,8 +387,14 @@ def _moe_gemm_kernel(
     stride_cm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr, DEQUANT: tl.constexpr = 0,
+    cs_ptr=None, stride_csm=0, QUANT_OUT: tl.constexpr = 0,
 ):  # fmt: skip
+    """Grouped GEMM over the layout's row blocks (see :func:`moe_gemm`). ``QUANT_OUT``: ``c`` is
+    e4m3 and each output tile (``BLOCK_N == 128`` columns, one group) is rounded to the
+    activation dtype (``QUANT_OUT`` 16: bf16, 15: fp16, 32: kept fp32), then quantised per
+    (row, 128 columns) exactly as :func:`~breakgraph.kernels.triton_fp8.act_quant` quantises
+    that stored tensor, with the scales into ``cs`` (row stride ``stride_csm``)."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_n
@@ -374,10 +439,10 @@ def _moe_gemm_kernel(
                 sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
             else:
                 sa = 1.0
-            acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
+            acc_g = _moe_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, SWAP_AB, DEQUANT, INTERP)
             if SILU:
                 wu = tl.load(wu_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
+                acc_u = _moe_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, SWAP_AB, DEQUANT, INTERP)
             a_ptrs += BLOCK_K
             wg_ptrs += BLOCK_K
             wu_ptrs += BLOCK_K
@@ -385,7 +450,19 @@ def _moe_gemm_kernel(
             out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         else:
             out = acc_g
-        out = out.to(c_ptr.dtype.element_ty)
+        if QUANT_OUT:
+            if QUANT_OUT == 16:
+                out = out.to(tl.bfloat16).to(tl.float32)
+            elif QUANT_OUT == 15:
+                out = out.to(tl.float16).to(tl.float32)
+            # one group per tile: the amax runs over the tile's columns (axis 0 when swapped)
+            amax = tl.max(tl.abs(out), axis=0 if SWAP_AB else 1)
+            scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
+            bscale = scale[None, :] if SWAP_AB else scale[:, None]
+            out = to_fp8(tl.math.div_rn(out, bscale + tl.zeros_like(out)), INTERP)
+            tl.store(cs_ptr + pair.to(tl.int64) * stride_csm + pid_n, scale, mask=row_ok)
+        else:
+            out = out.to(c_ptr.dtype.element_ty)
         if SWAP_AB:
             c_ptrs = c_ptr + pair[None, :].to(tl.int64) * stride_cm + offs_n[:, None]
             tl.store(c_ptrs, out, mask=row_ok[None, :] & n_ok[:, None])
@@ -416,7 +493,7 @@ def _moe_stream_kernel(
     stride_cm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES_N: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr, DEQUANT: tl.constexpr = 0,
 ):  # fmt: skip
     """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
     product only. Program ``(b, c)`` takes row block ``b`` and ``TILES_N`` consecutive
@@ -475,13 +552,13 @@ def _moe_stream_kernel(
                 sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
             else:
                 sa = tl.full((BLOCK_M,), 1.0, tl.float32)
-            acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, INTERP)
+            acc_g = _moe_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, DEQUANT, INTERP)
             if SILU:
                 if EVEN:
                     wu = tl.load(wg_ptrs + UP_OFF * stride_wn)
                 else:
                     wu = tl.load(wg_ptrs + UP_OFF * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, INTERP)
+                acc_u = _moe_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, DEQUANT, INTERP)
             if TILES_N > 1:
                 if k0 + BLOCK_K >= K:
                     _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n0, N, stride_cm, SILU, BLOCK_N)
@@ -503,7 +580,7 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: 
     avg = num_pairs / max(1, num_experts)
     if fp8 and not a_fp8 and not silu and avg <= 16:
         return {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "BLOCK_K": 128,
-                "num_warps": 4, "num_stages": 4}  # fmt: skip
+                "num_warps": 4, "num_stages": 4, "DEQUANT": W8A16_DEQUANT_SWAPPED}  # fmt: skip
     if avg <= 16:
         cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4}
     elif avg <= 48 and not fp8:
@@ -515,7 +592,19 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: 
     cfg["BLOCK_N"] = 64 if silu else 128
     cfg["BLOCK_K"] = 128
     cfg["num_stages"] = 4 if fp8 and silu and cfg["BLOCK_M"] <= 64 else 3
+    if fp8 and not a_fp8:
+        cfg["DEQUANT"] = W8A16_DEQUANT_SWAPPED if cfg["SWAP_AB"] else W8A16_DEQUANT
     return cfg
+
+
+# W8A16's dequantisation mode (``DEQUANT`` of the GEMM kernels) by product orientation. Swapped
+# (weights on the MMA's register side): the bit rebuild, all on the integer pipes (sm_90a, gate/up
+# at 16 rows, per warp and k-block: 557 instructions, none on the conversion units, against 688
+# with 256 conversions for mode 0 and 491 with 192 for mode 1; ``python scripts/moe_dequant_sass.py``).
+# Unswapped (weights the MMA's shared-memory side): the exact widening (537 against 614 for mode 0
+# and 872 for the bit rebuild, which the compiler routes through an extra layout change).
+W8A16_DEQUANT_SWAPPED = 2
+W8A16_DEQUANT = 1
 
 
 def moe_gemm(
@@ -530,6 +619,8 @@ def moe_gemm(
     silu: bool,
     block: tuple[int, int] = (128, 128),
     config: dict | None = None,
+    out_scale: torch.Tensor | None = None,
+    out_round: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """Grouped GEMM over ``layout``'s row blocks, writing rows of ``out`` by pair id.
 
@@ -540,6 +631,9 @@ def moe_gemm(
     ``out [P, N]``. Rows of pairs are written exactly once; nothing else is touched.
     ``config`` overrides :func:`gemm_config`'s tiles; ``KERNEL="stream"`` takes
     :func:`_moe_stream_kernel` (swapped product only; ``TILES_N`` column tiles per program).
+    An e4m3 ``out`` with ``out_scale [P, N/128]`` fp32 (grouped kernel, ``BLOCK_N = 128``): the
+    product quantised in the epilogue as ``act_quant`` would quantise it stored in ``out_round``
+    (the next W8A8 GEMM's input with no quantisation launch between).
     """
     num_e, n_w, k = weight.shape
     n = n_w // 2 if silu else n_w
@@ -569,6 +663,18 @@ def moe_gemm(
         return out
     ws = weight_scale if w_fp8 else weight
     sa = a_scale if a_fp8 else a
+    if cfg.get("DEQUANT") == 2 and a.dtype == torch.float16:
+        cfg["DEQUANT"] = 1  # code·2⁻¹²⁰ is below fp16's range: widen exactly instead
+    quant = {}
+    if out.dtype == FP8_DTYPE:
+        if (out_scale is None or cfg.get("KERNEL", "grouped") != "grouped" or cfg["BLOCK_N"] != 128 or n % 128
+                or out_scale.shape != (out.shape[0], n // 128) or out_scale.dtype != torch.float32):  # fmt: skip
+            raise ValueError(
+                "moe_gemm: an e4m3 out needs out_scale [rows, N/128] fp32, the grouped kernel and BLOCK_N = 128, "
+                f"got {cfg}, N={n}, out_scale {None if out_scale is None else tuple(out_scale.shape)}"
+            )
+        rounding = {torch.bfloat16: 16, torch.float16: 15, torch.float32: 32}[out_round]
+        quant = {"cs_ptr": out_scale, "stride_csm": out_scale.stride(0), "QUANT_OUT": rounding}
     kernel = _moe_gemm_kernel
     if cfg.pop("KERNEL", "grouped") == "stream":
         cfg.pop("SWAP_AB", None)  # the stream kernel always computes the swapped product
@@ -585,7 +691,7 @@ def moe_gemm(
         weight.stride(0), weight.stride(1), ws.stride(0), ws.stride(1), ws.stride(2),
         out.stride(0),
         GATHER=gather_top_k is not None, SILU=silu, W_FP8=w_fp8, A_FP8=a_fp8,
-        SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), **cfg,
+        SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), **cfg, **quant,
     )  # fmt: skip
     return out
 
@@ -727,12 +833,15 @@ def fused_moe_triton(
         xa, xs = act_quant(xc, block[1], column_major_scale=False)
     else:
         xa, xs = xc, None
-    h = torch.empty(p, i, dtype=x.dtype, device=x.device)
-    moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
-    if fp8_activations:
-        ha, hs = act_quant(h, block[1], column_major_scale=False)
+    if fp8_activations and cfg1.get("KERNEL", "grouped") == "grouped" and cfg1["BLOCK_N"] == block[1]:
+        ha = torch.empty(p, i, dtype=FP8_DTYPE, device=x.device)
+        hs = torch.empty(p, i // block[1], dtype=torch.float32, device=x.device)
+        moe_gemm(xa, xs, w13, w13_scale, lay, ha, gather_top_k=k, silu=True, block=block, config=cfg1,
+                 out_scale=hs, out_round=x.dtype)  # fmt: skip
     else:
-        ha, hs = h, None
+        h = torch.empty(p, i, dtype=x.dtype, device=x.device)
+        moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
+        ha, hs = act_quant(h, block[1], column_major_scale=False) if fp8_activations else (h, None)
     y = torch.empty(p, d, dtype=x.dtype, device=x.device)
     moe_gemm(ha, hs, w2, w2_scale, lay, y, gather_top_k=None, silu=False, block=block, config=cfg2)
     return moe_combine(y, topk_weights, torch.empty_like(x))
