@@ -470,10 +470,16 @@ def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
             x = torch.randn(t, D, device=DEVICE, generator=gen).bfloat16()
             tw, ids = route(torch.randn(t, E, device=DEVICE, generator=gen), None, TOP_K, 1, 1, True, 2.5)
             w13_8, s13, w2_8, s2 = weights
-            dec = partial(fused_moe_decode, x, w13_8, w2_8, tw, ids, s13, s2)
-            us = 1e3 * triton.testing.do_bench(dec, warmup=10, rep=30, return_mode="median")
-            results.append({"tokens": t, "gemm": 0, "label": "decode kernels", "kind": "W8A16", "us": us,
-                            "tbs": t * TOP_K * 3 * INTER * D / 1e3 / us, "touched": touched})  # fmt: skip
+            want = fused_moe_ref(x, w13_8, w2_8, tw, ids, s13, s2).float()
+            old = {"up": {"SCALE_X": False}, "down": {"SCALE_X": False, "BLOCK_K": 512}}  # before: scaled weights
+            for label, cfg in (("decode kernels old", old), ("decode kernels", None)):
+                dec = partial(fused_moe_decode, x, w13_8, w2_8, tw, ids, s13, s2, config=cfg)
+                err = ((dec().float() - want).norm() / want.norm()).item()
+                us = 1e3 * triton.testing.do_bench(dec, warmup=10, rep=30, return_mode="median")
+                results.append({"tokens": t, "gemm": 0, "label": label, "kind": "W8A16", "us": us, "err": err,
+                                "tbs": t * TOP_K * 3 * INTER * D / 1e3 / us, "touched": touched})  # fmt: skip
+                print(f"  T={t:5d} {label}: {us:.1f} us, {t * TOP_K * 3 * INTER * D / 1e3 / us:.2f} TB/s of the "
+                      f"routed pairs' expert bytes, err {err:.1e}", flush=True)  # fmt: skip
     _print_compare(tokens, results)
     return results
 
@@ -512,12 +518,13 @@ def _print_compare(tokens: list[int], results: list[dict]) -> None:
                   f"{quant['us']:6.1f} | {old['err']:.1e} / {new['err']:.1e} / {w8a8['err']:.1e} | "
                   f"{_short(best['config'])} d{best['config'].get('DEQUANT')}")  # fmt: skip
         if pair:
-            dec = get(t, 0, "decode kernels")
-            extra = f"; decode kernels {dec['us']:.1f} us ({dec['tbs']:.2f} TB/s of routed-pair bytes)" if dec else ""
+            dec, dec0 = get(t, 0, "decode kernels"), get(t, 0, "decode kernels old")
+            extra = (f"; decode kernels (routed experts only) {dec0['us']:.1f} -> {dec['us']:.1f} us "
+                     f"({dec0['tbs']:.2f} -> {dec['tbs']:.2f} TB/s of routed-pair bytes)") if dec and dec0 else ""  # fmt: skip
             fused = get(t, 1, "W8A8 fused")
             if fused:
                 f_us = fused["us"] + get(t, 1, "act quant")["us"] + get(t, 2, "W8A8")["us"]
-                extra = f", W8A8 fused {f_us:.1f} (err {fused['err']:.1e}, x quant incl.){extra}"
+                extra = f", W8A8 fused {f_us:.1f} (x quant incl.; e4m3 h vs the bf16 twin {fused['err']:.1e}){extra}"
             print(f"{t:5d} layer GEMMs: W8A16 old {pair['old']:.1f}, new {pair['new']:.1f}, best {pair['best']:.1f}, "
                   f"W8A8 + 2 quants {pair['w8a8']:.1f} us{extra}")  # fmt: skip
 

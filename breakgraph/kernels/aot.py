@@ -39,6 +39,12 @@ def _specialise(name: str, value: Any, constexprs: dict) -> tuple[str, bool]:
     return value, value.startswith("*") or (value == "i32" and (aligned or name in ("K", "N", "UP_OFF")))
 
 
+def _opcodes(sass: str) -> list[str]:
+    """Opcodes of a SASS listing in order, predicates dropped."""
+    return [re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip()).split()[0]
+            for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]  # fmt: skip
+
+
 def _largest_loop(sass: str) -> list[str]:
     """Opcodes of the largest backward-branch range of a SASS listing (a kernel's main loop
     body; empty without a loop), predicates dropped."""
@@ -58,11 +64,13 @@ def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
-    "async_copies", "async_copies_16B", "loop_insts", "loop_ops", "narrow_stores", "vector_loads"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    "async_copies", "async_copies_16B", "loop_insts", "loop_ops", "ops", "narrow_stores",
+    "vector_loads"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
     ``async_copies_16B`` those of them that move 16 bytes per thread;
     ``loop_insts``: the instructions per trip of its largest loop, per warp, ``loop_ops`` their
-    opcodes with counts (``{"HGMMA.64x16x16.F32.BF16": 16, ...}``); ``narrow_stores``:
+    opcodes with counts (``{"HGMMA.64x16x16.F32.BF16": 16, ...}``), ``ops`` those of the whole
+    kernel; ``narrow_stores``:
     its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to;
     ``vector_loads``: its 128-bit global loads, ``LDG.E.128``).
 
@@ -115,6 +123,7 @@ def compile_for_sm90(
         "async_copies_16B": len(re.findall(r"\bLDGSTS(?:\.\w+)*\.128\b", sass)),
         "loop_insts": len(loop := _largest_loop(sass)),
         "loop_ops": dict(Counter(loop)),
+        "ops": dict(Counter(_opcodes(sass))),
         "narrow_stores": len(re.findall(r"\bSTG\.E\.[US](?:8|16)\b", sass)),
         "vector_loads": len(re.findall(r"\bLDG\.E\.128\b", sass)),
     }
