@@ -17,7 +17,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
 timeout 85 python -m pytest -q -m cuda tests/test_kernels_moe.py -p no:cacheprovider -s \
-  -k "e4m3_bits or quantised_epilogue_gpu or (gpu_glm5_shapes and not 8192 and not decode and not bf16 and not deep) or dispatch_gpu_matches or (decode_gpu_glm5 and True and not 64 and not 128) or decode_cuda_graph" \
+  -k "e4m3_bits or x_fp8_on_gpu or quantised_epilogue_gpu or (gpu_glm5_shapes and not 8192 and not decode and not bf16 and not deep) or dispatch_gpu_matches or (decode_gpu_glm5 and True and not 64 and not 128) or decode_cuda_graph" \
   > "$OUT/pytest_cuda.log" 2>&1
 echo "pytest -m cuda (MoE dequantisation, stream, dispatch, decode): rc=$? ; $(tail -1 "$OUT/pytest_cuda.log")"
 grep -E "rel err|FAILED|Error|passed|failed" "$OUT/pytest_cuda.log" | head -40

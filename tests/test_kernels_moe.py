@@ -277,6 +277,28 @@ def check_gemm1_quantised_epilogue_equals_act_quant():
     assert _rel(fused, want) < 2e-2, _rel(fused, want)
 
 
+def check_w8a8_takes_the_producers_codes():
+    """W8A8 with ``x_fp8`` (codes and column-major scales with padding rows, as the quantising
+    norm hands them over) gives the same bits as quantising ``x`` itself; codes of another
+    width are not taken."""
+    from breakgraph.kernels.triton_fp8 import act_quant
+    from breakgraph.kernels.triton_moe import fused_moe_triton
+
+    t, k, e, d, inter = 7, 4, 6, 256, 128
+    w13, s13 = block_quant(torch.randn(e, 2 * inter, d) / d**0.5)
+    w2, s2 = block_quant(torch.randn(e, d, inter) / inter**0.5)
+    ids = _skewed_ids(t, k, e, 4)
+    tw = torch.rand(t, k)
+    x = torch.randn(t, d).bfloat16()
+    want = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True)
+    given = act_quant(x, 128, column_major_scale=True, pad_rows=16)
+    assert given[0].shape[0] == 16 and given[1].stride() == (1, 16)
+    got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, x_fp8=given)
+    assert torch.equal(got, want)
+    zeros = (torch.zeros(t, d - 128, dtype=FP8_DTYPE), torch.ones(t, 1))  # not x's width: quantised anew
+    assert torch.equal(fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, x_fp8=zeros), want)
+
+
 def check_moe_gemm_writes_every_pair_row_and_nothing_else():
     from breakgraph.kernels.triton_moe import gemm_config, moe_align, moe_gemm
 
@@ -508,6 +530,7 @@ def check_fused_moe_decode_launches_two_kernels():
         "check_w8a16_dequant_modes_match_twin",
         "check_e4m3_bits_bf16_is_exact_for_every_code",
         "check_gemm1_quantised_epilogue_equals_act_quant",
+        "check_w8a8_takes_the_producers_codes",
         "check_moe_gemm_writes_every_pair_row_and_nothing_else",
         "check_moe_stream_kernel_matches_twin",
         "check_moe_stream_kernel_writes_every_pair_row_and_nothing_else",
@@ -841,6 +864,23 @@ def test_gemm1_quantised_epilogue_gpu_equals_act_quant(glm5_experts, t):
     hs = torch.empty(p, INTER // 128, device="cuda")
     moe_gemm(x8, xs, g["w13_8"], g["s13"], lay, q, gather_top_k=TOP_K, silu=True, config=cfg, out_scale=hs)
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(hs, want_s), cfg
+
+
+@pytest.mark.cuda
+def test_fused_moe_w8a8_takes_x_fp8_on_gpu(glm5_experts):
+    """``fused_moe`` at a W8A8 size with ``x`` quantised by its producer (padded rows,
+    column-major scales): the same bits as quantising ``x`` in the layer."""
+    from breakgraph.kernels.triton_fp8 import act_quant, quant_pad_rows
+    from breakgraph.kernels.triton_moe import moe_fp8_activations
+
+    g = glm5_experts
+    t = 512
+    assert moe_fp8_activations(t)
+    x = torch.randn(t, D, device="cuda").bfloat16()
+    tw, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
+    args = (x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
+    given = act_quant(x, 128, column_major_scale=True, pad_rows=quant_pad_rows(x.device))
+    assert torch.equal(fused_moe(*args, x_fp8=given), fused_moe(*args))
 
 
 @pytest.mark.cuda

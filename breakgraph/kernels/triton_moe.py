@@ -807,11 +807,15 @@ def fused_moe_triton(
     *,
     fp8_activations: bool | None = None,
     configs: tuple[dict | None, dict | None] = (None, None),
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Routed experts with the Triton grouped GEMMs (contract of ``fused_moe_ref``).
 
     ``fp8_activations`` (FP8 weights only; default :func:`moe_fp8_activations`) picks W8A8 over
     W8A16. ``configs`` override the tile choice of GEMM 1 / GEMM 2 (must agree on ``BLOCK_M``).
+    ``x_fp8``: ``x`` already quantised per (row, 128 columns) by its producer (``(codes [≥T, D],
+    scales [≥T, D/128])``, any strides, rows past ``T`` ignored), which W8A8 takes instead of
+    quantising ``x`` itself; ignored otherwise.
     """
     t, d = x.shape
     k = topk_ids.shape[1]
@@ -829,7 +833,9 @@ def fused_moe_triton(
     cfg2["BLOCK_M"] = cfg1["BLOCK_M"]
     lay = moe_align(topk_ids, num_e, cfg1["BLOCK_M"])
     xc = x if x.stride(1) == 1 else x.contiguous()
-    if fp8_activations:
+    if fp8_activations and x_fp8 is not None and _takes_x_fp8(x_fp8, t, d, block[1]):
+        xa, xs = x_fp8
+    elif fp8_activations:
         xa, xs = act_quant(xc, block[1], column_major_scale=False)
     else:
         xa, xs = xc, None
@@ -845,6 +851,14 @@ def fused_moe_triton(
     y = torch.empty(p, d, dtype=x.dtype, device=x.device)
     moe_gemm(ha, hs, w2, w2_scale, lay, y, gather_top_k=None, silu=False, block=block, config=cfg2)
     return moe_combine(y, topk_weights, torch.empty_like(x))
+
+
+def _takes_x_fp8(x_fp8: tuple[torch.Tensor, torch.Tensor], t: int, d: int, group: int) -> bool:
+    q, s = x_fp8
+    return (
+        q.dtype == FP8_DTYPE and q.dim() == 2 and q.shape[0] >= t and q.shape[1] == d and q.stride(1) == 1
+        and s.dtype == torch.float32 and s.dim() == 2 and s.shape[0] >= t and s.shape[1] == -(-d // group)
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
