@@ -391,8 +391,9 @@ def _compare_grid(t: int, gemm: int) -> list[tuple[str, str, dict]]:
     other dequantisation modes on the default tile, W8A16 tiles around the default at decode
     sizes, and the W8A8 default."""
     silu = gemm == 1
-    new = gemm_config(t * TOP_K, E, silu, True, False)
-    rows = [("W8A16 old", "W8A16", {**new, "DEQUANT": 0}), ("W8A16 new", "W8A16", new)]
+    new = gemm_config(t * TOP_K, E, silu, True, False, dequant="product")
+    rows = [("W8A16 old", "W8A16", gemm_config(t * TOP_K, E, silu, True, False, dequant="scaled")),
+            ("W8A16 new", "W8A16", new)]  # fmt: skip
     for mode in (1, 2):
         if mode != new["DEQUANT"] and (mode == 1 or new.get("SWAP_AB", True)):
             rows.append((f"W8A16 mode {mode}", "W8A16", {**new, "DEQUANT": mode}))
@@ -410,16 +411,17 @@ def _compare_grid(t: int, gemm: int) -> list[tuple[str, str, dict]]:
         )  # fmt: skip
         for tile in tiles:
             rows.append(("W8A16 tile", "W8A16", {"BLOCK_K": 128, "DEQUANT": 2, **tile}))
-    w8a8 = gemm_config(t * TOP_K, E, silu, True, True)
+    w8a8 = gemm_config(t * TOP_K, E, silu, True, True, fused_quant=False)
     rows.append(("W8A8", "W8A8", w8a8))
-    if silu:
-        rows.append(("W8A8 fused", "W8A8q", {**w8a8, "BLOCK_N": 128, "num_warps": 8 if w8a8["BLOCK_M"] >= 64 else 4}))
+    fused = gemm_config(t * TOP_K, E, silu, True, True, fused_quant=True)
+    if silu and fused["BLOCK_N"] == 128:
+        rows.append(("W8A8 fused", "W8A8q", fused))
     return rows
 
 
 def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
-    """W8A16 before and after the dequantisation change, and W8A8, per GEMM at uniform random
-    routing (µs per call, L2 flushed; touched-expert weight bytes per µs; relative error against
+    """W8A16 with every weight scaled (``BREAKGRAPH_MOE_DEQUANT=scaled``, the default) and with the
+    scale on the product (``product``), and W8A8, per GEMM at uniform random routing (µs per call, L2 flushed; touched-expert weight bytes per µs; relative error against
     the bf16-activation twin), W8A8's activation quantisation timed on its own; then per token
     count the layer's two GEMMs (+ quantisations) for each kind and, at decode sizes, the decode
     kernels on the routed experts; a summary table last."""
@@ -427,7 +429,7 @@ def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
     import multiprocessing
     import time
 
-    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS, fused_moe_decode
+    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS, decode_config, fused_moe_decode
 
     tasks = [(kind, gemm, t, cfg) for t in tokens for gemm in (1, 2) for _, kind, cfg in _compare_grid(t, gemm)]
     unique = list({repr(task): task for task in tasks}.values())
@@ -471,8 +473,8 @@ def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
             tw, ids = route(torch.randn(t, E, device=DEVICE, generator=gen), None, TOP_K, 1, 1, True, 2.5)
             w13_8, s13, w2_8, s2 = weights
             want = fused_moe_ref(x, w13_8, w2_8, tw, ids, s13, s2).float()
-            old = {"up": {"SCALE_X": False}, "down": {"SCALE_X": False, "BLOCK_K": 512}}  # before: scaled weights
-            for label, cfg in (("decode kernels old", old), ("decode kernels", None)):
+            old, new = (decode_config(t, TOP_K, INTER, D, False, scale_x=sx) for sx in (False, True))
+            for label, cfg in (("decode kernels old", old), ("decode kernels", new)):
                 dec = partial(fused_moe_decode, x, w13_8, w2_8, tw, ids, s13, s2, config=cfg)
                 err = ((dec().float() - want).norm() / want.norm()).item()
                 us = 1e3 * triton.testing.do_bench(dec, warmup=10, rep=30, return_mode="median")

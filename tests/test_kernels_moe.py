@@ -459,7 +459,7 @@ def check_fused_moe_decode_matches_twin():
 
 def check_fused_moe_decode_tile_variants():
     """Split-K (fp32 split sums, SiLU in the down kernel), wide and narrow tiles, FP8 scales on
-    the activations (the default) or on every weight: one function."""
+    every weight (the default) or on the activations (``SCALE_X``): one function."""
     from breakgraph.kernels.triton_moe import fused_moe_decode
 
     ops = _decode_operands(3, 4, 12, 256, 128, 8, "fp8", True, True)
@@ -470,8 +470,8 @@ def check_fused_moe_decode_tile_variants():
         {"up": {"SPLIT_K": 3, "BLOCK_K": 64, "UNROLL": True}, "down": {"BLOCK_K": 64}},
         {"up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64, "UNROLL": False}, "down": {"BLOCK_N": 128, "BLOCK_K": 128}},
         {"up": {"BLOCK_N": 8, "BLOCK_K": 1024}, "down": {"BLOCK_N": 64, "BLOCK_K": 1024}},
-        {"up": {"SCALE_X": False}, "down": {"SCALE_X": False, "BLOCK_K": 512}},
-        {"up": {"SCALE_X": False, "SPLIT_K": 2}, "down": {"SCALE_X": False, "BLOCK_K": 128}},
+        {"up": {"SCALE_X": True}, "down": {"SCALE_X": True, "BLOCK_K": 1024}},
+        {"up": {"SCALE_X": True, "SPLIT_K": 2}, "down": {"SCALE_X": True, "BLOCK_K": 128}},
     ):
         got = fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res, config=cfg)
         assert _rel(got, want) < 1e-5, (cfg, _rel(got, want))
@@ -742,6 +742,28 @@ def test_moe_small_kernels_compile_for_sm90():
         assert info["stack"] == 0, (fn.__name__, info)
 
 
+def test_moe_knobs_select_the_unmeasured_paths(monkeypatch):
+    """By default the measured paths (every weight scaled; separate quantisation launches);
+    ``BREAKGRAPH_MOE_DEQUANT=product`` and ``BREAKGRAPH_MOE_FUSED_QUANT=1`` select the new ones."""
+    from breakgraph.kernels.triton_moe import decode_config, gemm_config
+
+    def modes():
+        return [gemm_config(p, 256, silu, True)["DEQUANT"] for p in (128, 8192) for silu in (True, False)]
+
+    def w8a8_gate_up_n():
+        return [gemm_config(p, 256, True, True, True)["BLOCK_N"] for p in (1024, 8192, 65536)]
+
+    def scale_x():
+        cfg = decode_config(1, 8, 256, 6144, True)
+        return cfg["up"]["SCALE_X"], cfg["down"]["SCALE_X"], cfg["down"]["BLOCK_K"]
+
+    assert modes() == [0, 0, 0, 0] and w8a8_gate_up_n() == [64, 64, 64] and scale_x() == (False, False, 512)
+    monkeypatch.setenv("BREAKGRAPH_MOE_DEQUANT", "product")
+    monkeypatch.setenv("BREAKGRAPH_MOE_FUSED_QUANT", "1")
+    assert modes() == [2, 2, 1, 1] and scale_x() == (True, True, 1024)
+    assert w8a8_gate_up_n() == [128, 128, 64]  # 128-row blocks keep 64 columns (two 128² accumulators spill)
+
+
 def test_dispatchers_take_twins_on_cpu():
     logits = torch.randn(9, 32)
     bias = torch.randn(32)
@@ -867,9 +889,10 @@ def test_gemm1_quantised_epilogue_gpu_equals_act_quant(glm5_experts, t):
 
 
 @pytest.mark.cuda
-def test_fused_moe_w8a8_takes_x_fp8_on_gpu(glm5_experts):
+def test_fused_moe_w8a8_takes_x_fp8_on_gpu(glm5_experts, monkeypatch):
     """``fused_moe`` at a W8A8 size with ``x`` quantised by its producer (padded rows,
-    column-major scales): the same bits as quantising ``x`` in the layer."""
+    column-major scales) and GEMM 1 writing h's codes (``BREAKGRAPH_MOE_FUSED_QUANT=1``): the
+    same bits as quantising ``x`` and ``h`` in separate launches."""
     from breakgraph.kernels.triton_fp8 import act_quant, quant_pad_rows
     from breakgraph.kernels.triton_moe import moe_fp8_activations
 
@@ -880,7 +903,9 @@ def test_fused_moe_w8a8_takes_x_fp8_on_gpu(glm5_experts):
     tw, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
     args = (x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
     given = act_quant(x, 128, column_major_scale=True, pad_rows=quant_pad_rows(x.device))
-    assert torch.equal(fused_moe(*args, x_fp8=given), fused_moe(*args))
+    want = fused_moe(*args)
+    monkeypatch.setenv("BREAKGRAPH_MOE_FUSED_QUANT", "1")
+    assert torch.equal(fused_moe(*args, x_fp8=given), want)
 
 
 @pytest.mark.cuda

@@ -568,7 +568,10 @@ def _moe_stream_kernel(
             _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n_first, N, stride_cm, SILU, BLOCK_N)
 
 
-def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False) -> dict:
+def gemm_config(
+    num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False, *, dequant: str | None = None,
+    fused_quant: bool | None = None,
+) -> dict:
     """Tile choice from static shapes only (graph-safe): rows per expert on average decide
     ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the tile sweep
     (``scripts/bench_kernels_moe.py --sweep``, GLM-5 TP8 rank): 4 rows per expert (128 tokens)
@@ -576,11 +579,17 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: 
     GEMM 2 (K = I, two k-blocks) in 3 stages. W8A16's GEMM 2 (``a_fp8`` false) with 16-row
     blocks takes the stream kernel, four 128-column tiles per program (decode batches 8…64:
     8–17% faster than the grouped kernel, ``scripts/gpu_check_moe2.sh`` on the H200); its
-    GEMM 1 and W8A8 ran as fast or faster on the grouped kernel."""
+    GEMM 1 and W8A8 ran as fast or faster on the grouped kernel. ``dequant`` (W8A16's
+    ``DEQUANT``: ``scaled`` mode 0, ``product`` the modes below; default ``BREAKGRAPH_MOE_DEQUANT``)
+    and ``fused_quant`` (W8A8's GEMM 1 128 columns wide, so that it can write h's codes; default
+    ``BREAKGRAPH_MOE_FUSED_QUANT``) are the selectable paths not yet measured on a GPU."""
+    product = (dequant or env.read("BREAKGRAPH_MOE_DEQUANT")) == "product"
+    if fused_quant is None:
+        fused_quant = env.read("BREAKGRAPH_MOE_FUSED_QUANT") == "1"
     avg = num_pairs / max(1, num_experts)
     if fp8 and not a_fp8 and not silu and avg <= 16:
         return {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "BLOCK_K": 128,
-                "num_warps": 4, "num_stages": 4, "DEQUANT": W8A16_DEQUANT_SWAPPED}  # fmt: skip
+                "num_warps": 4, "num_stages": 4, "DEQUANT": W8A16_DEQUANT_SWAPPED if product else 0}  # fmt: skip
     if avg <= 16:
         cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4}
     elif avg <= 48 and not fp8:
@@ -593,11 +602,15 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: 
     cfg["BLOCK_K"] = 128
     cfg["num_stages"] = 4 if fp8 and silu and cfg["BLOCK_M"] <= 64 else 3
     if fp8 and not a_fp8:
-        cfg["DEQUANT"] = W8A16_DEQUANT_SWAPPED if cfg["SWAP_AB"] else W8A16_DEQUANT
+        cfg["DEQUANT"] = (W8A16_DEQUANT_SWAPPED if cfg["SWAP_AB"] else W8A16_DEQUANT) if product else 0
+    if fp8 and a_fp8 and silu and fused_quant and cfg["BLOCK_M"] <= 64:  # 128 rows: two 128² accumulators spill
+        cfg["BLOCK_N"] = 128
+        cfg["num_warps"] = 8 if cfg["BLOCK_M"] >= 64 else 4
     return cfg
 
 
-# W8A16's dequantisation mode (``DEQUANT`` of the GEMM kernels) by product orientation. Swapped
+# W8A16's dequantisation mode (``DEQUANT`` of the GEMM kernels) with BREAKGRAPH_MOE_DEQUANT=product
+# (mode 0, every weight scaled, is the default until measured on the H200), by orientation. Swapped
 # (weights on the MMA's register side): the bit rebuild, all on the integer pipes (sm_90a, gate/up
 # at 16 rows, per warp and k-block: 557 instructions, none on the conversion units, against 688
 # with 256 conversions for mode 0 and 491 with 192 for mode 1; ``python scripts/moe_dequant_sass.py``).
@@ -1033,14 +1046,20 @@ def _decode_down_kernel(
 DECODE_MAX_TOKENS = 8
 
 
-def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool) -> dict:
+def decode_config(
+    num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool, scale_x: bool | None = None
+) -> dict:
     """Tiles of the two decode kernels from static shapes only (graph-safe): ``up`` (gate/up:
     ``BLOCK_N`` rows of I, ``BLOCK_K`` columns of D per step, ``SPLIT_K`` k-splits) and
     ``down`` (``BLOCK_N`` columns of D, ``BLOCK_K`` of the token's slots × I per step). Tiles of at most 8K
     elements per 4 warps (16K for down with the scales on h) compile without spills for sm_90a
     (``test_moe_decode_kernels_compile_for_sm90_without_spills``); the k-split doubles until
     the gate/up grid has four programs per SM (132 on an H200) or each split is 1024 columns
-    (at one token: 4 splits, the fastest gate/up tile of ``scripts/bench_moe_decode.py``'s sweep)."""
+    (at one token: 4 splits, the fastest gate/up tile of ``scripts/bench_moe_decode.py``'s sweep).
+    ``scale_x``: FP8 block scales on the activations (``SCALE_X``; default
+    ``BREAKGRAPH_MOE_DEQUANT=product``), else on every weight (the default until measured on the H200)."""
+    if scale_x is None:
+        scale_x = env.read("BREAKGRAPH_MOE_DEQUANT") == "product"
     slots = num_tokens * (top_k + int(has_shared))
     up_n = 16
     split = 1
@@ -1051,17 +1070,14 @@ def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shar
     return {
         # straight-line k-steps up to 3 (6 take 255 registers on sm_90a and ran slower in the sweep)
         "up": {"BLOCK_N": up_n, "BLOCK_K": up_k, "SPLIT_K": split, "UNROLL": hidden // split <= 3 * up_k,
-               "num_warps": 4, "num_stages": 1, "SCALE_X": DECODE_SCALE_X},
-        # 16-column down tiles step 1024 wide with the scales on h (512 spills a few addresses)
-        "down": {"BLOCK_N": down_n, "BLOCK_K": 1024 if DECODE_SCALE_X and down_n == 16 else 512, "num_warps": 4,
-                 "num_stages": 1, "SCALE_X": DECODE_SCALE_X},
+               "num_warps": 4, "num_stages": 1, "SCALE_X": scale_x},
+        # 16-column down tiles step 1024 wide with the scales on h (512 spills a few addresses);
+        # with the scales on h, sm_90a one-token tiles take 1688 instructions against 2904 for
+        # gate/up and 1888 against 2624 for down, no F2F conversions
+        # (test_moe_decode_kernels_scale_x_leaves_the_conversion_units)
+        "down": {"BLOCK_N": down_n, "BLOCK_K": 1024 if scale_x and down_n == 16 else 512, "num_warps": 4,
+                 "num_stages": 1, "SCALE_X": scale_x},
     }  # fmt: skip
-
-
-# FP8 decode kernels: block scales on the activations' columns rather than on every weight
-# (sm_90a, one-token tiles: 1688 against 2904 instructions for gate/up, 1888 against 2624 for
-# down, no F2F conversions; test_moe_decode_kernels_scale_x_leaves_the_conversion_units).
-DECODE_SCALE_X = True
 
 
 def decode_supported(
