@@ -1025,7 +1025,7 @@ def glm5_shared():
 def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
     """The decode kernels at GLM-5 TP8-rank shapes, routed + shared + residual, against the fp32
     oracle (FP8 weights dequantised exactly as the kernels do); every output row written."""
-    from breakgraph.kernels.triton_moe import fused_moe_decode
+    from breakgraph.kernels.triton_moe import decode_config, fused_moe_decode
 
     g = glm5_experts
     x = torch.randn(t, D, device="cuda").bfloat16()
@@ -1043,11 +1043,13 @@ def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
             block_dequant(sh.w2, sh.w2_scale, (128, 128), torch.bfloat16),
         )
         sh_ref = SharedExpert(shared.w13.float(), shared.w2.float())
-    got = fused_moe_decode(x, *w, shared=shared, residual=res)
     want = _oracle(x, *w) + shared_expert_ref(x.float(), sh_ref) + res.float()
-    err = _rel(got, want)
-    print(f"decode fp8={fp8} T={t}: rel err {err:.2e}")
-    assert got.dtype == torch.bfloat16 and err < 1e-2
+    for scale_x in (False, True) if fp8 else (False,):  # FP8 scales on every weight / on the activations
+        cfg = decode_config(t, TOP_K, INTER, D, True, scale_x=scale_x)
+        got = fused_moe_decode(x, *w, shared=shared, residual=res, config=cfg)
+        err = _rel(got, want)
+        print(f"decode fp8={fp8} SCALE_X={scale_x} T={t}: rel err {err:.2e}")
+        assert got.dtype == torch.bfloat16 and err < 1e-2
 
 
 @pytest.mark.cuda
@@ -1074,9 +1076,11 @@ def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_s
 
 
 @pytest.mark.cuda
-def test_moe_decode_cuda_graph_replay(glm5_experts, glm5_shared):
+@pytest.mark.parametrize("dequant", ["scaled", "product"])
+def test_moe_decode_cuda_graph_replay(glm5_experts, glm5_shared, dequant, monkeypatch):
     """Routing + decode kernels (shared + residual) captured in one CUDA graph, replayed with new
-    inputs: same result as eager."""
+    inputs: same result as eager (FP8 scales on the weights, and on the activations)."""
+    monkeypatch.setenv("BREAKGRAPH_MOE_DEQUANT", dequant)
     g = glm5_experts
     t = 4
     static_x = torch.randn(t, D, device="cuda").bfloat16()

@@ -16,7 +16,9 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    per 128×128 tile; for FP8 the activations are either kept in bf16 and each weight tile is
    dequantised in registers to ``bf16(w·s)`` — the very values the twin's ``block_dequant``
    makes — before a bf16 MMA (``W8A16``: the default for small batches, which pay for weight
-   bytes, and these are fp8) or quantised per (row, 128 columns) to e4m3 for the fp8 tensor
+   bytes, and these are fp8; ``BREAKGRAPH_MOE_DEQUANT=product`` instead scales each k-block's
+   fp32 product, the codes rebuilt as bf16 bits or widened exactly: see ``_moe_update``) or
+   quantised per (row, 128 columns) to e4m3 for the fp8 tensor
    cores, each k-block's fp32 partial sum scaled by ``s_w · s_a`` (``W8A8``, the default from
    ``W8A8_MIN_TOKENS`` tokens, :func:`moe_fp8_activations`): twice the MMA rate for large T, ≈4% relative deviation from the
    bf16-activation twin on random data: two quantised GEMMs). Small row blocks use the swapped
