@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +80,25 @@ def _mma_loop(sass: str) -> tuple[int, int]:
     return len(body), sum(bool(re.search(r"\b(?:LDL|STL)\b", t)) for t in body)
 
 
+def _opcodes(sass: str) -> list[str]:
+    """Opcodes with their modifiers (``HGMMA.64x16x16.F32.BF16``) of a SASS listing in order,
+    predicates dropped."""
+    return [re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip()).split()[0]
+            for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]  # fmt: skip
+
+
 def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
-    "async_copies", "async_copies_16B", "loop_insts", "loop_shared", "narrow_stores", "vector_loads",
-    "mma_loop_insts", "mma_loop_spills"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    "async_copies", "async_copies_16B", "loop_insts", "loop_ops", "loop_shared", "ops", "narrow_stores",
+    "vector_loads", "mma_loop_insts", "mma_loop_spills"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
     ``async_copies_16B`` those of them that move 16 bytes per thread;
-    ``loop_insts``: the instructions per trip of its largest loop, per warp; ``loop_shared``: its
-    shared-memory instructions by opcode (``LDS``, ``LDSM``, ``STS``, ``LDGSTS``); ``narrow_stores``:
+    ``loop_insts``: the instructions per trip of its largest loop, per warp, ``loop_ops`` their
+    opcodes with counts (``{"HGMMA.64x16x16.F32.BF16": 16, ...}``), ``ops`` those of the whole
+    kernel; ``loop_shared``: the loop's shared-memory instructions by opcode (``LDS``, ``LDSM``,
+    ``STS``, ``LDGSTS``); ``narrow_stores``:
     its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to;
     ``vector_loads``: its 128-bit global loads, ``LDG.E.128``; ``mma_loop_insts`` and
     ``mma_loop_spills``: the instructions and the spill loads and stores of its innermost loop
@@ -144,7 +154,9 @@ def compile_for_sm90(
         "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
         "async_copies_16B": len(re.findall(r"\bLDGSTS(?:\.\w+)*\.128\b", sass)),
         "loop_insts": len(loop),
+        "loop_ops": dict(Counter(re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for i in loop)),
         "loop_shared": {op: sum(_opcode(i) == op for i in loop) for op in _SHARED_OPS},
+        "ops": dict(Counter(_opcodes(sass))),
         "narrow_stores": len(re.findall(r"\bSTG\.E\.[US](?:8|16)\b", sass)),
         "vector_loads": len(re.findall(r"\bLDG\.E\.128\b", sass)),
         "mma_loop_insts": mma_insts,
