@@ -53,3 +53,12 @@ def read(name: str) -> str:
         raise ValueError(f"{name} must be one of {', '.join(knob.choices)}, got {value!r}")
     return value
 
+
+def describe() -> str:
+    """One line per knob, ``NAME (default D; one of A, B): help``, for ``breakgraph --help``."""
+    lines = []
+    for name, knob in KNOBS.items():
+        default = f"default {knob.default!r}" if knob.default else "unset by default"
+        choices = f"; one of {', '.join(knob.choices)}" if knob.choices else ""
+        lines.append(f"  {name} ({default}{choices}): {knob.help}")
+    return "\n".join(lines)
