@@ -1,9 +1,11 @@
 """Which GEMM runs an FP8 block-scaled linear of a given shape on this GPU.
 
-Three paths compute the product: cuBLASLt's blockwise ``torch._scaled_mm`` and the Triton GEMM
+Four paths compute the product: cuBLASLt's blockwise ``torch._scaled_mm`` and the Triton GEMM
 of :mod:`breakgraph.kernels.triton_fp8` on activations quantised per token and 128 columns
-(W8A8: a quantisation kernel, then the GEMM), and the Triton GEMM on the bf16 activations with
-each weight tile dequantised in registers (W8A16: one kernel, no quantisation). None wins
+(W8A8: a quantisation kernel, then the GEMM), the Triton GEMM on the bf16 activations with
+each weight tile dequantised in registers (W8A16: one kernel, no quantisation), and for few
+rows the GEMV of :mod:`breakgraph.kernels.triton_fp8_gemv` (bf16 activations, the weights
+decoded by integer operations, K split over many programs). None wins
 everywhere: on the H200 (torch 2.11, CUDA 13) W8A16 or W8A8 Triton win at decode's few rows, the
 Triton GEMM up to a few hundred rows (cuBLAS has no split-K for small ``M``) and cuBLAS from
 there on, with the crossovers depending on ``K`` and ``N`` (``scripts/bench_kernels_moe.py
@@ -21,8 +23,8 @@ torch / Triton / CUDA versions and timed buckets, under :func:`cache_dir`
 shapes the file lacks. Deleting the folder is always safe; a file that cannot be read is
 logged and measured again.
 
-W8A16 keeps the activations' bf16 precision (closer to a bf16 reference than W8A8, by the
-≈ 2.5% that e4m3 activations cost on random data), so rows of different buckets may take
+W8A16 and the GEMV keep the activations' bf16 precision (closer to a bf16 reference than W8A8,
+by the ≈ 2.5% that e4m3 activations cost on random data), so rows of different buckets may take
 numerically different paths, as they already take different kernels.
 """
 
@@ -68,10 +70,19 @@ def table_from_timings(timings: dict[int, dict[str, float]]) -> tuple[tuple[int,
     return tuple(table)
 
 
-PATHS = ("scaled_mm", "triton", "triton_w8a16")
+PATHS = ("scaled_mm", "triton", "triton_w8a16", "triton_gemv")
 #: Largest bucket at which W8A16 is timed: on the H200 it won only below 64 rows (below 512 for
 #: the 256-deep shared-expert down projection), and each timed bucket compiles one more GEMM.
 W8A16_MAX_M = 256
+#: Largest bucket at which the few-row GEMV (:mod:`breakgraph.kernels.triton_fp8_gemv`) is timed.
+GEMV_MAX_M = 64
+_MAX_M = {"triton_w8a16": W8A16_MAX_M, "triton_gemv": GEMV_MAX_M}
+
+
+def timed_at(path: str, bucket: int) -> bool:
+    """Whether the start-up timing tries ``path`` at row-count ``bucket`` (the bf16-activation
+    paths only up to their largest bucket, :data:`W8A16_MAX_M` and :data:`GEMV_MAX_M`)."""
+    return bucket <= _MAX_M.get(path, bucket)
 
 
 def choose(m: int, k: int, n: int, device_index: int, scaled_mm_ok: bool) -> str:
@@ -153,6 +164,7 @@ def environment_key(device: Any, max_m: int) -> dict[str, Any]:
         "buckets": timed_buckets(max_m),
         "paths": list(PATHS),
         "w8a16_max_m": W8A16_MAX_M,
+        "gemv_max_m": GEMV_MAX_M,
     }
 
 

@@ -553,14 +553,15 @@ def fp8_linear(
     """GPU FP8 block-scaled linear ``x [..., K] @ dequant(weight [N, K]).T`` (+ bias).
 
     ``path``: ``auto`` (per shape and row count, the fastest of ``_scaled_mm``, the Triton W8A8
-    and W8A16 GEMMs as :mod:`breakgraph.kernels.fp8_gemm_choice` measured it), ``scaled_mm``
-    (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8), ``triton_w8a16``
-    (bf16 activations), ``dequant``.
+    and W8A16 GEMMs and the few-row GEMV as :mod:`breakgraph.kernels.fp8_gemm_choice` measured
+    it), ``scaled_mm`` (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8),
+    ``triton_w8a16`` (bf16 activations), ``triton_gemv`` (bf16 activations, few rows:
+    :mod:`breakgraph.kernels.triton_fp8_gemv`), ``dequant``.
 
     ``x_fp8``: ``x`` already quantised, ``(q [Mp, K] e4m3, scale [Mp, K/128] fp32)`` with
     ``column_major_scale=True`` and ``pad_rows=quant_pad_rows(device)`` as :func:`act_quant`
     returns them for ``x``'s rows (``Mp ≥ M``): the W8A8 paths take it instead of quantising;
-    W8A16 ignores it.
+    W8A16 and the GEMV ignore it.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = weight.shape[0]
@@ -580,7 +581,11 @@ def fp8_linear(
         if bias is not None:
             out = out + bias
         return out.reshape(*lead, n)
-    if path == "triton_w8a16":
+    if path == "triton_gemv":
+        from breakgraph.kernels.triton_fp8_gemv import fp8_gemv
+
+        out = fp8_gemv(x2, weight, scale, bias, x.dtype)
+    elif path == "triton_w8a16":
         out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias)
     else:
         m = x2.shape[0]
@@ -649,7 +654,7 @@ def tune_fp8_paths(
             timings[bucket] = {
                 path: _graph_seconds(partial(fp8_linear, x, w8, ws, (128, 128), path=path))
                 for path in paths
-                if path != "triton_w8a16" or bucket <= fp8_gemm_choice.W8A16_MAX_M
+                if fp8_gemm_choice.timed_at(path, bucket)
             }
             del x
         table = fp8_gemm_choice.table_from_timings(timings)
@@ -668,5 +673,5 @@ def _launch_candidates(candidates: dict[tuple[int, int], list[str]], buckets: li
         for bucket in buckets:
             x = torch.zeros(bucket, k, device=device, dtype=torch.bfloat16)
             for path in paths:
-                if path != "triton_w8a16" or bucket <= fp8_gemm_choice.W8A16_MAX_M:
+                if fp8_gemm_choice.timed_at(path, bucket):
                     fp8_linear(x, w8, ws, (128, 128), path=path)

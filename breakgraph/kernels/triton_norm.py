@@ -59,18 +59,26 @@ def _mul_rn(a, b, INTERP: tl.constexpr):
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr,
     M, N, stride_x, stride_res, stride_sm, stride_sg, inv_n, eps,
-    HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr,
     INTERP: tl.constexpr,
 ):  # fmt: skip
-    """Row ``pid`` of ``M``: ``out = norm(x (+ res))`` (and ``res_out = x + res``). ``QUANT``: also
-    the e4m3 codes ``q [Mp, N]`` and fp32 scales ``s`` (strides ``stride_sm, stride_sg``) of ``out``
-    per ``GROUP`` columns, as ``_act_quant_kernel`` computes them from ``out``; programs
-    ``M ≤ pid < Mp`` write the zero padding rows (codes 0, scale 1e-12/448)."""
+    """Row ``pid`` of ``M``: ``out = norm(x (+ res))`` (and ``res_out = x + res``), the row held as
+    a ``[GROUPS, GROUP]`` tile (column ``g·GROUP + c``). ``QUANT``: also the e4m3 codes
+    ``q [Mp, N]`` and fp32 scales ``s`` (strides ``stride_sm, stride_sg``) of ``out`` per
+    ``GROUP`` columns, as ``_act_quant_kernel`` computes them from ``out``; programs
+    ``M ≤ pid < Mp`` write the zero padding rows (codes 0, scale 1e-12/448).
+
+    A program is one row, so at decode's few rows its time is its chain of dependent steps:
+    the weight is loaded first, beside ``x`` (after the reduction it would wait for memory a
+    second time), and each group's amax reduces inside the tile's own layout (a 1-D row
+    reshaped into groups went through shared memory)."""
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
+    cols = tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    in_row = cols < N
     real = row < M
-    mask = (cols < N) & real
+    mask = in_row & real
+    w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -80,25 +88,28 @@ def _rms_norm_kernel(
     # fp32 scalars whatever the caller passed (inductor hands Python floats over as fp64)
     inv_n = tl.cast(inv_n, tl.float32)
     eps = tl.cast(eps, tl.float32)
-    rstd = tl.math.rsqrt(_mul_rn(tl.sum(_mul_rn(h, h, INTERP), axis=0), inv_n, INTERP) + eps)
+    sq = tl.sum(tl.sum(_mul_rn(h, h, INTERP), axis=1), axis=0)
+    rstd = tl.math.rsqrt(_mul_rn(sq, inv_n, INTERP) + eps)
     h = _round_to(h * rstd, dtype, INTERP).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = _round_to(w * h, dtype, INTERP)
     tl.store(out_ptr + row * N + cols, y, mask=mask)
     if QUANT:
-        groups: tl.constexpr = BLOCK // GROUP
-        yg = tl.reshape(y.to(tl.float32), (groups, GROUP))
-        amax = tl.max(tl.abs(yg), axis=1)
+        yf = y.to(tl.float32)
+        amax = tl.max(tl.abs(yf), axis=1)
         # IEEE-rounded divisions, as _act_quant_kernel does them: the same codes and scales
         scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
-        q = to_fp8(tl.math.div_rn(yg, scale[:, None] + tl.zeros_like(yg)), INTERP)
-        # 2-D offsets built from aranges, not a reshape of ``cols``: the compiler then sees runs
-        # of GROUP contiguous bytes and stores 16 at a time (a reshaped ``cols`` gave one-byte
-        # stores, one L2 sector each: the kernel ran 9x slower than without QUANT on the H200)
-        offs = tl.arange(0, groups)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-        tl.store(q_ptr + row * N + offs, q, mask=offs < N)
-        g = tl.arange(0, groups)
+        q = to_fp8(tl.math.div_rn(yf, scale[:, None] + tl.zeros_like(yf)), INTERP)
+        tl.store(q_ptr + row * N + cols, q, mask=in_row)
+        g = tl.arange(0, GROUPS)
         tl.store(s_ptr + row * stride_sm + g * stride_sg, scale, mask=g * GROUP < N)
+
+
+def tile(n: int) -> tuple[int, int]:
+    """``(GROUPS, GROUP)`` of the tile that holds a row of ``n`` columns: 128-column groups
+    (the FP8 quantisation's), a power-of-two count of them; one group of ``next_pow2(n)``
+    columns below 128."""
+    group = min(QUANT_GROUP, triton.next_power_of_2(n))
+    return triton.next_power_of_2(-(-n // group)), group
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
@@ -133,12 +144,13 @@ def _launch(
         q = torch.empty(rows, n, dtype=FP8_DTYPE, device=x.device)
         scale = torch.empty(n // QUANT_GROUP, rows, dtype=torch.float32, device=x.device).t()
     if rows:
-        block = triton.next_power_of_2(n)
+        groups, group = tile(n)
+        block = groups * group
         _rms_norm_kernel[(rows,)](
             x2, res, weight, out, res_out, q, scale,
             m, n, x2.stride(0), 0 if res is None else res.stride(0), *(scale.stride() if quant_pad_rows else (0, 0)),
             1.0 / n, eps,
-            HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), GROUP=QUANT_GROUP, BLOCK=block,
+            HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), GROUP=group, GROUPS=groups,
             INTERP=interpreting(), num_warps=num_warps or max(1, min(8 if quant_pad_rows else 16, block // 512)),
         )  # fmt: skip
     return out, res_out, q, scale
