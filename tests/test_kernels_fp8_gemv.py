@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernels_fp8 import _expect, _rel, compile_for_sm90
 
 from breakgraph.bench.presets import PRESETS, dense_linear_shapes
 from breakgraph.kernels.fp8 import FP8_DTYPE, block_quant
-from test_kernels_fp8 import _expect, _rel, compile_for_sm90
 
 
 def _all_codes_weight(n: int, k: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +123,7 @@ def test_ptx_decode_arithmetic_is_exact_for_every_code():
 
 
 GEMV_TYPES = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*fp32",
-              "out_ptr": "*bf16", "lock_ptr": "*i32", "K_PER_SPLIT": 1024, "N": "i32", "K": "i32",
+              "out_ptr": "*bf16", "lock_ptr": "*i32", "K_PER_SPLIT": 1024, "SPLIT_K": "i32", "N": "i32", "K": "i32",
               "stride_xm": "i32", "stride_wn": "i32", "stride_cm": "i32"}  # fmt: skip
 
 
@@ -133,7 +133,7 @@ def test_gemv_default_configs_compile_for_sm90_without_spills(m):
     from breakgraph.kernels import triton_fp8_gemv as g
 
     cfg = g.gemv_config(m, 2752, 6144, 132)
-    constexprs = {"HAS_BIAS": True, "SPLIT_K": cfg["SPLIT_K"], "FIXUP": True, "DOT": cfg["DOT"], "ASM": cfg["ASM"],
+    constexprs = {"HAS_BIAS": True, "SPLIT": True, "FIXUP": True, "DOT": cfg["DOT"], "ASM": cfg["ASM"],
                   "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "INTERP": False}  # fmt: skip
     info = compile_for_sm90(g._fp8_gemv_kernel, GEMV_TYPES, constexprs, cfg["num_warps"], cfg["num_stages"])
     assert info["stack"] == 0 and info["local_insts"] == 0, info

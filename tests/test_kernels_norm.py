@@ -6,7 +6,7 @@ CPU: the Triton kernel runs under Triton's interpreter in one subprocess against
 exact in any order, else equal up to what the summation order can change; the norm with the
 FP8 quantisation of its output fused in is the norm then ``act_quant`` bit for bit; sm_90a
 compiles without spills; the dispatchers take the twins on CPU. GPU (``cuda`` marker): GLM-5 widths
-(6144 hidden, 2048 ``q_lora_rank``, 512 ``kv_lora_rank``) × 1024 rows in bf16, CUDA-graph
+(6144 hidden, 2048 ``q_lora_rank``, 512 ``kv_lora_rank``) × decode and prefill rows in bf16, CUDA-graph
 replay, and the twin under autograd.
 """
 
@@ -197,19 +197,20 @@ def test_dispatchers_take_twins_on_cpu_and_the_module_math_is_unchanged():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [6144, 2048, 512])
-def test_rms_norm_gpu_glm5_widths(n):
-    x = (torch.randn(1024, n, device="cuda") * torch.rand(1024, 1, device="cuda") * 4).bfloat16()
-    residual = torch.randn(1024, n, device="cuda").bfloat16()
+@pytest.mark.parametrize("rows", [1, 16, 64, 1024])
+def test_rms_norm_gpu_glm5_widths(n, rows):
+    x = (torch.randn(rows, n, device="cuda") * torch.rand(rows, 1, device="cuda") * 4).bfloat16()
+    residual = torch.randn(rows, n, device="cuda").bfloat16()
     w = _weight(n, torch.bfloat16, "cuda")
     frac = _check_up_to_summation_order(rms_norm(x, w, EPS), x, w)
     normed, new_res = fused_add_rms_norm(x, residual, w, EPS)
     assert torch.equal(new_res, residual + x)
     frac_fused = _check_up_to_summation_order(normed, new_res, w)
-    print(f"hidden {n}: elements differing from the twin: {frac:.2e} (plain), {frac_fused:.2e} (fused)")
+    print(f"hidden {n}, {rows} rows: elements differing from the twin: {frac:.2e} (plain), {frac_fused:.2e} (fused)")
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("n,rows", [(6144, 1), (6144, 1024), (2048, 1), (2048, 1024)])
+@pytest.mark.parametrize("n,rows", [(6144, 1), (6144, 16), (6144, 64), (6144, 1024), (2048, 1), (2048, 1024)])
 def test_rms_norm_quant_gpu_glm5_shapes(n, rows):
     """glm5-tp8-rank widths (6144 hidden before the q_a ‖ wk ‖ kv_a projection, 2048 q_lora
     before q_b and wq_b), decode and prefill rows: the fused norm + quantisation is the norm

@@ -37,7 +37,6 @@ from breakgraph.kernels.dispatch import num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant
 
 
-
 @triton.jit
 def _e4m3_bits_to_bf16(b):
     """e4m3 codes (``int32`` holding the byte) → bf16 ``value · 2^-120``, exactly."""
@@ -83,15 +82,17 @@ def _e4m3_bits_to_fp32(b):
 @triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr, out_ptr, lock_ptr,
-    M, N, K, K_PER_SPLIT,
+    M, N, K, K_PER_SPLIT, SPLIT_K,
     stride_xm, stride_wn, stride_wsn, stride_wsk, stride_cm,
-    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, FIXUP: tl.constexpr, DOT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """Tile ``(pid_n, pid_m)`` of ``c = Σ_kb (w'[:, kb] · x'[:, kb]ᵀ) · sw'[kb]`` over this
     program's k-range (``program_id(2)`` of ``SPLIT_K``), ``w'``/``x'``/``sw'`` the shifted
     operands of the module docstring; the tile is computed transposed (``[BLOCK_N, BLOCK_M]``).
-    ``BLOCK_N`` divides 128, so one block scale covers the tile's rows per k-block. Split K:
+    ``BLOCK_N`` divides 128, so one block scale covers the tile's rows per k-block. Split K
+    (``SPLIT``, ``SPLIT_K > 1`` programs per tile, a runtime count: one compiled kernel serves
+    every split):
     the partial goes to slice ``s`` of ``c`` (``[SPLIT_K, M, N]`` fp32) and, with ``FIXUP``,
     the last program of the tile to arrive sums the slices in order into ``out`` and resets
     its counter ``lock_ptr[tile]``; without, ``_split_k_sum_kernel`` does."""
@@ -136,7 +137,7 @@ def _fp8_gemv_kernel(
         acc = tl.sum(acc3, axis=2)
     offs = rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
     mask = m_ok[None, :] & n_ok[:, None]
-    if SPLIT_K == 1:
+    if not SPLIT:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
         tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
@@ -149,7 +150,7 @@ def _fp8_gemv_kernel(
             if arrived == SPLIT_K - 1:
                 slice_ptrs = c_ptr + offs  # read from L2 (.cg), in slice order as the sum kernel adds
                 total = tl.load(slice_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-                for _ in range(1, SPLIT_K):  # a loop, not unrolled: SPLIT_K may be in the tens
+                for _ in range(1, SPLIT_K):
                     slice_ptrs += M * stride_cm
                     total += tl.load(slice_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
                 if HAS_BIAS:
@@ -194,7 +195,12 @@ def fp8_gemv(
     ``x`` bf16/fp16/fp32 with unit column stride, ``weight`` K-contiguous e4m3. ``config``
     overrides :func:`gemv_config` (``BLOCK_N`` must divide 128; ``FIXUP=False``: the split K is
     summed by the separate kernel). Graph-safe."""
-    from breakgraph.kernels.triton_fp8 import SPLIT_K_LOCK_SLOTS, _split_k_locks, _split_k_sum_kernel, interpreting
+    from breakgraph.kernels.triton_fp8 import (
+        SPLIT_K_LOCK_SLOTS,
+        _split_k_locks,
+        _split_k_sum_kernel,
+        interpreting,
+    )
 
     m, k = x.shape
     n = weight.shape[0]
@@ -220,9 +226,9 @@ def fp8_gemv(
     target = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else out
     _fp8_gemv_kernel[grid](
         x, weight, weight_scale, bias if bias is not None else out, target, out, locks if locks is not None else out,
-        m, n, k, k_per_split,
+        m, n, k, k_per_split, split,
         x.stride(0), weight.stride(0), weight_scale.stride(0), weight_scale.stride(1), target.stride(-2),
-        HAS_BIAS=bias is not None, SPLIT_K=split, FIXUP=locks is not None, DOT=cfg["DOT"],
+        HAS_BIAS=bias is not None, SPLIT=split > 1, FIXUP=locks is not None, DOT=cfg["DOT"],
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=cfg["ASM"], INTERP=interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
