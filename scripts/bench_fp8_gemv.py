@@ -1,0 +1,238 @@
+"""Decode-row FP8 linears and RMSNorm at glm5-tp8-rank shapes (CUDA): µs per call.
+
+    python scripts/bench_fp8_gemv.py [--out DIR] [--deadline-s 120]
+
+FP8 linears (K, N as the engine runs them: q_a ‖ wk ‖ kv_a, kv_a alone, q_b, the indexer's wq_b,
+o_proj, the dense MLP, the shared expert) at M = 1, 2, 4, 8, 16, 32, 64 through today's paths
+(``triton``: activation quantisation + W8A8 GEMM; ``triton_w8a16``; ``scaled_mm`` where cuBLAS
+takes the shape) and the GEMV (``gemv``: its default configuration; ``gemv_*``: variants of
+it). Each call is timed replayed from a CUDA graph that cycles through enough copies of the
+weight to exceed the L2 cache, as a decode step reads each layer's weights from HBM once.
+RMSNorm: one program per row at 1/16/64 rows, the engine's default ``num_warps`` and others,
+beside the kernel of the commit before this one where the checkout has git history (``old``).
+
+Writes ``DIR/fp8_gemv_sweep.json`` and prints the summary tables last. Past ``--deadline-s``
+the remaining measurements are skipped (the tables cover what ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from breakgraph.kernels import triton_fp8_gemv, triton_norm  # noqa: E402
+from breakgraph.kernels.fp8 import block_quant  # noqa: E402
+from breakgraph.kernels.triton_fp8 import fp8_linear, scaled_mm_takes  # noqa: E402
+
+SHAPES = {
+    "q_a|wk|kv_a": (6144, 2752), "kv_a": (6144, 576), "q_b": (2048, 2048), "wq_b": (2048, 4096),
+    "o_proj": (2048, 6144), "mlp.gate_up": (6144, 3072), "mlp.down": (1536, 6144),
+    "shared.gate_up": (6144, 512), "shared.down": (256, 6144),
+}  # fmt: skip
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+TODAY = ("triton", "triton_w8a16", "scaled_mm")
+L2_BYTES = 200 << 20  # several times the H200's 50 MB L2
+
+
+def gemv_variants(m: int) -> dict[str, dict]:
+    """The GEMV configurations tried at ``m`` rows (overrides of its default; ``_programs_per_sm``
+    is :func:`gemv_config`'s argument)."""
+    v = {"gemv": {}, "gemv_noasm": {"ASM": False}, "gemv_sum": {"FIXUP": False}}
+    for p in (4, 16):
+        v[f"gemv_p{p}"] = {"_programs_per_sm": p}
+    if m <= 32:
+        v["gemv_n64w2"] = {"BLOCK_N": 64, "num_warps": 2}
+    v["gemv_n128w4"] = {"BLOCK_N": 128, "num_warps": 4}
+    if m <= 4:
+        v["gemv_fma"] = {"DOT": False, "BLOCK_M": 1 if m == 1 else (2 if m == 2 else 4), "BLOCK_N": 16, "num_warps": 1}
+    return v
+
+
+def gemv_call(x, w8, ws, override: dict) -> torch.Tensor:
+    """:func:`fp8_gemv` with ``override`` on top of its default configuration (the split
+    recomputed when the override changes the tiles or programs per SM)."""
+    m, k = x.shape
+    n = w8.shape[0]
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    override = dict(override)
+    per_sm = override.pop("_programs_per_sm", triton_fp8_gemv.PROGRAMS_PER_SM)
+    cfg = triton_fp8_gemv.gemv_config(m, n, k, sms, per_sm)
+    cfg.update(override)
+    tiles = -(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])
+    k_blocks = -(-k // 128)
+    cfg["SPLIT_K"] = max(1, min(-(-per_sm * sms // tiles), k_blocks // triton_fp8_gemv.MIN_SPLIT_BLOCKS))
+    return triton_fp8_gemv.fp8_gemv(x, w8, ws, None, torch.bfloat16, cfg)
+
+
+def graph_us(calls: list, replays: int = 5) -> float:
+    """µs per call of the callables ``calls`` captured once each into one CUDA graph (best of
+    ``replays``); inf when it fails."""
+    try:
+        for fn in calls[:2]:
+            fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in calls:
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        best = float("inf")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(replays):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) * 1e3 / len(calls))
+        del graph
+        return best
+    except (RuntimeError, ValueError) as exc:
+        print(f"    failed: {str(exc).splitlines()[0][:160]}", flush=True)
+        return float("inf")
+
+
+def check(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def sweep_linears(deadline: float) -> dict:
+    results: dict = {}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, (k, n) in SHAPES.items():
+        w8, ws = block_quant(torch.randn(n, k, device="cuda", generator=gen) / k**0.5)
+        copies = max(2, min(64, -(-L2_BYTES // (n * k))))
+        weights = [(w8.clone(), ws.clone()) for _ in range(copies)]
+        for m in ROWS:
+            if time.monotonic() > deadline:
+                print(f"deadline: skipping {name} M={m} on", flush=True)
+                return results
+            x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+            want = triton_fp8_gemv.fp8_gemv_ref(x, w8, ws)
+            row: dict[str, float] = {}
+            paths = [p for p in TODAY if p != "scaled_mm" or scaled_mm_takes(k, n, x.device)]
+            for path in paths:
+                fn = partial(fp8_linear, x, block=(128, 128), path=path)
+                row[path] = graph_us([partial(fn, weight=w, scale=s) for w, s in weights])
+            for vname, override in gemv_variants(m).items():
+                try:
+                    err = check(gemv_call(x, w8, ws, override), want)
+                except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, not fatal
+                    print(f"    {vname} failed: {str(exc).splitlines()[0][:160]}", flush=True)
+                    row[vname] = float("inf")
+                    continue
+                if not err < 4e-3:
+                    print(f"    {vname} WRONG: relative error {err:.2e}", flush=True)
+                    row[vname] = float("inf")
+                    continue
+                row[vname] = graph_us([partial(gemv_call, x, w, s, override) for w, s in weights])
+            results[f"{name} K={k} N={n} M={m}"] = row
+            print(f"{name:15s} K={k:5d} N={n:5d} M={m:3d} " + " ".join(f"{p}={t:.1f}" for p, t in row.items()), flush=True)
+        del weights
+    return results
+
+
+def old_norm_module():
+    """``breakgraph.kernels.triton_norm`` as the commit before HEAD has it (None without git)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        src = subprocess.run(
+            ["git", "-C", str(root), "show", "HEAD~1:breakgraph/kernels/triton_norm.py"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    if "GROUPS" in src:  # HEAD~1 already has the new kernel: find the last commit without it
+        log = subprocess.run(
+            ["git", "-C", str(root), "log", "--format=%H", "-n", "30", "--", "breakgraph/kernels/triton_norm.py"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        for commit in log:
+            src = subprocess.run(["git", "-C", str(root), "show", f"{commit}:breakgraph/kernels/triton_norm.py"],
+                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
+            if "GROUPS" not in src:
+                break
+        else:
+            return None
+    path = Path(tempfile.mkdtemp()) / "old_triton_norm.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("old_triton_norm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NORMS = {"input/post-attn (6144, +res, fp8)": (6144, True, True), "q_a (2048, fp8)": (2048, False, True),
+         "final (6144, +res)": (6144, True, False)}  # fmt: skip
+
+
+def sweep_norms(deadline: float) -> dict:
+    results: dict = {}
+    old = old_norm_module()
+    for name, (n, residual, quant) in NORMS.items():
+        for m in (1, 16, 64):
+            if time.monotonic() > deadline:
+                return results
+            xs = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+            r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if residual else None
+            w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            pad = 1 if quant else 0
+            row = {}
+            if old is not None:
+                row["old"] = graph_us([partial(old._launch, x, r, w, 1e-6, pad) for x in xs] * 4)
+            row["new"] = graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad) for x in xs] * 4)
+            for warps in (1, 2, 4, 8, 16):
+                row[f"w{warps}"] = graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, warps) for x in xs] * 4)
+            results[f"{name} M={m}"] = row
+            print(f"norm {name:34s} M={m:3d} " + " ".join(f"{p}={t:.2f}" for p, t in row.items()), flush=True)
+    return results
+
+
+def summary(linears: dict, norms: dict) -> str:
+    lines = ["", "| linear | M | today best (µs) | gemv default | best gemv variant | speed-up |", "|---|---|---|---|---|---|"]
+    for key, row in linears.items():
+        today = {p: t for p, t in row.items() if p in TODAY}
+        gemv = {p: t for p, t in row.items() if p.startswith("gemv")}
+        tb = min(today, key=today.get)
+        gb = min(gemv, key=gemv.get)
+        name, rest = key.split(" K=")
+        m = rest.split("M=")[1]
+        lines.append(
+            f"| {name} K={rest.split(' M=')[0]} | {m} | {tb} {today[tb]:.1f} | {gemv['gemv']:.1f} | {gb} {gemv[gb]:.1f} "
+            f"| {today[tb] / gemv[gb]:.2f}x |"
+        )
+    lines += ["", "| norm | rows | old (µs) | new default | best warps |", "|---|---|---|---|---|"]
+    for key, row in norms.items():
+        name, m = key.rsplit(" M=", 1)
+        warps = {p: t for p, t in row.items() if p.startswith("w")}
+        wb = min(warps, key=warps.get)
+        lines.append(f"| {name} | {m} | {row.get('old', float('nan')):.2f} | {row['new']:.2f} | {wb} {warps[wb]:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--deadline-s", type=float, default=600.0, help="skip what is left after this many seconds")
+    args = ap.parse_args()
+    deadline = time.monotonic() + args.deadline_s
+    norms = sweep_norms(deadline)  # first: quick, and its table must not be lost to the deadline
+    linears = sweep_linears(deadline)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fp8_gemv_sweep.json").write_text(json.dumps({"linears": linears, "norms": norms}, indent=1))
+    print(summary(linears, norms), flush=True)
+
+
+if __name__ == "__main__":
+    main()
