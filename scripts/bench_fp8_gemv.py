@@ -11,6 +11,8 @@ weight to exceed the L2 cache, as a decode step reads each layer's weights from 
 RMSNorm: one program per row at 1/16/64 rows, the engine's default ``num_warps`` and others,
 beside the kernel of the commit before this one where the checkout has git history (``old``).
 
+The bf16 → fp32 products of the indexer's head weights and the router: cuBLAS against the
+GEMV. Last, what the engine's start-up timing chooses per shape with the GEMV among its paths.
 Writes ``DIR/fp8_gemv_sweep.json`` and prints the summary tables last. Past ``--deadline-s``
 the remaining measurements are skipped (the tables cover what ran).
 """
@@ -35,9 +37,9 @@ from breakgraph.kernels import triton_fp8_gemv, triton_norm  # noqa: E402
 from breakgraph.kernels.fp8 import block_quant  # noqa: E402
 from breakgraph.kernels.triton_fp8 import fp8_linear, scaled_mm_takes  # noqa: E402
 
-SHAPES = {
-    "q_a|wk|kv_a": (6144, 2752), "kv_a": (6144, 576), "q_b": (2048, 2048), "wq_b": (2048, 4096),
-    "o_proj": (2048, 6144), "mlp.gate_up": (6144, 3072), "mlp.down": (1536, 6144),
+SHAPES = {  # decode's order of importance (78 layers each for the first four), as time may run out
+    "q_a|wk|kv_a": (6144, 2752), "o_proj": (2048, 6144), "wq_b": (2048, 4096), "q_b": (2048, 2048),
+    "mlp.gate_up": (6144, 3072), "mlp.down": (1536, 6144), "kv_a": (6144, 576),
     "shared.gate_up": (6144, 512), "shared.down": (256, 6144),
 }  # fmt: skip
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -199,7 +201,46 @@ def sweep_norms(deadline: float) -> dict:
     return results
 
 
-def summary(linears: dict, norms: dict) -> str:
+FP32_OUT = {"indexer head weights (6144 -> 32, scaled)": (32, 32**-0.5), "router (6144 -> 256)": (256, 1.0)}
+
+
+def sweep_fp32_out(deadline: float) -> dict:
+    """bf16 × bf16 → fp32 products of the indexer's head weights and the router: cuBLAS (the
+    split-K GEMM, its reduction, the scaling) against the one-kernel GEMV."""
+    from breakgraph.kernels.linear import _mm_fp32_out
+    from breakgraph.kernels.triton_fp8_gemv import gemv_fp32_out, gemv_fp32_out_ref
+
+    results: dict = {}
+    for name, (n, alpha) in FP32_OUT.items():
+        ws = [(torch.randn(n, 6144, device="cuda") * 0.02).bfloat16() for _ in range(64)]
+        for m in (1, 16, 64):
+            if time.monotonic() > deadline:
+                return results
+            x = torch.randn(m, 6144, device="cuda").bfloat16()
+            err = check(gemv_fp32_out(x, ws[0], alpha), gemv_fp32_out_ref(x, ws[0], alpha))
+            row = {"cublas": graph_us([partial(_mm_fp32_out, x, w, alpha) for w in ws]),
+                   "gemv": graph_us([partial(gemv_fp32_out, x, w, alpha) for w in ws]) if err < 1e-5 else float("inf")}  # fmt: skip
+            results[f"{name} M={m}"] = row
+            print(f"fp32-out {name:40s} M={m:3d} err={err:.1e} " + " ".join(f"{p}={t:.2f}" for p, t in row.items()), flush=True)
+    return results
+
+
+def engine_tables(deadline: float) -> list[str]:
+    """What the engine's start-up timing (:func:`tune_fp8_paths`, up to 64 rows) chooses per shape."""
+    from breakgraph.kernels import fp8_gemm_choice
+    from breakgraph.kernels.triton_fp8 import tune_fp8_paths
+
+    lines = []
+    for name, shape in SHAPES.items():
+        if time.monotonic() > deadline:
+            break
+        table = tune_fp8_paths([shape], torch.device("cuda"), 64)[shape]
+        lines.append(f"start-up choice {name} K={shape[0]} N={shape[1]}: {fp8_gemm_choice.describe(table)}")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def summary(linears: dict, norms: dict, fp32_out: dict, tables: list[str]) -> str:
     lines = ["", "| linear | M | today best (µs) | gemv default | best gemv variant | speed-up |", "|---|---|---|---|---|---|"]
     for key, row in linears.items():
         today = {p: t for p, t in row.items() if p in TODAY}
@@ -218,7 +259,11 @@ def summary(linears: dict, norms: dict) -> str:
         warps = {p: t for p, t in row.items() if p.startswith("w")}
         wb = min(warps, key=warps.get)
         lines.append(f"| {name} | {m} | {row.get('old', float('nan')):.2f} | {row['new']:.2f} | {wb} {warps[wb]:.2f} |")
-    return "\n".join(lines)
+    lines += ["", "| fp32-output product | rows | cuBLAS (µs) | GEMV (µs) |", "|---|---|---|---|"]
+    for key, row in fp32_out.items():
+        name, m = key.rsplit(" M=", 1)
+        lines.append(f"| {name} | {m} | {row['cublas']:.2f} | {row['gemv']:.2f} |")
+    return "\n".join(lines + [""] + tables)
 
 
 def main() -> None:
@@ -227,11 +272,14 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=600.0, help="skip what is left after this many seconds")
     args = ap.parse_args()
     deadline = time.monotonic() + args.deadline_s
-    norms = sweep_norms(deadline)  # first: quick, and its table must not be lost to the deadline
+    norms = sweep_norms(deadline)  # first: quick, and their tables must not be lost to the deadline
+    fp32_out = sweep_fp32_out(deadline)
     linears = sweep_linears(deadline)
+    tables = engine_tables(deadline)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fp8_gemv_sweep.json").write_text(json.dumps({"linears": linears, "norms": norms}, indent=1))
-    print(summary(linears, norms), flush=True)
+    body = {"linears": linears, "norms": norms, "fp32_out": fp32_out, "start_up_tables": tables}
+    (args.out / "fp8_gemv_sweep.json").write_text(json.dumps(body, indent=1))
+    print(summary(linears, norms, fp32_out, tables), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The few-row FP8 GEMV (``breakgraph.kernels.triton_fp8_gemv``) against its fp32 twin.
 
-CPU: the kernel under Triton's interpreter (one subprocess, fresh random inputs), the byte
-decode's arithmetic over every e4m3 code, the sm_90a compile (registers, spills, the matrix
-instructions). GPU (``cuda`` marker): glm5-tp8-rank shapes at decode row counts, every e4m3
-code through the PTX decode, CUDA-graph replays of the split-K epilogue, the dispatcher.
+CPU: the kernel under Triton's interpreter (one subprocess, fresh random inputs; FP8 weights
+and the bf16-weight fp32-output form), the byte decode's arithmetic over every e4m3 code, the
+sm_90a compile (registers, spills, the matrix instructions). GPU (``cuda`` marker):
+glm5-tp8-rank shapes at decode row counts, every e4m3 code through the PTX decode, CUDA-graph
+replays of the split-K epilogue, the dispatchers (``fp8_linear``, ``linear_fp32_out``).
 """
 
 from __future__ import annotations
@@ -90,9 +91,34 @@ def check_fp8_linear_takes_the_gemv_path():
     assert torch.equal(got.reshape(6, 256), fp8_gemv(x.reshape(6, 384), w8, ws, bias))
 
 
+def check_gemv_fp32_out_matches_twin():
+    """The 16-bit-weight form (router and indexer head weights): the fp32 product, one multiply
+    by ``alpha``, split or not, reduced by the last program or by the sum kernel."""
+    from breakgraph.kernels.triton_fp8_gemv import gemv_fp32_out, gemv_fp32_out_ref
+
+    for m, n, k in ((1, 32, 6144), (5, 256, 768), (64, 40, 384)):
+        x = (torch.randn(m, k) * torch.rand(m, 1)).bfloat16()
+        w = torch.randn(n, k).bfloat16()
+        for alpha in (1.0, 32**-0.5):
+            want = gemv_fp32_out_ref(x, w, alpha)
+            for cfg in (None, {"SPLIT_K": 1}, {"SPLIT_K": 3, "FIXUP": False}, {"DOT": False, "BLOCK_M": 1, "BLOCK_N": 16}):
+                if cfg and not cfg.get("DOT", True) and m > 1:
+                    cfg = dict(cfg, BLOCK_M=4)
+                got = gemv_fp32_out(x, w, alpha, cfg)
+                assert got.dtype == torch.float32 and got.shape == (m, n)
+                assert _rel(got, want) < 1e-6, (m, n, k, alpha, cfg, _rel(got, want))
+    with pytest.raises(ValueError, match="16-bit"):
+        gemv_fp32_out(torch.randn(1, 128), torch.randn(8, 128))
+
+
 @pytest.mark.parametrize(
     "name",
-    ["check_gemv_matches_fp32_twin", "check_gemv_decodes_every_code_exactly", "check_fp8_linear_takes_the_gemv_path"],
+    [
+        "check_gemv_matches_fp32_twin",
+        "check_gemv_decodes_every_code_exactly",
+        "check_fp8_linear_takes_the_gemv_path",
+        "check_gemv_fp32_out_matches_twin",
+    ],
 )
 def test_gemv_under_interpreter(interp_results, name):
     _expect(interp_results, name)
@@ -123,22 +149,24 @@ def test_ptx_decode_arithmetic_is_exact_for_every_code():
 
 
 GEMV_TYPES = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*fp32",
-              "out_ptr": "*bf16", "lock_ptr": "*i32", "K_PER_SPLIT": 1024, "SPLIT_K": "i32", "N": "i32", "K": "i32",
+              "out_ptr": "*bf16", "lock_ptr": "*i32", "K_PER_SPLIT": 1024, "SPLIT_K": "i32", "alpha": "fp32", "N": "i32", "K": "i32",
               "stride_xm": "i32", "stride_wn": "i32", "stride_cm": "i32"}  # fmt: skip
 
 
+@pytest.mark.parametrize("w_fp8", [True, False])
 @pytest.mark.parametrize("m", [1, 16, 32, 64])
-def test_gemv_default_configs_compile_for_sm90_without_spills(m):
+def test_gemv_default_configs_compile_for_sm90_without_spills(m, w_fp8):
     pytest.importorskip("triton")
     from breakgraph.kernels import triton_fp8_gemv as g
 
     cfg = g.gemv_config(m, 2752, 6144, 132)
-    constexprs = {"HAS_BIAS": True, "SPLIT": True, "FIXUP": True, "DOT": cfg["DOT"], "ASM": cfg["ASM"],
+    types = GEMV_TYPES if w_fp8 else dict(GEMV_TYPES, w_ptr="*bf16", out_ptr="*fp32")
+    constexprs = {"W_FP8": w_fp8, "HAS_BIAS": w_fp8, "SPLIT": True, "FIXUP": True, "DOT": cfg["DOT"], "ASM": cfg["ASM"],
                   "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "INTERP": False}  # fmt: skip
-    info = compile_for_sm90(g._fp8_gemv_kernel, GEMV_TYPES, constexprs, cfg["num_warps"], cfg["num_stages"])
+    info = compile_for_sm90(g._fp8_gemv_kernel, types, constexprs, cfg["num_warps"], cfg["num_stages"])
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     assert info["mma"] in (["HMMA"], ["HGMMA"]), info
-    if cfg["num_warps"] == 1:  # the decode is integer work, two instructions per code: no conversions
+    if cfg["num_warps"] == 1 and w_fp8:  # the decode is integer work, two instructions per code: no conversions
         assert info["loop_insts"] * 32 < 6 * cfg["BLOCK_N"] * 128, info
 
 
@@ -150,6 +178,14 @@ def test_gemv_config_splits_k_to_fill_the_gpu():
         tiles = -(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"])
         assert 1 <= cfg["SPLIT_K"] <= max(1, (k // 128) // MIN_SPLIT_BLOCKS)
         assert tiles * cfg["SPLIT_K"] >= 132 or cfg["SPLIT_K"] == max(1, (k // 128) // MIN_SPLIT_BLOCKS), (m, k, n, cfg)
+
+
+def test_linear_fp32_out_scales_once_on_cpu():
+    from breakgraph.kernels.linear import linear_fp32_out
+
+    x, w = torch.randn(3, 2, 64).bfloat16(), torch.randn(8, 64)
+    assert torch.equal(linear_fp32_out(x, w, 0.125 * 3), torch.nn.functional.linear(x.float(), w) * (0.125 * 3))
+    assert torch.equal(linear_fp32_out(x, w), torch.nn.functional.linear(x.float(), w))
 
 
 def test_gemv_rejects_bad_operands():
@@ -223,6 +259,29 @@ def test_gemv_split_k_epilogue_in_graph_replays(k, n, m):
         torch.cuda.synchronize()
         assert torch.equal(static, want)
     assert not any(bool(locks.any()) for locks in _SPLIT_K_LOCKS.values())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,alpha", [(32, 32**-0.5), (256, 1.0)])
+@pytest.mark.parametrize("m", [1, 4, 16, 64, 65])
+def test_linear_fp32_out_gpu_router_and_indexer_shapes(n, alpha, m):
+    """The indexer's head weights (6144 → 32, scaled) and the router (6144 → 256): the GEMV up to
+    64 rows, cuBLAS above, both the fp32 product of the exact operands; and in a CUDA graph."""
+    from breakgraph.kernels.linear import linear_fp32_out
+    from breakgraph.kernels.triton_fp8_gemv import gemv_fp32_out_ref
+
+    x = torch.randn(m, 6144, device="cuda").bfloat16()
+    w = (torch.randn(n, 6144, device="cuda") * 0.02).bfloat16()
+    want = (x.double() @ w.double().t()) * alpha
+    got = linear_fp32_out(x, w, alpha)
+    assert got.dtype == torch.float32 and _rel(got, want) < 1e-6
+    assert _rel(got, gemv_fp32_out_ref(x, w, alpha)) < 1e-6
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = linear_fp32_out(x, w, alpha)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, got)
 
 
 @pytest.mark.cuda

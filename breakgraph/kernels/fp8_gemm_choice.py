@@ -12,7 +12,8 @@ there on, with the crossovers depending on ``K`` and ``N`` (``scripts/bench_kern
 --only dense`` prints all three). So the choice is a table per ``(K, N)``: for each row-count
 bucket, the path that measured fastest, timed once per process at start-up
 (:func:`breakgraph.kernels.triton_fp8.tune_fp8_paths`, outside any CUDA-graph capture, each
-path replayed from a CUDA graph as the engine runs it).
+path replayed from a CUDA graph as the engine runs it, over copies of the weight that do not
+fit in L2 together, so that every call reads its weight from memory as a decode step does).
 A shape that was not tuned takes W8A8: ``_scaled_mm`` from :data:`UNTUNED_SCALED_MM_MIN_M`
 rows (where cuBLAS can run it), else the Triton GEMM.
 
@@ -128,7 +129,7 @@ def describe(table: tuple[tuple[int, str], ...]) -> str:
 # the on-disk cache of measured tables
 
 #: Bumped when the meaning of a cached table changes (paths, buckets, how they are timed).
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 def cache_dir() -> Path | None:

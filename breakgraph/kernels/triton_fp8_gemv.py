@@ -82,14 +82,16 @@ def _e4m3_bits_to_fp32(b):
 @triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr, out_ptr, lock_ptr,
-    M, N, K, K_PER_SPLIT, SPLIT_K,
+    M, N, K, K_PER_SPLIT, SPLIT_K, alpha,
     stride_xm, stride_wn, stride_wsn, stride_wsk, stride_cm,
-    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr, DOT: tl.constexpr,
+    W_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
-    """Tile ``(pid_n, pid_m)`` of ``c = Σ_kb (w'[:, kb] · x'[:, kb]ᵀ) · sw'[kb]`` over this
-    program's k-range (``program_id(2)`` of ``SPLIT_K``), ``w'``/``x'``/``sw'`` the shifted
-    operands of the module docstring; the tile is computed transposed (``[BLOCK_N, BLOCK_M]``).
+    """Tile ``(pid_n, pid_m)`` of ``c = alpha · Σ_kb (w'[:, kb] · x'[:, kb]ᵀ) · sw'[kb] (+ bias)``
+    over this program's k-range (``program_id(2)`` of ``SPLIT_K``), ``w'``/``x'``/``sw'`` the
+    shifted operands of the module docstring (``W_FP8``; else ``w`` has ``x``'s 16-bit dtype
+    and is used as it is, without block scales); the tile is computed transposed
+    (``[BLOCK_N, BLOCK_M]``).
     ``BLOCK_N`` divides 128, so one block scale covers the tile's rows per k-block. Split K
     (``SPLIT``, ``SPLIT_K > 1`` programs per tile, a runtime count: one compiled kernel serves
     every split):
@@ -106,7 +108,11 @@ def _fp8_gemv_kernel(
     rk = tl.arange(0, 128)
     n_ok = rn < N
     m_ok = rm < M
-    w_ptrs = w_ptr.to(tl.pointer_type(tl.uint8)) + rn[:, None].to(tl.int64) * stride_wn + (k_first + rk)[None, :]
+    if W_FP8:  # the codes as bytes, for the integer decode
+        w_base = w_ptr.to(tl.pointer_type(tl.uint8))
+    else:
+        w_base = w_ptr
+    w_ptrs = w_base + rn[:, None].to(tl.int64) * stride_wn + (k_first + rk)[None, :]
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_first + rk)[None, :]
     ws_ptrs = ws_ptr + ((pid_n * BLOCK_N) // 128) * stride_wsn + (k_first // 128) * stride_wsk
     if DOT:
@@ -116,20 +122,28 @@ def _fp8_gemv_kernel(
     for k0 in range(k_first, k_end, 128):
         k_ok = rk < k_end - k0
         b = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0)
-        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * 18446744073709551616.0  # 2^64
-        sw = tl.load(ws_ptrs) * 72057594037927936.0  # 2^56
-        if INTERP:  # the interpreter has no 16-bit bitcasts or PTX; the fp32 pattern is the same value
-            w = _e4m3_bits_to_fp32(b.to(tl.int32))
-        elif ASM:
-            w = _e4m3_bytes_to_bf16(b)
-        elif DOT:
-            w = _e4m3_bits_to_bf16(b.to(tl.int32))
+        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if W_FP8:
+            x = x.to(tl.float32) * 18446744073709551616.0  # 2^64
+            sw = tl.load(ws_ptrs) * 72057594037927936.0  # 2^56
+            if INTERP:  # the interpreter has no 16-bit bitcasts or PTX; the fp32 pattern is the same value
+                w = _e4m3_bits_to_fp32(b.to(tl.int32))
+            elif ASM:
+                w = _e4m3_bytes_to_bf16(b)
+            elif DOT:
+                w = _e4m3_bits_to_bf16(b.to(tl.int32))
+            else:
+                w = _e4m3_bits_to_fp32(b.to(tl.int32))
         else:
-            w = _e4m3_bits_to_fp32(b.to(tl.int32))
+            sw = 1.0
+            w = b
         if DOT:
-            acc += tl.dot(w, tl.trans(x.to(w.dtype))) * sw
+            if INTERP:  # the interpreter multiplies no 16-bit operands
+                acc += tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32))) * sw
+            else:
+                acc += tl.dot(w, tl.trans(x.to(w.dtype))) * sw
         else:  # x·sw rounds in fp32 (the product of the exact operands, to fp32 rounding)
-            acc3 += w.to(tl.float32)[:, None, :] * (x * sw)[None, :, :]
+            acc3 += w.to(tl.float32)[:, None, :] * (x.to(tl.float32) * sw)[None, :, :]
         w_ptrs += 128
         x_ptrs += 128
         ws_ptrs += stride_wsk
@@ -138,6 +152,7 @@ def _fp8_gemv_kernel(
     offs = rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
     mask = m_ok[None, :] & n_ok[:, None]
     if not SPLIT:
+        acc = acc * alpha
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
         tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
@@ -153,6 +168,7 @@ def _fp8_gemv_kernel(
                 for _ in range(1, SPLIT_K):
                     slice_ptrs += M * stride_cm
                     total += tl.load(slice_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                total = total * alpha
                 if HAS_BIAS:
                     total += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
                 tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
@@ -195,6 +211,35 @@ def fp8_gemv(
     ``x`` bf16/fp16/fp32 with unit column stride, ``weight`` K-contiguous e4m3. ``config``
     overrides :func:`gemv_config` (``BLOCK_N`` must divide 128; ``FIXUP=False``: the split K is
     summed by the separate kernel). Graph-safe."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.dtype != FP8_DTYPE or weight.shape[1] != k or weight.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError(
+            f"fp8_gemv: weight {tuple(weight.shape)} must be float8_e4m3fn and K-contiguous like x {tuple(x.shape)}"
+        )
+    if tuple(weight_scale.shape) != (triton.cdiv(n, 128), triton.cdiv(k, 128)):
+        raise ValueError(f"fp8_gemv: weight_scale {tuple(weight_scale.shape)} is not one scale per 128x128 block")
+    return _gemv(x, weight, weight_scale, bias, out_dtype or x.dtype, 1.0, config)
+
+
+def gemv_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0, config: dict | None = None) -> torch.Tensor:
+    """``alpha · (x [M, K] @ weight [N, K]ᵀ)`` in fp32 for 16-bit ``x`` and ``weight`` of one dtype
+    (unit column strides): exact products summed in fp32, then one multiply by ``alpha`` — the
+    contract of :func:`~breakgraph.kernels.linear.linear_fp32_out` (times ``alpha``) in one
+    kernel for few rows, where cuBLAS launches a split-K GEMM, its reduction and the scaling.
+    ``config`` as for :func:`fp8_gemv` (``ASM`` does not apply). Graph-safe."""
+    if weight.dtype != x.dtype or x.dtype not in (torch.bfloat16, torch.float16) or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"gemv_fp32_out: x {x.dtype} {tuple(x.shape)} and weight {weight.dtype} "
+                         f"{tuple(weight.shape)} must be one 16-bit dtype with equal K")  # fmt: skip
+    if weight.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError("gemv_fp32_out: x and weight must have unit column strides")
+    return _gemv(x, weight, None, None, torch.float32, alpha, config)
+
+
+def _gemv(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, bias: torch.Tensor | None,
+    out_dtype: torch.dtype, alpha: float, config: dict | None,
+) -> torch.Tensor:  # fmt: skip
     from breakgraph.kernels.triton_fp8 import (
         SPLIT_K_LOCK_SLOTS,
         _split_k_locks,
@@ -204,17 +249,11 @@ def fp8_gemv(
 
     m, k = x.shape
     n = weight.shape[0]
-    if weight.dtype != FP8_DTYPE or weight.shape[1] != k or weight.stride(1) != 1 or x.stride(1) != 1:
-        raise ValueError(
-            f"fp8_gemv: weight {tuple(weight.shape)} must be float8_e4m3fn and K-contiguous like x {tuple(x.shape)}"
-        )
-    if tuple(weight_scale.shape) != (triton.cdiv(n, 128), triton.cdiv(k, 128)):
-        raise ValueError(f"fp8_gemv: weight_scale {tuple(weight_scale.shape)} is not one scale per 128x128 block")
     cfg = dict(gemv_config(m, n, k, num_sms(x.device)))
     cfg.update(config or {})
     if 128 % cfg["BLOCK_N"]:
         raise ValueError(f"fp8_gemv: BLOCK_N must divide 128, got {cfg['BLOCK_N']}")
-    out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
+    out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     k_per_split = max(128, triton.cdiv(triton.cdiv(k, 128), cfg["SPLIT_K"]) * 128)
@@ -224,12 +263,13 @@ def fp8_gemv(
     if split > 1 and cfg["FIXUP"] and grid[0] * grid[1] <= SPLIT_K_LOCK_SLOTS:
         locks = _split_k_locks(x.device)
     target = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else out
+    ws = weight_scale if weight_scale is not None else out  # placeholder pointer without block scales
     _fp8_gemv_kernel[grid](
-        x, weight, weight_scale, bias if bias is not None else out, target, out, locks if locks is not None else out,
-        m, n, k, k_per_split, split,
-        x.stride(0), weight.stride(0), weight_scale.stride(0), weight_scale.stride(1), target.stride(-2),
-        HAS_BIAS=bias is not None, SPLIT=split > 1, FIXUP=locks is not None, DOT=cfg["DOT"],
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=cfg["ASM"], INTERP=interpreting(),
+        x, weight, ws, bias if bias is not None else out, target, out, locks if locks is not None else out,
+        m, n, k, k_per_split, split, alpha,
+        x.stride(0), weight.stride(0), ws.stride(0), ws.stride(1), target.stride(-2),
+        W_FP8=weight_scale is not None, HAS_BIAS=bias is not None, SPLIT=split > 1, FIXUP=locks is not None,
+        DOT=cfg["DOT"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=cfg["ASM"], INTERP=interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if split > 1 and locks is None:
@@ -238,7 +278,14 @@ def fp8_gemv(
             target, bias if bias is not None else out, out, m * n, n,
             SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
         )  # fmt: skip
+        if alpha != 1.0:  # only the fp32-output form scales, and it has no bias
+            out.mul_(alpha)
     return out
+
+
+def gemv_fp32_out_ref(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """The twin of :func:`gemv_fp32_out`: the fp32 product of the exact operands, times ``alpha``."""
+    return (x.float() @ weight.float().t()) * alpha
 
 
 def fp8_gemv_ref(
