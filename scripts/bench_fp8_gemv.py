@@ -8,8 +8,8 @@ o_proj, the dense MLP, the shared expert) at M = 1, 2, 4, 8, 16, 32, 64 through 
 takes the shape) and the GEMV (``gemv``: its default configuration; ``gemv_*``: variants of
 it). Each call is timed replayed from a CUDA graph that cycles through enough copies of the
 weight to exceed the L2 cache, as a decode step reads each layer's weights from HBM once.
-RMSNorm: one program per row at 1/16/64 rows, the engine's default ``num_warps`` and others,
-beside the kernel of the commit before this one where the checkout has git history (``old``).
+RMSNorm: one program per row at 1/16/64 rows, the default 1-D row kernel beside the
+``[groups, 128]`` row tile (``BREAKGRAPH_NORM_ROW_TILE=1``) at its default ``num_warps`` and others.
 
 The bf16 → fp32 products of the indexer's head weights and the router, and decode's absorbed
 MLA products (``bmm_into``): cuBLAS against the Triton kernel. Last, what the engine's start-up timing chooses per shape with the GEMV among its paths.
@@ -20,11 +20,8 @@ the remaining measurements are skipped (the tables cover what ran).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import subprocess
 import sys
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -145,43 +142,12 @@ def sweep_linears(deadline: float) -> dict:
     return results
 
 
-def old_norm_module():
-    """``breakgraph.kernels.triton_norm`` as the commit before HEAD has it (None without git)."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        src = subprocess.run(
-            ["git", "-C", str(root), "show", "HEAD~1:breakgraph/kernels/triton_norm.py"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    if "GROUPS" in src:  # HEAD~1 already has the new kernel: find the last commit without it
-        log = subprocess.run(
-            ["git", "-C", str(root), "log", "--format=%H", "-n", "30", "--", "breakgraph/kernels/triton_norm.py"],
-            capture_output=True, text=True, check=True,
-        ).stdout.split()  # fmt: skip
-        for commit in log:
-            src = subprocess.run(["git", "-C", str(root), "show", f"{commit}:breakgraph/kernels/triton_norm.py"],
-                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
-            if "GROUPS" not in src:
-                break
-        else:
-            return None
-    path = Path(tempfile.mkdtemp()) / "old_triton_norm.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("old_triton_norm", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 NORMS = {"input/post-attn (6144, +res, fp8)": (6144, True, True), "q_a (2048, fp8)": (2048, False, True),
          "final (6144, +res)": (6144, True, False)}  # fmt: skip
 
 
 def sweep_norms(deadline: float) -> dict:
     results: dict = {}
-    old = old_norm_module()
     for name, (n, residual, quant) in NORMS.items():
         for m in (1, 16, 64):
             if time.monotonic() > deadline:
@@ -190,12 +156,14 @@ def sweep_norms(deadline: float) -> dict:
             r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if residual else None
             w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             pad = 1 if quant else 0
-            row = {}
-            if old is not None:
-                row["old"] = graph_us([partial(old._launch, x, r, w, 1e-6, pad) for x in xs] * 4)
-            row["new"] = graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad) for x in xs] * 4)
+            row = {
+                "row1d": graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, row_tile=False) for x in xs] * 4),
+                "tile": graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, row_tile=True) for x in xs] * 4),
+            }
             for warps in (2, 4, 8, 16):
-                row[f"w{warps}"] = graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, warps) for x in xs] * 4)
+                row[f"w{warps}"] = graph_us(
+                    [partial(triton_norm._launch, x, r, w, 1e-6, pad, warps, row_tile=True) for x in xs] * 4
+                )  # fmt: skip
             results[f"{name} M={m}"] = row
             print(f"norm {name:34s} M={m:3d} " + " ".join(f"{p}={t:.2f}" for p, t in row.items()), flush=True)
     return results
@@ -257,10 +225,15 @@ def sweep_bmm(deadline: float) -> dict:
 
 
 def engine_tables(deadline: float) -> list[str]:
-    """What the engine's start-up timing (:func:`tune_fp8_paths`, up to 64 rows) chooses per shape."""
+    """What the engine's start-up timing (:func:`tune_fp8_paths`, up to 64 rows) chooses per shape
+    with the GEMV among its paths and L2-cold weights (``BREAKGRAPH_FP8_GEMV=1``,
+    ``BREAKGRAPH_FP8_TIMING_COLD=1``)."""
+    import os
+
     from breakgraph.kernels import fp8_gemm_choice
     from breakgraph.kernels.triton_fp8 import tune_fp8_paths
 
+    os.environ.update(BREAKGRAPH_FP8_GEMV="1", BREAKGRAPH_FP8_TIMING_COLD="1")
     lines = []
     for name, shape in SHAPES.items():
         if time.monotonic() > deadline:
@@ -284,12 +257,12 @@ def summary(linears: dict, norms: dict, fp32_out: dict, bmm: dict, tables: list[
             f"| {name} K={rest.split(' M=')[0]} | {m} | {tb} {today[tb]:.1f} | {gemv['gemv']:.1f} | {gb} {gemv[gb]:.1f} "
             f"| {today[tb] / gemv[gb]:.2f}x |"
         )
-    lines += ["", "| norm | rows | old (µs) | new default | best warps |", "|---|---|---|---|---|"]
+    lines += ["", "| norm | rows | 1-D row (µs, default) | row tile | row tile, best warps |", "|---|---|---|---|---|"]
     for key, row in norms.items():
         name, m = key.rsplit(" M=", 1)
         warps = {p: t for p, t in row.items() if p.startswith("w")}
         wb = min(warps, key=warps.get)
-        lines.append(f"| {name} | {m} | {row.get('old', float('nan')):.2f} | {row['new']:.2f} | {wb} {warps[wb]:.2f} |")
+        lines.append(f"| {name} | {m} | {row['row1d']:.2f} | {row['tile']:.2f} | {wb} {warps[wb]:.2f} |")
     lines += ["", "| fp32-output product | rows | cuBLAS (µs) | GEMV (µs) |", "|---|---|---|---|"]
     for key, row in fp32_out.items():
         name, m = key.rsplit(" M=", 1)

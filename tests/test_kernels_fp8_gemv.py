@@ -58,7 +58,7 @@ def check_gemv_matches_fp32_twin():
         got = fp8_gemv(x.bfloat16(), w8, ws)
         assert got.dtype == torch.bfloat16
         assert _rel(got, fp8_gemv_ref(x.bfloat16(), w8, ws)) < 1e-2
-    from breakgraph.kernels.triton_fp8 import _SPLIT_K_LOCKS
+    from breakgraph.kernels.split_k import _SPLIT_K_LOCKS
 
     assert not any(bool(locks.any()) for locks in _SPLIT_K_LOCKS.values()), "counters must return to zero"
 
@@ -228,6 +228,31 @@ def test_linear_fp32_out_scales_once_on_cpu():
     assert torch.equal(linear_fp32_out(x, w), torch.nn.functional.linear(x.float(), w))
 
 
+def test_new_paths_are_off_by_default(monkeypatch):
+    """Until the H200 measures them: the start-up timing tries the GEMV and cycles weights past
+    L2 only when asked (and its cache key is then another), the fp32-output products and the
+    MLA bmm's stay on cuBLAS."""
+    from breakgraph.kernels import fp8_gemm_choice, linear
+
+    for name in ("BREAKGRAPH_FP8_GEMV", "BREAKGRAPH_FP8_TIMING_COLD", "BREAKGRAPH_GEMV_FP32_OUT", "BREAKGRAPH_BMM_ROWS"):
+        monkeypatch.delenv(name, raising=False)
+    assert fp8_gemm_choice.timed_paths() == ("scaled_mm", "triton", "triton_w8a16")
+    assert not fp8_gemm_choice.cold_timing()
+    monkeypatch.setenv("BREAKGRAPH_FP8_GEMV", "1")
+    monkeypatch.setenv("BREAKGRAPH_FP8_TIMING_COLD", "1")
+    assert fp8_gemm_choice.timed_paths()[-1] == "triton_gemv" and fp8_gemm_choice.cold_timing()
+    taken = []
+    monkeypatch.setattr(linear, "_mm_fp32_out_cuda", lambda x, w, a: taken.append("triton") or x.new_zeros(2, 8))
+    monkeypatch.setattr(linear, "_mm_fp32_out", lambda x, w, a: taken.append("cublas") or x.new_zeros(2, 8))
+    monkeypatch.setattr(linear, "use_triton_inference", lambda *t: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the dispatcher's CUDA branch
+    x, w = torch.randn(2, 64).bfloat16(), torch.randn(8, 64).bfloat16()
+    for flag in ("0", "1"):
+        monkeypatch.setenv("BREAKGRAPH_GEMV_FP32_OUT", flag)
+        linear.linear_fp32_out(x, w)
+    assert taken == ["cublas", "triton"]
+
+
 def test_gemv_rejects_bad_operands():
     from breakgraph.kernels.triton_fp8_gemv import fp8_gemv
 
@@ -283,7 +308,7 @@ def test_gemv_gpu_decodes_every_code_exactly(cfg):
 @pytest.mark.parametrize("k,n", [(6144, 2752), (2048, 2048), (2048, 6144)])
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_gemv_split_k_epilogue_in_graph_replays(k, n, m):
-    from breakgraph.kernels.triton_fp8 import _SPLIT_K_LOCKS
+    from breakgraph.kernels.split_k import _SPLIT_K_LOCKS
     from breakgraph.kernels.triton_fp8_gemv import fp8_gemv
 
     w8, ws = block_quant(torch.randn(n, k, device="cuda") / k**0.5)
@@ -304,10 +329,13 @@ def test_gemv_split_k_epilogue_in_graph_replays(k, n, m):
 @pytest.mark.cuda
 @pytest.mark.parametrize("n,alpha", [(32, 32**-0.5), (256, 1.0)])
 @pytest.mark.parametrize("m", [1, 4, 16, 64, 65])
-def test_linear_fp32_out_gpu_router_and_indexer_shapes(n, alpha, m):
-    """The indexer's head weights (6144 → 32, scaled) and the router (6144 → 256): the GEMV up to
-    64 rows, cuBLAS above, both the fp32 product of the exact operands; and in a CUDA graph."""
+def test_linear_fp32_out_gpu_router_and_indexer_shapes(n, alpha, m, monkeypatch):
+    """The indexer's head weights (6144 → 32, scaled) and the router (6144 → 256) with
+    ``BREAKGRAPH_GEMV_FP32_OUT=1``: the GEMV up to 64 rows, cuBLAS above, both the fp32 product
+    of the exact operands; and in a CUDA graph."""
     from breakgraph.kernels.linear import linear_fp32_out
+
+    monkeypatch.setenv("BREAKGRAPH_GEMV_FP32_OUT", "1")
     from breakgraph.kernels.triton_fp8_gemv import gemv_fp32_out_ref
 
     x = torch.randn(m, 6144, device="cuda").bfloat16()
@@ -326,12 +354,14 @@ def test_linear_fp32_out_gpu_router_and_indexer_shapes(n, alpha, m):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("t", [1, 16, 64])
-def test_bmm_into_gpu_mla_shapes(t):
-    """glm5-tp8-rank's absorbed products at decode rows through ``bmm_into`` (one Triton launch):
-    cuBLAS's result up to summation order (a last-bit difference in few elements), written
-    into the strided views, and the same bits in a CUDA graph replay."""
+def test_bmm_into_gpu_mla_shapes(t, monkeypatch):
+    """glm5-tp8-rank's absorbed products at decode rows through ``bmm_into`` with
+    ``BREAKGRAPH_BMM_ROWS=1`` (one Triton launch): cuBLAS's result up to summation order (a
+    last-bit difference in few elements), written into the strided views, and the same bits in
+    a CUDA graph replay."""
     from breakgraph.kernels.linear import bmm_into
 
+    monkeypatch.setenv("BREAKGRAPH_BMM_ROWS", "1")
     heads, dn, r, dr, dv = 8, 192, 512, 64, 256
     q = torch.randn(t, heads, dn + dr, device="cuda").bfloat16()
     w_kc = (torch.randn(heads, dn, r, device="cuda") * 0.1).bfloat16()

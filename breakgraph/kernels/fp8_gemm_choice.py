@@ -5,15 +5,17 @@ of :mod:`breakgraph.kernels.triton_fp8` on activations quantised per token and 1
 (W8A8: a quantisation kernel, then the GEMM), the Triton GEMM on the bf16 activations with
 each weight tile dequantised in registers (W8A16: one kernel, no quantisation), and for few
 rows the GEMV of :mod:`breakgraph.kernels.triton_fp8_gemv` (bf16 activations, the weights
-decoded by integer operations, K split over many programs). None wins
+decoded by integer operations, K split over many programs; timed only with
+``BREAKGRAPH_FP8_GEMV=1``, off until measured on the H200). None wins
 everywhere: on the H200 (torch 2.11, CUDA 13) W8A16 or W8A8 Triton win at decode's few rows, the
 Triton GEMM up to a few hundred rows (cuBLAS has no split-K for small ``M``) and cuBLAS from
 there on, with the crossovers depending on ``K`` and ``N`` (``scripts/bench_kernels_moe.py
 --only dense`` prints all three). So the choice is a table per ``(K, N)``: for each row-count
 bucket, the path that measured fastest, timed once per process at start-up
 (:func:`breakgraph.kernels.triton_fp8.tune_fp8_paths`, outside any CUDA-graph capture, each
-path replayed from a CUDA graph as the engine runs it, over copies of the weight that do not
-fit in L2 together, so that every call reads its weight from memory as a decode step does).
+path replayed from a CUDA graph as the engine runs it; with ``BREAKGRAPH_FP8_TIMING_COLD=1``
+over copies of the weight that do not fit in L2 together, so that every call reads its weight
+from memory as a decode step does).
 A shape that was not tuned takes W8A8: ``_scaled_mm`` from :data:`UNTUNED_SCALED_MM_MIN_M`
 rows (where cuBLAS can run it), else the Triton GEMM.
 
@@ -80,6 +82,22 @@ GEMV_MAX_M = 64
 _MAX_M = {"triton_w8a16": W8A16_MAX_M, "triton_gemv": GEMV_MAX_M}
 
 
+def timed_paths() -> tuple[str, ...]:
+    """The paths the start-up timing tries: :data:`PATHS`, the GEMV only with
+    ``BREAKGRAPH_FP8_GEMV=1`` (off until measured on the H200)."""
+    from breakgraph import env
+
+    return PATHS if env.read("BREAKGRAPH_FP8_GEMV") == "1" else PATHS[:3]
+
+
+def cold_timing() -> bool:
+    """Whether each timed graph cycles through weight copies past L2 (``BREAKGRAPH_FP8_TIMING_COLD=1``;
+    off until measured on the H200: one weight, replayed)."""
+    from breakgraph import env
+
+    return env.read("BREAKGRAPH_FP8_TIMING_COLD") == "1"
+
+
 def timed_at(path: str, bucket: int) -> bool:
     """Whether the start-up timing tries ``path`` at row-count ``bucket`` (the bf16-activation
     paths only up to their largest bucket, :data:`W8A16_MAX_M` and :data:`GEMV_MAX_M`)."""
@@ -129,7 +147,7 @@ def describe(table: tuple[tuple[int, str], ...]) -> str:
 # the on-disk cache of measured tables
 
 #: Bumped when the meaning of a cached table changes (paths, buckets, how they are timed).
-CACHE_FORMAT = 2
+CACHE_FORMAT = 1
 
 
 def cache_dir() -> Path | None:
@@ -149,12 +167,14 @@ def cache_dir() -> Path | None:
 
 def environment_key(device: Any, max_m: int) -> dict[str, Any]:
     """What a measured table depends on besides its shape: the GPU model of CUDA ``device``,
-    the torch, CUDA and Triton versions, the timed buckets and paths, :data:`CACHE_FORMAT`."""
+    the torch, CUDA and Triton versions, the timed buckets and paths, L2-cold timing where it is
+    on, :data:`CACHE_FORMAT`."""
     import torch
     import triton
 
     props = torch.cuda.get_device_properties(device)
-    return {
+    paths = timed_paths()
+    key = {
         "format": CACHE_FORMAT,
         "gpu": props.name,
         "capability": f"{props.major}.{props.minor}",
@@ -163,10 +183,14 @@ def environment_key(device: Any, max_m: int) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "triton": triton.__version__,
         "buckets": timed_buckets(max_m),
-        "paths": list(PATHS),
+        "paths": list(paths),
         "w8a16_max_m": W8A16_MAX_M,
-        "gemv_max_m": GEMV_MAX_M,
     }
+    if "triton_gemv" in paths:  # keys without the switches on stay what they were
+        key["gemv_max_m"] = GEMV_MAX_M
+    if cold_timing():
+        key["cold_weights"] = True
+    return key
 
 
 def cache_file(root: Path, key: dict[str, Any]) -> Path:

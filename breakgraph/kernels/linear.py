@@ -8,6 +8,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from breakgraph import env
 from breakgraph.graphs import opaque_op
 from breakgraph.kernels.dispatch import use_triton, use_triton_inference
 from breakgraph.kernels.fp8 import FP8_DTYPE, fp8_block_linear_ref
@@ -97,13 +98,14 @@ def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -
     """fp32 ``alpha · (x [..., K] @ weight [N, K]ᵀ)`` → ``[..., N]``. A bf16 ``weight`` with bf16
     CUDA ``x`` runs on the tensor cores with fp32 accumulation and output: the operands are the
     exact values, every bf16 product is exact in fp32, and only the accumulation order differs
-    from an fp32 GEMM, by far less than the bf16 rounding of the activations already did — one
-    Triton kernel up to :data:`FP32_OUT_GEMV_MAX_M` rows outside autograd, else cuBLAS. Otherwise
-    both are upcast and multiplied in fp32 (CPU, fp32 activations). ``alpha`` multiplies the fp32
-    product once (as ``linear_fp32_out(x, w) * alpha`` rounds)."""
+    from an fp32 GEMM, by far less than the bf16 rounding of the activations already did:
+    cuBLAS, or with ``BREAKGRAPH_GEMV_FP32_OUT=1`` (off until measured on the H200) one Triton
+    kernel up to :data:`FP32_OUT_GEMV_MAX_M` rows outside autograd. Otherwise both are upcast
+    and multiplied in fp32 (CPU, fp32 activations). ``alpha`` multiplies the fp32 product once
+    (as ``linear_fp32_out(x, w) * alpha`` rounds)."""
     if weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and x.is_cuda:
         x2 = x.reshape(-1, x.shape[-1])
-        if use_triton_inference(x2, weight):
+        if env.read("BREAKGRAPH_GEMV_FP32_OUT") == "1" and use_triton_inference(x2, weight):
             out = _mm_fp32_out_cuda(x2, weight, float(alpha))
         else:
             out = _mm_fp32_out(x2, weight, alpha)
@@ -140,15 +142,17 @@ BMM_ROWS_MAX_M = 64
 def bmm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """``out = a @ b`` (``[B, M, K] × [B, K, N]``) into ``out``, a strided view (a slice of a
     wider buffer, heads-first view of a tokens-first tensor). CUDA outside autograd recording:
-    up to :data:`BMM_ROWS_MAX_M` rows of 16-bit operands (decode's absorbed-MLA products) one
-    Triton kernel for the batch, writing ``out`` in place (fp32 sums of the exact products,
-    rounded once, as cuBLAS computes them); else ``torch.bmm(out=)``, which cuBLAS writes in
+    with ``BREAKGRAPH_BMM_ROWS=1`` (off until measured on the H200), up to :data:`BMM_ROWS_MAX_M`
+    rows of 16-bit operands (decode's absorbed-MLA products) one Triton kernel for the batch,
+    writing ``out`` in place (fp32 sums of the exact products, rounded once, as cuBLAS computes
+    them); else ``torch.bmm(out=)``, which cuBLAS writes in
     place wherever each matrix of ``out`` has a unit column stride (no copy kernel); else the
     product is copied in (autograd cannot record ``out=``; under ``torch.compile`` tracing the
     compiler places the product itself)."""
     if use_triton_inference(out, a, b) and not torch.compiler.is_compiling():
         if (
-            a.shape[1] <= BMM_ROWS_MAX_M and a.dtype in (torch.bfloat16, torch.float16)
+            env.read("BREAKGRAPH_BMM_ROWS") == "1"
+            and a.shape[1] <= BMM_ROWS_MAX_M and a.dtype in (torch.bfloat16, torch.float16)
             and a.dtype == b.dtype == out.dtype and a.stride(-1) == 1 and out.stride(-1) == 1
         ):  # fmt: skip
             from breakgraph.kernels.triton_fp8_gemv import bmm_rows

@@ -5,7 +5,7 @@ one fp32 scale per 128×128 tile. At these row counts the product is bound by re
 (a few MB per projection), so the kernel does only what that needs: no activation
 quantisation launch, the K range split over enough programs to keep the memory system busy
 (``SPLIT_K``; the fp32 partials are summed in a fixed order by the last of a tile's programs to
-arrive, or by the sum kernel of :mod:`~breakgraph.kernels.triton_fp8`), and the weights decoded
+arrive, or by the sum kernel of :mod:`~breakgraph.kernels.split_k`), and the weights decoded
 with integer operations instead of conversions:
 
 * an e4m3 byte ``s eeee mmm`` moved into a bf16 (or fp32) bit pattern — sign to the top bit,
@@ -33,8 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from breakgraph.kernels.dispatch import num_sms
+from breakgraph.kernels.dispatch import interpreting, num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant
+from breakgraph.kernels.split_k import SPLIT_K_LOCK_SLOTS, _split_k_locks, _split_k_sum_kernel
 
 
 @triton.jit
@@ -248,8 +249,6 @@ def bmm_rows(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: dict |
     products, rounded once to the dtype (what ``torch.bmm`` computes), one launch for the whole
     batch, for few rows (decode's absorbed-MLA products; ``config`` as for :func:`fp8_gemv`,
     without splitting K). Graph-safe."""
-    from breakgraph.kernels.triton_fp8 import interpreting
-
     bsz, m, k = a.shape
     n = b.shape[-1]
     if b.shape != (bsz, k, n) or out.shape != (bsz, m, n) or not (a.dtype == b.dtype == out.dtype):
@@ -274,13 +273,6 @@ def _gemv(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, bias: torch.Tensor | None,
     out_dtype: torch.dtype, alpha: float, config: dict | None,
 ) -> torch.Tensor:  # fmt: skip
-    from breakgraph.kernels.triton_fp8 import (
-        SPLIT_K_LOCK_SLOTS,
-        _split_k_locks,
-        _split_k_sum_kernel,
-        interpreting,
-    )
-
     m, k = x.shape
     n = weight.shape[0]
     cfg = dict(gemv_config(m, n, k, num_sms(x.device)))

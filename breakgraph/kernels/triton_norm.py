@@ -1,5 +1,10 @@
 """RMSNorm on the GPU: one program per row, plain and with the residual add fused in.
 
+Two row kernels of one contract: ``_rms_norm_kernel`` (a 1-D row; the default, measured on the
+H200) and ``_rms_norm_tile_kernel`` (the row as ``[groups, 128]``, the weight loaded beside
+``x``: for decode's few rows, where a program's time is its chain of memory waits;
+``BREAKGRAPH_NORM_ROW_TILE=1``, off until measured on the H200).
+
 Rounding follows :func:`breakgraph.kernels.norm.rms_norm_ref` as torch runs it on CUDA. The
 statistics in fp32: the squares rounded before they are summed, ``mean`` as the fp32 sum ×
 ``fp32(1/N)`` (as torch's CUDA ``mean`` computes it), then ``+ eps`` (no FMA contraction);
@@ -22,6 +27,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from breakgraph import env
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.triton_fp8 import QUANT_GROUP, interpreting, to_fp8
 
@@ -59,14 +65,57 @@ def _mul_rn(a, b, INTERP: tl.constexpr):
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr,
     M, N, stride_x, stride_res, stride_sm, stride_sg, inv_n, eps,
+    HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    INTERP: tl.constexpr,
+):  # fmt: skip
+    """Row ``pid`` of ``M``: ``out = norm(x (+ res))`` (and ``res_out = x + res``). ``QUANT``: also
+    the e4m3 codes ``q [Mp, N]`` and fp32 scales ``s`` (strides ``stride_sm, stride_sg``) of ``out``
+    per ``GROUP`` columns, as ``_act_quant_kernel`` computes them from ``out``; programs
+    ``M ≤ pid < Mp`` write the zero padding rows (codes 0, scale 1e-12/448)."""
+    dtype: tl.constexpr = out_ptr.dtype.element_ty
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    real = row < M
+    mask = (cols < N) & real
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = _round_to(x.to(tl.float32) + r.to(tl.float32), dtype, INTERP)
+        tl.store(res_out_ptr + row * N + cols, x, mask=mask)
+    h = x.to(tl.float32)
+    # fp32 scalars whatever the caller passed (inductor hands Python floats over as fp64)
+    inv_n = tl.cast(inv_n, tl.float32)
+    eps = tl.cast(eps, tl.float32)
+    rstd = tl.math.rsqrt(_mul_rn(tl.sum(_mul_rn(h, h, INTERP), axis=0), inv_n, INTERP) + eps)
+    h = _round_to(h * rstd, dtype, INTERP).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = _round_to(w * h, dtype, INTERP)
+    tl.store(out_ptr + row * N + cols, y, mask=mask)
+    if QUANT:
+        groups: tl.constexpr = BLOCK // GROUP
+        yg = tl.reshape(y.to(tl.float32), (groups, GROUP))
+        amax = tl.max(tl.abs(yg), axis=1)
+        # IEEE-rounded divisions, as _act_quant_kernel does them: the same codes and scales
+        scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
+        q = to_fp8(tl.math.div_rn(yg, scale[:, None] + tl.zeros_like(yg)), INTERP)
+        # 2-D offsets built from aranges, not a reshape of ``cols``: the compiler then sees runs
+        # of GROUP contiguous bytes and stores 16 at a time (a reshaped ``cols`` gave one-byte
+        # stores, one L2 sector each: the kernel ran 9x slower than without QUANT on the H200)
+        offs = tl.arange(0, groups)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        tl.store(q_ptr + row * N + offs, q, mask=offs < N)
+        g = tl.arange(0, groups)
+        tl.store(s_ptr + row * stride_sm + g * stride_sg, scale, mask=g * GROUP < N)
+
+
+@triton.jit
+def _rms_norm_tile_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr,
+    M, N, stride_x, stride_res, stride_sm, stride_sg, inv_n, eps,
     HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr,
     INTERP: tl.constexpr,
 ):  # fmt: skip
-    """Row ``pid`` of ``M``: ``out = norm(x (+ res))`` (and ``res_out = x + res``), the row held as
-    a ``[GROUPS, GROUP]`` tile (column ``g·GROUP + c``). ``QUANT``: also the e4m3 codes
-    ``q [Mp, N]`` and fp32 scales ``s`` (strides ``stride_sm, stride_sg``) of ``out`` per
-    ``GROUP`` columns, as ``_act_quant_kernel`` computes them from ``out``; programs
-    ``M ≤ pid < Mp`` write the zero padding rows (codes 0, scale 1e-12/448).
+    """:func:`_rms_norm_kernel`'s contract with the row held as a ``[GROUPS, GROUP]`` tile (column
+    ``g·GROUP + c``; ``BREAKGRAPH_NORM_ROW_TILE=1``, off until measured on the H200).
 
     A program is one row, so at decode's few rows its time is its chain of dependent steps:
     the weight is loaded first, beside ``x`` (after the reduction it would wait for memory a
@@ -105,7 +154,7 @@ def _rms_norm_kernel(
 
 
 def tile(n: int) -> tuple[int, int]:
-    """``(GROUPS, GROUP)`` of the tile that holds a row of ``n`` columns: 128-column groups
+    """``(GROUPS, GROUP)`` of :func:`_rms_norm_tile_kernel`'s tile for a row of ``n`` columns: 128-column groups
     (the FP8 quantisation's), a power-of-two count of them; one group of ``next_pow2(n)``
     columns below 128."""
     group = min(QUANT_GROUP, triton.next_power_of_2(n))
@@ -129,8 +178,10 @@ def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | Non
 
 def _launch(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, quant_pad_rows: int = 0,
-    num_warps: int | None = None,
+    num_warps: int | None = None, row_tile: bool | None = None,
 ):  # fmt: skip
+    """Launch the row kernel (``row_tile``: the ``[groups, 128]`` one; None: as
+    ``BREAKGRAPH_NORM_ROW_TILE`` says) with fresh outputs; ``num_warps`` overrides the default."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     m = x2.shape[0]
@@ -144,13 +195,16 @@ def _launch(
         q = torch.empty(rows, n, dtype=FP8_DTYPE, device=x.device)
         scale = torch.empty(n // QUANT_GROUP, rows, dtype=torch.float32, device=x.device).t()
     if rows:
+        if row_tile is None:
+            row_tile = env.read("BREAKGRAPH_NORM_ROW_TILE") == "1"
         groups, group = tile(n)
-        block = groups * group
-        _rms_norm_kernel[(rows,)](
+        block = triton.next_power_of_2(n)
+        shape = {"GROUP": group, "GROUPS": groups} if row_tile else {"GROUP": QUANT_GROUP, "BLOCK": block}
+        (_rms_norm_tile_kernel if row_tile else _rms_norm_kernel)[(rows,)](
             x2, res, weight, out, res_out, q, scale,
             m, n, x2.stride(0), 0 if res is None else res.stride(0), *(scale.stride() if quant_pad_rows else (0, 0)),
             1.0 / n, eps,
-            HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), GROUP=group, GROUPS=groups,
+            HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), **shape,
             INTERP=interpreting(), num_warps=num_warps or max(1, min(8 if quant_pad_rows else 16, block // 512)),
         )  # fmt: skip
     return out, res_out, q, scale
