@@ -62,12 +62,11 @@ import triton
 import triton.language as tl
 
 from breakgraph import env
-from breakgraph.kernels.dispatch import num_sms
+from breakgraph.kernels.dispatch import interpreting, num_sms
 from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
 from breakgraph.kernels.triton_dense_mla import dense_block as _dense_block
 from breakgraph.kernels.triton_dense_mla import dense_mla_attention_triton
-from breakgraph.kernels.triton_fp8 import interpreting
 from breakgraph.kernels.triton_latent_fp8 import load_latent_rows
 
 _LOG2E = 1.4426950408889634
