@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee "$OUT/gpu.txt"
 start=$(date +%s)
 tests="sparse_mla_variants_glm5 or fp8_cache_lean_variants or e4m3_codes_in_ptx"
-tests="$tests or (kernels_on_fp8_cache_match_twin and 16)"  # 16 heads: the FP8 default changed there too
+tests="$tests or (kernels_on_fp8_cache_match_twin and 16)"  # 16 heads: the FP8 prefill default there (the slots loop)
 timeout 55 python -m pytest -q -m cuda tests/test_kernels_attention.py tests/test_kernels_latent_fp8.py \
     -k "$tests" -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 echo "pytest rc=$? in $(( $(date +%s) - start )) s (log: $OUT/pytest.log)"; tail -3 "$OUT/pytest.log"

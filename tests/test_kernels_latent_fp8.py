@@ -289,6 +289,8 @@ def test_fp8_column_scales_only_where_asked(monkeypatch):
     tile = tsm.default_config(4096, 8, 2048, cpu, dense=True, kv_fp8=True)
     assert (tile["groups"], tile["block_h"], tile["num_stages"], tile["fp8_columns"]) == (4, 16, 1, False), tile
     assert tsm.default_config(8, 8, 2048, cpu, kv_fp8=True)["groups"] == 1  # decode: the slots loop
+    # measured at 8 heads only: 16 keep the slots loop at prefill too
+    assert tsm.default_config(4096, 16, 2048, cpu, dense=True, kv_fp8=True)["groups"] == 1
     for num, dense in ((4096, True), (8, False)):
         col = tsm.default_config(num, 8, 2048, cpu, dense=dense, kv_fp8=True, fp8_columns=True)
         assert (col["groups"], col["block_h"], col["num_stages"], col["fp8_columns"]) == (4, 8, 2, True), col

@@ -9,6 +9,7 @@ T = 128…8192), CUDA-graph capture and replay.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -272,9 +273,16 @@ def check_gemm1_quantised_epilogue_equals_act_quant():
     x = torch.randn(t, d).bfloat16()
     tw = torch.rand(t, k)
     c2 = {"BLOCK_M": 16, "SWAP_AB": True}
-    fused = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=({**c2, "BLOCK_N": 128}, c2))
+    configs = ({**c2, "BLOCK_N": 128}, c2)
     want = _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)
+    plain = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=configs)
+    os.environ["BREAKGRAPH_MOE_FUSED_QUANT"] = "1"  # the knob, not the 128-wide tile, selects the epilogue
+    try:
+        fused = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=configs)
+    finally:
+        del os.environ["BREAKGRAPH_MOE_FUSED_QUANT"]
     assert _rel(fused, want) < 2e-2, _rel(fused, want)
+    assert _rel(plain, want) < 2e-2, _rel(plain, want)
 
 
 def check_w8a8_takes_the_producers_codes():

@@ -51,8 +51,9 @@ import triton
 import triton.language as tl
 
 from breakgraph import env
+from breakgraph.kernels.dispatch import interpreting
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import act_quant, interpreting, mma, scaled_update, to_fp8
+from breakgraph.kernels.triton_fp8 import act_quant, mma, scaled_update, to_fp8
 
 if TYPE_CHECKING:
     from breakgraph.kernels.moe import SharedExpert
@@ -615,7 +616,7 @@ def gemm_config(
 # (mode 0, every weight scaled, is the default until measured on the H200), by orientation. Swapped
 # (weights on the MMA's register side): the bit rebuild, all on the integer pipes (sm_90a, gate/up
 # at 16 rows, per warp and k-block: 557 instructions, none on the conversion units, against 688
-# with 256 conversions for mode 0 and 491 with 192 for mode 1; ``python scripts/moe_dequant_sass.py``).
+# with 128 conversions for mode 0 and 491 with 192 for mode 1; ``python scripts/moe_dequant_sass.py``).
 # Unswapped (weights the MMA's shared-memory side): the exact widening (537 against 614 for mode 0
 # and 872 for the bit rebuild, which the compiler routes through an extra layout change).
 W8A16_DEQUANT_SWAPPED = 2
@@ -841,7 +842,8 @@ def fused_moe_triton(
     if fp8_activations is None:
         fp8_activations = moe_fp8_activations(t)
     fp8_activations = fp8_activations and w_fp8
-    cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations)
+    fused_quant = env.read("BREAKGRAPH_MOE_FUSED_QUANT") == "1"  # off until measured on the H200
+    cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations, fused_quant=fused_quant)
     cfg1.update(configs[0] or {})
     cfg2 = gemm_config(p, num_e, False, w_fp8, fp8_activations)
     cfg2.update(configs[1] or {})
@@ -854,7 +856,9 @@ def fused_moe_triton(
         xa, xs = act_quant(xc, block[1], column_major_scale=False)
     else:
         xa, xs = xc, None
-    if fp8_activations and cfg1.get("KERNEL", "grouped") == "grouped" and cfg1["BLOCK_N"] == block[1]:
+    # GEMM 1 writes h's codes itself only on the knob (its tile is then 128 columns wide); a
+    # 128-wide tile passed in ``configs`` does not select that path.
+    if fused_quant and fp8_activations and cfg1.get("KERNEL", "grouped") == "grouped" and cfg1["BLOCK_N"] == block[1]:
         ha = torch.empty(p, i, dtype=FP8_DTYPE, device=x.device)
         hs = torch.empty(p, i // block[1], dtype=torch.float32, device=x.device)
         moe_gemm(xa, xs, w13, w13_scale, lay, ha, gather_top_k=k, silu=True, block=block, config=cfg1,

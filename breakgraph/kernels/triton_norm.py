@@ -28,8 +28,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from breakgraph import env
+from breakgraph.kernels.dispatch import interpreting
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import QUANT_GROUP, interpreting, to_fp8
+from breakgraph.kernels.triton_fp8 import QUANT_GROUP, to_fp8
 
 MAX_HIDDEN = 8192
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)

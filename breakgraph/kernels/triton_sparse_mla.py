@@ -546,8 +546,9 @@ def default_config(
     # loop reads the query tile from shared memory again per key block, so the padding costs
     # shared-memory bandwidth). H200, 8 heads (run0 sweep): 2.617 vs 3.270 ms at 8K tokens,
     # 5.800 vs 7.217 at 16K, 0.055 vs 0.061 at decode B=64. FP8 cache, prefill 8K: the
-    # column-group kernel 6.871 ms, the slots loop 8.708.
-    groups = few_heads and (not kv_fp8 or splits == 1 or fp8_columns)
+    # column-group kernel 6.871 ms, the slots loop 8.708 — measured at 8 heads only, so at 16
+    # the FP8 prefill keeps the slots loop until a GPU has timed it there.
+    groups = few_heads and (not kv_fp8 or (splits == 1 and num_heads <= 8) or fp8_columns)
     narrow = few_heads and (not kv_fp8 or fp8_columns)
     return {
         "block_h": max(8, triton.next_power_of_2(num_heads)) if narrow else block_h,
