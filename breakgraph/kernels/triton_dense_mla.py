@@ -116,7 +116,7 @@ def _dense_plan_kernel(
 
 
 @triton.jit
-def _softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
+def softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
     """One key block of the online softmax (base 2): ``s = q·kᵀ`` where ``keep``, else ``-inf``;
     ``acc += p·c`` with ``p`` in the cache dtype. Returns the new ``(m_i, l_i, acc)``."""
     s = tl.dot(q_nope, tl.trans(c))
@@ -221,7 +221,7 @@ def _dense_mla_balanced_kernel(
                     slot = slot.to(tl.int64)
                 c, k_pe = load_latent_rows(KV, slot, None, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
                 causal = key_pos[None, :] <= row_pos[:, None]
-                m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, causal, qk_scale, m_i, l_i, acc)
+                m_i, l_i, acc = softmax_step(q_nope, q_pe, c, k_pe, causal, qk_scale, m_i, l_i, acc)
             l_safe = tl.where(l_i > 0.0, l_i, 1.0)
             o = acc * (1.0 / l_safe)[:, None]
             if (tile == start) & (seg_hi == end):  # the whole token block
@@ -375,7 +375,7 @@ def _dense_mla_fwd_kernel(
             slot = tl.load(pages + kp // page_size).to(tl.int64) * page_size + kp % page_size
         c, k_pe = load_latent_rows(KV, slot, None, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
         causal = key_pos[None, :] <= row_pos[:, None]
-        m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, causal, qk_scale, m_i, l_i, acc)
+        m_i, l_i, acc = softmax_step(q_nope, q_pe, c, k_pe, causal, qk_scale, m_i, l_i, acc)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc * (1.0 / l_safe)[:, None]

@@ -67,25 +67,10 @@ from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
 from breakgraph.kernels.triton_dense_mla import dense_block as _dense_block
 from breakgraph.kernels.triton_dense_mla import dense_mla_attention_triton
+from breakgraph.kernels.triton_dense_mla import softmax_step as _softmax_step
 from breakgraph.kernels.triton_latent_fp8 import load_latent_rows
 
 _LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
-    """One key block of the online softmax (base 2): ``s = q·kᵀ`` where ``keep``, else ``-inf``;
-    ``acc += p·c`` with ``p`` in the cache dtype. Returns the new ``(m_i, l_i, acc)``."""
-    s = tl.dot(q_nope, tl.trans(c))
-    s = tl.dot(q_pe, tl.trans(k_pe), s)
-    s = tl.where(keep, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked so far: keep p = 0
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None])
-    return m_new, l_i, acc
 
 
 @triton.jit
@@ -112,7 +97,7 @@ def _online_softmax(s, m_i, l_i, TAU: tl.constexpr):
 
 @triton.jit
 def _softmax_step_lazy(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc, TAU: tl.constexpr):
-    """:func:`_softmax_step` with the lazy rescale of :func:`_online_softmax` (``TAU > 0``)."""
+    """:func:`~breakgraph.kernels.triton_dense_mla.softmax_step` with the lazy rescale of :func:`_online_softmax` (``TAU > 0``)."""
     s = tl.dot(q_nope, tl.trans(c))
     s = tl.dot(q_pe, tl.trans(k_pe), s)
     s = tl.where(keep, s * qk_scale, float("-inf"))
