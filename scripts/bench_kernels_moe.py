@@ -286,27 +286,38 @@ def _touched(t: int) -> int:
     return int((torch.bincount(ids.reshape(-1), minlength=E) > 0).sum())
 
 
+def _compile_in_workers(tasks: list, jobs: int, what: str, chunksize: int) -> dict[str, str]:
+    """Run each launch of ``tasks`` once in ``jobs`` spawned worker processes (Triton's on-disk
+    cache then holds every kernel the timing loop needs); returns ``{repr(task): error}`` of those
+    that failed and prints one line (``what``: the sweep's name)."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+
+    failed: dict[str, str] = {}
+    t0 = time.time()
+    if jobs:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            for task, err in pool.map(_precompile, tasks, chunksize=chunksize):
+                if err:
+                    failed[repr(task)] = err
+    print(f"\n{what}: {len(tasks)} launches compiled in {time.time() - t0:.0f} s "
+          f"({len(failed)} failed: {sorted(set(failed.values()))})", flush=True)  # fmt: skip
+    return failed
+
+
 def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
     """Time GEMM 1 (gate/up + SiLU) and GEMM 2 (down) alone over :func:`_sweep_grid` at uniform
     random routing: µs per call (median of CUDA-event timings, L2 flushed before each), the
     touched experts' weight bytes per second, and the relative error against the twin
     (:func:`_sweep_twin`; W8A8 deviates by its activation quantisation). Kernels are compiled
     first by ``jobs`` worker processes; timing stops at ``budget_s``."""
-    import concurrent.futures
-    import multiprocessing
     import time
 
     tasks = _sweep_tasks(tokens)
-    failed: dict[str, str] = {}
-    ctx = multiprocessing.get_context("spawn")
-    t0 = time.time()
-    if jobs:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            for task, err in pool.map(_precompile, tasks, chunksize=2):
-                if err:
-                    failed[repr(task)] = err
-    print(f"\nGrouped-GEMM sweep: {len(tasks)} launches compiled in {time.time() - t0:.0f} s "
-          f"({len(failed)} failed: {sorted(set(failed.values()))})", flush=True)  # fmt: skip
+    t0 = time.time()  # the budget counts the compiles too
+    failed = _compile_in_workers(tasks, jobs, "Grouped-GEMM sweep", chunksize=2)
     weights = _sweep_weights()
     results = []
     for t in tokens:
@@ -425,24 +436,14 @@ def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
     the bf16-activation twin), W8A8's activation quantisation timed on its own; then per token
     count the layer's two GEMMs (+ quantisations) for each kind and, at decode sizes, the decode
     kernels on the routed experts; a summary table last."""
-    import concurrent.futures
-    import multiprocessing
     import time
 
     from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS, decode_config, fused_moe_decode
 
     tasks = [(kind, gemm, t, cfg) for t in tokens for gemm in (1, 2) for _, kind, cfg in _compare_grid(t, gemm)]
     unique = list({repr(task): task for task in tasks}.values())
-    failed: dict[str, str] = {}
-    t0 = time.time()
-    if jobs:
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            for task, err in pool.map(_precompile, unique, chunksize=1):
-                if err:
-                    failed[repr(task)] = err
-    print(f"\nMoE comparison: {len(unique)} launches compiled in {time.time() - t0:.0f} s "
-          f"({len(failed)} failed: {sorted(set(failed.values()))})", flush=True)  # fmt: skip
+    t0 = time.time()  # the budget counts the compiles too
+    failed = _compile_in_workers(unique, jobs, "MoE comparison", chunksize=1)
     weights = _sweep_weights()
     results = []
     for t in tokens:
