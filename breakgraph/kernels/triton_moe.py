@@ -381,6 +381,21 @@ def _moe_update(
 
 
 @triton.jit
+def _block_rows(pid_m, block_expert_ptr, sorted_ptr, P, TOP_K, GATHER: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row block ``pid_m`` of the expert-sorted layout: its expert (int64), its pairs, which of
+    them are real (``pair < P``; the rest pad the block) and the row of ``a`` each reads (the
+    token ``pair // TOP_K`` when ``GATHER``, else the pair; row 0 for padding)."""
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pair < P
+    if GATHER:
+        a_row = pair // TOP_K
+    else:
+        a_row = pair
+    return expert, pair, row_ok, tl.where(row_ok, a_row, 0)
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr,
     sorted_ptr, block_expert_ptr, num_blocks_ptr,
@@ -403,15 +418,7 @@ def _moe_gemm_kernel(
     pid_m = pid // num_n
     pid_n = pid % num_n
     if pid_m < tl.load(num_blocks_ptr):
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        pair = tl.load(sorted_ptr + offs_m)
-        row_ok = pair < P
-        if GATHER:
-            a_row = pair // TOP_K
-        else:
-            a_row = pair
-        a_row = tl.where(row_ok, a_row, 0)
+        expert, pair, row_ok, a_row = _block_rows(pid_m, block_expert_ptr, sorted_ptr, P, TOP_K, GATHER, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
@@ -511,15 +518,7 @@ def _moe_stream_kernel(
     pid_m = pid // num_c
     pid_c = pid % num_c
     if pid_m < tl.load(num_blocks_ptr):
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        pair = tl.load(sorted_ptr + offs_m)
-        row_ok = pair < P
-        if GATHER:
-            a_row = pair // TOP_K
-        else:
-            a_row = pair
-        a_row = tl.where(row_ok, a_row, 0)
+        expert, pair, row_ok, a_row = _block_rows(pid_m, block_expert_ptr, sorted_ptr, P, TOP_K, GATHER, BLOCK_M)
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + a_row[:, None].to(tl.int64) * stride_am + offs_k[None, :]
         w_base = w_ptr + expert * stride_we
