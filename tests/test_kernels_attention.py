@@ -932,25 +932,32 @@ def test_dense_config_splits_keys_only_when_blocks_cannot_fill_the_gpu():
     assert dense_config(8)["chunk_keys"] == 0  # no shape: one chunk
 
 
-def test_dense_mla_balanced_kernel_is_opt_in(monkeypatch):
-    """The chunked kernel by default; the balanced one with BREAKGRAPH_DENSE_MLA_BALANCED=1 or
-    ``balanced=True`` (an explicit argument wins over the variable); a bad value names it."""
+def test_dense_mla_kernel_choice_follows_page_size_and_knob(monkeypatch):
+    """By default (``auto``) the balanced kernel at pages under 64 tokens and the chunked one from
+    64; BREAKGRAPH_DENSE_MLA_BALANCED=1/0 forces one, an explicit ``balanced`` argument wins over
+    the variable, and a bad value names it."""
     from breakgraph.kernels import triton_dense_mla as tdm
 
     calls = []
     monkeypatch.setattr(tdm, "_balanced", lambda *a: calls.append("balanced") or 8)
     monkeypatch.setattr(tdm, "_chunked", lambda *a: calls.append("chunked") or 8)
-    args = (None,) * 8 + (TOPK,)
+
+    def args(page_size):
+        return (None,) * 5 + (page_size, None, None, TOPK)
+
     monkeypatch.delenv("BREAKGRAPH_DENSE_MLA_BALANCED", raising=False)
-    tdm.dense_mla_attention_triton(*args)
-    tdm.dense_mla_attention_triton(*args, balanced=True)
+    tdm.dense_mla_attention_triton(*args(16))
+    tdm.dense_mla_attention_triton(*args(64))
+    tdm.dense_mla_attention_triton(*args(64), balanced=True)
     monkeypatch.setenv("BREAKGRAPH_DENSE_MLA_BALANCED", "1")
-    tdm.dense_mla_attention_triton(*args)
-    tdm.dense_mla_attention_triton(*args, balanced=False)
-    assert calls == ["chunked", "balanced", "balanced", "chunked"]
+    tdm.dense_mla_attention_triton(*args(64))
+    tdm.dense_mla_attention_triton(*args(16), balanced=False)
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MLA_BALANCED", "0")
+    tdm.dense_mla_attention_triton(*args(16))
+    assert calls == ["balanced", "chunked", "balanced", "balanced", "chunked", "chunked"]
     monkeypatch.setenv("BREAKGRAPH_DENSE_MLA_BALANCED", "yes")
     with pytest.raises(ValueError, match="BREAKGRAPH_DENSE_MLA_BALANCED"):
-        tdm.dense_mla_attention_triton(*args)
+        tdm.dense_mla_attention_triton(*args(16))
 
 
 def test_balanced_config_tiles_do_not_depend_on_the_page():

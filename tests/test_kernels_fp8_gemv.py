@@ -228,29 +228,29 @@ def test_linear_fp32_out_scales_once_on_cpu():
     assert torch.equal(linear_fp32_out(x, w), torch.nn.functional.linear(x.float(), w))
 
 
-def test_new_paths_are_off_by_default(monkeypatch):
-    """Until the H200 measures them: the start-up timing tries the GEMV and cycles weights past
-    L2 only when asked (and its cache key is then another), the fp32-output products and the
-    MLA bmm's stay on cuBLAS."""
+def test_decode_paths_follow_their_knobs(monkeypatch):
+    """As measured on the H200: by default the start-up timing tries the GEMV and cycles weights
+    past L2, and the fp32-output products take the GEMV up to FP32_OUT_GEMV_MAX_M rows; each
+    knob at 0 restores the cuBLAS/one-weight behaviour."""
     from breakgraph.kernels import fp8_gemm_choice, linear
 
     for name in ("BREAKGRAPH_FP8_GEMV", "BREAKGRAPH_FP8_TIMING_COLD", "BREAKGRAPH_GEMV_FP32_OUT", "BREAKGRAPH_BMM_ROWS"):
         monkeypatch.delenv(name, raising=False)
+    assert fp8_gemm_choice.timed_paths()[-1] == "triton_gemv" and fp8_gemm_choice.cold_timing()
+    monkeypatch.setenv("BREAKGRAPH_FP8_GEMV", "0")
+    monkeypatch.setenv("BREAKGRAPH_FP8_TIMING_COLD", "0")
     assert fp8_gemm_choice.timed_paths() == ("scaled_mm", "triton", "triton_w8a16")
     assert not fp8_gemm_choice.cold_timing()
-    monkeypatch.setenv("BREAKGRAPH_FP8_GEMV", "1")
-    monkeypatch.setenv("BREAKGRAPH_FP8_TIMING_COLD", "1")
-    assert fp8_gemm_choice.timed_paths()[-1] == "triton_gemv" and fp8_gemm_choice.cold_timing()
     taken = []
     monkeypatch.setattr(linear, "_mm_fp32_out_cuda", lambda x, w, a: taken.append("triton") or x.new_zeros(2, 8))
     monkeypatch.setattr(linear, "_mm_fp32_out", lambda x, w, a: taken.append("cublas") or x.new_zeros(2, 8))
     monkeypatch.setattr(linear, "use_triton_inference", lambda *t: True)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the dispatcher's CUDA branch
     x, w = torch.randn(2, 64).bfloat16(), torch.randn(8, 64).bfloat16()
-    for flag in ("0", "1"):
-        monkeypatch.setenv("BREAKGRAPH_GEMV_FP32_OUT", flag)
-        linear.linear_fp32_out(x, w)
-    assert taken == ["cublas", "triton"]
+    linear.linear_fp32_out(x, w)
+    monkeypatch.setenv("BREAKGRAPH_GEMV_FP32_OUT", "0")
+    linear.linear_fp32_out(x, w)
+    assert taken == ["triton", "cublas"]
 
 
 def test_gemv_rejects_bad_operands():
@@ -328,11 +328,12 @@ def test_gemv_split_k_epilogue_in_graph_replays(k, n, m):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("n,alpha", [(32, 32**-0.5), (256, 1.0)])
-@pytest.mark.parametrize("m", [1, 4, 16, 64, 65])
+@pytest.mark.parametrize("m", [1, 4, 16, 17, 64])
 def test_linear_fp32_out_gpu_router_and_indexer_shapes(n, alpha, m, monkeypatch):
     """The indexer's head weights (6144 → 32, scaled) and the router (6144 → 256) with
-    ``BREAKGRAPH_GEMV_FP32_OUT=1``: the GEMV up to 64 rows, cuBLAS above, both the fp32 product
-    of the exact operands; and in a CUDA graph."""
+    ``BREAKGRAPH_GEMV_FP32_OUT=1``: the GEMV up to 16 rows, cuBLAS above, both the fp32 product
+    of the exact operands up to the order of the fp32 sums (6144 terms: a few 1e-6); and in a
+    CUDA graph."""
     from breakgraph.kernels.linear import linear_fp32_out
 
     monkeypatch.setenv("BREAKGRAPH_GEMV_FP32_OUT", "1")
@@ -342,8 +343,8 @@ def test_linear_fp32_out_gpu_router_and_indexer_shapes(n, alpha, m, monkeypatch)
     w = (torch.randn(n, 6144, device="cuda") * 0.02).bfloat16()
     want = (x.double() @ w.double().t()) * alpha
     got = linear_fp32_out(x, w, alpha)
-    assert got.dtype == torch.float32 and _rel(got, want) < 1e-6
-    assert _rel(got, gemv_fp32_out_ref(x, w, alpha)) < 1e-6
+    assert got.dtype == torch.float32 and _rel(got, want) < 5e-6
+    assert _rel(got, gemv_fp32_out_ref(x, w, alpha)) < 5e-6
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static = linear_fp32_out(x, w, alpha)

@@ -281,8 +281,8 @@ def test_fp8_column_scales_only_where_asked(monkeypatch):
     """At few heads the FP8 cache's default is the H200-measured one (prefill: the column-group
     kernel dequantising the tile, 16-row heads, one stage; decode: the slots loop); the scales on
     the columns (``KV_FP8 = 2``, the PTX conversion for bf16 queries) only with ``fp8_columns``
-    or ``BREAKGRAPH_SPARSE_MLA_FP8=columns``, at prefill and decode; 64 heads never. A bad knob
-    value is refused by name."""
+    or ``BREAKGRAPH_SPARSE_MLA_FP8=columns`` (the knob's default), at prefill and decode, with
+    168 registers; 64 heads never. A bad knob value is refused by name."""
     from breakgraph.kernels import triton_sparse_mla as tsm
 
     cpu = torch.device("cpu")
@@ -309,11 +309,14 @@ def test_fp8_column_scales_only_where_asked(monkeypatch):
     q, kv, tk = mla_inputs(batch, 8, 512, 64, 32, torch.bfloat16)
     rows = quantize_latent_ref(kv.float(), 512)
     args = (q, rows, tk, batch["page_table"], batch["token_req"], 4, 0.1, torch.empty(q.shape[0], 8, 512))
-    for knob, want in (("tile", (1, False)), ("columns", (2, True))):
-        monkeypatch.setenv("BREAKGRAPH_SPARSE_MLA_FP8", knob)
+    monkeypatch.delenv("BREAKGRAPH_SPARSE_MLA_FP8", raising=False)
+    for knob, want in ((None, (2, True, 168)), ("tile", (1, False, None)), ("columns", (2, True, 168))):
+        if knob:
+            monkeypatch.setenv("BREAKGRAPH_SPARSE_MLA_FP8", knob)
         launches.clear()
         tsm.sparse_mla_attention_triton(*args, lean=True, groups=4)
-        assert (launches[-1]["KV_FP8"], launches[-1]["CVT_ASM"]) == want, (knob, launches[-1])
+        got = launches[-1]["KV_FP8"], launches[-1]["CVT_ASM"], launches[-1].get("maxnreg")
+        assert got == want, (knob, launches[-1])
     monkeypatch.setenv("BREAKGRAPH_SPARSE_MLA_FP8", "rows")
     with pytest.raises(ValueError, match="BREAKGRAPH_SPARSE_MLA_FP8"):
         tsm.sparse_mla_attention_triton(*args)

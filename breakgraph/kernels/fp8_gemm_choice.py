@@ -84,7 +84,7 @@ _MAX_M = {"triton_w8a16": W8A16_MAX_M, "triton_gemv": GEMV_MAX_M}
 
 def timed_paths() -> tuple[str, ...]:
     """The paths the start-up timing tries: :data:`PATHS`, the GEMV only with
-    ``BREAKGRAPH_FP8_GEMV=1`` (off until measured on the H200)."""
+    ``BREAKGRAPH_FP8_GEMV=1`` (the default)."""
     from breakgraph import env
 
     return PATHS if env.read("BREAKGRAPH_FP8_GEMV") == "1" else PATHS[:3]
@@ -92,7 +92,7 @@ def timed_paths() -> tuple[str, ...]:
 
 def cold_timing() -> bool:
     """Whether each timed graph cycles through weight copies past L2 (``BREAKGRAPH_FP8_TIMING_COLD=1``;
-    off until measured on the H200: one weight, replayed)."""
+    the default; ``0``: one weight, replayed)."""
     from breakgraph import env
 
     return env.read("BREAKGRAPH_FP8_TIMING_COLD") == "1"

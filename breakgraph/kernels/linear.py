@@ -91,7 +91,7 @@ def fp32_out_operand(x: torch.Tensor, weight: torch.Tensor, bf16_copy: torch.Ten
 #: Rows up to which :func:`linear_fp32_out` on CUDA runs one Triton GEMV
 #: (:func:`~breakgraph.kernels.triton_fp8_gemv.gemv_fp32_out`) instead of cuBLAS's split-K GEMM,
 #: its reduction kernel and, with ``alpha``, the scaling kernel.
-FP32_OUT_GEMV_MAX_M = 64
+FP32_OUT_GEMV_MAX_M = 16  # H200 (scripts/bench_fp8_gemv.py): the GEMV loses to cuBLAS at 64 rows (13.0 vs 6.7 us)
 
 
 def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
@@ -99,7 +99,7 @@ def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -
     CUDA ``x`` runs on the tensor cores with fp32 accumulation and output: the operands are the
     exact values, every bf16 product is exact in fp32, and only the accumulation order differs
     from an fp32 GEMM, by far less than the bf16 rounding of the activations already did:
-    cuBLAS, or with ``BREAKGRAPH_GEMV_FP32_OUT=1`` (off until measured on the H200) one Triton
+    cuBLAS, or (``BREAKGRAPH_GEMV_FP32_OUT=1``, the default) one Triton
     kernel up to :data:`FP32_OUT_GEMV_MAX_M` rows outside autograd. Otherwise both are upcast
     and multiplied in fp32 (CPU, fp32 activations). ``alpha`` multiplies the fp32 product once
     (as ``linear_fp32_out(x, w) * alpha`` rounds)."""

@@ -30,7 +30,7 @@ per 64 with 64-key blocks, `scripts/bench_dense_mla.py --aot`; the H200 sweep at
 measured 99.0 against 66.9 µs, docs/benchmarks.md.)
 
 **Balanced** (``_dense_mla_balanced_kernel``; ``BREAKGRAPH_DENSE_MLA_BALANCED=1`` or
-``balanced=True``; not yet measured on a GPU). Key rows: each key's cache row comes from its own
+``balanced=True``; by default at pages under 64 tokens, see :data:`BALANCED_BELOW_PAGE`). Key rows: each key's cache row comes from its own
 page-table entry (a shift and a mask for a power-of-two page; 32-bit row offsets where the
 cache's fit), so the 64-key blocks do not depend on the page size. In 32-bit arithmetic the key
 loop spills nothing (sm_90a ptxas: 1095 instructions per 64 keys; the spills of the
@@ -520,6 +520,11 @@ def balanced_config(num_heads: int, device: torch.device | None = None) -> dict:
             "programs": max(1, sms // head_blocks), "partial_dtype": torch.float32}  # fmt: skip
 
 
+# H200, 8 heads (scripts/bench_dense_mla.py): at page 16 the balanced kernel 266 vs 317 us a layer at
+# 8K tokens and even at 1K; at page 64 the chunked kernel's 64-key page blocks win (158 vs 266 at 8K).
+BALANCED_BELOW_PAGE = 64
+
+
 def dense_mla_attention_triton(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -549,8 +554,9 @@ def dense_mla_attention_triton(
 
     Tensors as :func:`~breakgraph.kernels.triton_sparse_mla.sparse_mla_attention_triton` takes
     them (``positions`` contiguous ``[T]``, inside the page table, which bounds the work).
-    ``balanced`` (default: ``BREAKGRAPH_DENSE_MLA_BALANCED=1``, off until measured on the H200)
-    takes the balanced split with per-key page entries, else the chunked kernel. The other
+    ``balanced`` takes the balanced split with per-key page entries, else the chunked kernel;
+    default from ``BREAKGRAPH_DENSE_MLA_BALANCED`` (``auto``: balanced at pages under
+    :data:`BALANCED_BELOW_PAGE` tokens, where the chunked kernel's key blocks shrink to a page). The other
     keyword arguments override :func:`dense_config` / :func:`balanced_config` (benchmarks,
     tests; ``block_t`` a power of two). Chunked kernel: ``chunk_keys = 0``: one chunk;
     ``page_blocks``: one page-table entry per key block, which needs ``page_size`` divisible by
@@ -558,7 +564,8 @@ def dense_mla_attention_triton(
     per head block; ``partial_dtype``: fp32 or the query's dtype, which halves the partials'
     bytes and adds one rounding of them."""
     if balanced is None:
-        balanced = env.read("BREAKGRAPH_DENSE_MLA_BALANCED") == "1"
+        flag = env.read("BREAKGRAPH_DENSE_MLA_BALANCED")
+        balanced = page_size < BALANCED_BELOW_PAGE if flag == "auto" else flag == "1"
     if balanced:
         return _balanced(q, kv_cache, page_table, token_req, positions, page_size, softmax_scale, out, dense_below,
                          block_t, block_n, num_warps, num_stages, programs, partial_dtype)  # fmt: skip

@@ -43,8 +43,8 @@ FP8 latent cache (``kv_cache`` ``uint8``, rows of :mod:`~breakgraph.kernels.late
 bytes instead of 1152): the kernels dequantise the e4m3 codes with their per-128 scales in
 registers to the query's dtype (the column-group kernel group by group, the others through
 :func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`); the dots and softmax are as
-above. With ``fp8_columns`` (``BREAKGRAPH_SPARSE_MLA_FP8=columns``; off until measured on the
-H200) the column-group kernel takes the codes into its dots as they are (converted exactly to
+above. With ``fp8_columns`` (``BREAKGRAPH_SPARSE_MLA_FP8=columns``, the default at 8-16 heads:
+H200 1.6x at prefill 8K-16K, 1.5-2.1x at decode) the column-group kernel takes the codes into its dots as they are (converted exactly to
 bf16) and puts each key's scale on the score and probability columns of its group instead.
 
 Split-K (flash-decoding) for small batches: when ``T × head_blocks`` programs cannot fill
@@ -492,6 +492,9 @@ _SLOT_BLOCK = 1024  # top-k columns per program of _topk_slots_kernel
 DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this many tokens
 
 
+COLUMNS_MAXNREG = 168
+
+
 def default_config(
     num_tokens: int,
     num_heads: int,
@@ -511,7 +514,7 @@ def default_config(
     ``lazy``; ``maxnreg`` and ``slots`` are the slots loop's, where the lean loop does not fit):
     on the bf16 cache with its heads padded to 8 rows only; on an FP8 cache (``kv_fp8``,
     dequantised in registers) at prefill with one stage and 16-row heads, its decode the slots
-    loop. ``fp8_columns`` (off by default until measured on the H200): the FP8 cache's scales
+    loop. ``fp8_columns`` (the caller's default from ``BREAKGRAPH_SPARSE_MLA_FP8``): the FP8 cache's scales
     on the column-group kernel's score and probability columns (``_sparse_mla_groups_kernel``
     with ``KV_FP8 = 2``), prefill and decode, 8-row heads, two stages (the codes then arrive by
     ``cp.async``)."""
@@ -678,7 +681,11 @@ def sparse_mla_attention_triton(
     # accumulators; groups of at least 16 columns, each inside one scale group of an FP8 cache.
     fp8_ok = not kv_fp8 or (rank // 4 <= LATENT_GROUP and LATENT_GROUP % (rank // 4) == 0)
     use_groups = use_lean and fp8_ok and (cfg["groups"] if groups is None else groups) == 4 and rank % 64 == 0
-    cap = maxnreg if maxnreg is not None else (None if use_groups else cfg["maxnreg"])
+    # The column-group kernel runs uncapped, except with the FP8 scales on the columns: 168
+    # registers fit a third program per SM (H200, 8 heads: 4.20 vs 4.73 ms at prefill 8K,
+    # 0.066 vs 0.093 at decode B=64; scripts/bench_kernels_attention.py --variants).
+    groups_cap = COLUMNS_MAXNREG if kv_fp8 and fp8_columns else None
+    cap = maxnreg if maxnreg is not None else (groups_cap if use_groups else cfg["maxnreg"])
     block_h = block_h or (cfg["block_h"] if use_groups else max(16, cfg["block_h"]))
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
