@@ -16,8 +16,9 @@ Error bounds (‖out − ref‖ / ‖ref‖):
 - round trip: per value ``|x − dq(q(x))| ≤ 2⁻⁴·|x| + 2⁻⁹·scale`` (e4m3: 3 mantissa bits; the
   second term covers subnormal codes);
 - kernels on an FP8 cache, fp32 queries (interpreter): ≤ 1e-5 of the twin on the same cache;
-- bf16 queries: ≤ 3× the error of rounding the fp32 twin's output to bf16 (the kernel also
-  rounds each dequantised value to bf16: one more rounding than on a bf16 cache);
+- bf16 queries: ≤ 3× the error of rounding the fp32 twin's output to bf16 (the gather loop also
+  rounds each dequantised value to bf16, the column-group kernel each scaled probability: one
+  more rounding than on a bf16 cache);
 - FP8 cache against the exact cache, same inputs: ≤ 5e-2 on Gaussian rows (quantisation).
 """
 
