@@ -31,7 +31,6 @@ KNOBS: dict[str, Knob] = {
     "BREAKGRAPH_TP_SECRET": Knob("", None, "under torchrun: the job's shared secret (hex) that signs rank 0's commands"),
     "BREAKGRAPH_KERNELS": Knob("auto", ("auto", "torch"), "torch: plain-PyTorch twins everywhere (read once, at import)"),
     "BREAKGRAPH_INDEXER_FP8": Knob("0", ("0", "1"), "1: the Triton indexer scores in FP8 (default bf16)"),
-    "BREAKGRAPH_SPARSE_MLA_FP8": Knob("columns", ("tile", "columns"), "FP8 latent cache, sparse MLA at 8-16 heads: columns (default; H200: 1.6x at prefill 8K-16K, 1.5-2.1x at decode): each key's per-128 scale goes on the score and probability columns and the codes are converted exactly in inline PTX; tile: the gathered codes are dequantised element by element"),
     "BREAKGRAPH_DENSE_MLA_BALANCED": Knob("auto", ("auto", "0", "1"), "dense-causal MLA: 1: the balanced split with per-key page entries (kernels/triton_dense_mla.py); 0: the chunked kernel; auto (default): balanced at pages under 64 tokens (H200, page 16: 1.19x at 8K tokens, even at 1K), chunked at 64 and up (there 1.8x faster than balanced)"),
     "BREAKGRAPH_NORM_FP8": Knob("1", ("0", "1"), "0: the FP8 linears quantise their input themselves (default: the RMSNorm before them also writes the FP8 codes of its output)"),
     "BREAKGRAPH_NORM_ROW_TILE": Knob("0", ("0", "1"), "1: the RMSNorm row kernel that holds a row as [groups, 128] and loads the weight beside x (for decode's few rows); 0 (default until measured on the H200): the 1-D row kernel"),

@@ -256,18 +256,18 @@ MLA_VARIANTS = [
     dict(num_warps=8),
     dict(num_stages=3),
 ]
-# The FP8 cache: the default (prefill: the column-group kernel dequantising the tile, 16-row
-# heads, one stage; decode: the slots loop) against the scales on the columns
-# (BREAKGRAPH_SPARSE_MLA_FP8=columns: the codes converted exactly in inline PTX, 8-row heads,
-# two stages), with its 16-row head block, 64-key blocks and a 168-register cap (174 uncapped:
-# two programs per SM, three capped), and the slots loop at prefill (the default before).
-_COL = dict(fp8_columns=True)
+# The FP8 cache: the default (the column-group kernel with the scales on the columns, the codes
+# converted exactly in inline PTX, 8-row heads, two stages, COLUMNS_MAXNREG = 168 registers:
+# three programs per SM, 174 uncapped: two) against its 16-row head block, 64-key blocks
+# (capped and uncapped: decode B=1 measured 0.014 ms uncapped against 0.016 at the default)
+# and no cap, and the masked gather loop dequantising the tile (the fallback where the lean
+# loop does not fit).
 MLA_FP8_VARIANTS = [
-    _COL,
-    _COL | dict(block_h=16),
-    _COL | dict(block_n=64),
-    _COL | dict(maxnreg=168),
-    dict(lean=False, groups=1, lazy=0.0, num_stages=1),  # the prefill default before (decode's now, at 2 stages)
+    dict(block_h=16),
+    dict(block_n=64),
+    dict(block_n=64, maxnreg=0),
+    dict(maxnreg=0),
+    dict(lean=False),
 ]
 VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]
 
@@ -527,30 +527,35 @@ def run_topk(args):
 
 
 def run_aot_fp8(a: dict, dense: dict) -> None:
-    """The FP8 cache at 8 heads, prefill: the default (the column-group kernel dequantising the
-    tile), the scales on the columns (the codes converted in inline PTX; Triton's cast in its
-    place), the --variants tiles."""
+    """The FP8 cache at 8 heads, prefill: the default (the column-group kernel, its scales on
+    the columns, the codes converted in inline PTX; Triton's cast in its place), the --variants
+    tiles."""
     from breakgraph.kernels.aot import compile_for_sm90 as aot_report
     from breakgraph.kernels.latent_fp8 import LatentLayout
-    from breakgraph.kernels.triton_sparse_mla import _sparse_mla_fwd_kernel, _sparse_mla_groups_kernel
+    from breakgraph.kernels.triton_sparse_mla import (
+        COLUMNS_MAXNREG,
+        _sparse_mla_fwd_kernel,
+        _sparse_mla_groups_kernel,
+    )
     from breakgraph.kernels.triton_sparse_mla import default_config as mla_cfg
 
     cpu, lay = torch.device("cpu"), LatentLayout(RANK, ROPE)
     a = a | dict(KV="*u8", stride_kv=lay.row_bytes)
-    cases = [("default", {}, False), ("columns, Triton's cast", _COL, False)]
+    cases = [("default", {}, True), ("Triton's cast (fp16 queries: uncapped)", dict(maxnreg=0), False)]
     cases += [(str(v), v, True) for v in MLA_FP8_VARIANTS]
     for name, v, asm in cases:
-        w = mla_cfg(4096, 8, TOPK, cpu, dense=True, kv_fp8=True, fp8_columns=bool(v.get("fp8_columns"))) | v
-        if w["groups"] != 4:  # the slots loop, dequantising the tile
+        w = mla_cfg(4096, 8, TOPK, cpu, dense=True, kv_fp8=True) | v
+        if not w["lean"]:  # the masked gather loop, dequantising the tile
             f = dict(BLOCK_H=16, BLOCK_N=w["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
-                     DENSE_T=dense["block_t"], KV_FP8=True, PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
+                     DENSE_T=dense["block_t"], KV_FP8=True, PAGE_SHIFT=PAGE.bit_length() - 1, LAZY=w["lazy"])  # fmt: skip
             r = aot_report(_sparse_mla_fwd_kernel, a, f, w["num_warps"], w["num_stages"], w["maxnreg"])
             print(f"    fp8 cache {name} {r}")
             continue
         g = dict(BLOCK_H=w["block_h"], BLOCK_N=w["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
-                 DENSE_T=dense["block_t"], LAZY=w["lazy"], KV_FP8=2 if w["fp8_columns"] else 1,
-                 SCALE_OFF=lay.scale_off, PE_OFF=lay.pe_off, CVT_ASM=asm and w["fp8_columns"])  # fmt: skip
-        r = aot_report(_sparse_mla_groups_kernel, a, g, w["num_warps"], w["num_stages"], w["maxnreg"])
+                 DENSE_T=dense["block_t"], LAZY=w["lazy"], KV_FP8=True, SCALE_OFF=lay.scale_off, PE_OFF=lay.pe_off,
+                 CVT_ASM=asm)  # fmt: skip
+        cap = v.get("maxnreg", COLUMNS_MAXNREG) or None  # the launcher's cap; maxnreg=0: none
+        r = aot_report(_sparse_mla_groups_kernel, a, g, w["num_warps"], w["num_stages"], cap)
         print(f"    fp8 cache {name} {r}")
 
 

@@ -4,10 +4,10 @@
 # the FP8 scales on the columns with the inline-PTX e4m3 conversion checked against torch's
 # cast; prefill and split-K decode), then the loop variants against the default on both caches
 # at prefill 8K/16K and decode B=64/B=1 (~8K context): ms, gathered TB/s, largest error vs the
-# default; the summary table comes last (with the default's ms × 78 layers). If a
-# {'fp8_columns': True, ...} row is the FP8 best, BREAKGRAPH_SPARSE_MLA_FP8=columns turns it on
-# (its default: default_config's fp8_columns). Logs under $OUT (timeouts 55 + 90 s; the sweep times
-# only the defaults once 70 s are spent).
+# default; the summary table comes last (with the default's ms × 78 layers). On the FP8 cache
+# the default is the column-group kernel with its scales on the columns (168 registers); an FP8
+# variant that wins at a shape (64-key blocks uncapped at decode B=1?) goes into default_config.
+# Logs under $OUT (timeouts 55 + 90 s; the sweep times only the defaults once 70 s are spent).
 set -u
 OUT=${OUT:-/tmp/gpu_check_sparse_mla}
 mkdir -p "$OUT"
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee "$OUT/gpu.txt"
 start=$(date +%s)
 tests="sparse_mla_variants_glm5 or fp8_cache_lean_variants or e4m3_codes_in_ptx"
-tests="$tests or (kernels_on_fp8_cache_match_twin and 16)"  # 16 heads: the FP8 prefill default there (the slots loop)
+tests="$tests or (kernels_on_fp8_cache_match_twin and 16)"  # 16 heads: the column-group kernel's 16-row heads
 timeout 55 python -m pytest -q -m cuda tests/test_kernels_attention.py tests/test_kernels_latent_fp8.py \
     -k "$tests" -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 echo "pytest rc=$? in $(( $(date +%s) - start )) s (log: $OUT/pytest.log)"; tail -3 "$OUT/pytest.log"

@@ -215,12 +215,9 @@ def _interp_sparse_mla_fp32():
         (_RAGGED, 4, 8, 32, 16, 24, {}),
         (_RAGGED, 1, 20, 48, 16, 16, {"block_h": 16}),  # D = 64 with r = 48: padded r block
         (_DECODE, 16, 4, 64, 16, 40, {}),  # D = 80
-        (_DECODE, 8, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16}),
-        (_RAGGED, 3, 16, 32, 16, 64, {"num_splits": 2, "block_n": 16}),
         (_RAGGED, 3, 8, 32, 16, 24, {"slots": True}),  # cache rows precomputed (page of 3: a division)
         (_DECODE, 4, 8, 32, 16, 40, {"num_splits": 3, "block_n": 16, "slots": True}),
-        (_RAGGED, 4, 8, 32, 16, 32, {"lean": True, "block_n": 16}),  # unused entries read a real row
-        (_RAGGED, 3, 8, 32, 16, 32, {"lean": True, "lazy": 8.0, "block_n": 32}),
+        (_RAGGED, 3, 8, 32, 16, 32, {"lean": True, "lazy": 8.0, "block_n": 32}),  # unused entries read a real row
         (_RAGGED, 4, 16, 32, 16, 32, {"lean": True, "lazy": 0.25, "block_n": 16}),  # rescales often
         (_DECODE, 8, 8, 32, 16, 48, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
         (_DECODE, 2, 8, 32, 16, 64, {"lean": True, "lazy": 8.0, "block_n": 64}),  # every row shorter than K
@@ -229,10 +226,8 @@ def _interp_sparse_mla_fp32():
         (_RAGGED, 4, 8, 64, 16, 64, {}),  # the few-heads default: four column groups, lazy rescale, 8-row heads
         (_RAGGED, 4, 5, 64, 16, 64, {"block_n": 64, "num_warps": 8}),  # 5 heads in the 8-row block
         (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 16, "block_n": 32}),
-        (_DECODE, 8, 8, 64, 16, 48, {"lean": True, "groups": 4, "lazy": 0.25, "num_splits": 3, "block_n": 16}),
-        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 16, "block_n": 16}),
         (_DECODE, 4, 8, 64, 16, 48, {"num_splits": 3, "block_n": 16}),  # the default (8-row heads), split-K
-        (_DECODE, 4, 20, 64, 16, 48, {"lean": True, "groups": 4, "block_h": 8, "num_splits": 3, "block_n": 16}),
+        (_DECODE, 4, 12, 64, 16, 48, {"lean": True, "groups": 4, "block_h": 8, "num_splits": 3, "block_n": 16}),
         (_DECODE, 4, 8, 32, 16, 40, {"lazy": 1.0, "num_splits": 3, "block_n": 16}),
     ]
     for i, (layout, ps, heads, rank, rope, topk, opts) in enumerate(cases):
@@ -257,9 +252,8 @@ def _interp_sparse_mla_bf16():
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
+    # the gather loop with slots (48 keys: no whole 32-key blocks); the column-group kernel, split-K and not
     for i, (layout, opts) in enumerate([(_RAGGED, {}), (_DECODE, {"num_splits": 4, "block_n": 16}),
-                                        (_RAGGED, {"lean": True, "lazy": 8.0, "block_n": 16}),
-                                        (_DECODE, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
                                         (_RAGGED, {"lean": True, "groups": 4, "lazy": 8.0, "block_n": 16})]):  # fmt: skip
         batch = make_batch(**layout, page_size=4, seed=10 + i)
         q, kv, tk = mla_inputs(batch, 16, 64, 16, 48, torch.bfloat16, seed=10 + i)
@@ -297,11 +291,7 @@ def _interp_sparse_mla_dense_path():
         (72, 32, 16, 12, 4, torch.float32, {}),  # H > 64: dense head blocks
         (8, 32, 16, 12, 4, torch.float32, {"num_splits": 2, "block_n": 16}),  # split-K: sparse only
         (8, 64, 16, 12, 4, torch.bfloat16, {"dense_block_t": 4}),
-        (8, 32, 16, 40, 16, torch.float32, {"dense_block_n": 16}),  # a key block in one page
-        (8, 32, 16, 40, 4, torch.float32, {"dense_block_n": 16, "dense_chunk_keys": 16}),  # split keys
         (8, 32, 16, 40, 4, torch.float32, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 3}),
-        (8, 32, 16, 40, 64, torch.float32, {"dense_balanced": True, "dense_block_n": 32, "dense_programs": 2}),
-        (72, 32, 16, 12, 4, torch.float32, {"dense_balanced": True}),
     ]
     for i, (heads, rank, rope, topk, ps, dtype, opts) in enumerate(cases):
         batch = make_batch(**_DENSE, page_size=ps, seed=40 + i)

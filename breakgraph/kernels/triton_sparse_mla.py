@@ -40,12 +40,12 @@ whose tokens share a request and all sit below ``dense_below`` run
 (``_dense_block``) and skip those blocks, so each output row is written once.
 
 FP8 latent cache (``kv_cache`` ``uint8``, rows of :mod:`~breakgraph.kernels.latent_fp8`: 656
-bytes instead of 1152): the kernels dequantise the e4m3 codes with their per-128 scales in
-registers to the query's dtype (the column-group kernel group by group, the others through
-:func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`); the dots and softmax are as
-above. With ``fp8_columns`` (``BREAKGRAPH_SPARSE_MLA_FP8=columns``, the default at 8-16 heads:
-H200 1.6x at prefill 8K-16K, 1.5-2.1x at decode) the column-group kernel takes the codes into its dots as they are (converted exactly to
-bf16) and puts each key's scale on the score and probability columns of its group instead.
+bytes instead of 1152): the column-group kernel takes the e4m3 codes into its dots as they are
+(converted exactly to bf16) and puts each key's per-128 scale on the score and probability
+columns of its group (H200, 8 heads: 1.6x at prefill 8K-16K, 1.5-2.1x at decode against
+dequantising the gathered tile); the other kernels dequantise the codes with their scales in
+registers to the query's dtype through
+:func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`. The dots and softmax are as above.
 
 Split-K (flash-decoding) for small batches: when ``T × head_blocks`` programs cannot fill
 the GPU (decode), the ``K`` keys are cut into ``num_splits`` ranges (grid axis 2); each split
@@ -61,7 +61,6 @@ import torch
 import triton
 import triton.language as tl
 
-from breakgraph import env
 from breakgraph.kernels.dispatch import interpreting, num_sms
 from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
@@ -229,13 +228,6 @@ def _sparse_mla_fwd_kernel(
 
 
 @triton.jit
-def _dequant_group(codes, scale, DTYPE: tl.constexpr):
-    """e4m3 ``codes [BLOCK_N, G]`` (uint8) times their row's ``scale [BLOCK_N]`` in fp32, rounded
-    to ``DTYPE``, as :func:`~breakgraph.kernels.latent_fp8.dequantize_latent_ref` computes it."""
-    return (codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(DTYPE)
-
-
-@triton.jit
 def _e4m3_codes(codes, DTYPE: tl.constexpr, ASM: tl.constexpr):
     """e4m3 ``codes`` (uint8) as ``DTYPE`` values, exactly (every e4m3 value is a bf16 value).
 
@@ -308,10 +300,10 @@ def _sparse_mla_groups_kernel(
     SPLIT: tl.constexpr,
     DENSE_T: tl.constexpr,
     LAZY: tl.constexpr = 0,
-    KV_FP8: tl.constexpr = 0,  # the FP8 latent cache (1: tile dequantised; 2: column scales); its offsets:
+    KV_FP8: tl.constexpr = False,  # the FP8 latent cache; its offsets:
     SCALE_OFF: tl.constexpr = 0,
     PE_OFF: tl.constexpr = 0,
-    CVT_ASM: tl.constexpr = False,  # KV_FP8 = 2 with bf16 queries on the GPU: _e4m3_codes's ASM
+    CVT_ASM: tl.constexpr = False,  # KV_FP8 with bf16 queries on the GPU: _e4m3_codes's ASM
 ):
     """The sparse kernel's ``LEAN`` loop with the latent row in four column groups of
     ``BLOCK_R / 4``: four key loads (6 distinct rows per thread at 32 keys, 4 warps, instead of
@@ -319,10 +311,8 @@ def _sparse_mla_groups_kernel(
     ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as ``_sparse_mla_fwd_kernel``.
 
     ``KV_FP8``: each group lies in one 128-column scale group, so its scale is one number per
-    key. ``1`` (the default, until the other is measured on the H200): each group's codes times
-    their key's scale, rounded to the query's dtype, as the twin dequantises them. ``2``: the
-    dots take the e4m3 codes as they are (converted exactly to the query's dtype) and the scales
-    go on the ``[BLOCK_H, BLOCK_N]`` side instead of on every element of the tile:
+    key: the dots take the e4m3 codes as they are (converted exactly to the query's dtype) and
+    the scales go on the ``[BLOCK_H, BLOCK_N]`` side instead of on every element of the tile:
     ``s = Σ_g (q_g·c8_gᵀ) · scale_g`` and ``acc_g += (p · scale_g) · c8_g``."""
     t = tl.program_id(0)  # 32-bit: widened where it addresses (fewer registers live across the loop)
     hb = tl.program_id(1)
@@ -358,7 +348,7 @@ def _sparse_mla_groups_kernel(
         valid = raw >= 0
         row = KV + tl.where(valid, raw, -1 - raw) * stride_kv
         rows = row[:, None]
-        if KV_FP8 > 0:
+        if KV_FP8:
             # Scale group of column group g: g·GR // 128 (all four in group 0 where r ≤ 128).
             scales = (row + SCALE_OFF).to(tl.pointer_type(tl.float32))
             sc0 = tl.load(scales + 0 * GR // 128)
@@ -366,23 +356,17 @@ def _sparse_mla_groups_kernel(
             sc2 = tl.load(scales + 2 * GR // 128)
             sc3 = tl.load(scales + 3 * GR // 128)
             k_pe = tl.load((row + PE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + offs_pe[None, :]).to(dtype)
-            if KV_FP8 == 2:
-                c0 = _e4m3_codes(tl.load(rows + offs_g[None, :]), dtype, CVT_ASM)
-                c1 = _e4m3_codes(tl.load(rows + GR + offs_g[None, :]), dtype, CVT_ASM)
-                c2 = _e4m3_codes(tl.load(rows + 2 * GR + offs_g[None, :]), dtype, CVT_ASM)
-                c3 = _e4m3_codes(tl.load(rows + 3 * GR + offs_g[None, :]), dtype, CVT_ASM)
-            else:
-                c0 = _dequant_group(tl.load(rows + offs_g[None, :]), sc0, dtype)
-                c1 = _dequant_group(tl.load(rows + GR + offs_g[None, :]), sc1, dtype)
-                c2 = _dequant_group(tl.load(rows + 2 * GR + offs_g[None, :]), sc2, dtype)
-                c3 = _dequant_group(tl.load(rows + 3 * GR + offs_g[None, :]), sc3, dtype)
+            c0 = _e4m3_codes(tl.load(rows + offs_g[None, :]), dtype, CVT_ASM)
+            c1 = _e4m3_codes(tl.load(rows + GR + offs_g[None, :]), dtype, CVT_ASM)
+            c2 = _e4m3_codes(tl.load(rows + 2 * GR + offs_g[None, :]), dtype, CVT_ASM)
+            c3 = _e4m3_codes(tl.load(rows + 3 * GR + offs_g[None, :]), dtype, CVT_ASM)
         else:
             c0 = tl.load(rows + offs_g[None, :])
             c1 = tl.load(rows + GR + offs_g[None, :])
             c2 = tl.load(rows + 2 * GR + offs_g[None, :])
             c3 = tl.load(rows + 3 * GR + offs_g[None, :])
             k_pe = tl.load(rows + BLOCK_R + offs_pe[None, :])
-        if KV_FP8 == 2:
+        if KV_FP8:
             s = tl.dot(q_pe, tl.trans(k_pe))
             s += tl.dot(q0, tl.trans(c0)) * sc0[None, :]
             s += tl.dot(q1, tl.trans(c1)) * sc1[None, :]
@@ -396,7 +380,7 @@ def _sparse_mla_groups_kernel(
         if rescale:
             acc0, acc1 = acc0 * alpha[:, None], acc1 * alpha[:, None]
             acc2, acc3 = acc2 * alpha[:, None], acc3 * alpha[:, None]
-        if KV_FP8 == 2:
+        if KV_FP8:
             acc0 = tl.dot((p * sc0[None, :]).to(dtype), c0, acc0)
             acc1 = tl.dot((p * sc1[None, :]).to(dtype), c1, acc1)
             acc2 = tl.dot((p * sc2[None, :]).to(dtype), c2, acc2)
@@ -492,6 +476,10 @@ _SLOT_BLOCK = 1024  # top-k columns per program of _topk_slots_kernel
 DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this many tokens
 
 
+# The column-group kernel on an FP8 cache with the PTX conversion: 168 registers (174 uncapped)
+# fit a third program per SM (H200, 8 heads: 4.20 vs 4.73 ms at prefill 8K, 0.066 vs 0.093 at
+# decode B=64; scripts/bench_kernels_attention.py --variants). Else (fp16 queries: Triton's
+# cast of the codes) it runs uncapped: the cap was measured with the PTX conversion only.
 COLUMNS_MAXNREG = 168
 
 
@@ -502,22 +490,17 @@ def default_config(
     device: torch.device,
     dense: bool = False,
     kv_fp8: bool = False,
-    fp8_columns: bool = False,
 ) -> dict:
     """Block sizes, warps, stages and split count for a shape (tuned guesses; see the bench).
 
     Split-K when the programs cannot fill the GPU (decode), except where the caller asked for
     the dense-causal path (``dense``: prefill) and there are at least ``DENSE_MIN_TOKENS``
     tokens: split-K switches that path off, and a short prompt then walks all ``topk`` slots
-    of every token's row (mostly ``-1``) instead of its few causal keys. At few heads (8 or 16:
-    ``block_h`` 16 for the slots loop) the column-group kernel (``lean``, ``groups = 4``,
-    ``lazy``; ``maxnreg`` and ``slots`` are the slots loop's, where the lean loop does not fit):
-    on the bf16 cache with its heads padded to 8 rows only; on an FP8 cache (``kv_fp8``,
-    dequantised in registers) at prefill with one stage and 16-row heads, its decode the slots
-    loop. ``fp8_columns`` (the caller's default from ``BREAKGRAPH_SPARSE_MLA_FP8``): the FP8 cache's scales
-    on the column-group kernel's score and probability columns (``_sparse_mla_groups_kernel``
-    with ``KV_FP8 = 2``), prefill and decode, 8-row heads, two stages (the codes then arrive by
-    ``cp.async``)."""
+    of every token's row (mostly ``-1``) instead of its few causal keys. At few heads (8 or 16)
+    the column-group kernel (``lean``, ``groups = 4``, ``lazy``) with its heads padded to 8
+    rows only, on the bf16 cache and on an FP8 cache (``kv_fp8``: the scales on its score and
+    probability columns), prefill and decode; ``block_h`` 16, ``maxnreg`` and ``slots`` are
+    the fallback's where the lean loop does not fit (:func:`lean_supported`)."""
     block_h = min(64, _pow2(num_heads))
     # (BLOCK_N, warps) per BLOCK_H: the largest key block that compiles for sm_90 without
     # register spills (ptxas: 16 → 226 regs, 32 → 195, 64 → 230 with wgmma).
@@ -528,21 +511,19 @@ def default_config(
     if programs < sms and not (dense and num_tokens >= DENSE_MIN_TOKENS):
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
     few_heads = block_h == 16
-    fp8_columns = few_heads and kv_fp8 and fp8_columns
-    # Few heads, bf16 cache, prefill and decode: the column-group kernel with the lazy rescale
-    # (where lean_supported; else the slots loop below), its head block padded only to 8 (the
-    # loop reads the query tile from shared memory again per key block, so the padding costs
-    # shared-memory bandwidth). H200, 8 heads (run0 sweep): 2.617 vs 3.270 ms at 8K tokens,
-    # 5.800 vs 7.217 at 16K, 0.055 vs 0.061 at decode B=64. FP8 cache, prefill 8K: the
-    # column-group kernel 6.871 ms, the slots loop 8.708 — measured at 8 heads only, so at 16
-    # the FP8 prefill keeps the slots loop until a GPU has timed it there.
-    groups = few_heads and (not kv_fp8 or (splits == 1 and num_heads <= 8) or fp8_columns)
-    narrow = few_heads and (not kv_fp8 or fp8_columns)
+    # Few heads, prefill and decode: the column-group kernel with the lazy rescale, its head
+    # block padded only to 8 (the loop reads the query tile from shared memory again per key
+    # block, so the padding costs shared-memory bandwidth). H200, 8 heads, bf16 cache (run0
+    # sweep): 2.617 vs 3.270 ms at 8K tokens, 5.800 vs 7.217 at 16K, 0.055 vs 0.061 at decode
+    # B=64. FP8 cache, the scales on the columns against the tile dequantised (prefill: the
+    # column groups, 16-row heads, one stage; decode: the gather loop): 4.202 vs 6.620 ms at 8K,
+    # 9.423 vs 14.821 at 16K, 0.066 vs 0.135 at decode B=64, 0.016 vs 0.021 at B=1 (sweep of
+    # commit 9cf0db3, docs/benchmarks.md).
     return {
-        "block_h": max(8, triton.next_power_of_2(num_heads)) if narrow else block_h,
+        "block_h": max(8, triton.next_power_of_2(num_heads)) if few_heads else block_h,
         "block_n": block_n,
         "num_warps": num_warps,
-        "num_stages": 1 if few_heads and kv_fp8 and splits == 1 and not fp8_columns else 2,
+        "num_stages": 2,
         "num_splits": splits,
         # The slots loop (few heads, one split, bf16 cache): capping registers at 168 fits a
         # third program per SM, which outweighs the few spilled bytes (they stay in L1); the
@@ -550,10 +531,9 @@ def default_config(
         # instead of position → page → row.
         "maxnreg": 168 if few_heads and splits == 1 and not kv_fp8 else None,
         "slots": few_heads and splits == 1 and not kv_fp8,
-        "lean": groups,
-        "lazy": 8.0 if groups else 0.0,
-        "groups": 4 if groups else 1,
-        "fp8_columns": fp8_columns,
+        "lean": few_heads,
+        "lazy": 8.0 if few_heads else 0.0,
+        "groups": 4 if few_heads else 1,
     }
 
 
@@ -624,7 +604,6 @@ def sparse_mla_attention_triton(
     lean: bool | None = None,
     lazy: float | None = None,
     groups: int | None = None,
-    fp8_columns: bool | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -637,7 +616,8 @@ def sparse_mla_attention_triton(
     indexer's rows do for ``dense_below = K``. The shortcut is off under split-K (decode).
 
     ``kv_cache`` is a cache of ``q``'s dtype or an FP8 latent cache (``uint8`` rows of
-    :mod:`~breakgraph.kernels.latent_fp8`), dequantised in registers to ``q``'s dtype.
+    :mod:`~breakgraph.kernels.latent_fp8`; the column-group kernel puts its scales on the score
+    and probability columns, the others dequantise it in registers to ``q``'s dtype).
 
     The keyword arguments after ``dense_below`` override :func:`default_config` and, as
     ``dense_*``, the options of
@@ -645,10 +625,8 @@ def sparse_mla_attention_triton(
     ``dense_balanced``: its balanced kernel, default ``BREAKGRAPH_DENSE_MLA_BALANCED``);
     ``maxnreg = 0``: no register cap; ``lean``: the unmasked loop where :func:`lean_supported`,
     else ignored; ``groups = 4``: the lean loop in four column groups, ``r`` a multiple of 64, no
-    register cap unless ``maxnreg`` names one; ``lazy``: rescale only past a growth of
-    ``2^lazy``, 0 = every block; ``fp8_columns``: on an FP8 cache, the column-group kernel's
-    scales on its score and probability columns — default from ``BREAKGRAPH_SPARSE_MLA_FP8``,
-    off until measured on the H200).
+    register cap (``COLUMNS_MAXNREG`` on an FP8 cache with bf16 queries) unless ``maxnreg`` names one; ``lazy``: rescale only past a growth of
+    ``2^lazy``, 0 = every block).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
     (``< page_table.shape[1] · page_size``), which bounds the dense path's work.
@@ -661,10 +639,7 @@ def sparse_mla_attention_triton(
     if dense_below > 0 and positions is None:
         raise ValueError("dense_below > 0 needs the token positions")
     kv_fp8 = is_fp8_latent(kv_cache)
-    if fp8_columns is None:
-        fp8_columns = env.read("BREAKGRAPH_SPARSE_MLA_FP8") == "columns"
-    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8,
-                         fp8_columns=fp8_columns)  # fmt: skip
+    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8)
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
     num_stages = num_stages or cfg["num_stages"]
@@ -681,10 +656,9 @@ def sparse_mla_attention_triton(
     # accumulators; groups of at least 16 columns, each inside one scale group of an FP8 cache.
     fp8_ok = not kv_fp8 or (rank // 4 <= LATENT_GROUP and LATENT_GROUP % (rank // 4) == 0)
     use_groups = use_lean and fp8_ok and (cfg["groups"] if groups is None else groups) == 4 and rank % 64 == 0
-    # The column-group kernel runs uncapped, except with the FP8 scales on the columns: 168
-    # registers fit a third program per SM (H200, 8 heads: 4.20 vs 4.73 ms at prefill 8K,
-    # 0.066 vs 0.093 at decode B=64; scripts/bench_kernels_attention.py --variants).
-    groups_cap = COLUMNS_MAXNREG if kv_fp8 and fp8_columns else None
+    # The e4m3 codes converted in inline PTX (bf16 queries, on the GPU); the cap is measured with it.
+    asm = kv_fp8 and q.dtype == torch.bfloat16 and not interpreting()
+    groups_cap = COLUMNS_MAXNREG if asm else None
     cap = maxnreg if maxnreg is not None else (groups_cap if use_groups else cfg["maxnreg"])
     block_h = block_h or (cfg["block_h"] if use_groups else max(16, cfg["block_h"]))
     block_r = _pow2(rank)
@@ -724,10 +698,8 @@ def sparse_mla_attention_triton(
                  maxnreg=cap or None)  # fmt: skip
     if use_groups:
         layout = LatentLayout(rank, dim - rank)
-        columns = kv_fp8 and fp8_columns
-        asm = columns and q.dtype == torch.bfloat16 and not interpreting()
-        _sparse_mla_groups_kernel[grid](*args, KV_FP8=(2 if columns else 1) if kv_fp8 else 0, SCALE_OFF=layout.scale_off,
-                                        PE_OFF=layout.pe_off, CVT_ASM=asm, **tiles)  # fmt: skip
+        _sparse_mla_groups_kernel[grid](*args, KV_FP8=kv_fp8, SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off,
+                                        CVT_ASM=asm, **tiles)  # fmt: skip
     else:
         _sparse_mla_fwd_kernel[grid](
             *args, KV_FP8=kv_fp8, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles
