@@ -41,7 +41,6 @@ KNOBS: dict[str, Knob] = {
     "BREAKGRAPH_BMM_ROWS": Knob("0", ("0", "1"), "1: decode's absorbed-MLA products (bmm_into, up to 64 rows) in one Triton launch per batch; 0 (default until measured on the H200): cuBLAS"),
     "BREAKGRAPH_MOE_W8A8": Knob("auto", ("auto", "0", "1"), "FP8 experts quantise activations: auto (from 128 tokens), 1 always, 0 never"),
     "BREAKGRAPH_MOE_DEQUANT": Knob("scaled", ("scaled", "product"), "FP8 experts with bf16 activations: scaled (default, measured) scales every weight in registers; product puts the block scale on each k-block's product (grouped GEMMs: bf16 bits rebuilt from the codes on swapped tiles, exact widening otherwise) and on the activations in the decode kernels; not yet measured on a GPU"),
-    "BREAKGRAPH_MOE_FUSED_QUANT": Knob("0", ("0", "1"), "1: W8A8 experts take x's codes from the norm before and GEMM 1 writes h's codes in its epilogue (no quantisation launches); not yet measured on a GPU"),
     "BREAKGRAPH_GRAPH_DEBUG": Knob("0", None, "1: replay every captured graph against an eager run and name the first mismatch"),
     "BREAKGRAPH_COMPILE_AHEAD": Knob("0", ("0", "fp8", "1"), "1: at start-up, the Triton kernels the FP8 GEMM timing and each graph warm-up launch are compiled first in parallel worker processes; fp8: for the FP8 timing only; 0 (default, until measured on a GPU): each at its first launch"),
     "BREAKGRAPH_CACHE_DIR": Knob("", None, "where start-up measurements (the FP8 GEMM choice) are kept; default $XDG_CACHE_HOME/breakgraph or ~/.cache/breakgraph; off: none (safe to delete)"),

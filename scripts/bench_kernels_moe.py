@@ -29,7 +29,7 @@ import triton.testing
 from breakgraph.bench.presets import PRESETS, dense_linear_shapes, moe_shape
 from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe_ref, route, route_ref
-from breakgraph.kernels.triton_fp8 import act_dequant, act_quant, fp8_linear, scaled_mm_blockwise_mode
+from breakgraph.kernels.triton_fp8 import act_quant, fp8_linear, scaled_mm_blockwise_mode
 from breakgraph.kernels.triton_moe import (
     W8A8_MIN_TOKENS,
     fused_moe_grouped_mm,
@@ -181,16 +181,10 @@ def _sweep_call(weights, kind: str, gemm: int, t: int, cfg: dict):
         w, ws, out = w13_8, s13, torch.empty(p, INTER, device=DEVICE, dtype=torch.bfloat16)
     else:
         w, ws, out = w2_8, s2, torch.empty(p, D, device=DEVICE, dtype=torch.bfloat16)
-    a_s = None
-    if kind in ("W8A8", "W8A8q"):
-        a, a_s = act_quant(a, 128, column_major_scale=False)
-    extra = {}
-    if kind == "W8A8q":  # GEMM 1 writing e4m3 h and its scales (the quantisation in its epilogue)
-        out = torch.empty(p, INTER, device=DEVICE, dtype=torch.float8_e4m3fn)
-        extra["out_scale"] = torch.empty(p, INTER // 128, device=DEVICE)
+    a, a_s = act_quant(a, 128, column_major_scale=False) if kind == "W8A8" else (a, None)
     fn = partial(moe_gemm, a, a_s, w, ws, lay, out, gather_top_k=TOP_K if gemm == 1 else None,
-                 silu=gemm == 1, config=cfg, **extra)  # fmt: skip
-    return fn, (out, extra["out_scale"]) if extra else out
+                 silu=gemm == 1, config=cfg)  # fmt: skip
+    return fn, out
 
 
 def _sweep_twin(weights, gemm: int, t: int) -> torch.Tensor:
@@ -422,11 +416,7 @@ def _compare_grid(t: int, gemm: int) -> list[tuple[str, str, dict]]:
         )  # fmt: skip
         for tile in tiles:
             rows.append(("W8A16 tile", "W8A16", {"BLOCK_K": 128, "DEQUANT": 2, **tile}))
-    w8a8 = gemm_config(t * TOP_K, E, silu, True, True, fused_quant=False)
-    rows.append(("W8A8", "W8A8", w8a8))
-    fused = gemm_config(t * TOP_K, E, silu, True, True, fused_quant=True)
-    if silu and fused["BLOCK_N"] == 128:
-        rows.append(("W8A8 fused", "W8A8q", fused))
+    rows.append(("W8A8", "W8A8", gemm_config(t * TOP_K, E, silu, True, True)))
     return rows
 
 
@@ -457,8 +447,7 @@ def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
                     continue
                 fn, out = _sweep_call(weights, kind, gemm, t, cfg)
                 fn()
-                got = act_dequant(*out) if isinstance(out, tuple) else out.float()
-                err = ((got - twins[gemm]).norm() / twins[gemm].norm()).item()
+                err = ((out.float() - twins[gemm]).norm() / twins[gemm].norm()).item()
                 us = 1e3 * triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median")
                 results.append({"tokens": t, "gemm": gemm, "label": label, "kind": kind, "us": us,
                                 "tbs": gb / us * 1e3, "err": err, "touched": touched, "config": cfg})  # fmt: skip
@@ -499,8 +488,7 @@ def _print_compare(tokens: list[int], results: list[dict]) -> None:
     print("best: the fastest W8A16 row with the new dequantisation (default tile or the tiles around it)")
     print(f"{'T':>5} {'exp':>4} {'GEMM':>5} | {'W8A16 old':>14} | {'W8A16 new':>14} | {'best W8A16':>14} | "
           f"{'W8A8':>14} | {'quant':>6} | err old / new / W8A8 | best tile")  # fmt: skip
-    print("quant: act_quant of the GEMM's input (x for GEMM 1, h for GEMM 2); W8A8 fused: GEMM 1 with BLOCK_N 128 "
-          "writing e4m3 h and its scales (no quantisation launch for h)")  # fmt: skip
+    print("quant: act_quant of the GEMM's input (x for GEMM 1, h for GEMM 2)")
     for t in tokens:
         pair = {"old": 0.0, "new": 0.0, "best": 0.0, "w8a8": 0.0}
         for gemm in (1, 2):
@@ -524,10 +512,6 @@ def _print_compare(tokens: list[int], results: list[dict]) -> None:
             dec, dec0 = get(t, 0, "decode kernels"), get(t, 0, "decode kernels old")
             extra = (f"; decode kernels (routed experts only) {dec0['us']:.1f} -> {dec['us']:.1f} us "
                      f"({dec0['tbs']:.2f} -> {dec['tbs']:.2f} TB/s of routed-pair bytes)") if dec and dec0 else ""  # fmt: skip
-            fused = get(t, 1, "W8A8 fused")
-            if fused:
-                f_us = fused["us"] + get(t, 1, "act quant")["us"] + get(t, 2, "W8A8")["us"]
-                extra = f", W8A8 fused {f_us:.1f} (x quant incl.; e4m3 h vs the bf16 twin {fused['err']:.1e}){extra}"
             print(f"{t:5d} layer GEMMs: W8A16 old {pair['old']:.1f}, new {pair['new']:.1f}, best {pair['best']:.1f}, "
                   f"W8A8 + 2 quants {pair['w8a8']:.1f} us{extra}")  # fmt: skip
 

@@ -9,7 +9,6 @@ T = 128…8192), CUDA-graph capture and replay.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -244,69 +243,6 @@ def check_e4m3_bits_bf16_is_exact_for_every_code():
     assert normal.sum() == 238 and (err[normal] == 0).all(), codes[normal][err[normal] != 0]
 
 
-def check_gemm1_quantised_epilogue_equals_act_quant():
-    """W8A8's GEMM 1 writing e4m3 ``h`` and its scales in the epilogue: bit for bit what
-    ``act_quant`` makes of the bf16 (or fp32) ``h`` the same tile stores, swapped and not;
-    padding rows untouched; ``fused_moe_triton`` takes it where GEMM 1's tile is 128 wide."""
-    from breakgraph.kernels.triton_fp8 import act_quant
-    from breakgraph.kernels.triton_moe import fused_moe_triton, moe_align, moe_gemm
-
-    t, k, e, d, inter = 11, 4, 8, 256, 256
-    w13, s13 = block_quant(torch.randn(e, 2 * inter, d) / d**0.5)
-    w2, s2 = block_quant(torch.randn(e, d, inter) / inter**0.5)
-    ids = _skewed_ids(t, k, e, 5)
-    p = t * k
-    for dtype in (torch.bfloat16, torch.float32):
-        x8, xs = act_quant(torch.randn(t, d).to(dtype), 128, column_major_scale=False)
-        for cfg in ({"BLOCK_M": 16, "SWAP_AB": True}, {"BLOCK_M": 32, "SWAP_AB": False}):
-            cfg = {**cfg, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
-            lay = moe_align(ids, e, cfg["BLOCK_M"])
-            h = torch.empty(p, inter, dtype=dtype)
-            moe_gemm(x8, xs, w13, s13, lay, h, gather_top_k=k, silu=True, config=cfg)
-            want_q, want_s = act_quant(h, 128, column_major_scale=False)
-            q = torch.full((p + 3, inter), 7.0).to(FP8_DTYPE)
-            hs = torch.full((p + 3, inter // 128), -1.0)
-            moe_gemm(x8, xs, w13, s13, lay, q, gather_top_k=k, silu=True, config=cfg, out_scale=hs, out_round=dtype)
-            assert torch.equal(q[:p].view(torch.uint8), want_q.view(torch.uint8)), (dtype, cfg)
-            assert torch.equal(hs[:p], want_s), (dtype, cfg)
-            assert (q[p:].float() == 7.0).all() and (hs[p:] == -1).all(), "rows past the pairs were written"
-    x = torch.randn(t, d).bfloat16()
-    tw = torch.rand(t, k)
-    c2 = {"BLOCK_M": 16, "SWAP_AB": True}
-    configs = ({**c2, "BLOCK_N": 128}, c2)
-    want = _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)
-    plain = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=configs)
-    os.environ["BREAKGRAPH_MOE_FUSED_QUANT"] = "1"  # the knob, not the 128-wide tile, selects the epilogue
-    try:
-        fused = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=configs)
-    finally:
-        del os.environ["BREAKGRAPH_MOE_FUSED_QUANT"]
-    assert _rel(fused, want) < 2e-2, _rel(fused, want)
-    assert _rel(plain, want) < 2e-2, _rel(plain, want)
-
-
-def check_w8a8_takes_the_producers_codes():
-    """W8A8 with ``x_fp8`` (codes and column-major scales with padding rows, as the quantising
-    norm hands them over) gives the same bits as quantising ``x`` itself; codes of another
-    width are not taken."""
-    from breakgraph.kernels.triton_fp8 import act_quant
-    from breakgraph.kernels.triton_moe import fused_moe_triton
-
-    t, k, e, d, inter = 7, 4, 6, 256, 128
-    w13, s13 = block_quant(torch.randn(e, 2 * inter, d) / d**0.5)
-    w2, s2 = block_quant(torch.randn(e, d, inter) / inter**0.5)
-    ids = _skewed_ids(t, k, e, 4)
-    tw = torch.rand(t, k)
-    x = torch.randn(t, d).bfloat16()
-    want = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True)
-    given = act_quant(x, 128, column_major_scale=True, pad_rows=16)
-    assert given[0].shape[0] == 16 and given[1].stride() == (1, 16)
-    got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, x_fp8=given)
-    assert torch.equal(got, want)
-    zeros = (torch.zeros(t, d - 128, dtype=FP8_DTYPE), torch.ones(t, 1))  # not x's width: quantised anew
-    assert torch.equal(fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, x_fp8=zeros), want)
-
-
 def check_moe_gemm_writes_every_pair_row_and_nothing_else():
     from breakgraph.kernels.triton_moe import gemm_config, moe_align, moe_gemm
 
@@ -537,8 +473,6 @@ def check_fused_moe_decode_launches_two_kernels():
         "check_fused_moe_triton_fp8_matches_twin",
         "check_w8a16_dequant_modes_match_twin",
         "check_e4m3_bits_bf16_is_exact_for_every_code",
-        "check_gemm1_quantised_epilogue_equals_act_quant",
-        "check_w8a8_takes_the_producers_codes",
         "check_moe_gemm_writes_every_pair_row_and_nothing_else",
         "check_moe_stream_kernel_matches_twin",
         "check_moe_stream_kernel_writes_every_pair_row_and_nothing_else",
@@ -602,21 +536,6 @@ def test_w8a16_bit_rebuild_leaves_the_conversion_units(tile):
     print(label, old, new)
     assert new["conv"] <= 10 < old["conv"], (old, new)  # ≤ 10: the scale loads' index math, as in W8A8
     assert new["loop"] < old["loop"] and new["spills"] == 0, (old, new)
-
-
-def test_moe_gemm_quantising_epilogue_compiles_for_sm90_without_spills():
-    """W8A8's GEMM 1 writing e4m3 h and its scales, swapped and not: no spills, QGMMA."""
-    pytest.importorskip("triton")
-    from breakgraph.kernels import triton_moe
-
-    types = {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "c_ptr": "*fp8e4nv",
-             "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "num_blocks_ptr": "*i32", "cs_ptr": "*fp32"}  # fmt: skip
-    for bm, swap, warps in ((16, True, 4), (64, False, 8)):  # 128 rows: two 128² accumulators spill
-        constexprs = {"GATHER": True, "SILU": True, "W_FP8": True, "A_FP8": True, "SWAP_AB": swap, "BLOCK_M": bm,
-                      "BLOCK_N": 128, "BLOCK_K": 128, "SCALE_BN": 128, "SCALE_BK": 128, "INTERP": False,
-                      "QUANT_OUT": 16}  # fmt: skip
-        info = compile_for_sm90(triton_moe._moe_gemm_kernel, types, constexprs, warps, 4)
-        assert info["stack"] == 0 and info["local_insts"] == 0 and info["mma"] == ["QGMMA"], (bm, info)
 
 
 @pytest.mark.parametrize(
@@ -751,25 +670,20 @@ def test_moe_small_kernels_compile_for_sm90():
 
 
 def test_moe_knobs_select_the_unmeasured_paths(monkeypatch):
-    """By default the measured paths (every weight scaled; separate quantisation launches);
-    ``BREAKGRAPH_MOE_DEQUANT=product`` and ``BREAKGRAPH_MOE_FUSED_QUANT=1`` select the new ones."""
+    """By default the measured path (every weight scaled); ``BREAKGRAPH_MOE_DEQUANT=product``
+    selects the scale on the product."""
     from breakgraph.kernels.triton_moe import decode_config, gemm_config
 
     def modes():
         return [gemm_config(p, 256, silu, True)["DEQUANT"] for p in (128, 8192) for silu in (True, False)]
 
-    def w8a8_gate_up_n():
-        return [gemm_config(p, 256, True, True, True)["BLOCK_N"] for p in (1024, 8192, 65536)]
-
     def scale_x():
         cfg = decode_config(1, 8, 256, 6144, True)
         return cfg["up"]["SCALE_X"], cfg["down"]["SCALE_X"], cfg["down"]["BLOCK_K"]
 
-    assert modes() == [0, 0, 0, 0] and w8a8_gate_up_n() == [64, 64, 64] and scale_x() == (False, False, 512)
+    assert modes() == [0, 0, 0, 0] and scale_x() == (False, False, 512)
     monkeypatch.setenv("BREAKGRAPH_MOE_DEQUANT", "product")
-    monkeypatch.setenv("BREAKGRAPH_MOE_FUSED_QUANT", "1")
     assert modes() == [2, 2, 1, 1] and scale_x() == (True, True, 1024)
-    assert w8a8_gate_up_n() == [128, 128, 64]  # 128-row blocks keep 64 columns (two 128² accumulators spill)
 
 
 def test_dispatchers_take_twins_on_cpu():
@@ -870,50 +784,6 @@ def test_moe_stream_kernel_gpu_glm5_shapes(glm5_experts, t, variant):
     err = _rel(got, _oracle(x, *args, quant_act=w8a8))
     print(f"stream {variant} T={t}: rel err {err:.2e}")
     assert err < 2e-2
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("t", [16, 1024])
-def test_gemm1_quantised_epilogue_gpu_equals_act_quant(glm5_experts, t):
-    """On the GPU at GLM-5 TP8-rank shapes: GEMM 1's e4m3 ``h`` and scales are bit for bit
-    ``act_quant`` of the bf16 ``h`` the same tile stores (swapped 16-row and 64-row tiles)."""
-    from breakgraph.kernels.triton_fp8 import act_quant
-    from breakgraph.kernels.triton_moe import gemm_config, moe_align, moe_gemm
-
-    g = glm5_experts
-    cfg = {**gemm_config(t * TOP_K, E, True, True, True), "BLOCK_N": 128}
-    cfg["num_warps"] = 8 if cfg["BLOCK_M"] >= 64 else 4
-    x8, xs = act_quant(torch.randn(t, D, device="cuda").bfloat16(), 128, column_major_scale=False)
-    _, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
-    lay = moe_align(ids, E, cfg["BLOCK_M"])
-    p = t * TOP_K
-    h = torch.empty(p, INTER, device="cuda", dtype=torch.bfloat16)
-    moe_gemm(x8, xs, g["w13_8"], g["s13"], lay, h, gather_top_k=TOP_K, silu=True, config=cfg)
-    want_q, want_s = act_quant(h, 128, column_major_scale=False)
-    q = torch.empty(p, INTER, device="cuda", dtype=FP8_DTYPE)
-    hs = torch.empty(p, INTER // 128, device="cuda")
-    moe_gemm(x8, xs, g["w13_8"], g["s13"], lay, q, gather_top_k=TOP_K, silu=True, config=cfg, out_scale=hs)
-    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(hs, want_s), cfg
-
-
-@pytest.mark.cuda
-def test_fused_moe_w8a8_takes_x_fp8_on_gpu(glm5_experts, monkeypatch):
-    """``fused_moe`` at a W8A8 size with ``x`` quantised by its producer (padded rows,
-    column-major scales) and GEMM 1 writing h's codes (``BREAKGRAPH_MOE_FUSED_QUANT=1``): the
-    same bits as quantising ``x`` and ``h`` in separate launches."""
-    from breakgraph.kernels.triton_fp8 import act_quant, quant_pad_rows
-    from breakgraph.kernels.triton_moe import moe_fp8_activations
-
-    g = glm5_experts
-    t = 512
-    assert moe_fp8_activations(t)
-    x = torch.randn(t, D, device="cuda").bfloat16()
-    tw, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
-    args = (x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
-    given = act_quant(x, 128, column_major_scale=True, pad_rows=quant_pad_rows(x.device))
-    want = fused_moe(*args)
-    monkeypatch.setenv("BREAKGRAPH_MOE_FUSED_QUANT", "1")
-    assert torch.equal(fused_moe(*args, x_fp8=given), want)
 
 
 @pytest.mark.cuda

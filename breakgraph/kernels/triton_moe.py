@@ -53,7 +53,7 @@ import triton.language as tl
 from breakgraph import env
 from breakgraph.kernels.dispatch import interpreting
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import act_quant, mma, scaled_update, to_fp8
+from breakgraph.kernels.triton_fp8 import act_quant, mma, scaled_update
 
 if TYPE_CHECKING:
     from breakgraph.kernels.moe import SharedExpert
@@ -408,13 +408,8 @@ def _moe_gemm_kernel(
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr, DEQUANT: tl.constexpr = 0,
-    cs_ptr=None, stride_csm=0, QUANT_OUT: tl.constexpr = 0,
 ):  # fmt: skip
-    """Grouped GEMM over the layout's row blocks (see :func:`moe_gemm`). ``QUANT_OUT``: ``c`` is
-    e4m3 and each output tile (``BLOCK_N == 128`` columns, one group) is rounded to the
-    activation dtype (``QUANT_OUT`` 16: bf16, 15: fp16, 32: kept fp32), then quantised per
-    (row, 128 columns) exactly as :func:`~breakgraph.kernels.triton_fp8.act_quant` quantises
-    that stored tensor, with the scales into ``cs`` (row stride ``stride_csm``)."""
+    """Grouped GEMM over the layout's row blocks (see :func:`moe_gemm`)."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_n
@@ -462,19 +457,7 @@ def _moe_gemm_kernel(
             out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         else:
             out = acc_g
-        if QUANT_OUT:
-            if QUANT_OUT == 16:
-                out = out.to(tl.bfloat16).to(tl.float32)
-            elif QUANT_OUT == 15:
-                out = out.to(tl.float16).to(tl.float32)
-            # one group per tile: the amax runs over the tile's columns (axis 0 when swapped)
-            amax = tl.max(tl.abs(out), axis=0 if SWAP_AB else 1)
-            scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
-            bscale = scale[None, :] if SWAP_AB else scale[:, None]
-            out = to_fp8(tl.math.div_rn(out, bscale + tl.zeros_like(out)), INTERP)
-            tl.store(cs_ptr + pair.to(tl.int64) * stride_csm + pid_n, scale, mask=row_ok)
-        else:
-            out = out.to(c_ptr.dtype.element_ty)
+        out = out.to(c_ptr.dtype.element_ty)
         if SWAP_AB:
             c_ptrs = c_ptr + pair[None, :].to(tl.int64) * stride_cm + offs_n[:, None]
             tl.store(c_ptrs, out, mask=row_ok[None, :] & n_ok[:, None])
@@ -573,8 +556,7 @@ def _moe_stream_kernel(
 
 
 def gemm_config(
-    num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False, *, dequant: str | None = None,
-    fused_quant: bool | None = None,
+    num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False, *, dequant: str | None = None
 ) -> dict:
     """Tile choice from static shapes only (graph-safe): rows per expert on average decide
     ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the tile sweep
@@ -585,11 +567,8 @@ def gemm_config(
     8–17% faster than the grouped kernel, ``scripts/gpu_check_moe2.sh`` on the H200); its
     GEMM 1 and W8A8 ran as fast or faster on the grouped kernel. ``dequant`` (W8A16's
     ``DEQUANT``: ``scaled`` mode 0, ``product`` the modes below; default ``BREAKGRAPH_MOE_DEQUANT``)
-    and ``fused_quant`` (W8A8's GEMM 1 128 columns wide, so that it can write h's codes; default
-    ``BREAKGRAPH_MOE_FUSED_QUANT``) are the selectable paths not yet measured on a GPU."""
+    is the selectable path not yet measured on a GPU."""
     product = (dequant or env.read("BREAKGRAPH_MOE_DEQUANT")) == "product"
-    if fused_quant is None:
-        fused_quant = env.read("BREAKGRAPH_MOE_FUSED_QUANT") == "1"
     avg = num_pairs / max(1, num_experts)
     if fp8 and not a_fp8 and not silu and avg <= 16:
         return {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "BLOCK_K": 128,
@@ -607,9 +586,6 @@ def gemm_config(
     cfg["num_stages"] = 4 if fp8 and silu and cfg["BLOCK_M"] <= 64 else 3
     if fp8 and not a_fp8:
         cfg["DEQUANT"] = (W8A16_DEQUANT_SWAPPED if cfg["SWAP_AB"] else W8A16_DEQUANT) if product else 0
-    if fp8 and a_fp8 and silu and fused_quant and cfg["BLOCK_M"] <= 64:  # 128 rows: two 128² accumulators spill
-        cfg["BLOCK_N"] = 128
-        cfg["num_warps"] = 8 if cfg["BLOCK_M"] >= 64 else 4
     return cfg
 
 
@@ -636,8 +612,6 @@ def moe_gemm(
     silu: bool,
     block: tuple[int, int] = (128, 128),
     config: dict | None = None,
-    out_scale: torch.Tensor | None = None,
-    out_round: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """Grouped GEMM over ``layout``'s row blocks, writing rows of ``out`` by pair id.
 
@@ -648,9 +622,6 @@ def moe_gemm(
     ``out [P, N]``. Rows of pairs are written exactly once; nothing else is touched.
     ``config`` overrides :func:`gemm_config`'s tiles; ``KERNEL="stream"`` takes
     :func:`_moe_stream_kernel` (swapped product only; ``TILES_N`` column tiles per program).
-    An e4m3 ``out`` with ``out_scale [P, N/128]`` fp32 (grouped kernel, ``BLOCK_N = 128``): the
-    product quantised in the epilogue as ``act_quant`` would quantise it stored in ``out_round``
-    (the next W8A8 GEMM's input with no quantisation launch between).
     """
     num_e, n_w, k = weight.shape
     n = n_w // 2 if silu else n_w
@@ -682,16 +653,6 @@ def moe_gemm(
     sa = a_scale if a_fp8 else a
     if cfg.get("DEQUANT") == 2 and a.dtype == torch.float16:
         cfg["DEQUANT"] = 1  # code·2⁻¹²⁰ is below fp16's range: widen exactly instead
-    quant = {}
-    if out.dtype == FP8_DTYPE:
-        if (out_scale is None or cfg.get("KERNEL", "grouped") != "grouped" or cfg["BLOCK_N"] != 128 or n % 128
-                or out_scale.shape != (out.shape[0], n // 128) or out_scale.dtype != torch.float32):  # fmt: skip
-            raise ValueError(
-                "moe_gemm: an e4m3 out needs out_scale [rows, N/128] fp32, the grouped kernel and BLOCK_N = 128, "
-                f"got {cfg}, N={n}, out_scale {None if out_scale is None else tuple(out_scale.shape)}"
-            )
-        rounding = {torch.bfloat16: 16, torch.float16: 15, torch.float32: 32}[out_round]
-        quant = {"cs_ptr": out_scale, "stride_csm": out_scale.stride(0), "QUANT_OUT": rounding}
     kernel = _moe_gemm_kernel
     if cfg.pop("KERNEL", "grouped") == "stream":
         cfg.pop("SWAP_AB", None)  # the stream kernel always computes the swapped product
@@ -708,7 +669,7 @@ def moe_gemm(
         weight.stride(0), weight.stride(1), ws.stride(0), ws.stride(1), ws.stride(2),
         out.stride(0),
         GATHER=gather_top_k is not None, SILU=silu, W_FP8=w_fp8, A_FP8=a_fp8,
-        SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), **cfg, **quant,
+        SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), **cfg,
     )  # fmt: skip
     return out
 
@@ -824,15 +785,12 @@ def fused_moe_triton(
     *,
     fp8_activations: bool | None = None,
     configs: tuple[dict | None, dict | None] = (None, None),
-    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Routed experts with the Triton grouped GEMMs (contract of ``fused_moe_ref``).
 
     ``fp8_activations`` (FP8 weights only; default :func:`moe_fp8_activations`) picks W8A8 over
     W8A16. ``configs`` override the tile choice of GEMM 1 / GEMM 2 (must agree on ``BLOCK_M``).
-    ``x_fp8``: ``x`` already quantised per (row, 128 columns) by its producer (``(codes [≥T, D],
-    scales [≥T, D/128])``, any strides, rows past ``T`` ignored), which W8A8 takes instead of
-    quantising ``x`` itself; ignored otherwise.
+    W8A8 quantises ``x`` and ``h`` with :func:`~breakgraph.kernels.triton_fp8.act_quant`.
     """
     t, d = x.shape
     k = topk_ids.shape[1]
@@ -843,42 +801,20 @@ def fused_moe_triton(
     if fp8_activations is None:
         fp8_activations = moe_fp8_activations(t)
     fp8_activations = fp8_activations and w_fp8
-    fused_quant = env.read("BREAKGRAPH_MOE_FUSED_QUANT") == "1"  # off until measured on the H200
-    cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations, fused_quant=fused_quant)
+    cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations)
     cfg1.update(configs[0] or {})
     cfg2 = gemm_config(p, num_e, False, w_fp8, fp8_activations)
     cfg2.update(configs[1] or {})
     cfg2["BLOCK_M"] = cfg1["BLOCK_M"]
     lay = moe_align(topk_ids, num_e, cfg1["BLOCK_M"])
     xc = x if x.stride(1) == 1 else x.contiguous()
-    if fp8_activations and x_fp8 is not None and _takes_x_fp8(x_fp8, t, d, block[1]):
-        xa, xs = x_fp8
-    elif fp8_activations:
-        xa, xs = act_quant(xc, block[1], column_major_scale=False)
-    else:
-        xa, xs = xc, None
-    # GEMM 1 writes h's codes itself only on the knob (its tile is then 128 columns wide); a
-    # 128-wide tile passed in ``configs`` does not select that path.
-    if fused_quant and fp8_activations and cfg1.get("KERNEL", "grouped") == "grouped" and cfg1["BLOCK_N"] == block[1]:
-        ha = torch.empty(p, i, dtype=FP8_DTYPE, device=x.device)
-        hs = torch.empty(p, i // block[1], dtype=torch.float32, device=x.device)
-        moe_gemm(xa, xs, w13, w13_scale, lay, ha, gather_top_k=k, silu=True, block=block, config=cfg1,
-                 out_scale=hs, out_round=x.dtype)  # fmt: skip
-    else:
-        h = torch.empty(p, i, dtype=x.dtype, device=x.device)
-        moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
-        ha, hs = act_quant(h, block[1], column_major_scale=False) if fp8_activations else (h, None)
+    xa, xs = act_quant(xc, block[1], column_major_scale=False) if fp8_activations else (xc, None)
+    h = torch.empty(p, i, dtype=x.dtype, device=x.device)
+    moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
+    ha, hs = act_quant(h, block[1], column_major_scale=False) if fp8_activations else (h, None)
     y = torch.empty(p, d, dtype=x.dtype, device=x.device)
     moe_gemm(ha, hs, w2, w2_scale, lay, y, gather_top_k=None, silu=False, block=block, config=cfg2)
     return moe_combine(y, topk_weights, torch.empty_like(x))
-
-
-def _takes_x_fp8(x_fp8: tuple[torch.Tensor, torch.Tensor], t: int, d: int, group: int) -> bool:
-    q, s = x_fp8
-    return (
-        q.dtype == FP8_DTYPE and q.dim() == 2 and q.shape[0] >= t and q.shape[1] == d and q.stride(1) == 1
-        and s.dtype == torch.float32 and s.dim() == 2 and s.shape[0] >= t and s.shape[1] == -(-d // group)
-    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
