@@ -31,12 +31,12 @@ from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe_ref, route, route_ref
 from breakgraph.kernels.triton_fp8 import act_quant, fp8_linear, scaled_mm_blockwise_mode
 from breakgraph.kernels.triton_moe import (
-    W8A8_MIN_TOKENS,
     fused_moe_grouped_mm,
     fused_moe_triton,
     gemm_config,
     grouped_mm_supported,
     moe_align,
+    moe_fp8_activations,
     moe_gemm,
 )
 
@@ -213,7 +213,7 @@ def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
     per program and pipeline depth."""
     default = gemm_config(t * TOP_K, E, gemm == 1, True, kind == "W8A8")
     grid = [default]
-    decode = t < W8A8_MIN_TOKENS
+    decode = t <= max(DECODE_SWEEP_TOKENS)
     if decode:
         for stages in (3, 4):
             cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4, "BLOCK_N": 64 if gemm == 1 else 128,
@@ -250,8 +250,7 @@ def _short(cfg: dict) -> str:
 def _sweep_tasks(tokens: list[int]) -> list[tuple]:
     tasks = []
     for t in tokens:
-        kinds = ["W8A16", "W8A8"] if t < 2 * W8A8_MIN_TOKENS else ["W8A8"]
-        for kind in kinds:
+        for kind in ("W8A16", "W8A8"):
             for gemm in (1, 2):
                 tasks += [(kind, gemm, t, cfg) for cfg in _sweep_grid(t, gemm, kind)]
     return tasks
@@ -336,7 +335,7 @@ def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
             rows = [r for r in results if r["tokens"] == t and r["gemm"] == gemm]
             if not rows:
                 continue
-            kind = "W8A8" if t >= W8A8_MIN_TOKENS else "W8A16"
+            kind = "W8A8" if moe_fp8_activations() else "W8A16"
             default = next((r for r in rows if r["kind"] == kind
                             and r["config"] == gemm_config(t * TOP_K, E, gemm == 1, True, kind == "W8A8")), None)  # fmt: skip
             for label, r in [("dflt", default)] + [("best", r) for r in sorted(rows, key=lambda r: r["us"])[:3]]:
@@ -393,8 +392,7 @@ def layer_moe(tokens: list[int], results: list[dict]) -> None:
 def _compare_grid(t: int, gemm: int) -> list[tuple[str, str, dict]]:
     """``(label, kind, config)`` rows of :func:`compare_moe` for one token count and GEMM: the
     W8A16 default as it was (``DEQUANT`` 0: every weight scaled in registers) and as it is, the
-    other dequantisation modes on the default tile, W8A16 tiles around the default at decode
-    sizes, and the W8A8 default."""
+    other dequantisation modes on the default tile, and the W8A8 default."""
     silu = gemm == 1
     new = gemm_config(t * TOP_K, E, silu, True, False, dequant="product")
     rows = [("W8A16 old", "W8A16", gemm_config(t * TOP_K, E, silu, True, False, dequant="scaled")),
@@ -402,20 +400,6 @@ def _compare_grid(t: int, gemm: int) -> list[tuple[str, str, dict]]:
     for mode in (1, 2):
         if mode != new["DEQUANT"] and (mode == 1 or new.get("SWAP_AB", True)):
             rows.append((f"W8A16 mode {mode}", "W8A16", {**new, "DEQUANT": mode}))
-    if t < W8A8_MIN_TOKENS:
-        tiles = (
-            [{"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 128, "num_stages": 4, "num_warps": 4},
-             {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64, "TILES_N": 1, "num_stages": 4, "num_warps": 4},
-             {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64, "TILES_N": 1, "num_stages": 6, "num_warps": 4},
-             {"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 64, "num_stages": 6, "num_warps": 4}]
-            if silu
-            else [{"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 2, "num_stages": 4, "num_warps": 4},
-                  {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64, "TILES_N": 4, "num_stages": 4, "num_warps": 4},
-                  {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "num_stages": 6, "num_warps": 4},
-                  {"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 128, "num_stages": 3, "num_warps": 4}]
-        )  # fmt: skip
-        for tile in tiles:
-            rows.append(("W8A16 tile", "W8A16", {"BLOCK_K": 128, "DEQUANT": 2, **tile}))
     rows.append(("W8A8", "W8A8", gemm_config(t * TOP_K, E, silu, True, True)))
     return rows
 

@@ -686,6 +686,19 @@ def test_moe_knobs_select_the_unmeasured_paths(monkeypatch):
     assert modes() == [2, 2, 1, 1] and scale_x() == (True, True, 1024)
 
 
+def test_moe_w8a8_knob_chooses_fp8_activations(monkeypatch):
+    """W8A8 by default at every batch size; ``BREAKGRAPH_MOE_W8A8=0`` W8A16; ``auto`` is gone."""
+    from breakgraph.kernels.triton_moe import moe_fp8_activations
+
+    monkeypatch.delenv("BREAKGRAPH_MOE_W8A8", raising=False)
+    assert moe_fp8_activations()
+    monkeypatch.setenv("BREAKGRAPH_MOE_W8A8", "0")
+    assert not moe_fp8_activations()
+    monkeypatch.setenv("BREAKGRAPH_MOE_W8A8", "auto")
+    with pytest.raises(ValueError, match="BREAKGRAPH_MOE_W8A8"):
+        moe_fp8_activations()
+
+
 def test_dispatchers_take_twins_on_cpu():
     logits = torch.randn(9, 32)
     bias = torch.randn(32)
@@ -825,8 +838,8 @@ def test_w8a16_dequant_modes_gpu_glm5_shapes(glm5_experts, t, mode):
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("t", [64, 512])
 def test_fused_moe_dispatch_gpu_matches_twin(glm5_experts, fp8, t):
-    """The dispatcher's choice (W8A16 below W8A8_MIN_TOKENS, W8A8 from there) against the
-    oracle that quantises the same way; bf16 against the twin."""
+    """The dispatcher's choice (W8A8 by default) against the oracle that quantises the same
+    way; bf16 against the twin."""
     from breakgraph.kernels.triton_moe import moe_fp8_activations
 
     g = glm5_experts
@@ -834,7 +847,7 @@ def test_fused_moe_dispatch_gpu_matches_twin(glm5_experts, fp8, t):
     tw, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
     if fp8:
         args = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
-        want = _oracle(x, *args, quant_act=moe_fp8_activations(t))
+        want = _oracle(x, *args, quant_act=moe_fp8_activations())
     else:
         args = (g["w13"], g["w2"], tw, ids)
         want = fused_moe_ref(x, *args)

@@ -195,8 +195,8 @@ def fused_moe(
     (:func:`takes_decode_path`), the two decode kernels (gate/up + SiLU by routed pair and shared
     slot, then down + weighted combine + residual by token,
     :func:`breakgraph.kernels.triton_moe.fused_moe_decode`); above, FP8 block-scaled experts take
-    the Triton grouped GEMMs (activations quantised to e4m3 per 128 columns from
-    ``triton_moe.W8A8_MIN_TOKENS`` tokens, bf16 activations × fp8 weight tiles below; see
+    the Triton grouped GEMMs (activations quantised to e4m3 per 128 columns, or with
+    ``BREAKGRAPH_MOE_W8A8=0`` bf16 activations × fp8 weight tiles; see
     ``triton_moe.moe_fp8_activations``) and bf16 experts ``torch._grouped_mm`` on sm90/sm100, else
     the Triton grouped GEMMs (:mod:`breakgraph.kernels.triton_moe`), with the shared expert and the
     residual added after. Everything else takes the twins.

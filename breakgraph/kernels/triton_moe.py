@@ -15,12 +15,12 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    expert's ``w2`` and writes ``y [P, D]`` by pair. Weights are bf16, or e4m3 with one fp32 scale
    per 128×128 tile; for FP8 the activations are either kept in bf16 and each weight tile is
    dequantised in registers to ``bf16(w·s)`` — the very values the twin's ``block_dequant``
-   makes — before a bf16 MMA (``W8A16``: the default for small batches, which pay for weight
-   bytes, and these are fp8; ``BREAKGRAPH_MOE_DEQUANT=product`` instead scales each k-block's
+   makes — before a bf16 MMA (``W8A16``, ``BREAKGRAPH_MOE_W8A8=0``: the closer to the twin;
+   ``BREAKGRAPH_MOE_DEQUANT=product`` instead scales each k-block's
    fp32 product, the codes rebuilt as bf16 bits or widened exactly: see ``_moe_update``) or
    quantised per (row, 128 columns) to e4m3 for the fp8 tensor
-   cores, each k-block's fp32 partial sum scaled by ``s_w · s_a`` (``W8A8``, the default from
-   ``W8A8_MIN_TOKENS`` tokens, :func:`moe_fp8_activations`): twice the MMA rate for large T, ≈4% relative deviation from the
+   cores, each k-block's fp32 partial sum scaled by ``s_w · s_a`` (``W8A8``, the default at
+   every batch size, :func:`moe_fp8_activations`): twice the MMA rate, ≈4% relative deviation from the
    bf16-activation twin on random data: two quantised GEMMs). Small row blocks use the swapped
    product ``(W·Aᵀ)ᵀ`` so that the weight rows fill the 64-row MMA side and the few tokens the
    narrow one. With a few rows per expert the GEMMs are a stream of weight bytes; the stream
@@ -58,20 +58,14 @@ from breakgraph.kernels.triton_fp8 import act_quant, mma, scaled_update
 if TYPE_CHECKING:
     from breakgraph.kernels.moe import SharedExpert
 
-# scripts/bench_kernels_moe.py --only compare on the H200: W8A8 (its two quantisations included) beats
-# the best W8A16 at every size timed, 1.2x at 1 token (50.8 vs 60.4 us a layer), 1.26x at 16, 2.2x at 1024.
-W8A8_MIN_TOKENS = 1
-
-
-def moe_fp8_activations(num_tokens: int) -> bool:
+def moe_fp8_activations() -> bool:
     """Whether FP8 experts quantise activations to e4m3 (W8A8) rather than multiply bf16
-    activations by fp8 weight tiles dequantised in registers (W8A16), for a batch of
-    ``num_tokens`` tokens. ``BREAKGRAPH_MOE_W8A8``: ``auto`` (default: W8A8 from
-    ``W8A8_MIN_TOKENS`` tokens, where the fp8 tensor cores' double rate pays for the activation
-    quantisation; W8A16 below, where weight bytes dominate), ``1`` always, ``0`` never.
-    Depends only on the shape, so a captured graph keeps one choice per bucket."""
-    flag = env.read("BREAKGRAPH_MOE_W8A8")
-    return num_tokens >= W8A8_MIN_TOKENS if flag == "auto" else flag == "1"
+    activations by fp8 weight tiles dequantised in registers (W8A16): ``BREAKGRAPH_MOE_W8A8``,
+    ``1`` (default) or ``0``. ``scripts/bench_kernels_moe.py --only compare`` on the H200: W8A8
+    with its two quantisation launches beats the best W8A16 at every size timed (1 to 4096
+    tokens), 1.2x at 1 token (50.8 vs 60.4 us a layer), 1.26x at 16, 2.2x at 1024; W8A16 stays
+    closer to the bf16-activation twin (1.7e-3 relative against 3.7e-2)."""
+    return env.read("BREAKGRAPH_MOE_W8A8") == "1"
 
 
 def _next_pow2(n: int) -> int:
@@ -799,7 +793,7 @@ def fused_moe_triton(
     p = t * k
     w_fp8 = w13.dtype == FP8_DTYPE
     if fp8_activations is None:
-        fp8_activations = moe_fp8_activations(t)
+        fp8_activations = moe_fp8_activations()
     fp8_activations = fp8_activations and w_fp8
     cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations)
     cfg1.update(configs[0] or {})
