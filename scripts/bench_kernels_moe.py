@@ -4,6 +4,7 @@
     python scripts/bench_kernels_moe.py --sweep           # + tile sweep of the Triton grouped GEMMs
     python scripts/bench_kernels_moe.py --only moe --tokens 1024 --json $OUT/moe.json
     python scripts/bench_kernels_moe.py --only sweep --sweep-tokens 16 64 1024   # sweep + layer table only
+    python scripts/bench_kernels_moe.py --only compare --sweep-tokens 16 64 1 128 1024 4096   # W8A16 vs W8A8
 
 Every time is a median of CUDA-event timings (``triton.testing.do_bench``; L2 flushed between
 runs) and, for the Triton paths, of CUDA-graph replays (``do_bench_cudagraph``) where launch
@@ -391,22 +392,14 @@ def layer_moe(tokens: list[int], results: list[dict]) -> None:
 
 def _compare_grid(t: int, gemm: int) -> list[tuple[str, str, dict]]:
     """``(label, kind, config)`` rows of :func:`compare_moe` for one token count and GEMM: the
-    W8A16 default as it was (``DEQUANT`` 0: every weight scaled in registers) and as it is, the
-    other dequantisation modes on the default tile, and the W8A8 default."""
+    W8A16 default (bf16 activations, every weight scaled in registers) and the W8A8 default."""
     silu = gemm == 1
-    new = gemm_config(t * TOP_K, E, silu, True, False, dequant="product")
-    rows = [("W8A16 old", "W8A16", gemm_config(t * TOP_K, E, silu, True, False, dequant="scaled")),
-            ("W8A16 new", "W8A16", new)]  # fmt: skip
-    for mode in (1, 2):
-        if mode != new["DEQUANT"] and (mode == 1 or new.get("SWAP_AB", True)):
-            rows.append((f"W8A16 mode {mode}", "W8A16", {**new, "DEQUANT": mode}))
-    rows.append(("W8A8", "W8A8", gemm_config(t * TOP_K, E, silu, True, True)))
-    return rows
+    return [("W8A16", "W8A16", gemm_config(t * TOP_K, E, silu, True, False)),
+            ("W8A8", "W8A8", gemm_config(t * TOP_K, E, silu, True, True))]  # fmt: skip
 
 
 def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
-    """W8A16 with every weight scaled (``BREAKGRAPH_MOE_DEQUANT=scaled``, the default) and with the
-    scale on the product (``product``), and W8A8, per GEMM at uniform random routing (µs per call, L2 flushed; touched-expert weight bytes per µs; relative error against
+    """W8A16 (``BREAKGRAPH_MOE_W8A8=0``) and W8A8 (the default), per GEMM at uniform random routing (µs per call, L2 flushed; touched-expert weight bytes per µs; relative error against
     the bf16-activation twin), W8A8's activation quantisation timed on its own; then per token
     count the layer's two GEMMs (+ quantisations) for each kind and, at decode sizes, the decode
     kernels on the routed experts; a summary table last."""
@@ -435,8 +428,8 @@ def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
                 us = 1e3 * triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median")
                 results.append({"tokens": t, "gemm": gemm, "label": label, "kind": kind, "us": us,
                                 "tbs": gb / us * 1e3, "err": err, "touched": touched, "config": cfg})  # fmt: skip
-                print(f"  T={t:5d} G{gemm} {label:12s} {us:8.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e} "
-                      f"{_short(cfg)} d{cfg.get('DEQUANT', '-')}", flush=True)  # fmt: skip
+                print(f"  T={t:5d} G{gemm} {label:5s} {us:8.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e} "
+                      f"{_short(cfg)}", flush=True)  # fmt: skip
             _, a = _sweep_inputs(t, gemm)
             quant = partial(act_quant, a, 128, column_major_scale=False)
             us = 1e3 * triton.testing.do_bench(quant, warmup=10, rep=30, return_mode="median")
@@ -466,38 +459,28 @@ def _print_compare(tokens: list[int], results: list[dict]) -> None:
         return min(rows, key=lambda r: r["us"]) if rows else None
 
     def cell(r):
-        return f"{r['us']:7.1f} ({r['tbs']:4.2f})" if r else "      -       "
+        return f"{r['us']:7.1f} ({r['tbs']:4.2f})"
 
     print("\nMoE summary (µs per call, touched-expert TB/s; L2 flushed; uniform random routing).")
-    print("best: the fastest W8A16 row with the new dequantisation (default tile or the tiles around it)")
-    print(f"{'T':>5} {'exp':>4} {'GEMM':>5} | {'W8A16 old':>14} | {'W8A16 new':>14} | {'best W8A16':>14} | "
-          f"{'W8A8':>14} | {'quant':>6} | err old / new / W8A8 | best tile")  # fmt: skip
+    print(f"{'T':>5} {'exp':>4} {'GEMM':>5} | {'W8A16':>14} | {'W8A8':>14} | {'quant':>6} | err W8A16 / W8A8")
     print("quant: act_quant of the GEMM's input (x for GEMM 1, h for GEMM 2)")
     for t in tokens:
-        pair = {"old": 0.0, "new": 0.0, "best": 0.0, "w8a8": 0.0}
+        pair = {"w8a16": 0.0, "w8a8": 0.0}
         for gemm in (1, 2):
-            old, new, w8a8 = get(t, gemm, "W8A16 old"), get(t, gemm, "W8A16 new"), get(t, gemm, "W8A8")
-            cands = [r for r in results if r["tokens"] == t and r["gemm"] == gemm and r["label"].startswith("W8A16 ")
-                     and r["label"] != "W8A16 old"]  # fmt: skip
-            best = min(cands, key=lambda r: r["us"]) if cands else None
-            quant = get(t, gemm, "act quant")
-            if not (old and new and w8a8 and best and quant):
+            w8a16, w8a8, quant = get(t, gemm, "W8A16"), get(t, gemm, "W8A8"), get(t, gemm, "act quant")
+            if not (w8a16 and w8a8 and quant):
                 print(f"{t:5d} G{gemm}: incomplete (budget)")
                 pair = None
                 break
-            pair["old"] += old["us"]
-            pair["new"] += new["us"]
-            pair["best"] += best["us"]
+            pair["w8a16"] += w8a16["us"]
             pair["w8a8"] += w8a8["us"] + quant["us"]
-            print(f"{t:5d} {old['touched']:4d} {gemm:5d} | {cell(old)} | {cell(new)} | {cell(best)} | {cell(w8a8)} | "
-                  f"{quant['us']:6.1f} | {old['err']:.1e} / {new['err']:.1e} / {w8a8['err']:.1e} | "
-                  f"{_short(best['config'])} d{best['config'].get('DEQUANT')}")  # fmt: skip
+            print(f"{t:5d} {w8a16['touched']:4d} {gemm:5d} | {cell(w8a16)} | {cell(w8a8)} | {quant['us']:6.1f} | "
+                  f"{w8a16['err']:.1e} / {w8a8['err']:.1e}")  # fmt: skip
         if pair:
             dec, dec0 = get(t, 0, "decode kernels"), get(t, 0, "decode kernels old")
             extra = (f"; decode kernels (routed experts only) {dec0['us']:.1f} -> {dec['us']:.1f} us "
                      f"({dec0['tbs']:.2f} -> {dec['tbs']:.2f} TB/s of routed-pair bytes)") if dec and dec0 else ""  # fmt: skip
-            print(f"{t:5d} layer GEMMs: W8A16 old {pair['old']:.1f}, new {pair['new']:.1f}, best {pair['best']:.1f}, "
-                  f"W8A8 + 2 quants {pair['w8a8']:.1f} us{extra}")  # fmt: skip
+            print(f"{t:5d} layer GEMMs: W8A16 {pair['w8a16']:.1f}, W8A8 + 2 quants {pair['w8a8']:.1f} us{extra}")
 
 
 def bench_dense(ms_rows: list[int], ceil: dict[str, float], rows: list[dict]) -> None:
@@ -530,8 +513,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 8192])
     ap.add_argument("--dense-m", type=int, nargs="+", default=[1, 128, 1024, 8192])
     ap.add_argument("--only", choices=["moe", "dense", "sweep", "compare"], default=None,
-                    help="sweep: only the grouped-GEMM sweep and the layer table after it; compare: W8A16 before "
-                         "and after the dequantisation change and W8A8, per GEMM, with a summary table")  # fmt: skip
+                    help="sweep: only the grouped-GEMM sweep and the layer table after it; compare: W8A16 and "
+                         "W8A8 per GEMM (+ W8A8's activation quantisations), with a summary table")  # fmt: skip
     ap.add_argument(
         "--sweep", action="store_true", help="tile sweep of the Triton grouped GEMMs (FP8 weights)"
     )

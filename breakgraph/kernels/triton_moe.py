@@ -15,9 +15,7 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    expert's ``w2`` and writes ``y [P, D]`` by pair. Weights are bf16, or e4m3 with one fp32 scale
    per 128×128 tile; for FP8 the activations are either kept in bf16 and each weight tile is
    dequantised in registers to ``bf16(w·s)`` — the very values the twin's ``block_dequant``
-   makes — before a bf16 MMA (``W8A16``, ``BREAKGRAPH_MOE_W8A8=0``: the closer to the twin;
-   ``BREAKGRAPH_MOE_DEQUANT=product`` instead scales each k-block's
-   fp32 product, the codes rebuilt as bf16 bits or widened exactly: see ``_moe_update``) or
+   makes — before a bf16 MMA (``W8A16``, ``BREAKGRAPH_MOE_W8A8=0``: the closer to the twin) or
    quantised per (row, 128 columns) to e4m3 for the fp8 tensor
    cores, each k-block's fp32 partial sum scaled by ``s_w · s_a`` (``W8A8``, the default at
    every batch size, :func:`moe_fp8_activations`): twice the MMA rate, ≈4% relative deviation from the
@@ -53,7 +51,7 @@ import triton.language as tl
 from breakgraph import env
 from breakgraph.kernels.dispatch import interpreting
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import act_quant, mma, scaled_update
+from breakgraph.kernels.triton_fp8 import act_quant, scaled_update
 
 if TYPE_CHECKING:
     from breakgraph.kernels.moe import SharedExpert
@@ -316,66 +314,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeLayo
 # --------------------------------------------------------------------------------------------
 # grouped GEMM
 
-# W8A16 weight tiles (``DEQUANT``): 0 scales every e4m3 weight in registers to ``bf16(w·s)``, the
-# twin's values, before the MMA; 1 widens each code exactly to the activations' dtype and scales
-# the k-block's fp32 partial product by ``s``; 2 rebuilds bf16 bits from the code
-# (:func:`_e4m3_bits_bf16`, the value ``w·2⁻¹²⁰``) and scales the partial product by ``s·2¹²⁰``.
-E4M3_BF16_SHIFT = tl.constexpr(2.0**120)
-
-
-@triton.jit
-def _e4m3_bits_bf16(w, INTERP: tl.constexpr):
-    """e4m3 codes → bf16 whose value is ``code·2⁻¹²⁰`` exactly (subnormal codes included): the
-    sign moves to bit 15 and the 7 exponent-mantissa bits to bits 4…10, so e4m3's exponent
-    (bias 7) reads as bf16's (bias 127). Integer ops only (byte permute, and, shift, lop3: two
-    per code on the integer pipes), none on the conversion units the float path needs."""
-    c = w.to(tl.uint8, bitcast=True)
-    if INTERP:
-        c16 = c.to(tl.uint16)
-        return (((c16 & 0x80) << 8) | ((c16 & 0x7F) << 4)).to(tl.bfloat16, bitcast=True)
-    else:
-        # two codes per 16-bit register in, one bf16 pair out: [0, c0, 0, c1], then the bit moves
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 a, t;
-            mov.b32 a, {$1, $1};
-            prmt.b32 a, a, 0, 0x1404;
-            and.b32 t, a, 0x7f007f00;
-            shr.b32 t, t, 4;
-            lop3.b32 $0, t, a, 0x80008000, 0xf8;
-            }""",
-            constraints="=r,h",
-            args=[c],
-            dtype=tl.bfloat16,
-            is_pure=True,
-            pack=2,
-        )
-
-
-@triton.jit
-def _moe_update(
-    acc, a, w, sw, sa, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr, DEQUANT: tl.constexpr,
-    INTERP: tl.constexpr,
-):  # fmt: skip
-    """:func:`~breakgraph.kernels.triton_fp8.scaled_update` for one k-block, with W8A16's
-    ``DEQUANT`` modes 1 and 2 (see above): the block's product from a fresh accumulator,
-    scaled once (``BLOCK_K`` must divide the 128-wide scale block)."""
-    if W_FP8 and not A_FP8 and DEQUANT > 0:
-        if DEQUANT == 2:
-            wv = _e4m3_bits_bf16(w, INTERP).to(a.dtype)
-            s = sw * E4M3_BF16_SHIFT
-        else:
-            wv = w.to(a.dtype)
-            s = sw
-        if SWAP_AB:
-            d = mma(wv, tl.trans(a), tl.zeros_like(acc), INTERP)
-        else:
-            d = mma(a, tl.trans(wv), tl.zeros_like(acc), INTERP)
-        return acc + d * s
-    else:
-        return scaled_update(acc, a, w, sw, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
-
-
 @triton.jit
 def _block_rows(pid_m, block_expert_ptr, sorted_ptr, P, TOP_K, GATHER: tl.constexpr, BLOCK_M: tl.constexpr):
     """Row block ``pid_m`` of the expert-sorted layout: its expert (int64), its pairs, which of
@@ -401,7 +339,7 @@ def _moe_gemm_kernel(
     stride_cm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr, DEQUANT: tl.constexpr = 0,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """Grouped GEMM over the layout's row blocks (see :func:`moe_gemm`)."""
     pid = tl.program_id(0)
@@ -440,10 +378,10 @@ def _moe_gemm_kernel(
                 sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
             else:
                 sa = 1.0
-            acc_g = _moe_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, SWAP_AB, DEQUANT, INTERP)
+            acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
             if SILU:
                 wu = tl.load(wu_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                acc_u = _moe_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, SWAP_AB, DEQUANT, INTERP)
+                acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
             a_ptrs += BLOCK_K
             wg_ptrs += BLOCK_K
             wu_ptrs += BLOCK_K
@@ -482,7 +420,7 @@ def _moe_stream_kernel(
     stride_cm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES_N: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr, DEQUANT: tl.constexpr = 0,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
     """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
     product only. Program ``(b, c)`` takes row block ``b`` and ``TILES_N`` consecutive
@@ -533,13 +471,13 @@ def _moe_stream_kernel(
                 sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
             else:
                 sa = tl.full((BLOCK_M,), 1.0, tl.float32)
-            acc_g = _moe_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, DEQUANT, INTERP)
+            acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, INTERP)
             if SILU:
                 if EVEN:
                     wu = tl.load(wg_ptrs + UP_OFF * stride_wn)
                 else:
                     wu = tl.load(wg_ptrs + UP_OFF * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                acc_u = _moe_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, DEQUANT, INTERP)
+                acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, INTERP)
             if TILES_N > 1:
                 if k0 + BLOCK_K >= K:
                     _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n0, N, stride_cm, SILU, BLOCK_N)
@@ -549,9 +487,7 @@ def _moe_stream_kernel(
             _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n_first, N, stride_cm, SILU, BLOCK_N)
 
 
-def gemm_config(
-    num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False, *, dequant: str | None = None
-) -> dict:
+def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False) -> dict:
     """Tile choice from static shapes only (graph-safe): rows per expert on average decide
     ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the tile sweep
     (``scripts/bench_kernels_moe.py --sweep``, GLM-5 TP8 rank): 4 rows per expert (128 tokens)
@@ -559,14 +495,11 @@ def gemm_config(
     GEMM 2 (K = I, two k-blocks) in 3 stages. W8A16's GEMM 2 (``a_fp8`` false) with 16-row
     blocks takes the stream kernel, four 128-column tiles per program (decode batches 8…64:
     8–17% faster than the grouped kernel, ``scripts/gpu_check_moe2.sh`` on the H200); its
-    GEMM 1 and W8A8 ran as fast or faster on the grouped kernel. ``dequant`` (W8A16's
-    ``DEQUANT``: ``scaled`` mode 0, ``product`` the modes below; default ``BREAKGRAPH_MOE_DEQUANT``)
-    is the selectable path not yet measured on a GPU."""
-    product = (dequant or env.read("BREAKGRAPH_MOE_DEQUANT")) == "product"
+    GEMM 1 and W8A8 ran as fast or faster on the grouped kernel."""
     avg = num_pairs / max(1, num_experts)
     if fp8 and not a_fp8 and not silu and avg <= 16:
         return {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "BLOCK_K": 128,
-                "num_warps": 4, "num_stages": 4, "DEQUANT": W8A16_DEQUANT_SWAPPED if product else 0}  # fmt: skip
+                "num_warps": 4, "num_stages": 4}  # fmt: skip
     if avg <= 16:
         cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4}
     elif avg <= 48 and not fp8:
@@ -578,20 +511,7 @@ def gemm_config(
     cfg["BLOCK_N"] = 64 if silu else 128
     cfg["BLOCK_K"] = 128
     cfg["num_stages"] = 4 if fp8 and silu and cfg["BLOCK_M"] <= 64 else 3
-    if fp8 and not a_fp8:
-        cfg["DEQUANT"] = (W8A16_DEQUANT_SWAPPED if cfg["SWAP_AB"] else W8A16_DEQUANT) if product else 0
     return cfg
-
-
-# W8A16's dequantisation mode (``DEQUANT`` of the GEMM kernels) with BREAKGRAPH_MOE_DEQUANT=product
-# (mode 0, every weight scaled, is the default until measured on the H200), by orientation. Swapped
-# (weights on the MMA's register side): the bit rebuild, all on the integer pipes (sm_90a, gate/up
-# at 16 rows, per warp and k-block: 557 instructions, none on the conversion units, against 688
-# with 128 conversions for mode 0 and 491 with 192 for mode 1; ``python scripts/moe_dequant_sass.py``).
-# Unswapped (weights the MMA's shared-memory side): the exact widening (537 against 614 for mode 0
-# and 872 for the bit rebuild, which the compiler routes through an extra layout change).
-W8A16_DEQUANT_SWAPPED = 2
-W8A16_DEQUANT = 1
 
 
 def moe_gemm(
@@ -645,8 +565,6 @@ def moe_gemm(
         return out
     ws = weight_scale if w_fp8 else weight
     sa = a_scale if a_fp8 else a
-    if cfg.get("DEQUANT") == 2 and a.dtype == torch.float16:
-        cfg["DEQUANT"] = 1  # code·2⁻¹²⁰ is below fp16's range: widen exactly instead
     kernel = _moe_gemm_kernel
     if cfg.pop("KERNEL", "grouped") == "stream":
         cfg.pop("SWAP_AB", None)  # the stream kernel always computes the swapped product
