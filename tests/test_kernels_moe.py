@@ -216,14 +216,14 @@ def check_moe_stream_kernel_matches_twin():
     want = fused_moe_ref(x, w13, w2, tw, ids, s13, s2)
     xb = x.bfloat16()
     want_b = _oracle(xb, w13, w2, tw, ids, s13, s2)
-    for c1, c2 in STREAM_CONFIGS:
-        got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=(c1, c2))
-        assert _rel(got, want) < 1e-3, (c1, c2, _rel(got, want))
-        got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=(c1, c2))
-        assert _rel(got, want_b) < 2e-2, (c1, c2, _rel(got, want_b))
-        got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=(c1, c2))
-        want_q = _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)
-        assert _rel(got, want_q) < 2e-2, (c1, c2, _rel(got, want_q))
+    c1, c2 = STREAM_CONFIGS  # one activation kind per tile pair: each tile pair and kind runs once
+    got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=c1)
+    assert _rel(got, want) < 1e-3, (c1, _rel(got, want))
+    got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=c2)
+    assert _rel(got, want_b) < 2e-2, (c2, _rel(got, want_b))
+    got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=c2)
+    want_q = _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)
+    assert _rel(got, want_q) < 2e-2, (c2, _rel(got, want_q))
 
 
 def check_moe_stream_kernel_writes_every_pair_row_and_nothing_else():
@@ -304,10 +304,10 @@ def _decode_twin(x, w13, w2, tw, ids, s13, s2, shared, res):
 DECODE_CASES = [  # (T, k, E, D, I, experts with tokens, weights, shared, residual)
     (1, 8, 64, 384, 256, 64, "fp8", True, False),
     (3, 4, 10, 384, 256, 6, "fp8", True, True),
-    (16, 4, 24, 256, 128, 9, "fp8", False, True),
-    (64, 2, 16, 128, 128, 5, "fp8", True, False),
+    (5, 4, 24, 256, 128, 9, "fp8", False, True),
+    (6, 2, 16, 128, 128, 5, "fp8", True, False),
     (3, 4, 10, 256, 128, 6, "fp32", True, True),
-    (16, 3, 12, 200, 96, 7, "fp32", False, False),
+    (6, 3, 12, 200, 96, 7, "fp32", False, False),
 ]
 
 
@@ -327,7 +327,7 @@ def check_fused_moe_decode_tile_variants():
     """Split-K (fp32 split sums, SiLU in the down kernel), wide and narrow tiles: one function."""
     from breakgraph.kernels.triton_moe import fused_moe_decode
 
-    ops = _decode_operands(3, 4, 12, 256, 128, 8, "fp8", True, True)
+    ops = _decode_operands(2, 4, 12, 256, 128, 8, "fp8", True, True)
     want = _decode_twin(*ops)
     x, w13, w2, tw, ids, s13, s2, shared, res = ops
     for cfg in (  # down BLOCK_K below, at and above I = 128: a step spans part of a slot or several
@@ -345,7 +345,7 @@ def check_fused_moe_decode_bf16_matches_fp32_oracle():
     from breakgraph.kernels.triton_moe import fused_moe_decode
 
     for kind in ("fp8", "bf16"):
-        ops = _decode_operands(3, 4, 10, 384, 256, 6, kind, True, True, dtype=torch.bfloat16)
+        ops = _decode_operands(2, 4, 10, 256, 128, 6, kind, True, True, dtype=torch.bfloat16)
         x, w13, w2, tw, ids, s13, s2, shared, res = ops
         got = fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res)
         assert got.dtype == torch.bfloat16
@@ -369,7 +369,7 @@ def check_fused_moe_decode_launches_two_kernels():
         launches.append((self.fn.__name__, tuple(grid)))
         return original(self, grid)
 
-    x, w13, w2, tw, ids, s13, s2, shared, res = _decode_operands(2, 8, 64, 384, 256, 64, "fp8", True, True)
+    x, w13, w2, tw, ids, s13, s2, shared, res = _decode_operands(2, 8, 64, 256, 128, 64, "fp8", True, True)
     interp.InterpretedFunction.__getitem__ = spy
     try:
         fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res, config={"up": {"SPLIT_K": 1}})
