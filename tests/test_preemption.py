@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 def small_pool():
     """The demo model (context 512, pages of 16) over 40 usable pages: a request without an
     output limit has a budget of 32 pages, so reserving budgets would run one at a time."""
-    return Engine(None, device="cpu", dtype="float32", num_pages=41)
+    return Engine(None, device="cpu", dtype="float32", num_pages=41, page_size=16)
 
 
 def chat_prompts(engine: Engine, n: int) -> list[str]:

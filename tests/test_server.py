@@ -29,7 +29,8 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(None, device="cpu", dtype="float32", max_running_requests=4)
+    # 16-token pages: the prefix-reuse test shares one full page between two short prompts
+    return Engine(None, device="cpu", dtype="float32", max_running_requests=4, page_size=16)
 
 
 @pytest.fixture(scope="module")

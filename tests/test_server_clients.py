@@ -28,7 +28,8 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(None, device="cpu", dtype="float32", max_running_requests=4)
+    # 16-token pages: the short test prompt fills a page the prefix cache can keep
+    return Engine(None, device="cpu", dtype="float32", max_running_requests=4, page_size=16)
 
 
 @pytest.fixture(scope="module")

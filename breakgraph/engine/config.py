@@ -70,7 +70,10 @@ class EngineConfig:
         choices=KV_CACHE_DTYPES,
     )  # fmt: skip
     context_length: int | None = setting(None, "longest prompt + output in tokens (default: the model's)", type=int)
-    page_size: int = setting(16, "tokens per KV-cache page", type=int)
+    # 64: the dense-causal MLA kernel then takes one page-table entry per 64-key block (H200,
+    # glm5-tp8-rank, `breakgraph bench prefill --page-size 16|64`: 63.9 vs 69.0 ms at 1024 tokens,
+    # 542 vs 551 at 8192), and the sparse kernels were tuned at 64.
+    page_size: int = setting(64, "tokens per KV-cache page (also the prefix cache's unit)", type=int)
     num_pages: int | None = setting(None, "KV-cache pages (default: sized from free memory)", type=int)
     mem_fraction_static: float = setting(
         0.85, "on CUDA, the share of free memory (after weights) the KV cache may take", type=float
