@@ -4,6 +4,7 @@
     python scripts/bench_kernels_moe.py --sweep           # + tile sweep of the Triton grouped GEMMs
     python scripts/bench_kernels_moe.py --only moe --tokens 1024 --json $OUT/moe.json
     python scripts/bench_kernels_moe.py --only sweep --sweep-tokens 16 64 1024   # sweep + layer table only
+    python scripts/bench_kernels_moe.py --only compare --sweep-tokens 16 64 1 128 1024 4096   # W8A16 vs W8A8
 
 Every time is a median of CUDA-event timings (``triton.testing.do_bench``; L2 flushed between
 runs) and, for the Triton paths, of CUDA-graph replays (``do_bench_cudagraph``) where launch
@@ -29,14 +30,14 @@ import triton.testing
 from breakgraph.bench.presets import PRESETS, dense_linear_shapes, moe_shape
 from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe_ref, route, route_ref
-from breakgraph.kernels.triton_fp8 import act_dequant, act_quant, fp8_linear, scaled_mm_blockwise_mode
+from breakgraph.kernels.triton_fp8 import act_quant, fp8_linear, scaled_mm_blockwise_mode
 from breakgraph.kernels.triton_moe import (
-    W8A8_MIN_TOKENS,
     fused_moe_grouped_mm,
     fused_moe_triton,
     gemm_config,
     grouped_mm_supported,
     moe_align,
+    moe_fp8_activations,
     moe_gemm,
 )
 
@@ -181,16 +182,10 @@ def _sweep_call(weights, kind: str, gemm: int, t: int, cfg: dict):
         w, ws, out = w13_8, s13, torch.empty(p, INTER, device=DEVICE, dtype=torch.bfloat16)
     else:
         w, ws, out = w2_8, s2, torch.empty(p, D, device=DEVICE, dtype=torch.bfloat16)
-    a_s = None
-    if kind in ("W8A8", "W8A8q"):
-        a, a_s = act_quant(a, 128, column_major_scale=False)
-    extra = {}
-    if kind == "W8A8q":  # GEMM 1 writing e4m3 h and its scales (the quantisation in its epilogue)
-        out = torch.empty(p, INTER, device=DEVICE, dtype=torch.float8_e4m3fn)
-        extra["out_scale"] = torch.empty(p, INTER // 128, device=DEVICE)
+    a, a_s = act_quant(a, 128, column_major_scale=False) if kind == "W8A8" else (a, None)
     fn = partial(moe_gemm, a, a_s, w, ws, lay, out, gather_top_k=TOP_K if gemm == 1 else None,
-                 silu=gemm == 1, config=cfg, **extra)  # fmt: skip
-    return fn, (out, extra["out_scale"]) if extra else out
+                 silu=gemm == 1, config=cfg)  # fmt: skip
+    return fn, out
 
 
 def _sweep_twin(weights, gemm: int, t: int) -> torch.Tensor:
@@ -219,7 +214,7 @@ def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
     per program and pipeline depth."""
     default = gemm_config(t * TOP_K, E, gemm == 1, True, kind == "W8A8")
     grid = [default]
-    decode = t < W8A8_MIN_TOKENS
+    decode = t <= max(DECODE_SWEEP_TOKENS)
     if decode:
         for stages in (3, 4):
             cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4, "BLOCK_N": 64 if gemm == 1 else 128,
@@ -256,8 +251,7 @@ def _short(cfg: dict) -> str:
 def _sweep_tasks(tokens: list[int]) -> list[tuple]:
     tasks = []
     for t in tokens:
-        kinds = ["W8A16", "W8A8"] if t < 2 * W8A8_MIN_TOKENS else ["W8A8"]
-        for kind in kinds:
+        for kind in ("W8A16", "W8A8"):
             for gemm in (1, 2):
                 tasks += [(kind, gemm, t, cfg) for cfg in _sweep_grid(t, gemm, kind)]
     return tasks
@@ -342,7 +336,7 @@ def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
             rows = [r for r in results if r["tokens"] == t and r["gemm"] == gemm]
             if not rows:
                 continue
-            kind = "W8A8" if t >= W8A8_MIN_TOKENS else "W8A16"
+            kind = "W8A8" if moe_fp8_activations() else "W8A16"
             default = next((r for r in rows if r["kind"] == kind
                             and r["config"] == gemm_config(t * TOP_K, E, gemm == 1, True, kind == "W8A8")), None)  # fmt: skip
             for label, r in [("dflt", default)] + [("best", r) for r in sorted(rows, key=lambda r: r["us"])[:3]]:
@@ -398,47 +392,21 @@ def layer_moe(tokens: list[int], results: list[dict]) -> None:
 
 def _compare_grid(t: int, gemm: int) -> list[tuple[str, str, dict]]:
     """``(label, kind, config)`` rows of :func:`compare_moe` for one token count and GEMM: the
-    W8A16 default as it was (``DEQUANT`` 0: every weight scaled in registers) and as it is, the
-    other dequantisation modes on the default tile, W8A16 tiles around the default at decode
-    sizes, and the W8A8 default."""
+    W8A16 default (bf16 activations, every weight scaled in registers) and the W8A8 default."""
     silu = gemm == 1
-    new = gemm_config(t * TOP_K, E, silu, True, False, dequant="product")
-    rows = [("W8A16 old", "W8A16", gemm_config(t * TOP_K, E, silu, True, False, dequant="scaled")),
-            ("W8A16 new", "W8A16", new)]  # fmt: skip
-    for mode in (1, 2):
-        if mode != new["DEQUANT"] and (mode == 1 or new.get("SWAP_AB", True)):
-            rows.append((f"W8A16 mode {mode}", "W8A16", {**new, "DEQUANT": mode}))
-    if t < W8A8_MIN_TOKENS:
-        tiles = (
-            [{"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 128, "num_stages": 4, "num_warps": 4},
-             {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64, "TILES_N": 1, "num_stages": 4, "num_warps": 4},
-             {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64, "TILES_N": 1, "num_stages": 6, "num_warps": 4},
-             {"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 64, "num_stages": 6, "num_warps": 4}]
-            if silu
-            else [{"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 2, "num_stages": 4, "num_warps": 4},
-                  {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64, "TILES_N": 4, "num_stages": 4, "num_warps": 4},
-                  {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "num_stages": 6, "num_warps": 4},
-                  {"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 128, "num_stages": 3, "num_warps": 4}]
-        )  # fmt: skip
-        for tile in tiles:
-            rows.append(("W8A16 tile", "W8A16", {"BLOCK_K": 128, "DEQUANT": 2, **tile}))
-    w8a8 = gemm_config(t * TOP_K, E, silu, True, True, fused_quant=False)
-    rows.append(("W8A8", "W8A8", w8a8))
-    fused = gemm_config(t * TOP_K, E, silu, True, True, fused_quant=True)
-    if silu and fused["BLOCK_N"] == 128:
-        rows.append(("W8A8 fused", "W8A8q", fused))
-    return rows
+    return [("W8A16", "W8A16", gemm_config(t * TOP_K, E, silu, True, False)),
+            ("W8A8", "W8A8", gemm_config(t * TOP_K, E, silu, True, True))]  # fmt: skip
 
 
 def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
-    """W8A16 with every weight scaled (``BREAKGRAPH_MOE_DEQUANT=scaled``, the default) and with the
-    scale on the product (``product``), and W8A8, per GEMM at uniform random routing (µs per call, L2 flushed; touched-expert weight bytes per µs; relative error against
+    """W8A16 (``BREAKGRAPH_MOE_W8A8=0``) and W8A8 (the default), per GEMM at uniform random
+    routing (µs per call, L2 flushed; touched-expert weight bytes per µs; relative error against
     the bf16-activation twin), W8A8's activation quantisation timed on its own; then per token
     count the layer's two GEMMs (+ quantisations) for each kind and, at decode sizes, the decode
     kernels on the routed experts; a summary table last."""
     import time
 
-    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS, decode_config, fused_moe_decode
+    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS, fused_moe_decode
 
     tasks = [(kind, gemm, t, cfg) for t in tokens for gemm in (1, 2) for _, kind, cfg in _compare_grid(t, gemm)]
     unique = list({repr(task): task for task in tasks}.values())
@@ -457,13 +425,12 @@ def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
                     continue
                 fn, out = _sweep_call(weights, kind, gemm, t, cfg)
                 fn()
-                got = act_dequant(*out) if isinstance(out, tuple) else out.float()
-                err = ((got - twins[gemm]).norm() / twins[gemm].norm()).item()
+                err = ((out.float() - twins[gemm]).norm() / twins[gemm].norm()).item()
                 us = 1e3 * triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median")
                 results.append({"tokens": t, "gemm": gemm, "label": label, "kind": kind, "us": us,
                                 "tbs": gb / us * 1e3, "err": err, "touched": touched, "config": cfg})  # fmt: skip
-                print(f"  T={t:5d} G{gemm} {label:12s} {us:8.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e} "
-                      f"{_short(cfg)} d{cfg.get('DEQUANT', '-')}", flush=True)  # fmt: skip
+                print(f"  T={t:5d} G{gemm} {label:5s} {us:8.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e} "
+                      f"{_short(cfg)}", flush=True)  # fmt: skip
             _, a = _sweep_inputs(t, gemm)
             quant = partial(act_quant, a, 128, column_major_scale=False)
             us = 1e3 * triton.testing.do_bench(quant, warmup=10, rep=30, return_mode="median")
@@ -474,15 +441,13 @@ def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
             tw, ids = route(torch.randn(t, E, device=DEVICE, generator=gen), None, TOP_K, 1, 1, True, 2.5)
             w13_8, s13, w2_8, s2 = weights
             want = fused_moe_ref(x, w13_8, w2_8, tw, ids, s13, s2).float()
-            old, new = (decode_config(t, TOP_K, INTER, D, False, scale_x=sx) for sx in (False, True))
-            for label, cfg in (("decode kernels old", old), ("decode kernels", new)):
-                dec = partial(fused_moe_decode, x, w13_8, w2_8, tw, ids, s13, s2, config=cfg)
-                err = ((dec().float() - want).norm() / want.norm()).item()
-                us = 1e3 * triton.testing.do_bench(dec, warmup=10, rep=30, return_mode="median")
-                results.append({"tokens": t, "gemm": 0, "label": label, "kind": "W8A16", "us": us, "err": err,
-                                "tbs": t * TOP_K * 3 * INTER * D / 1e3 / us, "touched": touched})  # fmt: skip
-                print(f"  T={t:5d} {label}: {us:.1f} us, {t * TOP_K * 3 * INTER * D / 1e3 / us:.2f} TB/s of the "
-                      f"routed pairs' expert bytes, err {err:.1e}", flush=True)  # fmt: skip
+            dec = partial(fused_moe_decode, x, w13_8, w2_8, tw, ids, s13, s2)
+            err = ((dec().float() - want).norm() / want.norm()).item()
+            us = 1e3 * triton.testing.do_bench(dec, warmup=10, rep=30, return_mode="median")
+            results.append({"tokens": t, "gemm": 0, "label": "decode kernels", "kind": "W8A16", "us": us, "err": err,
+                            "tbs": t * TOP_K * 3 * INTER * D / 1e3 / us, "touched": touched})  # fmt: skip
+            print(f"  T={t:5d} decode kernels: {us:.1f} us, {t * TOP_K * 3 * INTER * D / 1e3 / us:.2f} TB/s of the "
+                  f"routed pairs' expert bytes, err {err:.1e}", flush=True)  # fmt: skip
     _print_compare(tokens, results)
     return results
 
@@ -493,43 +458,28 @@ def _print_compare(tokens: list[int], results: list[dict]) -> None:
         return min(rows, key=lambda r: r["us"]) if rows else None
 
     def cell(r):
-        return f"{r['us']:7.1f} ({r['tbs']:4.2f})" if r else "      -       "
+        return f"{r['us']:7.1f} ({r['tbs']:4.2f})"
 
     print("\nMoE summary (µs per call, touched-expert TB/s; L2 flushed; uniform random routing).")
-    print("best: the fastest W8A16 row with the new dequantisation (default tile or the tiles around it)")
-    print(f"{'T':>5} {'exp':>4} {'GEMM':>5} | {'W8A16 old':>14} | {'W8A16 new':>14} | {'best W8A16':>14} | "
-          f"{'W8A8':>14} | {'quant':>6} | err old / new / W8A8 | best tile")  # fmt: skip
-    print("quant: act_quant of the GEMM's input (x for GEMM 1, h for GEMM 2); W8A8 fused: GEMM 1 with BLOCK_N 128 "
-          "writing e4m3 h and its scales (no quantisation launch for h)")  # fmt: skip
+    print(f"{'T':>5} {'exp':>4} {'GEMM':>5} | {'W8A16':>14} | {'W8A8':>14} | {'quant':>6} | err W8A16 / W8A8")
+    print("quant: act_quant of the GEMM's input (x for GEMM 1, h for GEMM 2)")
     for t in tokens:
-        pair = {"old": 0.0, "new": 0.0, "best": 0.0, "w8a8": 0.0}
+        pair = {"w8a16": 0.0, "w8a8": 0.0}
         for gemm in (1, 2):
-            old, new, w8a8 = get(t, gemm, "W8A16 old"), get(t, gemm, "W8A16 new"), get(t, gemm, "W8A8")
-            cands = [r for r in results if r["tokens"] == t and r["gemm"] == gemm and r["label"].startswith("W8A16 ")
-                     and r["label"] != "W8A16 old"]  # fmt: skip
-            best = min(cands, key=lambda r: r["us"]) if cands else None
-            quant = get(t, gemm, "act quant")
-            if not (old and new and w8a8 and best and quant):
+            w8a16, w8a8, quant = get(t, gemm, "W8A16"), get(t, gemm, "W8A8"), get(t, gemm, "act quant")
+            if not (w8a16 and w8a8 and quant):
                 print(f"{t:5d} G{gemm}: incomplete (budget)")
                 pair = None
                 break
-            pair["old"] += old["us"]
-            pair["new"] += new["us"]
-            pair["best"] += best["us"]
+            pair["w8a16"] += w8a16["us"]
             pair["w8a8"] += w8a8["us"] + quant["us"]
-            print(f"{t:5d} {old['touched']:4d} {gemm:5d} | {cell(old)} | {cell(new)} | {cell(best)} | {cell(w8a8)} | "
-                  f"{quant['us']:6.1f} | {old['err']:.1e} / {new['err']:.1e} / {w8a8['err']:.1e} | "
-                  f"{_short(best['config'])} d{best['config'].get('DEQUANT')}")  # fmt: skip
+            print(f"{t:5d} {w8a16['touched']:4d} {gemm:5d} | {cell(w8a16)} | {cell(w8a8)} | {quant['us']:6.1f} | "
+                  f"{w8a16['err']:.1e} / {w8a8['err']:.1e}")  # fmt: skip
         if pair:
-            dec, dec0 = get(t, 0, "decode kernels"), get(t, 0, "decode kernels old")
-            extra = (f"; decode kernels (routed experts only) {dec0['us']:.1f} -> {dec['us']:.1f} us "
-                     f"({dec0['tbs']:.2f} -> {dec['tbs']:.2f} TB/s of routed-pair bytes)") if dec and dec0 else ""  # fmt: skip
-            fused = get(t, 1, "W8A8 fused")
-            if fused:
-                f_us = fused["us"] + get(t, 1, "act quant")["us"] + get(t, 2, "W8A8")["us"]
-                extra = f", W8A8 fused {f_us:.1f} (x quant incl.; e4m3 h vs the bf16 twin {fused['err']:.1e}){extra}"
-            print(f"{t:5d} layer GEMMs: W8A16 old {pair['old']:.1f}, new {pair['new']:.1f}, best {pair['best']:.1f}, "
-                  f"W8A8 + 2 quants {pair['w8a8']:.1f} us{extra}")  # fmt: skip
+            dec = get(t, 0, "decode kernels")
+            extra = (f"; decode kernels (routed experts only) {dec['us']:.1f} us "
+                     f"({dec['tbs']:.2f} TB/s of routed-pair bytes)") if dec else ""  # fmt: skip
+            print(f"{t:5d} layer GEMMs: W8A16 {pair['w8a16']:.1f}, W8A8 + 2 quants {pair['w8a8']:.1f} us{extra}")
 
 
 def bench_dense(ms_rows: list[int], ceil: dict[str, float], rows: list[dict]) -> None:
@@ -562,8 +512,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 8192])
     ap.add_argument("--dense-m", type=int, nargs="+", default=[1, 128, 1024, 8192])
     ap.add_argument("--only", choices=["moe", "dense", "sweep", "compare"], default=None,
-                    help="sweep: only the grouped-GEMM sweep and the layer table after it; compare: W8A16 before "
-                         "and after the dequantisation change and W8A8, per GEMM, with a summary table")  # fmt: skip
+                    help="sweep: only the grouped-GEMM sweep and the layer table after it; compare: W8A16 and "
+                         "W8A8 per GEMM (+ W8A8's activation quantisations), with a summary table")  # fmt: skip
     ap.add_argument(
         "--sweep", action="store_true", help="tile sweep of the Triton grouped GEMMs (FP8 weights)"
     )
