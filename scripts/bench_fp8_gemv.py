@@ -8,8 +8,8 @@ o_proj, the dense MLP, the shared expert) at M = 1, 2, 4, 8, 16, 32, 64 through 
 takes the shape) and the GEMV (``gemv``: its default configuration; ``gemv_*``: variants of
 it). Each call is timed replayed from a CUDA graph that cycles through enough copies of the
 weight to exceed the L2 cache, as a decode step reads each layer's weights from HBM once.
-RMSNorm: one program per row at 1/16/64 rows, the default 1-D row kernel beside the
-``[groups, 128]`` row tile (``BREAKGRAPH_NORM_ROW_TILE=1``) at its default ``num_warps`` and others.
+RMSNorm: the row kernel (one program per row) at 1/16/64 rows, at its default ``num_warps``
+and others.
 
 The bf16 → fp32 products of the indexer's head weights and the router, and decode's absorbed
 MLA products (``bmm_into``): cuBLAS against the Triton kernel. Last, what the engine's start-up timing chooses per shape with the GEMV among its paths.
@@ -156,14 +156,9 @@ def sweep_norms(deadline: float) -> dict:
             r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if residual else None
             w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             pad = 1 if quant else 0
-            row = {
-                "row1d": graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, row_tile=False) for x in xs] * 4),
-                "tile": graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, row_tile=True) for x in xs] * 4),
-            }
+            row = {"default": graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad) for x in xs] * 4)}
             for warps in (2, 4, 8, 16):
-                row[f"w{warps}"] = graph_us(
-                    [partial(triton_norm._launch, x, r, w, 1e-6, pad, warps, row_tile=True) for x in xs] * 4
-                )  # fmt: skip
+                row[f"w{warps}"] = graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, warps) for x in xs] * 4)
             results[f"{name} M={m}"] = row
             print(f"norm {name:34s} M={m:3d} " + " ".join(f"{p}={t:.2f}" for p, t in row.items()), flush=True)
     return results
@@ -257,12 +252,12 @@ def summary(linears: dict, norms: dict, fp32_out: dict, bmm: dict, tables: list[
             f"| {name} K={rest.split(' M=')[0]} | {m} | {tb} {today[tb]:.1f} | {gemv['gemv']:.1f} | {gb} {gemv[gb]:.1f} "
             f"| {today[tb] / gemv[gb]:.2f}x |"
         )
-    lines += ["", "| norm | rows | 1-D row (µs, default) | row tile | row tile, best warps |", "|---|---|---|---|---|"]
+    lines += ["", "| norm | rows | default num_warps (µs) | best num_warps |", "|---|---|---|---|"]
     for key, row in norms.items():
         name, m = key.rsplit(" M=", 1)
         warps = {p: t for p, t in row.items() if p.startswith("w")}
         wb = min(warps, key=warps.get)
-        lines.append(f"| {name} | {m} | {row['row1d']:.2f} | {row['tile']:.2f} | {wb} {warps[wb]:.2f} |")
+        lines.append(f"| {name} | {m} | {row['default']:.2f} | {wb} {warps[wb]:.2f} |")
     lines += ["", "| fp32-output product | rows | cuBLAS (µs) | GEMV (µs) |", "|---|---|---|---|"]
     for key, row in fp32_out.items():
         name, m = key.rsplit(" M=", 1)
