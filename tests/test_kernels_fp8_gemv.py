@@ -34,21 +34,16 @@ def _all_codes_weight(n: int, k: int, device="cpu") -> tuple[torch.Tensor, torch
 def check_gemv_matches_fp32_twin():
     from breakgraph.kernels.triton_fp8_gemv import fp8_gemv, fp8_gemv_ref
 
-    configs = (
-        None,
-        {"SPLIT_K": 1},
-        {"SPLIT_K": 3},
-        {"SPLIT_K": 3, "FIXUP": False},
-        {"BLOCK_N": 64, "SPLIT_K": 2},
-        {"DOT": False, "BLOCK_M": 1, "BLOCK_N": 16},
-        {"DOT": False, "BLOCK_M": 4, "BLOCK_N": 32, "SPLIT_K": 2},
-    )
-    for m, n, k in ((1, 256, 384), (3, 200, 300), (17, 128, 1024), (40, 576, 256), (70, 96, 512)):
+    configs = (None, {"SPLIT_K": 1}, {"SPLIT_K": 3}, {"SPLIT_K": 3, "FIXUP": False}, {"BLOCK_N": 64, "SPLIT_K": 2})
+    # the CUDA-core products, a form for one to a few rows: on the few-row shapes only (the
+    # interpreter spends most of its time on their [BLOCK_N, BLOCK_M, 128] products elsewhere)
+    few_rows = ({"DOT": False, "BLOCK_M": 1, "BLOCK_N": 16}, {"DOT": False, "BLOCK_M": 4, "BLOCK_N": 32, "SPLIT_K": 2})
+    for m, n, k in ((1, 256, 384), (3, 200, 300), (17, 128, 1024), (40, 320, 256), (70, 96, 512)):
         w8, ws = block_quant(torch.randn(n, k) * torch.rand(n, 1))
         x = torch.randn(m, k) * torch.rand(m, 1) * 4
         bias = torch.randn(n)
         want = fp8_gemv_ref(x, w8, ws, bias)
-        for cfg in configs:
+        for cfg in configs + (few_rows if m <= 4 else ()):
             got = fp8_gemv(x, w8, ws, bias, torch.float32, cfg)
             assert got.shape == (m, n) and got.dtype == torch.float32
             assert _rel(got, want) < 1e-6, (m, n, k, cfg, _rel(got, want))
@@ -93,20 +88,21 @@ def check_fp8_linear_takes_the_gemv_path():
 
 def check_gemv_fp32_out_matches_twin():
     """The 16-bit-weight form (router and indexer head weights): the fp32 product, one multiply
-    by ``alpha``, split or not, reduced by the last program or by the sum kernel."""
+    by ``alpha`` (the indexer's ``32^-0.5``; 1 for the router), split or not, reduced by the last
+    program or by the sum kernel; the CUDA-core products on the few-row shapes."""
     from breakgraph.kernels.triton_fp8_gemv import gemv_fp32_out, gemv_fp32_out_ref
 
     for m, n, k in ((1, 32, 6144), (5, 256, 768), (64, 40, 384)):
         x = (torch.randn(m, k) * torch.rand(m, 1)).bfloat16()
         w = torch.randn(n, k).bfloat16()
-        for alpha in (1.0, 32**-0.5):
+        runs = [(None, 1.0), (None, 32**-0.5), ({"SPLIT_K": 1}, 32**-0.5), ({"SPLIT_K": 3, "FIXUP": False}, 32**-0.5)]
+        if m <= 8:
+            runs.append(({"DOT": False, "BLOCK_M": 1 if m == 1 else 4, "BLOCK_N": 16}, 32**-0.5))
+        for cfg, alpha in runs:
             want = gemv_fp32_out_ref(x, w, alpha)
-            for cfg in (None, {"SPLIT_K": 1}, {"SPLIT_K": 3, "FIXUP": False}, {"DOT": False, "BLOCK_M": 1, "BLOCK_N": 16}):
-                if cfg and not cfg.get("DOT", True) and m > 1:
-                    cfg = dict(cfg, BLOCK_M=4)
-                got = gemv_fp32_out(x, w, alpha, cfg)
-                assert got.dtype == torch.float32 and got.shape == (m, n)
-                assert _rel(got, want) < 1e-6, (m, n, k, alpha, cfg, _rel(got, want))
+            got = gemv_fp32_out(x, w, alpha, cfg)
+            assert got.dtype == torch.float32 and got.shape == (m, n)
+            assert _rel(got, want) < 1e-6, (m, n, k, alpha, cfg, _rel(got, want))
     with pytest.raises(ValueError, match="16-bit"):
         gemv_fp32_out(torch.randn(1, 128), torch.randn(8, 128))
 
