@@ -8,11 +8,11 @@ o_proj, the dense MLP, the shared expert) at M = 1, 2, 4, 8, 16, 32, 64 through 
 takes the shape) and the GEMV (``gemv``: its default configuration; ``gemv_*``: variants of
 it). Each call is timed replayed from a CUDA graph that cycles through enough copies of the
 weight to exceed the L2 cache, as a decode step reads each layer's weights from HBM once.
-RMSNorm: one program per row at 1/16/64 rows, the default 1-D row kernel beside the
-``[groups, 128]`` row tile (``BREAKGRAPH_NORM_ROW_TILE=1``) at its default ``num_warps`` and others.
+RMSNorm: the row kernel (one program per row) at 1/16/64 rows, at its default ``num_warps``
+and others.
 
-The bf16 → fp32 products of the indexer's head weights and the router, and decode's absorbed
-MLA products (``bmm_into``): cuBLAS against the Triton kernel. Last, what the engine's start-up timing chooses per shape with the GEMV among its paths.
+The bf16 → fp32 products of the indexer's head weights and the router: cuBLAS against the
+GEMV. Last, what the engine's start-up timing chooses per shape with the GEMV among its paths.
 Writes ``DIR/fp8_gemv_sweep.json`` and prints the summary tables last. Past ``--deadline-s``
 the remaining measurements are skipped (the tables cover what ran).
 """
@@ -156,14 +156,9 @@ def sweep_norms(deadline: float) -> dict:
             r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if residual else None
             w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             pad = 1 if quant else 0
-            row = {
-                "row1d": graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, row_tile=False) for x in xs] * 4),
-                "tile": graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, row_tile=True) for x in xs] * 4),
-            }
+            row = {"default": graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad) for x in xs] * 4)}
             for warps in (2, 4, 8, 16):
-                row[f"w{warps}"] = graph_us(
-                    [partial(triton_norm._launch, x, r, w, 1e-6, pad, warps, row_tile=True) for x in xs] * 4
-                )  # fmt: skip
+                row[f"w{warps}"] = graph_us([partial(triton_norm._launch, x, r, w, 1e-6, pad, warps) for x in xs] * 4)
             results[f"{name} M={m}"] = row
             print(f"norm {name:34s} M={m:3d} " + " ".join(f"{p}={t:.2f}" for p, t in row.items()), flush=True)
     return results
@@ -193,37 +188,6 @@ def sweep_fp32_out(deadline: float) -> dict:
     return results
 
 
-def sweep_bmm(deadline: float) -> dict:
-    """Decode's absorbed-MLA products (8 heads): ``q_nope · w_kc`` into the latent query's view
-    and ``attn · w_vcᵀ``, cuBLAS ``bmm(out=)`` against the one-launch Triton kernel."""
-    from breakgraph.kernels.triton_fp8_gemv import bmm_rows
-
-    heads, dn, r, dr, dv = 8, 192, 512, 64, 256
-    results: dict = {}
-    kc = [(torch.randn(heads, dn, r, device="cuda") * 0.1).bfloat16() for _ in range(64)]
-    vc = [(torch.randn(heads, dv, r, device="cuda") * 0.1).bfloat16() for _ in range(64)]
-    for t in (1, 16, 64):
-        if time.monotonic() > deadline:
-            return results
-        q = torch.randn(t, heads, dn + dr, device="cuda").bfloat16()
-        q_full = torch.zeros(t, heads, r + dr, device="cuda").bfloat16()
-        attn = torch.randn(t, heads, r, device="cuda").bfloat16()
-        out = torch.empty(t, heads, dv, device="cuda").bfloat16()
-        a, view = q[..., :dn].transpose(0, 1), q_full[..., :r].transpose(0, 1)
-        a2, out2 = attn.transpose(0, 1), out.transpose(0, 1)
-        for name, calls in (
-            ("q_nope·w_kc", [(a, w, view) for w in kc]),
-            ("attn·w_vc^T", [(a2, w.transpose(1, 2), out2) for w in vc]),
-        ):
-            row = {
-                "cublas": graph_us([partial(torch.bmm, x, w, out=o) for x, w, o in calls]),
-                "triton": graph_us([partial(bmm_rows, x, w, o) for x, w, o in calls]),
-            }
-            results[f"{name} M={t}"] = row
-            print(f"bmm {name:12s} M={t:3d} " + " ".join(f"{p}={v:.2f}" for p, v in row.items()), flush=True)
-    return results
-
-
 def engine_tables(deadline: float) -> list[str]:
     """What the engine's start-up timing (:func:`tune_fp8_paths`, up to 64 rows) chooses per shape
     with the GEMV among its paths and L2-cold weights (``BREAKGRAPH_FP8_GEMV=1``,
@@ -244,7 +208,7 @@ def engine_tables(deadline: float) -> list[str]:
     return lines
 
 
-def summary(linears: dict, norms: dict, fp32_out: dict, bmm: dict, tables: list[str]) -> str:
+def summary(linears: dict, norms: dict, fp32_out: dict, tables: list[str]) -> str:
     lines = ["", "| linear | M | today best (µs) | gemv default | best gemv variant | speed-up |", "|---|---|---|---|---|---|"]
     for key, row in linears.items():
         today = {p: t for p, t in row.items() if p in TODAY}
@@ -257,19 +221,16 @@ def summary(linears: dict, norms: dict, fp32_out: dict, bmm: dict, tables: list[
             f"| {name} K={rest.split(' M=')[0]} | {m} | {tb} {today[tb]:.1f} | {gemv['gemv']:.1f} | {gb} {gemv[gb]:.1f} "
             f"| {today[tb] / gemv[gb]:.2f}x |"
         )
-    lines += ["", "| norm | rows | 1-D row (µs, default) | row tile | row tile, best warps |", "|---|---|---|---|---|"]
+    lines += ["", "| norm | rows | default num_warps (µs) | best num_warps |", "|---|---|---|---|"]
     for key, row in norms.items():
         name, m = key.rsplit(" M=", 1)
         warps = {p: t for p, t in row.items() if p.startswith("w")}
         wb = min(warps, key=warps.get)
-        lines.append(f"| {name} | {m} | {row['row1d']:.2f} | {row['tile']:.2f} | {wb} {warps[wb]:.2f} |")
+        lines.append(f"| {name} | {m} | {row['default']:.2f} | {wb} {warps[wb]:.2f} |")
     lines += ["", "| fp32-output product | rows | cuBLAS (µs) | GEMV (µs) |", "|---|---|---|---|"]
     for key, row in fp32_out.items():
         name, m = key.rsplit(" M=", 1)
         lines.append(f"| {name} | {m} | {row['cublas']:.2f} | {row['gemv']:.2f} |")
-    for key, row in bmm.items():
-        name, m = key.rsplit(" M=", 1)
-        lines.append(f"| bmm {name} | {m} | {row['cublas']:.2f} | {row['triton']:.2f} |")
     return "\n".join(lines + [""] + tables)
 
 
@@ -280,14 +241,13 @@ def main() -> None:
     args = ap.parse_args()
     deadline = time.monotonic() + args.deadline_s
     fp32_out = sweep_fp32_out(deadline)
-    bmm = sweep_bmm(deadline)
     linears = sweep_linears(deadline - 25)  # the norms keep their share of the time
     norms = sweep_norms(deadline)
     tables = engine_tables(deadline)
     args.out.mkdir(parents=True, exist_ok=True)
-    body = {"linears": linears, "norms": norms, "fp32_out": fp32_out, "bmm": bmm, "start_up_tables": tables}
+    body = {"linears": linears, "norms": norms, "fp32_out": fp32_out, "start_up_tables": tables}
     (args.out / "fp8_gemv_sweep.json").write_text(json.dumps(body, indent=1))
-    print(summary(linears, norms, fp32_out, bmm, tables), flush=True)
+    print(summary(linears, norms, fp32_out, tables), flush=True)
 
 
 if __name__ == "__main__":

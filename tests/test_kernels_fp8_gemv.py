@@ -4,8 +4,7 @@ CPU: the kernel under Triton's interpreter (one subprocess, fresh random inputs;
 and the bf16-weight fp32-output form), the byte decode's arithmetic over every e4m3 code, the
 sm_90a compile (registers, spills, the matrix instructions). GPU (``cuda`` marker):
 glm5-tp8-rank shapes at decode row counts, every e4m3 code through the PTX decode, CUDA-graph
-replays of the split-K epilogue, the dispatchers (``fp8_linear``, ``linear_fp32_out``,
-``bmm_into``).
+replays of the split-K epilogue, the dispatchers (``fp8_linear``, ``linear_fp32_out``).
 """
 
 from __future__ import annotations
@@ -35,21 +34,16 @@ def _all_codes_weight(n: int, k: int, device="cpu") -> tuple[torch.Tensor, torch
 def check_gemv_matches_fp32_twin():
     from breakgraph.kernels.triton_fp8_gemv import fp8_gemv, fp8_gemv_ref
 
-    configs = (
-        None,
-        {"SPLIT_K": 1},
-        {"SPLIT_K": 3},
-        {"SPLIT_K": 3, "FIXUP": False},
-        {"BLOCK_N": 64, "SPLIT_K": 2},
-        {"DOT": False, "BLOCK_M": 1, "BLOCK_N": 16},
-        {"DOT": False, "BLOCK_M": 4, "BLOCK_N": 32, "SPLIT_K": 2},
-    )
-    for m, n, k in ((1, 256, 384), (3, 200, 300), (17, 128, 1024), (40, 576, 256), (70, 96, 512)):
+    configs = (None, {"SPLIT_K": 1}, {"SPLIT_K": 3}, {"SPLIT_K": 3, "FIXUP": False}, {"BLOCK_N": 64, "SPLIT_K": 2})
+    # the CUDA-core products, a form for one to a few rows: on the few-row shapes only (the
+    # interpreter spends most of its time on their [BLOCK_N, BLOCK_M, 128] products elsewhere)
+    few_rows = ({"DOT": False, "BLOCK_M": 1, "BLOCK_N": 16}, {"DOT": False, "BLOCK_M": 4, "BLOCK_N": 32, "SPLIT_K": 2})
+    for m, n, k in ((1, 256, 384), (3, 200, 300), (17, 128, 1024), (40, 320, 256), (70, 96, 512)):
         w8, ws = block_quant(torch.randn(n, k) * torch.rand(n, 1))
         x = torch.randn(m, k) * torch.rand(m, 1) * 4
         bias = torch.randn(n)
         want = fp8_gemv_ref(x, w8, ws, bias)
-        for cfg in configs:
+        for cfg in configs + (few_rows if m <= 4 else ()):
             got = fp8_gemv(x, w8, ws, bias, torch.float32, cfg)
             assert got.shape == (m, n) and got.dtype == torch.float32
             assert _rel(got, want) < 1e-6, (m, n, k, cfg, _rel(got, want))
@@ -94,51 +88,28 @@ def check_fp8_linear_takes_the_gemv_path():
 
 def check_gemv_fp32_out_matches_twin():
     """The 16-bit-weight form (router and indexer head weights): the fp32 product, one multiply
-    by ``alpha``, split or not, reduced by the last program or by the sum kernel."""
+    by ``alpha`` (the indexer's ``32^-0.5``; 1 for the router), split or not, reduced by the last
+    program or by the sum kernel; the CUDA-core products on the few-row shapes."""
     from breakgraph.kernels.triton_fp8_gemv import gemv_fp32_out, gemv_fp32_out_ref
 
     for m, n, k in ((1, 32, 6144), (5, 256, 768), (64, 40, 384)):
         x = (torch.randn(m, k) * torch.rand(m, 1)).bfloat16()
         w = torch.randn(n, k).bfloat16()
-        for alpha in (1.0, 32**-0.5):
+        runs = [(None, 1.0), (None, 32**-0.5), ({"SPLIT_K": 1}, 32**-0.5), ({"SPLIT_K": 3, "FIXUP": False}, 32**-0.5)]
+        if m <= 8:
+            runs.append(({"DOT": False, "BLOCK_M": 1 if m == 1 else 4, "BLOCK_N": 16}, 32**-0.5))
+        for cfg, alpha in runs:
             want = gemv_fp32_out_ref(x, w, alpha)
-            for cfg in (None, {"SPLIT_K": 1}, {"SPLIT_K": 3, "FIXUP": False}, {"DOT": False, "BLOCK_M": 1, "BLOCK_N": 16}):
-                if cfg and not cfg.get("DOT", True) and m > 1:
-                    cfg = dict(cfg, BLOCK_M=4)
-                got = gemv_fp32_out(x, w, alpha, cfg)
-                assert got.dtype == torch.float32 and got.shape == (m, n)
-                assert _rel(got, want) < 1e-6, (m, n, k, alpha, cfg, _rel(got, want))
+            got = gemv_fp32_out(x, w, alpha, cfg)
+            assert got.dtype == torch.float32 and got.shape == (m, n)
+            assert _rel(got, want) < 1e-6, (m, n, k, alpha, cfg, _rel(got, want))
     with pytest.raises(ValueError, match="16-bit"):
         gemv_fp32_out(torch.randn(1, 128), torch.randn(8, 128))
-
-
-def check_bmm_rows_writes_strided_views():
-    """Decode's absorbed-MLA products into their strided views: ``q_nope · w_kc`` into the first
-    ``r`` columns of the latent query (the rotary columns untouched), ``attn · w_vcᵀ`` into a
-    heads-first view; fp32 sums rounded once (the interpreter's bf16 cast truncates: within 2^-8)."""
-    from breakgraph.kernels.triton_fp8_gemv import bmm_rows
-
-    heads, dn, r, dr, dv = 8, 192, 512, 64, 256
-    for t in (1, 3, 40):
-        q = torch.randn(t, heads, dn + dr).bfloat16()
-        w_kc = torch.randn(heads, dn, r).bfloat16()
-        q_full = torch.full((t, heads, r + dr), 7.0).bfloat16()
-        a = q[..., :dn].transpose(0, 1)
-        bmm_rows(a, w_kc, q_full[..., :r].transpose(0, 1))
-        assert _rel(q_full[..., :r].transpose(0, 1), a.float() @ w_kc.float()) < 8e-3
-        assert (q_full[..., r:] == 7).all(), "the rotary columns must stay"
-        attn, w_vc = torch.randn(t, heads, r).bfloat16(), torch.randn(heads, dv, r).bfloat16()
-        out = torch.empty(t, heads, dv).bfloat16()
-        bmm_rows(attn.transpose(0, 1), w_vc.transpose(1, 2), out.transpose(0, 1))
-        assert _rel(out.transpose(0, 1), attn.transpose(0, 1).float() @ w_vc.transpose(1, 2).float()) < 8e-3
-    with pytest.raises(ValueError, match="chain"):
-        bmm_rows(torch.randn(2, 3, 4).bfloat16(), torch.randn(2, 5, 4).bfloat16(), torch.empty(2, 3, 4).bfloat16())
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        "check_bmm_rows_writes_strided_views",
         "check_gemv_matches_fp32_twin",
         "check_gemv_decodes_every_code_exactly",
         "check_fp8_linear_takes_the_gemv_path",
@@ -175,22 +146,7 @@ def test_ptx_decode_arithmetic_is_exact_for_every_code():
 
 GEMV_TYPES = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*fp32",
               "out_ptr": "*bf16", "lock_ptr": "*i32", "K_PER_SPLIT": 1024, "SPLIT_K": "i32", "alpha": "fp32", "N": "i32", "K": "i32",
-              "stride_xm": "i32", "stride_wn": "i32", "stride_wk": 1, "stride_cm": "i32"}  # fmt: skip
-
-
-@pytest.mark.parametrize("m", [1, 16, 32, 64])
-def test_bmm_rows_compiles_for_sm90_without_spills(m):
-    """Both absorbed products: ``w_kc`` read along N (unit N stride), ``w_vcᵀ`` along K."""
-    pytest.importorskip("triton")
-    from breakgraph.kernels import triton_fp8_gemv as g
-
-    cfg = g.gemv_config(m, 512, 192, 132)
-    constexprs = {"W_FP8": False, "HAS_BIAS": False, "SPLIT": False, "FIXUP": False, "DOT": True, "ASM": False,
-                  "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "INTERP": False}  # fmt: skip
-    for unit in ("stride_wn", "stride_wk"):
-        types = dict(GEMV_TYPES, w_ptr="*bf16", ws_ptr="*bf16", c_ptr="*bf16", stride_wk="i32") | {unit: 1}
-        info = compile_for_sm90(g._fp8_gemv_kernel, types, constexprs, cfg["num_warps"], cfg["num_stages"])
-        assert info["stack"] == 0 and info["local_insts"] == 0 and info["mma"], (unit, info)
+              "stride_xm": "i32", "stride_wn": "i32", "stride_cm": "i32"}  # fmt: skip
 
 
 @pytest.mark.parametrize("w_fp8", [True, False])
@@ -234,7 +190,7 @@ def test_decode_paths_follow_their_knobs(monkeypatch):
     knob at 0 restores the cuBLAS/one-weight behaviour."""
     from breakgraph.kernels import fp8_gemm_choice, linear
 
-    for name in ("BREAKGRAPH_FP8_GEMV", "BREAKGRAPH_FP8_TIMING_COLD", "BREAKGRAPH_GEMV_FP32_OUT", "BREAKGRAPH_BMM_ROWS"):
+    for name in ("BREAKGRAPH_FP8_GEMV", "BREAKGRAPH_FP8_TIMING_COLD", "BREAKGRAPH_GEMV_FP32_OUT"):
         monkeypatch.delenv(name, raising=False)
     assert fp8_gemm_choice.timed_paths()[-1] == "triton_gemv" and fp8_gemm_choice.cold_timing()
     monkeypatch.setenv("BREAKGRAPH_FP8_GEMV", "0")
@@ -351,40 +307,6 @@ def test_linear_fp32_out_gpu_router_and_indexer_shapes(n, alpha, m, monkeypatch)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static, got)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("t", [1, 16, 64])
-def test_bmm_into_gpu_mla_shapes(t, monkeypatch):
-    """glm5-tp8-rank's absorbed products at decode rows through ``bmm_into`` with
-    ``BREAKGRAPH_BMM_ROWS=1`` (one Triton launch): cuBLAS's result up to summation order (a
-    last-bit difference in few elements), written into the strided views, and the same bits in
-    a CUDA graph replay."""
-    from breakgraph.kernels.linear import bmm_into
-
-    monkeypatch.setenv("BREAKGRAPH_BMM_ROWS", "1")
-    heads, dn, r, dr, dv = 8, 192, 512, 64, 256
-    q = torch.randn(t, heads, dn + dr, device="cuda").bfloat16()
-    w_kc = (torch.randn(heads, dn, r, device="cuda") * 0.1).bfloat16()
-    q_full = torch.zeros(t, heads, r + dr, device="cuda").bfloat16()
-    a, view = q[..., :dn].transpose(0, 1), q_full[..., :r].transpose(0, 1)
-    bmm_into(a, w_kc, view)
-    want = torch.bmm(a, w_kc)
-    assert (view != want).float().mean().item() < 0.02 and _rel(view, want) < 2e-3
-    assert (q_full[..., r:] == 0).all()
-    attn, w_vc = torch.randn(t, heads, r, device="cuda").bfloat16(), (torch.randn(heads, dv, r, device="cuda") * 0.1).bfloat16()
-    out = torch.empty(t, heads, dv, device="cuda").bfloat16()
-    bmm_into(attn.transpose(0, 1), w_vc.transpose(1, 2), out.transpose(0, 1))
-    want = torch.bmm(attn.transpose(0, 1), w_vc.transpose(1, 2))
-    assert (out.transpose(0, 1) != want).float().mean().item() < 0.02 and _rel(out.transpose(0, 1), want) < 2e-3
-    eager = out.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        bmm_into(attn.transpose(0, 1), w_vc.transpose(1, 2), out.transpose(0, 1))
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
 
 
 @pytest.mark.cuda

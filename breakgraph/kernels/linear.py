@@ -134,31 +134,13 @@ def _mm_fp32_out_cuda(x: torch.Tensor, weight: torch.Tensor, alpha: float) -> to
     return gemv_fp32_out(x if x.stride(-1) == 1 else x.contiguous(), weight.contiguous(), alpha)
 
 
-#: Rows (per matrix) up to which :func:`bmm_into` on CUDA runs one Triton launch for the batch
-#: (:func:`~breakgraph.kernels.triton_fp8_gemv.bmm_rows`) instead of cuBLAS.
-BMM_ROWS_MAX_M = 64
-
-
 def bmm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """``out = a @ b`` (``[B, M, K] × [B, K, N]``) into ``out``, a strided view (a slice of a
     wider buffer, heads-first view of a tokens-first tensor). CUDA outside autograd recording:
-    with ``BREAKGRAPH_BMM_ROWS=1`` (off until measured on the H200), up to :data:`BMM_ROWS_MAX_M`
-    rows of 16-bit operands (decode's absorbed-MLA products) one Triton kernel for the batch,
-    writing ``out`` in place (fp32 sums of the exact products, rounded once, as cuBLAS computes
-    them); else ``torch.bmm(out=)``, which cuBLAS writes in
-    place wherever each matrix of ``out`` has a unit column stride (no copy kernel); else the
-    product is copied in (autograd cannot record ``out=``; under ``torch.compile`` tracing the
-    compiler places the product itself)."""
+    ``torch.bmm(out=)``, which cuBLAS writes in place wherever each matrix of ``out`` has a
+    unit column stride (no copy kernel); else the product is copied in (autograd cannot
+    record ``out=``; under ``torch.compile`` tracing the compiler places the product itself)."""
     if use_triton_inference(out, a, b) and not torch.compiler.is_compiling():
-        if (
-            env.read("BREAKGRAPH_BMM_ROWS") == "1"
-            and a.shape[1] <= BMM_ROWS_MAX_M and a.dtype in (torch.bfloat16, torch.float16)
-            and a.dtype == b.dtype == out.dtype and a.stride(-1) == 1 and out.stride(-1) == 1
-        ):  # fmt: skip
-            from breakgraph.kernels.triton_fp8_gemv import bmm_rows
-
-            bmm_rows(a, b, out)
-        else:
-            torch.bmm(a, b, out=out)
+        torch.bmm(a, b, out=out)
     else:
         out.copy_(torch.bmm(a, b))

@@ -84,7 +84,7 @@ def _e4m3_bits_to_fp32(b):
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, ws_ptr, bias_ptr, c_ptr, out_ptr, lock_ptr,
     M, N, K, K_PER_SPLIT, SPLIT_K, alpha,
-    stride_xm, stride_wn, stride_wk, stride_wsn, stride_wsk, stride_cm, stride_xb, stride_wb, stride_cb,
+    stride_xm, stride_wn, stride_wsn, stride_wsk, stride_cm,
     W_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, INTERP: tl.constexpr,
 ):  # fmt: skip
@@ -92,8 +92,7 @@ def _fp8_gemv_kernel(
     over this program's k-range (``program_id(2)`` of ``SPLIT_K``), ``w'``/``x'``/``sw'`` the
     shifted operands of the module docstring (``W_FP8``; else ``w`` has ``x``'s 16-bit dtype
     and is used as it is, without block scales); the tile is computed transposed
-    (``[BLOCK_N, BLOCK_M]``). ``program_id(1)`` walks the row tiles of every matrix of a batch
-    (``stride_*b`` apart; a batch of one otherwise); a 16-bit ``w`` may have any strides.
+    (``[BLOCK_N, BLOCK_M]``).
     ``BLOCK_N`` divides 128, so one block scale covers the tile's rows per k-block. Split K
     (``SPLIT``, ``SPLIT_K > 1`` programs per tile, a runtime count: one compiled kernel serves
     every split):
@@ -101,13 +100,8 @@ def _fp8_gemv_kernel(
     the last program of the tile to arrive sums the slices in order into ``out`` and resets
     its counter ``lock_ptr[tile]``; without, ``_split_k_sum_kernel`` does."""
     pid_n = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    batch = (tl.program_id(1) // num_m).to(tl.int64)
-    pid_m = tl.program_id(1) % num_m
+    pid_m = tl.program_id(1)
     split = tl.program_id(2)
-    x_ptr += batch * stride_xb
-    w_ptr += batch * stride_wb
-    c_ptr += batch * stride_cb
     k_first = split * K_PER_SPLIT
     k_end = tl.minimum(K, k_first + K_PER_SPLIT)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -119,7 +113,7 @@ def _fp8_gemv_kernel(
         w_base = w_ptr.to(tl.pointer_type(tl.uint8))
     else:
         w_base = w_ptr
-    w_ptrs = w_base + rn[:, None].to(tl.int64) * stride_wn + (k_first + rk)[None, :].to(tl.int64) * stride_wk
+    w_ptrs = w_base + rn[:, None].to(tl.int64) * stride_wn + (k_first + rk)[None, :]
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_first + rk)[None, :]
     ws_ptrs = ws_ptr + ((pid_n * BLOCK_N) // 128) * stride_wsn + (k_first // 128) * stride_wsk
     if DOT:
@@ -151,7 +145,7 @@ def _fp8_gemv_kernel(
                 acc += tl.dot(w, tl.trans(x.to(w.dtype))) * sw
         else:  # x·sw rounds in fp32 (the product of the exact operands, to fp32 rounding)
             acc3 += w.to(tl.float32)[:, None, :] * (x.to(tl.float32) * sw)[None, :, :]
-        w_ptrs += 128 * stride_wk
+        w_ptrs += 128
         x_ptrs += 128
         ws_ptrs += stride_wsk
     if not DOT:
@@ -243,32 +237,6 @@ def gemv_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0, con
     return _gemv(x, weight, None, None, torch.float32, alpha, config)
 
 
-def bmm_rows(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: dict | None = None) -> None:
-    """``out = a @ b`` for ``a [B, M, K]``, ``b [B, K, N]`` and ``out [B, M, N]`` of one 16-bit
-    dtype, any strides except unit ones along ``a``'s K and ``out``'s N: fp32 sums of the exact
-    products, rounded once to the dtype (what ``torch.bmm`` computes), one launch for the whole
-    batch, for few rows (decode's absorbed-MLA products; ``config`` as for :func:`fp8_gemv`,
-    without splitting K). Graph-safe."""
-    bsz, m, k = a.shape
-    n = b.shape[-1]
-    if b.shape != (bsz, k, n) or out.shape != (bsz, m, n) or not (a.dtype == b.dtype == out.dtype):
-        raise ValueError(f"bmm_rows: a {tuple(a.shape)}, b {tuple(b.shape)}, out {tuple(out.shape)} do not chain")
-    if a.stride(-1) != 1 or out.stride(-1) != 1:
-        raise ValueError("bmm_rows: a and out need unit last strides")
-    cfg = dict(gemv_config(m, n, k, num_sms(a.device)), SPLIT_K=1)
-    cfg.update(config or {})
-    if m == 0 or n == 0 or bsz == 0:
-        return
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), bsz * triton.cdiv(m, cfg["BLOCK_M"]), 1)
-    _fp8_gemv_kernel[grid](
-        a, b, out, out, out, out, out,
-        m, n, k, k, 1, 1.0,
-        a.stride(1), b.stride(2), b.stride(1), 0, 0, out.stride(1), a.stride(0), b.stride(0), out.stride(0),
-        W_FP8=False, HAS_BIAS=False, SPLIT=False, FIXUP=False, DOT=cfg["DOT"], BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], ASM=False, INTERP=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )  # fmt: skip
-
-
 def _gemv(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, bias: torch.Tensor | None,
     out_dtype: torch.dtype, alpha: float, config: dict | None,
@@ -293,7 +261,7 @@ def _gemv(
     _fp8_gemv_kernel[grid](
         x, weight, ws, bias if bias is not None else out, target, out, locks if locks is not None else out,
         m, n, k, k_per_split, split, alpha,
-        x.stride(0), weight.stride(0), 1, ws.stride(0), ws.stride(1), target.stride(-2), 0, 0, 0,
+        x.stride(0), weight.stride(0), ws.stride(0), ws.stride(1), target.stride(-2),
         W_FP8=weight_scale is not None, HAS_BIAS=bias is not None, SPLIT=split > 1, FIXUP=locks is not None,
         DOT=cfg["DOT"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=cfg["ASM"], INTERP=interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
