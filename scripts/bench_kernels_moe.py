@@ -399,14 +399,13 @@ def _compare_grid(t: int, gemm: int) -> list[tuple[str, str, dict]]:
 
 
 def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
-    """W8A16 (``BREAKGRAPH_MOE_W8A8=0``) and W8A8 (the default), per GEMM at uniform random
-    routing (µs per call, L2 flushed; touched-expert weight bytes per µs; relative error against
+    """W8A16 (``BREAKGRAPH_MOE_W8A8=0``) and W8A8 (the default), per GEMM at uniform random routing (µs per call, L2 flushed; touched-expert weight bytes per µs; relative error against
     the bf16-activation twin), W8A8's activation quantisation timed on its own; then per token
     count the layer's two GEMMs (+ quantisations) for each kind and, at decode sizes, the decode
     kernels on the routed experts; a summary table last."""
     import time
 
-    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS, fused_moe_decode
+    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS, decode_config, fused_moe_decode
 
     tasks = [(kind, gemm, t, cfg) for t in tokens for gemm in (1, 2) for _, kind, cfg in _compare_grid(t, gemm)]
     unique = list({repr(task): task for task in tasks}.values())
@@ -441,13 +440,15 @@ def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
             tw, ids = route(torch.randn(t, E, device=DEVICE, generator=gen), None, TOP_K, 1, 1, True, 2.5)
             w13_8, s13, w2_8, s2 = weights
             want = fused_moe_ref(x, w13_8, w2_8, tw, ids, s13, s2).float()
-            dec = partial(fused_moe_decode, x, w13_8, w2_8, tw, ids, s13, s2)
-            err = ((dec().float() - want).norm() / want.norm()).item()
-            us = 1e3 * triton.testing.do_bench(dec, warmup=10, rep=30, return_mode="median")
-            results.append({"tokens": t, "gemm": 0, "label": "decode kernels", "kind": "W8A16", "us": us, "err": err,
-                            "tbs": t * TOP_K * 3 * INTER * D / 1e3 / us, "touched": touched})  # fmt: skip
-            print(f"  T={t:5d} decode kernels: {us:.1f} us, {t * TOP_K * 3 * INTER * D / 1e3 / us:.2f} TB/s of the "
-                  f"routed pairs' expert bytes, err {err:.1e}", flush=True)  # fmt: skip
+            old, new = (decode_config(t, TOP_K, INTER, D, False, scale_x=sx) for sx in (False, True))
+            for label, cfg in (("decode kernels old", old), ("decode kernels", new)):
+                dec = partial(fused_moe_decode, x, w13_8, w2_8, tw, ids, s13, s2, config=cfg)
+                err = ((dec().float() - want).norm() / want.norm()).item()
+                us = 1e3 * triton.testing.do_bench(dec, warmup=10, rep=30, return_mode="median")
+                results.append({"tokens": t, "gemm": 0, "label": label, "kind": "W8A16", "us": us, "err": err,
+                                "tbs": t * TOP_K * 3 * INTER * D / 1e3 / us, "touched": touched})  # fmt: skip
+                print(f"  T={t:5d} {label}: {us:.1f} us, {t * TOP_K * 3 * INTER * D / 1e3 / us:.2f} TB/s of the "
+                      f"routed pairs' expert bytes, err {err:.1e}", flush=True)  # fmt: skip
     _print_compare(tokens, results)
     return results
 
@@ -476,9 +477,9 @@ def _print_compare(tokens: list[int], results: list[dict]) -> None:
             print(f"{t:5d} {w8a16['touched']:4d} {gemm:5d} | {cell(w8a16)} | {cell(w8a8)} | {quant['us']:6.1f} | "
                   f"{w8a16['err']:.1e} / {w8a8['err']:.1e}")  # fmt: skip
         if pair:
-            dec = get(t, 0, "decode kernels")
-            extra = (f"; decode kernels (routed experts only) {dec['us']:.1f} us "
-                     f"({dec['tbs']:.2f} TB/s of routed-pair bytes)") if dec else ""  # fmt: skip
+            dec, dec0 = get(t, 0, "decode kernels"), get(t, 0, "decode kernels old")
+            extra = (f"; decode kernels (routed experts only) {dec0['us']:.1f} -> {dec['us']:.1f} us "
+                     f"({dec0['tbs']:.2f} -> {dec['tbs']:.2f} TB/s of routed-pair bytes)") if dec and dec0 else ""  # fmt: skip
             print(f"{t:5d} layer GEMMs: W8A16 {pair['w8a16']:.1f}, W8A8 + 2 quants {pair['w8a8']:.1f} us{extra}")
 
 

@@ -324,7 +324,8 @@ def check_fused_moe_decode_matches_twin():
 
 
 def check_fused_moe_decode_tile_variants():
-    """Split-K (fp32 split sums, SiLU in the down kernel), wide and narrow tiles: one function."""
+    """Split-K (fp32 split sums, SiLU in the down kernel), wide and narrow tiles, FP8 scales on
+    every weight (the default) or on the activations (``SCALE_X``): one function."""
     from breakgraph.kernels.triton_moe import fused_moe_decode
 
     ops = _decode_operands(2, 4, 12, 256, 128, 8, "fp8", True, True)
@@ -335,6 +336,8 @@ def check_fused_moe_decode_tile_variants():
         {"up": {"SPLIT_K": 3, "BLOCK_K": 64, "UNROLL": True}, "down": {"BLOCK_K": 64}},
         {"up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64, "UNROLL": False}, "down": {"BLOCK_N": 128, "BLOCK_K": 128}},
         {"up": {"BLOCK_N": 8, "BLOCK_K": 1024}, "down": {"BLOCK_N": 64, "BLOCK_K": 1024}},
+        {"up": {"SCALE_X": True}, "down": {"SCALE_X": True, "BLOCK_K": 1024}},
+        {"up": {"SCALE_X": True, "SPLIT_K": 2}, "down": {"SCALE_X": True, "BLOCK_K": 128}},
     ):
         got = fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res, config=cfg)
         assert _rel(got, want) < 1e-5, (cfg, _rel(got, want))
@@ -494,15 +497,16 @@ DECODE_AOT_VARIANTS = [  # (kernel, weights, split_k, BLOCK_N, BLOCK_K, warps, s
 ]
 
 
-def decode_kernel_resources(variant) -> dict:
-    """sm_90a resource use of one decode-kernel variant (:data:`DECODE_AOT_VARIANTS` row)."""
+def decode_kernel_resources(variant, scale_x: bool = True) -> dict:
+    """sm_90a resource use of one decode-kernel variant (:data:`DECODE_AOT_VARIANTS` row),
+    FP8 scales on the activations (``SCALE_X``, the default) or on every weight."""
     from breakgraph.kernels import triton_moe
 
     part, wdt, split, bn, bk, warps, stages, unroll = (*variant, True)[:8]
     fp8 = wdt == "fp8"
     wptr = "*fp8e4nv" if fp8 else "*bf16"
     common = {"W_FP8": fp8, "SPLIT_K": split, "BLOCK_N": bn, "BLOCK_K": bk, "TOP_K": 8, "HAS_SHARED": True,
-              "SCALE_BN": 128 if fp8 else 1, "SCALE_BK": 128 if fp8 else 1}  # fmt: skip
+              "SCALE_BN": 128 if fp8 else 1, "SCALE_BK": 128 if fp8 else 1, "SCALE_X": scale_x}  # fmt: skip
     if part == "up":  # GLM-5 TP8 rank: D = 6144 in SPLIT_K splits
         common |= {"K_PER_SPLIT": 6144 // split, "UNROLL": unroll}
     else:
@@ -520,12 +524,31 @@ def decode_kernel_resources(variant) -> dict:
     return compile_for_sm90(fn, types, common, warps, stages)
 
 
-@pytest.mark.parametrize("variant", DECODE_AOT_VARIANTS)
-def test_moe_decode_kernels_compile_for_sm90_without_spills(variant):
+@pytest.mark.parametrize(
+    "variant,scale_x",
+    # 16 × 512 down tiles: ptxas spills a few addresses with the scales on h (8 local accesses),
+    # so the default takes 1024-wide steps there (decode_config)
+    [(v, not (v[0] == "down" and v[1] == "fp8" and v[3] == 16 and v[4] == 512)) for v in DECODE_AOT_VARIANTS],
+)
+def test_moe_decode_kernels_compile_for_sm90_without_spills(variant, scale_x):
     pytest.importorskip("triton")
-    info = decode_kernel_resources(variant)
-    print(variant, info)
+    info = decode_kernel_resources(variant, scale_x)
+    print(variant, scale_x, info)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
+
+
+@pytest.mark.parametrize("variant", [DECODE_AOT_VARIANTS[2], DECODE_AOT_VARIANTS[8]])  # the one-token defaults
+def test_moe_decode_kernels_scale_x_leaves_the_conversion_units(variant):
+    """sm_90a: with the block scales on the activations the FP8 decode kernels convert each
+    weight once (e4m3 → f16 → f32) instead of rounding each scaled weight to bf16 and back."""
+    pytest.importorskip("triton")
+    new, old = (decode_kernel_resources(variant, scale_x)["ops"] for scale_x in (True, False))
+
+    def f2f(ops):
+        return sum(n for op, n in ops.items() if op.startswith("F2F."))
+
+    print(variant, sum(new.values()), sum(old.values()), f2f(new), f2f(old))
+    assert f2f(new) == 0 < f2f(old) and sum(new.values()) < 0.7 * sum(old.values())
 
 
 def test_moe_small_kernels_compile_for_sm90():
@@ -549,6 +572,21 @@ def test_moe_small_kernels_compile_for_sm90():
     for fn, types, constexprs in cases:
         info = compile_for_sm90(fn, types, constexprs)
         assert info["stack"] == 0, (fn.__name__, info)
+
+
+def test_moe_decode_dequant_knob(monkeypatch):
+    """By default (``BREAKGRAPH_MOE_DEQUANT=product``, measured faster on the H200) the decode
+    kernels put the block scales on the activations; ``scaled`` scales every weight."""
+    from breakgraph.kernels.triton_moe import decode_config
+
+    def scale_x():
+        cfg = decode_config(1, 8, 256, 6144, True)
+        return cfg["up"]["SCALE_X"], cfg["down"]["SCALE_X"], cfg["down"]["BLOCK_K"]
+
+    monkeypatch.delenv("BREAKGRAPH_MOE_DEQUANT", raising=False)
+    assert scale_x() == (True, True, 1024)
+    monkeypatch.setenv("BREAKGRAPH_MOE_DEQUANT", "scaled")
+    assert scale_x() == (False, False, 512)
 
 
 def test_moe_w8a8_knob_chooses_fp8_activations(monkeypatch):
@@ -767,7 +805,7 @@ def glm5_shared():
 def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
     """The decode kernels at GLM-5 TP8-rank shapes, routed + shared + residual, against the fp32
     oracle (FP8 weights dequantised exactly as the kernels do); every output row written."""
-    from breakgraph.kernels.triton_moe import fused_moe_decode
+    from breakgraph.kernels.triton_moe import decode_config, fused_moe_decode
 
     g = glm5_experts
     x = torch.randn(t, D, device="cuda").bfloat16()
@@ -786,10 +824,12 @@ def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
         )
         sh_ref = SharedExpert(shared.w13.float(), shared.w2.float())
     want = _oracle(x, *w) + shared_expert_ref(x.float(), sh_ref) + res.float()
-    got = fused_moe_decode(x, *w, shared=shared, residual=res)
-    err = _rel(got, want)
-    print(f"decode fp8={fp8} T={t}: rel err {err:.2e}")
-    assert got.dtype == torch.bfloat16 and err < 1e-2
+    for scale_x in (False, True) if fp8 else (False,):  # FP8 scales on every weight / on the activations
+        cfg = decode_config(t, TOP_K, INTER, D, True, scale_x=scale_x)
+        got = fused_moe_decode(x, *w, shared=shared, residual=res, config=cfg)
+        err = _rel(got, want)
+        print(f"decode fp8={fp8} SCALE_X={scale_x} T={t}: rel err {err:.2e}")
+        assert got.dtype == torch.bfloat16 and err < 1e-2
 
 
 @pytest.mark.cuda
@@ -816,9 +856,11 @@ def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_s
 
 
 @pytest.mark.cuda
-def test_moe_decode_cuda_graph_replay(glm5_experts, glm5_shared):
+@pytest.mark.parametrize("dequant", ["scaled", "product"])
+def test_moe_decode_cuda_graph_replay(glm5_experts, glm5_shared, dequant, monkeypatch):
     """Routing + decode kernels (shared + residual) captured in one CUDA graph, replayed with new
-    inputs: same result as eager."""
+    inputs: same result as eager (FP8 scales on the weights, and on the activations)."""
+    monkeypatch.setenv("BREAKGRAPH_MOE_DEQUANT", dequant)
     g = glm5_experts
     t = 4
     static_x = torch.randn(t, D, device="cuda").bfloat16()

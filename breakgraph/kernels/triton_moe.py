@@ -736,25 +736,33 @@ def fused_moe_triton(
 @triton.jit
 def _decode_up_step(
     acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k0, k_hi, offs_k, n_ok, stride_wsk,
-    W_FP8: tl.constexpr, SCALE_BK: tl.constexpr,
+    W_FP8: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr,
 ):  # fmt: skip
     """One ``BLOCK_K`` step of the gate and up GEMVs (columns ``k0 + offs_k`` below ``k_hi``).
-    FP8: every weight is scaled by its block's scale and rounded to the activation dtype, the
-    twin's dequantisation."""
+    FP8 block scales: ``SCALE_X`` multiplies the row of ``x`` by each column's scale (one
+    multiply per column, shared by the tile's rows, which lie in one 128-row scale block) and
+    widens the codes exactly; else every weight is scaled and rounded to the activation dtype,
+    the twin's dequantisation."""
     kk = k0 + offs_k
     k_ok = kk < k_hi
     xv = tl.load(x_row + kk, mask=k_ok, other=0.0)
     m = n_ok[:, None] & k_ok[None, :]
     wg = tl.load(wg_ptrs + k0, mask=m, other=0.0)
     wu = tl.load(wu_ptrs + k0, mask=m, other=0.0)
-    xf = xv.to(tl.float32)[None, :]
+    xf = xv.to(tl.float32)
+    xg = xf[None, :]
+    xu = xf[None, :]
     if W_FP8:
         kb = (kk // SCALE_BK) * stride_wsk
         sg = tl.load(sg_ptr + kb, mask=k_ok, other=0.0)
         su = tl.load(su_ptr + kb, mask=k_ok, other=0.0)
-        wg = (wg.to(tl.float32) * sg[None, :]).to(xv.dtype)
-        wu = (wu.to(tl.float32) * su[None, :]).to(xv.dtype)
-    return acc_g + tl.sum(wg.to(tl.float32) * xf, axis=1), acc_u + tl.sum(wu.to(tl.float32) * xf, axis=1)
+        if SCALE_X:
+            xg = (xf * sg)[None, :]
+            xu = (xf * su)[None, :]
+        else:
+            wg = (wg.to(tl.float32) * sg[None, :]).to(xv.dtype)
+            wu = (wu.to(tl.float32) * su[None, :]).to(xv.dtype)
+    return acc_g + tl.sum(wg.to(tl.float32) * xg, axis=1), acc_u + tl.sum(wu.to(tl.float32) * xu, axis=1)
 
 
 @triton.jit
@@ -764,7 +772,7 @@ def _decode_up_kernel(
     stride_xm, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_hs, stride_hp,
     K_PER_SPLIT: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, W_FP8: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr = False,
 ):  # fmt: skip
     """Program ``(q, n, s)``: rows ``[n·BN, (n+1)·BN)`` of the gate and of the up projection of
     slot ``q``'s expert times its token's row of ``x``, over the k-range of split ``s``. Slots
@@ -801,13 +809,13 @@ def _decode_up_kernel(
         for dk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
             acc_g, acc_u = _decode_up_step(
                 acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k_lo + dk, k_hi, offs_k, n_ok, stride_wsk,
-                W_FP8, SCALE_BK,
+                W_FP8, SCALE_BK, SCALE_X,
             )  # fmt: skip
     else:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             acc_g, acc_u = _decode_up_step(
                 acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k0, k_hi, offs_k, n_ok, stride_wsk,
-                W_FP8, SCALE_BK,
+                W_FP8, SCALE_BK, SCALE_X,
             )  # fmt: skip
     h_row = h_ptr + split * stride_hs + q.to(tl.int64) * stride_hp
     if SPLIT_K == 1:
@@ -825,7 +833,7 @@ def _decode_down_kernel(
     stride_hs, stride_hp, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_rm, stride_om,
     I: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RES: tl.constexpr,
     W_FP8: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr = False,
 ):  # fmt: skip
     """Program ``(t, n)``: columns ``[n·BN, (n+1)·BN)`` of token ``t``'s output
     ``Σ_j w[t, j] · W2[ids[t, j]] h[t·k + j]`` (+ the shared expert's ``W2_s h[P + t]``, + the
@@ -834,8 +842,8 @@ def _decode_down_kernel(
     steps (a step may span several experts: each column gathers its own expert's weights),
     so the sum runs in one fixed order and loads need not wait for the previous step.
     ``SPLIT_K > 1``: ``h`` holds fp32 ``g ‖ u`` split sums, added in split order, then
-    ``silu(g)·u`` rounded to the output dtype (what ``SPLIT_K == 1`` stores). FP8 weights are
-    dequantised as in :func:`_decode_up_step`."""
+    ``silu(g)·u`` rounded to the output dtype (what ``SPLIT_K == 1`` stores). FP8 scales:
+    ``SCALE_X`` as in :func:`_decode_up_step` (on ``h``'s columns here)."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     n0 = pid_n * BLOCK_N
@@ -872,8 +880,10 @@ def _decode_down_kernel(
         hw = h * wt
         if W_FP8:
             sw = tl.load(s_ptrs + (n0 // SCALE_BN) * stride_wsn + (kk // SCALE_BK) * stride_wsk, mask=col_ok, other=0.0)
+            if SCALE_X:  # the column's scale on h (one multiply per column), the codes widened exactly
+                hw = hw * sw
         w = tl.load(w_ptrs, mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-        if W_FP8:
+        if W_FP8 and not SCALE_X:
             w = (w.to(tl.float32) * sw[None, :]).to(dt)
         acc += tl.sum(w.to(tl.float32) * hw[None, :], axis=1)
     if HAS_RES:
@@ -891,14 +901,21 @@ def _decode_down_kernel(
 DECODE_MAX_TOKENS = 8
 
 
-def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool) -> dict:
+def decode_config(
+    num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool, scale_x: bool | None = None
+) -> dict:
     """Tiles of the two decode kernels from static shapes only (graph-safe): ``up`` (gate/up:
     ``BLOCK_N`` rows of I, ``BLOCK_K`` columns of D per step, ``SPLIT_K`` k-splits) and
     ``down`` (``BLOCK_N`` columns of D, ``BLOCK_K`` of the token's slots × I per step). Tiles of at most 8K
-    elements per 4 warps compile without spills for sm_90a
+    elements per 4 warps (16K for down with the scales on h) compile without spills for sm_90a
     (``test_moe_decode_kernels_compile_for_sm90_without_spills``); the k-split doubles until
     the gate/up grid has four programs per SM (132 on an H200) or each split is 1024 columns
-    (at one token: 4 splits, the fastest gate/up tile of ``scripts/bench_moe_decode.py``'s sweep)."""
+    (at one token: 4 splits, the fastest gate/up tile of ``scripts/bench_moe_decode.py``'s sweep).
+    ``scale_x``: FP8 block scales on the activations (``SCALE_X``; the default,
+    ``BREAKGRAPH_MOE_DEQUANT=product``: on the H200 58.9 against 89.5 µs a layer at one token,
+    ``scripts/bench_kernels_moe.py --only compare``), else on every weight (``scaled``)."""
+    if scale_x is None:
+        scale_x = env.read("BREAKGRAPH_MOE_DEQUANT") == "product"
     slots = num_tokens * (top_k + int(has_shared))
     up_n = 16
     split = 1
@@ -909,8 +926,13 @@ def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shar
     return {
         # straight-line k-steps up to 3 (6 take 255 registers on sm_90a and ran slower in the sweep)
         "up": {"BLOCK_N": up_n, "BLOCK_K": up_k, "SPLIT_K": split, "UNROLL": hidden // split <= 3 * up_k,
-               "num_warps": 4, "num_stages": 1},
-        "down": {"BLOCK_N": down_n, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1},
+               "num_warps": 4, "num_stages": 1, "SCALE_X": scale_x},
+        # 16-column down tiles step 1024 wide with the scales on h (512 spills a few addresses);
+        # with the scales on h, sm_90a one-token tiles take fewer instructions and no F2F
+        # conversions (gate/up 1688 against 2904; `pytest -s tests/test_kernels_moe.py -k
+        # scale_x_leaves_the_conversion_units` prints both kernels' counts)
+        "down": {"BLOCK_N": down_n, "BLOCK_K": 1024 if scale_x and down_n == 16 else 512, "num_warps": 4,
+                 "num_stages": 1, "SCALE_X": scale_x},
     }  # fmt: skip
 
 
