@@ -5,8 +5,8 @@ of :mod:`breakgraph.kernels.triton_fp8` on activations quantised per token and 1
 (W8A8: a quantisation kernel, then the GEMM), the Triton GEMM on the bf16 activations with
 each weight tile dequantised in registers (W8A16: one kernel, no quantisation), and for few
 rows the GEMV of :mod:`breakgraph.kernels.triton_fp8_gemv` (bf16 activations, the weights
-decoded by integer operations, K split over many programs; timed only with
-``BREAKGRAPH_FP8_GEMV=1``, off until measured on the H200). None wins
+decoded by integer operations, K split over many programs; timed unless
+``BREAKGRAPH_FP8_GEMV=0``). None wins
 everywhere: on the H200 (torch 2.11, CUDA 13) W8A16 or W8A8 Triton win at decode's few rows, the
 Triton GEMM up to a few hundred rows (cuBLAS has no split-K for small ``M``) and cuBLAS from
 there on, with the crossovers depending on ``K`` and ``N`` (``scripts/bench_kernels_moe.py
