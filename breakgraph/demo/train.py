@@ -473,6 +473,7 @@ class TrainArgs:
     vocab_size: int = 2048
     tokenizer_problems: int = 20000
     tokenizer_gsm8k: bool = True
+    data_workers: int = 1
     moe_impl: str | None = None  # default: "dense" on CUDA, "loop" on CPU
     amp: bool | None = None  # default: bf16 autocast on CUDA
     log_every: int = 50
@@ -563,7 +564,7 @@ def train_demo(
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
 
-    problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture)
+    problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture, workers=a.data_workers)
     val_set = problems[a.train_problems :]
     corpus = build_corpus(
         a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
@@ -807,6 +808,10 @@ def main(argv: list[str] | None = None) -> dict:
         "--no-tokenizer-gsm8k", action="store_true", help="train the tokenizer on generated problems only"
     )
     p.add_argument(
+        "--data-workers", type=int, default=d.data_workers,
+        help="processes generating the training problems (the problems do not depend on it)",
+    )
+    p.add_argument(
         "--moe-impl",
         choices=["dense", "loop"],
         default=None,
@@ -859,7 +864,7 @@ def main(argv: list[str] | None = None) -> dict:
         index_kl_weight=ns.index_kl_weight, bias_update_rate=ns.bias_update_rate, train_problems=ns.train_problems,
         mixture=ns.mixture,
         val_problems=ns.val_problems, vocab_size=ns.vocab_size, tokenizer_problems=ns.tokenizer_problems,
-        tokenizer_gsm8k=not ns.no_tokenizer_gsm8k,
+        tokenizer_gsm8k=not ns.no_tokenizer_gsm8k, data_workers=ns.data_workers,
         moe_impl=ns.moe_impl, amp={"auto": None, "on": True, "off": False}[ns.amp], log_every=ns.log_every,
         eval_every=ns.eval_every, eval_device=ns.eval_device, final_eval_device=ns.final_eval_device,
         test_problems=ns.test_problems, threads=ns.threads, save_dtype=ns.save_dtype,
