@@ -1,7 +1,7 @@
 """The demo model's training mixture: the whole-question templates (:mod:`~breakgraph.demo.problems`),
 the worded generator (:mod:`~breakgraph.demo.wordings`), the phrase generator
-(:mod:`~breakgraph.demo.phrasebank`), the varied story generator (:mod:`~breakgraph.demo.varied`)
-and, on request, GSM8K's easiest train problems. Every ``<<a op b=c>>`` of a drawn mixture is
+(:mod:`~breakgraph.demo.phrasebank`), the varied story generator (:mod:`~breakgraph.demo.varied`),
+the clause grammar (:mod:`~breakgraph.demo.grammar`) and, on request, GSM8K's easiest train problems. Every ``<<a op b=c>>`` of a drawn mixture is
 checked to be exact (:func:`check_annotations`).
 
 The default mixture has no GSM8K share: problems far beyond the model taught it to answer an
@@ -23,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
+from breakgraph.demo.grammar import generate_grammar
 from breakgraph.demo.phrasebank import generate_phrases
 from breakgraph.demo.problems import Problem, _test_keys, normalise_question, train_split
 from breakgraph.demo.quoting import with_quotes
@@ -30,9 +31,9 @@ from breakgraph.demo.varied import generate_varied
 from breakgraph.demo.wordings import generate_wordings
 
 GSM8K_TRAIN = Path(__file__).resolve().parent.parent / "eval" / "data" / "gsm8k" / "train.jsonl"
-SOURCES = ("templates", "wordings", "phrases", "varied", "gsm8k")
+SOURCES = ("templates", "wordings", "phrases", "varied", "grammar", "gsm8k")
 # Shares of the mixture by source.
-DEFAULT_SHARES = {"templates": 0.12, "wordings": 0.13, "phrases": 0.3, "varied": 0.45}
+DEFAULT_SHARES = {"templates": 0.1, "wordings": 0.1, "phrases": 0.2, "varied": 0.3, "grammar": 0.3}
 
 _ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
 _BINARY = re.compile(r"(\d+)([-+*/])(\d+)")
@@ -74,7 +75,8 @@ def gsm8k_easy(path: str | Path = GSM8K_TRAIN) -> list[Problem]:
 
 CHUNK = 20_000  # generated problems per chunk; chunks have their own seeds and run in parallel
 _GENERATORS = {"templates": (train_split, 5), "wordings": (generate_wordings, 11),
-               "phrases": (generate_phrases, 23), "varied": (generate_varied, 37)}  # fmt: skip
+               "phrases": (generate_phrases, 23), "varied": (generate_varied, 37),
+               "grammar": (generate_grammar, 41)}  # fmt: skip
 
 
 def _chunk(source: str, count: int, seed: int, index: int) -> list[Problem]:
