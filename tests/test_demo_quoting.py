@@ -12,7 +12,7 @@ def test_quotes_take_the_words_around_each_stated_number_within_its_clause():
     assert quotes(q, "17+26 = <<17+26=43>>43") == ["Tom has 17 apples", "buys 26 more"]
     q = "Ben has 5 boxes with 12 pencils in each box. He gives away 9 pencils. How many are left?"
     assert quotes(q, "<<5*12=60>> <<60-9=51>>") == [
-        "Ben has 5 boxes with 12 pencils in each",
+        "Ben has 5 boxes with 12 pencils in each box",
         "He gives away 9 pencils",
     ]
 
@@ -49,3 +49,16 @@ def test_mixture_answers_open_with_quotes_and_do_not_depend_on_the_worker_count(
     opened = [p for p in one if "\n" in p.answer and "<<" not in p.answer.split("\n", 1)[0]]
     assert len(opened) > 0.9 * len(one)
     assert mixture.make_mixture(1500, seed=5, workers=2) == one
+
+
+def test_overlapping_quotes_merge_even_at_the_end_of_a_sentence():
+    assert quotes("Give the value of 684 / 36.", "<<684/36=19>>") == ["the value of 684 / 36"]
+    assert quotes("Mo has 4. Bo has 5.", "<<4+5=9>>") == ["Mo has 4", "Bo has 5"]
+
+
+def test_roughen_changes_only_case_and_question_marks():
+    import random
+
+    p = Problem("Mo has 4 pens. How many pens?", "a", 4, "t")
+    seen = {mixture.roughen(p, random.Random(i), p=0.5).question for i in range(40)}
+    assert seen == {p.question, p.question.lower(), "Mo has 4 pens. How many pens", "mo has 4 pens. how many pens"}

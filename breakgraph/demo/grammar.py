@@ -181,7 +181,8 @@ def story_combine(g: _G, s: _Story) -> None:
         s.question = g.pick(f"How many {pl} are in the two {g.group[1]} {g.pick(*TOTAL_Q)}?", "What is the combined count?",
                             f"How many {pl} are there {g.pick(*TOTAL_Q)}?")  # fmt: skip
     else:
-        s.facts += [f"{g.a} {g.v(('spends', 'spent'))} {g.money(x)} on food", f"{g.money(y)} on a {g.pick(*FOR_SALE)}"]
+        s.facts += [f"{g.a} {g.v(('spends', 'spent'))} {g.money(x)} on food",
+                    f"{g.he(g.a)} also {g.v(('spends', 'spent'))} {g.money(y)} on a {g.pick(*FOR_SALE)}"]
         s.question = g.pick("How much money is that altogether?", f"What did {g.a} spend in total?",
                             f"How much {g.v(('does', 'did'))} {g.a} spend {g.pick(*TOTAL_Q)}?")  # fmt: skip
     s.calc(x, "+", y)
@@ -211,7 +212,7 @@ def story_compare(g: _G, s: _Story) -> None:
     more = g.p(0.5)
     if not more and k >= x:
         raise ValueError("negative")
-    word = g.pick("more", "extra") if more else g.pick("fewer", "less")
+    word = "more" if more else g.pick("fewer", "less")
     if g.p(0.6):
         s.facts += [f"{g.a} {g.v(g.pick(*HAVE))} {g.cnt(x)}", g.pick(f"{g.b} {g.has()} {g.n(k)} {word} {pl} than {g.a}",
                     f"{g.b} {g.has()} {g.n(k)} {word} than {g.a} {g.does()}", f"{g.b} {g.has()} {g.n(k)} {word} than this")]  # fmt: skip
@@ -409,7 +410,7 @@ def make_problem(rng: random.Random) -> Problem:
         for i in range(1, len(facts)):
             if rng.random() < 0.35:
                 facts[i] = f"{rng.choice(TIMES)}, {_decap(g, facts[i])}"
-    elif len(facts) == 2 and rng.random() < 0.3:
+    elif len(facts) == 2 and kind in ("combine", "difference") and rng.random() < 0.3:
         facts.reverse()
     if rng.random() < 0.3:
         facts.insert(rng.randrange(0, len(facts) + 1), _distractor(g))

@@ -81,12 +81,25 @@ _GENERATORS = {"templates": (train_split, 5), "wordings": (generate_wordings, 11
 
 def _chunk(source: str, count: int, seed: int, index: int) -> list[Problem]:
     """Chunk ``index`` of a source: ``count`` problems of its own seed, none in the template test
-    pool, each answer opened by its quotes (:func:`~breakgraph.demo.quoting.with_quotes`)."""
+    pool, a few roughened (:func:`roughen`), each answer opened by its quotes
+    (:func:`~breakgraph.demo.quoting.with_quotes`)."""
     generate, salt = _GENERATORS[source]
     chunk_seed = (seed * 7919 + salt) * 1009 + index
     held = _test_keys()
     pool = generate(count * 21 // 20 + 10, chunk_seed)
-    return [with_quotes(p) for p in pool if normalise_question(p.question) not in held][:count]
+    rng = random.Random(chunk_seed)
+    return [with_quotes(roughen(p, rng)) for p in pool if normalise_question(p.question) not in held][:count]
+
+
+def roughen(problem: Problem, rng: random.Random, p: float = 0.04) -> Problem:
+    """``problem`` as people sometimes type it: with chance ``p`` each, all lower case and without
+    its question marks (the words and the answer stay)."""
+    q = problem.question
+    if rng.random() < p:
+        q = q.lower()
+    if rng.random() < p:
+        q = q.replace("?", "")
+    return problem if q == problem.question else Problem(q, problem.answer, problem.final, problem.template)
 
 
 def _generated(counts: dict[str, int], seed: int, workers: int) -> list[Problem]:

@@ -7,7 +7,7 @@ words the model has just written next to the number rather than from the shape o
     80-3 = <<80-3=77>>77
     #### 77
 
-A quote is the number's word with up to three words before it and three after it, not crossing a
+A quote is the number's word with up to three words before it and four after it, not crossing a
 clause boundary (``. , ; : ? !`` or the words ``and``, ``but``, ``then``, ``while``, ``so``),
 verbatim from the question (number words stay words); quotes that overlap or touch inside one
 clause are one quote. Quotes are in question order; a number
@@ -27,7 +27,7 @@ _WORD = re.compile(r"\S+")
 _DIGITS = re.compile(r"(?<![\d.])\d+(?![\d])")
 _BREAK_WORDS = frozenset({"and", "but", "then", "while", "so"})
 _BREAK_CHARS = ".,;:?!"
-BEFORE, AFTER = 3, 3
+BEFORE, AFTER = 3, 4
 
 
 def _value(word: str) -> int | None:
@@ -82,7 +82,7 @@ def quotes(question: str, answer: str) -> list[str]:
             and not _is_break_word(words[hi + 1])
         ):
             hi += 1
-        if spans and lo <= spans[-1][1] + 1 and not _breaks_after(words[spans[-1][1]]):
+        if spans and (lo <= spans[-1][1] or lo == spans[-1][1] + 1 and not _breaks_after(words[lo - 1])):
             spans[-1][1] = max(spans[-1][1], hi)  # overlapping or touching within a clause: one quote
         else:
             spans.append([lo, hi])
