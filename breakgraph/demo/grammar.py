@@ -375,10 +375,96 @@ def story_chain(g: _G, s: _Story) -> None:
         s.question = _ask_count(g, g.a, LEFT_Q)
 
 
+CROWD = (("passengers", "on", "the train"), ("people", "on", "the bus"), ("guests", "at", "the party"),
+         ("children", "in", "the pool"), ("players", "on", "the field"), ("visitors", "in", "the museum"))  # fmt: skip
+OFF = (("get off", "got off"), ("step off", "stepped off"), ("leave", "left"), ("go home", "went home"),
+       ("walk out", "walked out"))  # fmt: skip
+ON = (("get on", "got on"), ("climb aboard", "climbed aboard"), ("join", "joined"), ("arrive", "arrived"),
+      ("come in", "came in"), ("turn up", "turned up"))  # fmt: skip
+
+
+def story_crowd(g: _G, s: _Story) -> None:
+    """People on a bus or in a place: some leave, some come."""
+    many, prep, place = g.pick(*CROWD)
+    where = f"{prep} {place}"
+    v = g.r(10, 100)
+    s.facts.append(g.pick(f"there {g.v(('are', 'were'))} {g.n(v)} {many} {where}", f"{place} {g.has()} {g.n(v)} {many}"))
+    s.ordered = True
+    for _ in range(g.pick(1, 2, 2)):
+        if g.p(0.5) and v > 3:
+            k = g.r(1, min(v - 1, 40))
+            s.facts.append(g.pick(f"{g.n(k)} {g.v(g.pick(*OFF))}", f"{g.n(k)} of them {g.v(g.pick(*OFF))}",
+                                  f"{g.n(k)} {many} {g.v(g.pick(*OFF))}"))  # fmt: skip
+            v = s.calc(v, "-", k)
+        else:
+            k = g.r(1, 40)
+            s.facts.append(g.pick(f"{g.n(k)} more {g.v(g.pick(*ON))}", f"{g.n(k)} {many} {g.v(g.pick(*ON))}",
+                                  f"another {g.n(k)} {g.v(g.pick(*ON))}"))  # fmt: skip
+            v = s.calc(v, "+", k)
+    s.question = g.pick(f"How many {many} are {where} now?", f"How many {many} {g.v(('are', 'were'))} there in the end?",
+                        f"What is the number of {many} {where} after that?", f"How many are {where} at this point?")  # fmt: skip
+
+
+def story_rest(g: _G, s: _Story) -> None:
+    """What is left of a trip, a book or a job, or an age some years on."""
+    x, k = g.r(20, 100), g.r(2, 19)
+    shape = g.r(0, 3)
+    if shape == 0:
+        s.facts += [f"the trip to {g.b}'s house {g.v(('is', 'was'))} {g.n(x)} km", f"{g.a} {g.v(('has', 'had'))} already driven {g.n(k)} km"]
+        s.question = g.pick("How many km are left?", f"How far {g.v(('is', 'was'))} {g.a} from the end?", "What distance remains?")
+    elif shape == 1:
+        s.facts += [f"{g.a}'s book {g.has()} {g.n(x)} pages", f"{g.he(g.a)} {g.v(('has', 'had'))} read {g.n(k)} of them"]
+        s.question = g.pick("How many pages are left to read?", f"How many pages {g.does()} {g.a} have left to read?")
+    elif shape == 2:
+        s.facts += [f"{g.a} {g.v(('has', 'had'))} {g.n(x)} jobs to do", f"{g.he(g.a)} {g.v(('finishes', 'finished'))} {g.n(k)}"]
+        s.question = g.pick("How many jobs are still to do?", "How many jobs remain?")
+    else:
+        s.facts.append(f"{g.a} {g.v(('is', 'was'))} {g.n(x)} years old")
+        if g.p(0.5):
+            s.question = f"How old will {g.a} be in {g.n(k)} years?"
+            s.calc(x, "+", k)
+            return
+        s.question = f"How old was {g.a} {g.n(k)} years ago?"
+    s.calc(x, "-", k)
+
+
+def story_half(g: _G, s: _Story) -> None:
+    """Half of, twice as many, all but k, and a rate per hour."""
+    sg, pl = g.thing
+    shape = g.r(0, 3)
+    if shape == 0:
+        x = 2 * g.r(2, 50)
+        s.facts.append(g.pick(f"{g.a} {g.has()} {g.cnt(x)} and {g.v(('gives', 'gave'))} half of them away",
+                              f"half of {g.a}'s {g.n(x)} {pl} {g.v(('are', 'were'))} {g.pick('red', 'old', 'new', 'broken')}"))  # fmt: skip
+        s.question = g.pick(f"How many {pl} {g.does()} {g.a} keep?", f"How many {pl} is that half?", "How many is that?")
+        s.calc(x, "/", 2)
+    elif shape == 1:
+        x = g.r(2, 100)
+        s.facts += [f"{g.a} {g.v(g.pick(*HAVE))} {g.cnt(x)}", f"{g.b} {g.has()} twice as many"]
+        s.question = _ask_count(g, g.b, ("", "now"))
+        s.calc(x, "*", 2)
+    elif shape == 2:
+        x, k = g.r(10, 100), g.r(1, 9)
+        s.facts.append(f"{g.a} {g.v(('has', 'had'))} {g.cnt(x)} and {g.v(('uses', 'used'))} all but {g.n(k)} of them")
+        s.question = g.pick(f"How many {pl} {g.v(('does', 'did'))} {g.a} use?", f"How many {pl} {g.v(('were', 'were'))} used?")
+        s.calc(x, "-", k)
+    else:
+        d, q = g.r(2, 12), g.r(2, 25)
+        s.facts.append(g.pick(f"{g.a} {g.v(('earns', 'earned'))} {g.money(d * q)} in {g.n(d)} hours",
+                              f"{g.n(d)} {_pl(g.pick(*FOR_SALE))} cost {g.money(d * q)} in all"))  # fmt: skip
+        s.question = g.pick("How much is that per hour?", "How much is each one?", "What is the price or pay for one?")
+        if "hours" in s.facts[-1]:
+            s.question = g.pick("How much is that per hour?", f"How much {g.does()} {g.a} earn each hour?")
+        else:
+            s.question = g.pick("How much is each one?", "What does one cost?")
+        s.calc(d * q, "/", d)
+
+
 STORIES = {"combine": (story_combine, 1.0), "events": (story_events, 1.6), "compare": (story_compare, 1.3),
            "measure": (story_measure, 0.6), "difference": (story_difference, 1.0), "times": (story_times, 0.7),
            "groups": (story_groups, 0.8), "price": (story_price, 0.9), "share": (story_share, 1.0),
-           "change": (story_change, 1.0), "chain": (story_chain, 1.6)}  # fmt: skip
+           "change": (story_change, 1.0), "chain": (story_chain, 1.6), "crowd": (story_crowd, 0.8),
+           "rest": (story_rest, 0.7), "half": (story_half, 0.6)}  # fmt: skip
 
 
 def _distractor(g: _G) -> str:
