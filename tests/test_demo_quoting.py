@@ -62,3 +62,14 @@ def test_roughen_changes_only_case_and_question_marks():
     p = Problem("Mo has 4 pens. How many pens?", "a", 4, "t")
     seen = {mixture.roughen(p, random.Random(i), p=0.5).question for i in range(40)}
     assert seen == {p.question, p.question.lower(), "Mo has 4 pens. How many pens", "mo has 4 pens. how many pens"}
+
+
+def test_the_mixture_is_generated_in_this_process_when_workers_cannot_start(monkeypatch, capsys):
+    def no_processes(*args, **kwargs):
+        raise OSError("no semaphores here")
+
+    monkeypatch.setattr(mixture, "CHUNK", 300)
+    want = mixture.make_mixture(900, seed=6)
+    monkeypatch.setattr(mixture, "ProcessPoolExecutor", no_processes)
+    assert mixture.make_mixture(900, seed=6, workers=4) == want
+    assert "generating in this process" in capsys.readouterr().err

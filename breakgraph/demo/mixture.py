@@ -19,7 +19,9 @@ import json
 import multiprocessing
 import random
 import re
+import sys
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from functools import lru_cache
 from pathlib import Path
 
@@ -102,6 +104,19 @@ def roughen(problem: Problem, rng: random.Random, p: float = 0.04) -> Problem:
     return problem if q == problem.question else Problem(q, problem.answer, problem.final, problem.template)
 
 
+def _run_chunks(jobs: list[tuple], workers: int) -> list[list[Problem]]:
+    """:func:`_chunk` of every job, in ``workers`` spawned processes; in this process when
+    ``workers`` is 1, there is one job, or the processes cannot be had (then says so on stderr)."""
+    if workers > 1 and len(jobs) > 1:
+        try:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
+                return list(pool.map(_chunk, *zip(*jobs)))
+        except (OSError, BrokenProcessPool) as e:
+            print(f"data workers failed ({e!r}); generating in this process", file=sys.stderr)
+    return [_chunk(*job) for job in jobs]
+
+
 def _generated(counts: dict[str, int], seed: int, workers: int) -> list[Problem]:
     """``counts[source]`` distinct problems of each generated source, from chunks of ``CHUNK``
     (the same problems for every ``workers``), the chunks run in ``workers`` processes."""
@@ -113,12 +128,7 @@ def _generated(counts: dict[str, int], seed: int, workers: int) -> list[Problem]
         for s in counts:
             need = counts[s] - len(out[s])
             jobs += [(s, min(CHUNK, need - i * CHUNK), seed, first[s] + i) for i in range(-(-need // CHUNK))]
-        if workers > 1 and len(jobs) > 1:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
-                parts = list(pool.map(_chunk, *zip(*jobs)))
-        else:
-            parts = [_chunk(*job) for job in jobs]
+        parts = _run_chunks(jobs, workers)
         for (s, _, _, index), part in zip(jobs, parts):
             first[s] = max(first[s], index + 1)
             for p in part:
