@@ -37,7 +37,7 @@ stamp "2. evaluate on the GPU, fp32, all splits (log: $OUT/eval_gpu.log)"
 timeout 55 python -m breakgraph.demo.evaluate --model "$OUT/glm5-tiny-arith" --device cuda --dtype float32 \
   --show-misses 12 >"$OUT/eval_gpu.log" 2>&1
 echo "evaluate rc=$?"
-grep -E "accuracy" "$OUT/eval_gpu.log"
+grep -E "accuracy|by kind" "$OUT/eval_gpu.log"
 
 stamp "3. pack the checkpoint"
 if [ -f "$OUT/glm5-tiny-arith/model.safetensors" ]; then
