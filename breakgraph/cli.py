@@ -150,7 +150,12 @@ def _parse_logit_bias(items: list[str]) -> dict[int, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="breakgraph", description=__doc__)
+    from breakgraph import env
+
+    parser = argparse.ArgumentParser(
+        prog="breakgraph", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="environment variables (read where they act; a bad value is refused by name):\n" + env.describe(),
+    )  # fmt: skip
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)

@@ -31,8 +31,17 @@ KNOBS: dict[str, Knob] = {
     "BREAKGRAPH_TP_SECRET": Knob("", None, "under torchrun: the job's shared secret (hex) that signs rank 0's commands"),
     "BREAKGRAPH_KERNELS": Knob("auto", ("auto", "torch"), "torch: plain-PyTorch twins everywhere (read once, at import)"),
     "BREAKGRAPH_INDEXER_FP8": Knob("0", ("0", "1"), "1: the Triton indexer scores in FP8 (default bf16)"),
+    "BREAKGRAPH_SPARSE_MLA_FP8": Knob("columns", ("tile", "columns"), "FP8 latent cache, sparse MLA at 8-16 heads: columns (default; H200: 1.6x at prefill 8K-16K, 1.5-2.1x at decode): each key's per-128 scale goes on the score and probability columns and the codes are converted exactly in inline PTX; tile: the gathered codes are dequantised element by element"),
+    "BREAKGRAPH_DENSE_MLA_BALANCED": Knob("auto", ("auto", "0", "1"), "dense-causal MLA: 1: the balanced split with per-key page entries (kernels/triton_dense_mla.py); 0: the chunked kernel; auto (default): balanced at pages under 64 tokens (H200, page 16: 1.19x at 8K tokens, even at 1K), chunked at 64 and up (there 1.8x faster than balanced)"),
     "BREAKGRAPH_NORM_FP8": Knob("1", ("0", "1"), "0: the FP8 linears quantise their input themselves (default: the RMSNorm before them also writes the FP8 codes of its output)"),
+    "BREAKGRAPH_NORM_ROW_TILE": Knob("0", ("0", "1"), "1: the RMSNorm row kernel that holds a row as [groups, 128] and loads the weight beside x (for decode's few rows); 0 (default until measured on the H200): the 1-D row kernel"),
+    "BREAKGRAPH_FP8_GEMV": Knob("1", ("0", "1"), "1 (default; H200: 1.1-1.6x over the best other path at 1-16 rows): the few-row FP8 GEMV (kernels/triton_fp8_gemv.py) is one of the paths the start-up timing tries for each FP8 linear, up to 64 rows; 0: not tried"),
+    "BREAKGRAPH_FP8_TIMING_COLD": Knob("1", ("0", "1"), "1 (default): the FP8 start-up timing cycles each timed graph through copies of the weight past L2 (every call reads its weight from HBM, as a decode step does); 0: one weight, replayed (favours small-row paths whose weight stays in L2)"),
+    "BREAKGRAPH_GEMV_FP32_OUT": Knob("1", ("0", "1"), "1 (default): the router's and the indexer's head-weight products (bf16 -> fp32) up to 16 rows in one Triton GEMV launch (H200: 5.2 vs 6.4 us for the indexer's at 1 row, the router's even); 0: cuBLAS (split-K GEMM, its reduction, the scaling)"),
+    "BREAKGRAPH_BMM_ROWS": Knob("0", ("0", "1"), "1: decode's absorbed-MLA products (bmm_into, up to 64 rows) in one Triton launch per batch; 0 (default until measured on the H200): cuBLAS"),
     "BREAKGRAPH_MOE_W8A8": Knob("auto", ("auto", "0", "1"), "FP8 experts quantise activations: auto (from 128 tokens), 1 always, 0 never"),
+    "BREAKGRAPH_MOE_DEQUANT": Knob("scaled", ("scaled", "product"), "FP8 experts with bf16 activations: scaled (default, measured) scales every weight in registers; product puts the block scale on each k-block's product (grouped GEMMs: bf16 bits rebuilt from the codes on swapped tiles, exact widening otherwise) and on the activations in the decode kernels; not yet measured on a GPU"),
+    "BREAKGRAPH_MOE_FUSED_QUANT": Knob("0", ("0", "1"), "1: W8A8 experts take x's codes from the norm before and GEMM 1 writes h's codes in its epilogue (no quantisation launches); not yet measured on a GPU"),
     "BREAKGRAPH_GRAPH_DEBUG": Knob("0", None, "1: replay every captured graph against an eager run and name the first mismatch"),
     "BREAKGRAPH_COMPILE_AHEAD": Knob("0", ("0", "fp8", "1"), "1: at start-up, the Triton kernels the FP8 GEMM timing and each graph warm-up launch are compiled first in parallel worker processes; fp8: for the FP8 timing only; 0 (default, until measured on a GPU): each at its first launch"),
     "BREAKGRAPH_CACHE_DIR": Knob("", None, "where start-up measurements (the FP8 GEMM choice) are kept; default $XDG_CACHE_HOME/breakgraph or ~/.cache/breakgraph; off: none (safe to delete)"),
@@ -49,3 +58,12 @@ def read(name: str) -> str:
         raise ValueError(f"{name} must be one of {', '.join(knob.choices)}, got {value!r}")
     return value
 
+
+def describe() -> str:
+    """One line per knob, ``NAME (default D; one of A, B): help``, for ``breakgraph --help``."""
+    lines = []
+    for name, knob in KNOBS.items():
+        default = f"default {knob.default!r}" if knob.default else "unset by default"
+        choices = f"; one of {', '.join(knob.choices)}" if knob.choices else ""
+        lines.append(f"  {name} ({default}{choices}): {knob.help}")
+    return "\n".join(lines)

@@ -8,8 +8,6 @@
                                                           # print registers / spills / shared memory
     python scripts/bench_kernels_attention.py --only mla --kv-cache-dtype bfloat16 fp8_e4m3
                                                           # sparse MLA on a bf16 and an FP8 latent cache
-    python scripts/bench_kernels_attention.py --only dense --heads 8 16 64 --sweep
-                                                          # dense-causal path: old vs new, chunks
     python scripts/bench_kernels_attention.py --only topk # top-k select variants, exactness checked
 
 Every row prints the physical floor next to the time: ``max(bytes / 4.3 TB/s, flops / peak)``
@@ -213,7 +211,7 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
     best = (default_ms, "default")
-    if cfg["block_h"] == 16 and cfg["num_splits"] == 1 and not fp8:
+    if cfg["block_h"] <= 16 and cfg["num_splits"] == 1 and not fp8:
         grid = [dict(v) for v in FEW_HEADS_VARIANTS]
     elif fp8 and args.sweep_fp8_small:  # the few candidates sm_90 ptxas compiles without (many) spills
         grid = [dict(block_n=bn, num_stages=ns, maxnreg=mr, num_splits=cfg["num_splits"])
@@ -245,37 +243,45 @@ def sweep_mla(args, a, engine, cfg, heads, fp8, default_ms, gbytes, out):
 
 # --variants: the sparse kernel's loop variants at 8 heads against the default, as the engine
 # calls it (prefill with the dense path, decode with split-K); each with the default tiles
-# unless it names its own. lean: unmasked loads, unused entries filled with a real row by the
-# slots kernel; groups=4: the lean loop in four column groups (_sparse_mla_groups_kernel, no
-# register cap unless named); lazy: the accumulator rescaled only when a row maximum grows by
-# more than 2^τ.
-# Round 2, around the fastest of round 1 (G: 3.242 ms vs 3.530 at 8k; 0.061 vs 0.102 ms at decode
-# B=64): stages = 5 is where the pipeliner double-buffers the gathered tile (2 and 3 stages keep
-# one buffer: the index load takes the earlier stages); block_h = 8 halves the query's
-# shared-memory reads (it was padded to 16 rows); 64 keys read the query half as often;
-# batched: each warp holds its column group of the query in registers.
-_G = dict(lean=True, groups=4, lazy=8.0)  # the default at few heads on the bf16 cache
+# unless it names its own. The default at few heads is the column-group kernel
+# (_sparse_mla_groups_kernel: the lean loop in four column groups, the lazy rescale, 8-row head
+# blocks); the loop is bound by shared-memory traffic (ncu), and it reads the query tile from
+# shared memory once per key block, so 64-key blocks halve those reads per key (at 84 KB of
+# shared memory per program: two programs per SM instead of four), 8 warps split the keys
+# further at twice the query reads.
 MLA_VARIANTS = [
-    dict(lean=False, groups=1, lazy=0.0),  # the slots loop, the default before the column groups
-    _G | dict(num_stages=5),
-    _G | dict(block_h=8),
-    _G | dict(block_h=8, num_stages=5),
-    _G | dict(block_n=64),
-    _G | dict(block_h=8, block_n=16, num_stages=5),  # double-buffered at four programs per SM
-    _G | dict(batched=True),  # _sparse_mla_batched_kernel: a warp per column group
+    dict(block_h=16),  # the default before the 8-row head blocks
+    dict(block_n=64),
+    dict(block_n=64, num_warps=8),
+    dict(num_warps=8),
+    dict(num_stages=3),
 ]
-MLA_FP8_VARIANTS = [_G, dict(lazy=8.0, num_stages=2)]
+# The FP8 cache: the default (prefill: the column-group kernel dequantising the tile, 16-row
+# heads, one stage; decode: the slots loop) against the scales on the columns
+# (BREAKGRAPH_SPARSE_MLA_FP8=columns: the codes converted exactly in inline PTX, 8-row heads,
+# two stages), with its 16-row head block, 64-key blocks and a 168-register cap (174 uncapped:
+# two programs per SM, three capped), and the slots loop at prefill (the default before).
+_COL = dict(fp8_columns=True)
+MLA_FP8_VARIANTS = [
+    _COL,
+    _COL | dict(block_h=16),
+    _COL | dict(block_n=64),
+    _COL | dict(maxnreg=168),
+    dict(lean=False, groups=1, lazy=0.0, num_stages=1),  # the prefill default before (decode's now, at 2 stages)
+]
 VARIANT_LAYOUTS = ["prefill 8k", "prefill 16k", "decode B=1 (L~8k)", "decode B=16 (L~8k)", "decode B=64 (L~8k)"]
 
 
 def run_mla_variants(args):
-    """ms, gathered TB/s and the largest error against the default of each variant per shape."""
+    """ms, gathered TB/s and the largest error against the default of each variant per shape
+    (shapes outer, cache kinds inner); past ``--budget`` seconds only the defaults are timed.
+    The summary's last column: the default's ms × 78 layers."""
     from breakgraph.kernels.triton_sparse_mla import default_config, sparse_mla_attention_triton
 
     heads = args.heads[0]
     print(f"\nsparse MLA loop variants, H={heads}, page {PAGE} (engine calls: prefill dense_below=K)")
-    rows = []
-    for kv_dtype, layout in itertools.product(args.kv_cache_dtype, _layouts(args, VARIANT_LAYOUTS)):
+    rows, start = [], time.monotonic()
+    for layout, kv_dtype in itertools.product(_layouts(args, VARIANT_LAYOUTS), args.kv_cache_dtype):
         fp8 = kv_dtype == "fp8_e4m3"
         (q, kv, tk, batch, out), _, _, gbytes = mla_case(heads, layout, kv_dtype=kv_dtype)
         a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
@@ -288,6 +294,9 @@ def run_mla_variants(args):
               f"(splits {cfg['num_splits']})", flush=True)  # fmt: skip
         best = (ms, "default")
         for opts in MLA_FP8_VARIANTS if fp8 else MLA_VARIANTS:
+            if args.budget and time.monotonic() - start > args.budget:
+                print(f"    budget spent: {opts} and the rest skipped")
+                break
             try:
                 t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts))
             except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
@@ -298,80 +307,11 @@ def run_mla_variants(args):
                   f" {err:.1e}  {opts}", flush=True)  # fmt: skip
             best = min(best, (t, opts), key=lambda b: b[0])
         rows.append((layout, ms, gbytes, best))
-    print(f"\n{'shape':<26} {'default ms':>10} {'gath TB/s':>9} {'best ms':>8} {'gath TB/s':>9} {'x':>5}  best")
+    print(f"\n{'shape':<26} {'default ms':>10} {'gath TB/s':>9} {'best ms':>8} {'gath TB/s':>9} {'x':>5}"
+          f" {'78 layers ms':>12}  best")  # fmt: skip
     for layout, ms, gbytes, (t, opts) in rows:
         print(f"{layout:<26} {ms:10.3f} {gbytes / (ms * 1e-3) / 1e12:9.2f} {t:8.3f} {gbytes / (t * 1e-3) / 1e12:9.2f}"
-              f" {ms / t:5.2f}  {opts}")  # fmt: skip
-
-
-# The dense-causal path as it stood before key chunks: one program per token block walking
-# all its keys, 32-key blocks, 2 stages, a page-table entry per key.
-DENSE_OLD = dict(dense_chunk_keys=0, dense_block_n=32, dense_num_stages=2, dense_page_blocks=False)
-DENSE_LAYOUTS = {  # name → (prefix_lens, extend_lens, page-table width in tokens)
-    "1k": ([0], [1024], 1024 + 64),  # as `bench prefill` sizes it: context = input + 64
-    "1k (+1k prefix)": ([1024], [1024], 2048 + 64),
-    "8k": ([0], [8192], 8192 + 64),
-}
-
-
-def run_dense(args):
-    """The dense-causal MLA path (every token below K attends to all its causal keys), timed as
-    the engine calls it (the whole sparse_mla_attention_triton call), old vs new, then a sweep of
-    key block, stages and chunk size; one table of µs per layer (and ms over 78 layers) last."""
-    import triton
-
-    from breakgraph.kernels.dispatch import num_sms
-    from breakgraph.kernels.triton_sparse_mla import dense_config, sparse_mla_attention_triton
-
-    print("\ndense-causal MLA (bf16, r=512, dr=64, K=2048, page 64): µs per call (one layer)")
-    table, start = [], time.monotonic()
-    layouts = [k for k in (args.dense_layouts or DENSE_LAYOUTS)]
-    for heads, layout in itertools.product(args.heads, layouts):
-        prefix, extend, width = DENSE_LAYOUTS[layout]
-        batch = make_batch(prefix, extend, width, seed=heads)
-        g = torch.Generator(device="cuda").manual_seed(heads)
-        num = batch["positions"].shape[0]
-        q = torch.randn(num, heads, RANK + ROPE, generator=g, device="cuda").bfloat16()
-        kv = torch.randn(batch["num_slots"], RANK + ROPE, generator=g, device="cuda").bfloat16()
-        tk = random_topk(batch["positions"], TOPK, batch["page_table"].shape[1] * PAGE, heads)
-        out = torch.empty(num, heads, RANK, dtype=torch.bfloat16, device="cuda")
-        pos = batch["positions"]
-        a = (q, kv, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out)
-        engine = dict(positions=pos, dense_below=TOPK)
-        dense_pos = pos[pos < TOPK].double()
-        flops = 2 * float((dense_pos + 1).sum()) * heads * (RANK + ROPE + RANK)
-        max_keys = min(TOPK, batch["page_table"].shape[1] * PAGE)
-        cfg = dense_config(heads, num, max_keys, q.device, PAGE)
-        variants = {"old": DENSE_OLD, "new (default)": {}}
-        if args.sweep and heads < 64:  # chunks only where the blocks cannot fill the GPU
-            few = triton.cdiv(num, cfg["block_t"]) < 2 * num_sms(q.device)
-            chunks = [0] + [c for c in (256, 384, 512, 768) if few and c < max_keys]
-            for (bn, ns), ch in itertools.product(((32, 2), (32, 3), (32, 4), (16, 3), (16, 4), (64, 2)), chunks):
-                variants[f"bn {bn} st {ns} chunk {ch}"] = dict(dense_block_n=bn, dense_num_stages=ns, dense_chunk_keys=ch)
-        sparse_mla_attention_triton(*a, **engine, **DENSE_OLD)
-        want = out.clone()
-        results = {}
-        for name, opts in variants.items():
-            if args.budget and time.monotonic() - start > args.budget and name not in ("old", "new (default)"):
-                continue  # out of time: the rest of this shape's sweep
-            out.fill_(float("nan"))
-            try:
-                sparse_mla_attention_triton(*a, **engine, **opts)
-                t = bench(partial(sparse_mla_attention_triton, *a, **engine, **opts), rep=40)
-            except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
-                print(f"    H={heads} {layout} {name}: {type(e).__name__} {str(e)[:120]}", flush=True)
-                continue
-            diff = ((out.float() - want.float()).norm() / want.float().norm()).item()
-            results[name] = (t, opts)
-            print(f"    H={heads} {layout:<16} {name:<26} {t * 1e3:9.1f} µs  {flops / (t * 1e-3) / 1e12:6.1f} TFLOP/s"
-                  f"  vs old {diff:.1e}", flush=True)  # fmt: skip
-        best = min((v for k, v in results.items() if k != "old"), key=lambda v: v[0], default=(float("nan"), {}))
-        table.append((heads, layout, cfg, results.get("old", (float("nan"),))[0],
-                      results.get("new (default)", (float("nan"),))[0], best))  # fmt: skip
-    print(f"\n{'H':>3} {'layout':<16} {'old µs':>9} {'new µs':>9} {'best µs':>9} {'78 layers ms (new)':>19}  best config")
-    for heads, layout, cfg, old, new, (best_t, best_opts) in table:
-        print(f"{heads:>3} {layout:<16} {old * 1e3:9.1f} {new * 1e3:9.1f} {best_t * 1e3:9.1f} {new * 78:19.2f}  "
-              f"{best_opts} (default chunk {cfg['chunk_keys']})")
+              f" {ms / t:5.2f} {ms * 78:12.1f}  {opts}")  # fmt: skip
 
 
 def selection_overlap(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> float:
@@ -413,7 +353,7 @@ def run_indexer(args):
         topk_select_triton,
     )
 
-    print("\nDSA indexer (Hi=32, Di=128, K=2048, page 64): length-true scores, radix top-k select, both;")
+    print("\nDSA indexer (Hi=32, Di=128, K=2048, page 64): length-true scores, the top-k select, both;")
     print("  TFLOP/s count the causal work of the scored tokens (2·Σ_{pos≥K}(pos+1)·Hi·Di);")
     print("  'torch.topk (full width)' sorts the score rows over the whole page-table width, as the engine did before;")
     print("  'fp8' quantises bf16 keys in the kernel, 'fp8 keys' reads the FP8 key cache (e4m3 rows stored once)")
@@ -504,10 +444,11 @@ def _short(opts: dict) -> str:
 
 
 def topk_variants() -> dict:
-    """Name → options of :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (keys per
-    block, warps; ``default``: block 512, 4 warps)."""
-    return {"default": {}, "block 1024, 8 warps": dict(block=1024, num_warps=8), "block 2048, 8 warps":
-            dict(block=2048, num_warps=8), "block 256, 4 warps": dict(block=256, num_warps=4)}  # fmt: skip
+    """Name → options of :func:`~breakgraph.kernels.triton_topk.topk_select_triton`: the default
+    (the method :func:`~breakgraph.kernels.triton_topk.default_method` picks for the shape) and
+    each method forced (``scripts/bench_topk.py`` sweeps their blocks and bins)."""
+    return {"default": {}, "range": dict(method="range"), "split": dict(method="split"),
+            "radix": dict(method="radix")}  # fmt: skip
 
 
 def topk_rows(layout: str, g) -> tuple[torch.Tensor, torch.Tensor]:
@@ -585,20 +526,43 @@ def run_topk(args):
 # ----------------------------------------------------------------------------------------
 
 
+def run_aot_fp8(a: dict, dense: dict) -> None:
+    """The FP8 cache at 8 heads, prefill: the default (the column-group kernel dequantising the
+    tile), the scales on the columns (the codes converted in inline PTX; Triton's cast in its
+    place), the --variants tiles."""
+    from breakgraph.kernels.aot import compile_for_sm90 as aot_report
+    from breakgraph.kernels.latent_fp8 import LatentLayout
+    from breakgraph.kernels.triton_sparse_mla import _sparse_mla_fwd_kernel, _sparse_mla_groups_kernel
+    from breakgraph.kernels.triton_sparse_mla import default_config as mla_cfg
+
+    cpu, lay = torch.device("cpu"), LatentLayout(RANK, ROPE)
+    a = a | dict(KV="*u8", stride_kv=lay.row_bytes)
+    cases = [("default", {}, False), ("columns, Triton's cast", _COL, False)]
+    cases += [(str(v), v, True) for v in MLA_FP8_VARIANTS]
+    for name, v, asm in cases:
+        w = mla_cfg(4096, 8, TOPK, cpu, dense=True, kv_fp8=True, fp8_columns=bool(v.get("fp8_columns"))) | v
+        if w["groups"] != 4:  # the slots loop, dequantising the tile
+            f = dict(BLOCK_H=16, BLOCK_N=w["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
+                     DENSE_T=dense["block_t"], KV_FP8=True, PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
+            r = aot_report(_sparse_mla_fwd_kernel, a, f, w["num_warps"], w["num_stages"], w["maxnreg"])
+            print(f"    fp8 cache {name} {r}")
+            continue
+        g = dict(BLOCK_H=w["block_h"], BLOCK_N=w["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
+                 DENSE_T=dense["block_t"], LAZY=w["lazy"], KV_FP8=2 if w["fp8_columns"] else 1,
+                 SCALE_OFF=lay.scale_off, PE_OFF=lay.pe_off, CVT_ASM=asm and w["fp8_columns"])  # fmt: skip
+        r = aot_report(_sparse_mla_groups_kernel, a, g, w["num_warps"], w["num_stages"], w["maxnreg"])
+        print(f"    fp8 cache {name} {r}")
+
+
 def run_aot():
     from breakgraph.kernels.aot import compile_for_sm90 as aot_report
+    from breakgraph.kernels.triton_dense_mla import dense_config
     from breakgraph.kernels.triton_indexer import _indexer_scores_kernel
     from breakgraph.kernels.triton_indexer import default_config as idx_cfg
     from breakgraph.kernels.triton_sparse_mla import (
-        _MERGE_COLS,
-        _dense_mla_fwd_kernel,
-        _dense_mla_merge_kernel,
-        _pow2,
-        _sparse_mla_batched_kernel,
         _sparse_mla_fwd_kernel,
         _sparse_mla_groups_kernel,
         _sparse_mla_merge_kernel,
-        dense_config,
     )
     from breakgraph.kernels.triton_sparse_mla import default_config as mla_cfg
 
@@ -606,7 +570,7 @@ def run_aot():
     print("sm_90 compile report (cuobjdump: registers, stack, spill instructions, MMA, shared memory)")
     for heads, num in ((8, 4096), (8, 64), (64, 4096), (64, 64), (128, 4096)):
         cfg = mla_cfg(num, heads, TOPK, cpu)
-        dense = dense_config(heads, page_size=PAGE)
+        dense = dense_config(heads)
         a = dict(
             Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16",
             WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=576, stride_tk=TOPK,
@@ -619,12 +583,13 @@ def run_aot():
                       PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
         if cfg["groups"] == 4:  # the column-group kernel (no register cap)
             g = {k: consts[k] for k in ("BLOCK_H", "BLOCK_N", "BLOCK_R", "BLOCK_PE", "SPLIT", "DENSE_T")}
-            g |= dict(LAZY=cfg["lazy"], CHAINS=cfg["chains"])
+            g |= dict(LAZY=cfg["lazy"])
             r = aot_report(_sparse_mla_groups_kernel, a, g, cfg["num_warps"], cfg["num_stages"], None)
         else:
             r = aot_report(_sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
         print(f"  sparse_mla H={heads:<3} T={num:<5} {cfg} {r}")
         if heads == 8 and not split:  # the few-heads sweep's tiles, and the loop before slots and shifts
+            consts |= dict(BLOCK_H=16)  # the slots loop keeps 16-row head blocks
             walk = consts | dict(SLOTS=False, PAGE_SHIFT=-1)
             r = aot_report(_sparse_mla_fwd_kernel, a, walk, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
             print(f"    page walk with a runtime division (before slots and shifts) {r}")
@@ -637,30 +602,17 @@ def run_aot():
                 w = cfg | v
                 lean = dict(BLOCK_H=w["block_h"], BLOCK_N=w["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=False,
                             DENSE_T=dense["block_t"], LAZY=w["lazy"])  # fmt: skip
-                if w["groups"] == 4 and w["batched"]:
-                    fn, cap = _sparse_mla_batched_kernel, v.get("maxnreg")
-                elif w["groups"] == 4:
-                    fn, lean, cap = _sparse_mla_groups_kernel, lean | dict(CHAINS=w["chains"]), v.get("maxnreg")
+                if w["groups"] == 4:
+                    fn, cap = _sparse_mla_groups_kernel, v.get("maxnreg")
                 else:
                     fn, cap = _sparse_mla_fwd_kernel, w["maxnreg"]
-                    lean |= dict(SLOTS=True, LEAN=w["lean"], PAGE_SHIFT=PAGE.bit_length() - 1)
+                    lean |= dict(BLOCK_H=16, SLOTS=True, LEAN=w["lean"], PAGE_SHIFT=PAGE.bit_length() - 1)
                 r = aot_report(fn, a, lean, w["num_warps"], w["num_stages"], cap or None)
                 print(f"    variant {v} {r}")
-        if not split:
-            for chunked in (False, True):
-                consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_R=512, BLOCK_PE=64,
-                              BLOCK_M=_pow2(dense["block_t"] * dense["heads"]), BLOCK_N=dense["block_n"],
-                              SPLIT=chunked, PAGE_BLOCKS=PAGE % dense["block_n"] == 0)  # fmt: skip
-                r = aot_report(_dense_mla_fwd_kernel, a | dict(chunk_keys=512), consts, dense["num_warps"],
-                               dense["num_stages"])  # fmt: skip
-                print(f"  dense_mla  H={heads:<3} T={num:<5} chunks={chunked!s:<5} {dense} {r}")
+            run_aot_fp8(a, dense)
     a = dict(WS_O="*fp32", WS_LSE="*fp32", OUT="*bf16", stride_ot=8 * RANK, stride_oh=RANK, num_heads=8,
              rank=RANK, num_splits=5)  # fmt: skip
     print(f"  sparse_mla merge {aot_report(_sparse_mla_merge_kernel, a, dict(BLOCK_S=8, BLOCK_R=512), 4, 1)}")
-    a = dict(WS_O="*fp32", WS_LSE="*fp32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16", stride_ot=8 * RANK,
-             stride_oh=RANK, num_tokens=1024, num_heads=8, rank=RANK, dense_below=TOPK, chunk_keys=512, num_chunks=3)
-    consts = dict(BLOCK_T=8, HEADS=8, BLOCK_M=64, BLOCK_R=512, BLOCK_C=_MERGE_COLS)
-    print(f"  dense_mla merge {aot_report(_dense_mla_merge_kernel, a, consts, 4, 2)}")
     for num, reqs in ((4096, 1), (64, 64)):
         for fp8 in (False, True):
             cfg = idx_cfg(num, reqs, IDX_HEADS, 4096, cpu, int(fp8))
@@ -693,12 +645,10 @@ def main() -> None:
                         "the first --heads; shapes: --layouts (default: prefill 8k/16k, decode B=1/16/64 at ~8k)")
     p.add_argument("--twin", action="store_true", help="also time the plain-PyTorch twins")
     p.add_argument("--aot", action="store_true", help="compile for sm_90 only (no GPU) and print resources")
-    p.add_argument("--only", choices=("mla", "indexer", "dense", "topk"),
-                   help="run one kernel (dense: the dense-causal MLA path, old vs new; topk: the select variants)")
-    p.add_argument("--dense-layouts", nargs="+", choices=sorted(DENSE_LAYOUTS), help="shapes of --only dense")
+    p.add_argument("--only", choices=("mla", "indexer", "topk"),
+                   help="run one kernel (topk: the select variants; the dense-causal path: scripts/bench_dense_mla.py)")
     p.add_argument("--budget", type=float, default=0.0,
-                   help="seconds for a --sweep (dense: past it only old and default are timed; indexer and "
-                        "mla: past it only the defaults)")
+                   help="seconds for a --sweep (indexer and mla: past it only the defaults)")
     p.add_argument("--layouts", nargs="+", choices=sorted([*LAYOUTS, "decode B=64 (L~128k)"]),
                    help="shapes to run (default: all of a kernel's; 'decode B=64 (L~128k)': --only topk only)")
     p.add_argument("--heads", type=int, nargs="+", default=[8, 64], help="MLA heads per GPU (8: TP8, 64: TP1)")
@@ -721,9 +671,6 @@ def main() -> None:
     print(
         f"{torch.cuda.get_device_name()}  peaks: {HBM_TBS} TB/s, {BF16_TFLOPS} TFLOP/s bf16, {FP8_TFLOPS} fp8"
     )
-    if args.only == "dense":
-        run_dense(args)
-        return
     if args.only == "topk":
         run_topk(args)
         return

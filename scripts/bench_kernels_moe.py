@@ -29,7 +29,7 @@ import triton.testing
 from breakgraph.bench.presets import PRESETS, dense_linear_shapes, moe_shape
 from breakgraph.kernels.fp8 import block_dequant, block_quant
 from breakgraph.kernels.moe import fused_moe_ref, route, route_ref
-from breakgraph.kernels.triton_fp8 import act_quant, fp8_linear, scaled_mm_blockwise_mode
+from breakgraph.kernels.triton_fp8 import act_dequant, act_quant, fp8_linear, scaled_mm_blockwise_mode
 from breakgraph.kernels.triton_moe import (
     W8A8_MIN_TOKENS,
     fused_moe_grouped_mm,
@@ -182,11 +182,15 @@ def _sweep_call(weights, kind: str, gemm: int, t: int, cfg: dict):
     else:
         w, ws, out = w2_8, s2, torch.empty(p, D, device=DEVICE, dtype=torch.bfloat16)
     a_s = None
-    if kind == "W8A8":
+    if kind in ("W8A8", "W8A8q"):
         a, a_s = act_quant(a, 128, column_major_scale=False)
+    extra = {}
+    if kind == "W8A8q":  # GEMM 1 writing e4m3 h and its scales (the quantisation in its epilogue)
+        out = torch.empty(p, INTER, device=DEVICE, dtype=torch.float8_e4m3fn)
+        extra["out_scale"] = torch.empty(p, INTER // 128, device=DEVICE)
     fn = partial(moe_gemm, a, a_s, w, ws, lay, out, gather_top_k=TOP_K if gemm == 1 else None,
-                 silu=gemm == 1, config=cfg)  # fmt: skip
-    return fn, out
+                 silu=gemm == 1, config=cfg, **extra)  # fmt: skip
+    return fn, (out, extra["out_scale"]) if extra else out
 
 
 def _sweep_twin(weights, gemm: int, t: int) -> torch.Tensor:
@@ -282,27 +286,38 @@ def _touched(t: int) -> int:
     return int((torch.bincount(ids.reshape(-1), minlength=E) > 0).sum())
 
 
+def _compile_in_workers(tasks: list, jobs: int, what: str, chunksize: int) -> dict[str, str]:
+    """Run each launch of ``tasks`` once in ``jobs`` spawned worker processes (Triton's on-disk
+    cache then holds every kernel the timing loop needs); returns ``{repr(task): error}`` of those
+    that failed and prints one line (``what``: the sweep's name)."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+
+    failed: dict[str, str] = {}
+    t0 = time.time()
+    if jobs:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            for task, err in pool.map(_precompile, tasks, chunksize=chunksize):
+                if err:
+                    failed[repr(task)] = err
+    print(f"\n{what}: {len(tasks)} launches compiled in {time.time() - t0:.0f} s "
+          f"({len(failed)} failed: {sorted(set(failed.values()))})", flush=True)  # fmt: skip
+    return failed
+
+
 def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
     """Time GEMM 1 (gate/up + SiLU) and GEMM 2 (down) alone over :func:`_sweep_grid` at uniform
     random routing: µs per call (median of CUDA-event timings, L2 flushed before each), the
     touched experts' weight bytes per second, and the relative error against the twin
     (:func:`_sweep_twin`; W8A8 deviates by its activation quantisation). Kernels are compiled
     first by ``jobs`` worker processes; timing stops at ``budget_s``."""
-    import concurrent.futures
-    import multiprocessing
     import time
 
     tasks = _sweep_tasks(tokens)
-    failed: dict[str, str] = {}
-    ctx = multiprocessing.get_context("spawn")
-    t0 = time.time()
-    if jobs:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            for task, err in pool.map(_precompile, tasks, chunksize=2):
-                if err:
-                    failed[repr(task)] = err
-    print(f"\nGrouped-GEMM sweep: {len(tasks)} launches compiled in {time.time() - t0:.0f} s "
-          f"({len(failed)} failed: {sorted(set(failed.values()))})", flush=True)  # fmt: skip
+    t0 = time.time()  # the budget counts the compiles too
+    failed = _compile_in_workers(tasks, jobs, "Grouped-GEMM sweep", chunksize=2)
     weights = _sweep_weights()
     results = []
     for t in tokens:
@@ -381,6 +396,142 @@ def layer_moe(tokens: list[int], results: list[dict]) -> None:
                   flush=True)  # fmt: skip
 
 
+def _compare_grid(t: int, gemm: int) -> list[tuple[str, str, dict]]:
+    """``(label, kind, config)`` rows of :func:`compare_moe` for one token count and GEMM: the
+    W8A16 default as it was (``DEQUANT`` 0: every weight scaled in registers) and as it is, the
+    other dequantisation modes on the default tile, W8A16 tiles around the default at decode
+    sizes, and the W8A8 default."""
+    silu = gemm == 1
+    new = gemm_config(t * TOP_K, E, silu, True, False, dequant="product")
+    rows = [("W8A16 old", "W8A16", gemm_config(t * TOP_K, E, silu, True, False, dequant="scaled")),
+            ("W8A16 new", "W8A16", new)]  # fmt: skip
+    for mode in (1, 2):
+        if mode != new["DEQUANT"] and (mode == 1 or new.get("SWAP_AB", True)):
+            rows.append((f"W8A16 mode {mode}", "W8A16", {**new, "DEQUANT": mode}))
+    if t < W8A8_MIN_TOKENS:
+        tiles = (
+            [{"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 128, "num_stages": 4, "num_warps": 4},
+             {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64, "TILES_N": 1, "num_stages": 4, "num_warps": 4},
+             {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64, "TILES_N": 1, "num_stages": 6, "num_warps": 4},
+             {"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 64, "num_stages": 6, "num_warps": 4}]
+            if silu
+            else [{"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 2, "num_stages": 4, "num_warps": 4},
+                  {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64, "TILES_N": 4, "num_stages": 4, "num_warps": 4},
+                  {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "num_stages": 6, "num_warps": 4},
+                  {"BLOCK_M": 16, "SWAP_AB": True, "BLOCK_N": 128, "num_stages": 3, "num_warps": 4}]
+        )  # fmt: skip
+        for tile in tiles:
+            rows.append(("W8A16 tile", "W8A16", {"BLOCK_K": 128, "DEQUANT": 2, **tile}))
+    w8a8 = gemm_config(t * TOP_K, E, silu, True, True, fused_quant=False)
+    rows.append(("W8A8", "W8A8", w8a8))
+    fused = gemm_config(t * TOP_K, E, silu, True, True, fused_quant=True)
+    if silu and fused["BLOCK_N"] == 128:
+        rows.append(("W8A8 fused", "W8A8q", fused))
+    return rows
+
+
+def compare_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
+    """W8A16 with every weight scaled (``BREAKGRAPH_MOE_DEQUANT=scaled``, the default) and with the
+    scale on the product (``product``), and W8A8, per GEMM at uniform random routing (µs per call, L2 flushed; touched-expert weight bytes per µs; relative error against
+    the bf16-activation twin), W8A8's activation quantisation timed on its own; then per token
+    count the layer's two GEMMs (+ quantisations) for each kind and, at decode sizes, the decode
+    kernels on the routed experts; a summary table last."""
+    import time
+
+    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS, decode_config, fused_moe_decode
+
+    tasks = [(kind, gemm, t, cfg) for t in tokens for gemm in (1, 2) for _, kind, cfg in _compare_grid(t, gemm)]
+    unique = list({repr(task): task for task in tasks}.values())
+    t0 = time.time()  # the budget counts the compiles too
+    failed = _compile_in_workers(unique, jobs, "MoE comparison", chunksize=1)
+    weights = _sweep_weights()
+    results = []
+    for t in tokens:
+        touched = _touched(t)
+        twins = {g: _sweep_twin(weights, g, t) for g in (1, 2)}
+        for gemm in (1, 2):
+            gb = touched * (2 if gemm == 1 else 1) * INTER * D / 1e9
+            for label, kind, cfg in _compare_grid(t, gemm):
+                task = (kind, gemm, t, cfg)
+                if repr(task) in failed or time.time() - t0 > budget_s:
+                    continue
+                fn, out = _sweep_call(weights, kind, gemm, t, cfg)
+                fn()
+                got = act_dequant(*out) if isinstance(out, tuple) else out.float()
+                err = ((got - twins[gemm]).norm() / twins[gemm].norm()).item()
+                us = 1e3 * triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median")
+                results.append({"tokens": t, "gemm": gemm, "label": label, "kind": kind, "us": us,
+                                "tbs": gb / us * 1e3, "err": err, "touched": touched, "config": cfg})  # fmt: skip
+                print(f"  T={t:5d} G{gemm} {label:12s} {us:8.1f} us {gb / us * 1e3:5.2f} TB/s err {err:.1e} "
+                      f"{_short(cfg)} d{cfg.get('DEQUANT', '-')}", flush=True)  # fmt: skip
+            _, a = _sweep_inputs(t, gemm)
+            quant = partial(act_quant, a, 128, column_major_scale=False)
+            us = 1e3 * triton.testing.do_bench(quant, warmup=10, rep=30, return_mode="median")
+            results.append({"tokens": t, "gemm": gemm, "label": "act quant", "kind": "W8A8", "us": us})
+        if t <= DECODE_MAX_TOKENS:
+            gen = torch.Generator(device=DEVICE).manual_seed(t)
+            x = torch.randn(t, D, device=DEVICE, generator=gen).bfloat16()
+            tw, ids = route(torch.randn(t, E, device=DEVICE, generator=gen), None, TOP_K, 1, 1, True, 2.5)
+            w13_8, s13, w2_8, s2 = weights
+            want = fused_moe_ref(x, w13_8, w2_8, tw, ids, s13, s2).float()
+            old, new = (decode_config(t, TOP_K, INTER, D, False, scale_x=sx) for sx in (False, True))
+            for label, cfg in (("decode kernels old", old), ("decode kernels", new)):
+                dec = partial(fused_moe_decode, x, w13_8, w2_8, tw, ids, s13, s2, config=cfg)
+                err = ((dec().float() - want).norm() / want.norm()).item()
+                us = 1e3 * triton.testing.do_bench(dec, warmup=10, rep=30, return_mode="median")
+                results.append({"tokens": t, "gemm": 0, "label": label, "kind": "W8A16", "us": us, "err": err,
+                                "tbs": t * TOP_K * 3 * INTER * D / 1e3 / us, "touched": touched})  # fmt: skip
+                print(f"  T={t:5d} {label}: {us:.1f} us, {t * TOP_K * 3 * INTER * D / 1e3 / us:.2f} TB/s of the "
+                      f"routed pairs' expert bytes, err {err:.1e}", flush=True)  # fmt: skip
+    _print_compare(tokens, results)
+    return results
+
+
+def _print_compare(tokens: list[int], results: list[dict]) -> None:
+    def get(t, gemm, label):
+        rows = [r for r in results if r["tokens"] == t and r["gemm"] == gemm and r["label"] == label]
+        return min(rows, key=lambda r: r["us"]) if rows else None
+
+    def cell(r):
+        return f"{r['us']:7.1f} ({r['tbs']:4.2f})" if r else "      -       "
+
+    print("\nMoE summary (µs per call, touched-expert TB/s; L2 flushed; uniform random routing).")
+    print("best: the fastest W8A16 row with the new dequantisation (default tile or the tiles around it)")
+    print(f"{'T':>5} {'exp':>4} {'GEMM':>5} | {'W8A16 old':>14} | {'W8A16 new':>14} | {'best W8A16':>14} | "
+          f"{'W8A8':>14} | {'quant':>6} | err old / new / W8A8 | best tile")  # fmt: skip
+    print("quant: act_quant of the GEMM's input (x for GEMM 1, h for GEMM 2); W8A8 fused: GEMM 1 with BLOCK_N 128 "
+          "writing e4m3 h and its scales (no quantisation launch for h)")  # fmt: skip
+    for t in tokens:
+        pair = {"old": 0.0, "new": 0.0, "best": 0.0, "w8a8": 0.0}
+        for gemm in (1, 2):
+            old, new, w8a8 = get(t, gemm, "W8A16 old"), get(t, gemm, "W8A16 new"), get(t, gemm, "W8A8")
+            cands = [r for r in results if r["tokens"] == t and r["gemm"] == gemm and r["label"].startswith("W8A16 ")
+                     and r["label"] != "W8A16 old"]  # fmt: skip
+            best = min(cands, key=lambda r: r["us"]) if cands else None
+            quant = get(t, gemm, "act quant")
+            if not (old and new and w8a8 and best and quant):
+                print(f"{t:5d} G{gemm}: incomplete (budget)")
+                pair = None
+                break
+            pair["old"] += old["us"]
+            pair["new"] += new["us"]
+            pair["best"] += best["us"]
+            pair["w8a8"] += w8a8["us"] + quant["us"]
+            print(f"{t:5d} {old['touched']:4d} {gemm:5d} | {cell(old)} | {cell(new)} | {cell(best)} | {cell(w8a8)} | "
+                  f"{quant['us']:6.1f} | {old['err']:.1e} / {new['err']:.1e} / {w8a8['err']:.1e} | "
+                  f"{_short(best['config'])} d{best['config'].get('DEQUANT')}")  # fmt: skip
+        if pair:
+            dec, dec0 = get(t, 0, "decode kernels"), get(t, 0, "decode kernels old")
+            extra = (f"; decode kernels (routed experts only) {dec0['us']:.1f} -> {dec['us']:.1f} us "
+                     f"({dec0['tbs']:.2f} -> {dec['tbs']:.2f} TB/s of routed-pair bytes)") if dec and dec0 else ""  # fmt: skip
+            fused = get(t, 1, "W8A8 fused")
+            if fused:
+                f_us = fused["us"] + get(t, 1, "act quant")["us"] + get(t, 2, "W8A8")["us"]
+                extra = f", W8A8 fused {f_us:.1f} (x quant incl.; e4m3 h vs the bf16 twin {fused['err']:.1e}){extra}"
+            print(f"{t:5d} layer GEMMs: W8A16 old {pair['old']:.1f}, new {pair['new']:.1f}, best {pair['best']:.1f}, "
+                  f"W8A8 + 2 quants {pair['w8a8']:.1f} us{extra}")  # fmt: skip
+
+
 def bench_dense(ms_rows: list[int], ceil: dict[str, float], rows: list[dict]) -> None:
     mode = scaled_mm_blockwise_mode(torch.device("cuda"))
     print(f"\nFP8 dense linears (GLM-5 TP8 rank); torch {torch.__version__}, _scaled_mm blockwise: {mode}")
@@ -410,8 +561,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 8192])
     ap.add_argument("--dense-m", type=int, nargs="+", default=[1, 128, 1024, 8192])
-    ap.add_argument("--only", choices=["moe", "dense", "sweep"], default=None,
-                    help="sweep: only the grouped-GEMM sweep and the layer table after it")  # fmt: skip
+    ap.add_argument("--only", choices=["moe", "dense", "sweep", "compare"], default=None,
+                    help="sweep: only the grouped-GEMM sweep and the layer table after it; compare: W8A16 before "
+                         "and after the dequantisation change and W8A8, per GEMM, with a summary table")  # fmt: skip
     ap.add_argument(
         "--sweep", action="store_true", help="tile sweep of the Triton grouped GEMMs (FP8 weights)"
     )
@@ -427,6 +579,12 @@ def main() -> None:
     print(
         f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}"
     )
+    if args.only == "compare":
+        rows = compare_moe(args.sweep_tokens, args.sweep_jobs, args.sweep_budget_s)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows}, f, indent=1)
+        return
     ceil = measure_ceilings()
     print(
         f"measured: copy {ceil['copy_tbs']:.2f} TB/s (datasheet {H200_COPY_TBS}), bf16 mm {ceil['bf16_tflops']:.0f} "

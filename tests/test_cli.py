@@ -94,3 +94,13 @@ def test_serve_help_states_every_default():
             text = formatter._expand_help(action)
             assert "default:" in text.lower(), f"{action.option_strings[0]}: {text!r}"
     assert "(default: 30000)" in parser.format_help()
+
+
+def test_top_level_help_lists_every_environment_variable_with_its_default():
+    from breakgraph import env
+
+    text = cli.build_parser().format_help()
+    for name, knob in env.KNOBS.items():
+        line = next((ln for ln in text.splitlines() if ln.strip().startswith(name + " ")), None)
+        assert line is not None, f"{name} missing from breakgraph --help"
+        assert (repr(knob.default) in line) if knob.default else ("unset by default" in line), line

@@ -225,14 +225,13 @@ def _interp_sparse_mla_fp32():
         (_DECODE, 8, 8, 32, 16, 48, {"lean": True, "lazy": 8.0, "num_splits": 3, "block_n": 16}),
         (_DECODE, 2, 8, 32, 16, 64, {"lean": True, "lazy": 8.0, "block_n": 64}),  # every row shorter than K
         (_RAGGED, 4, 8, 32, 16, 24, {"lazy": 8.0}),  # lazy rescale on the masked loop
-        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "block_n": 16}),  # four column groups
-        (_RAGGED, 4, 8, 64, 16, 64, {}),  # the few-heads default: four column groups, lazy rescale
+        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 0.0, "block_n": 16}),  # rescale every block
+        (_RAGGED, 4, 8, 64, 16, 64, {}),  # the few-heads default: four column groups, lazy rescale, 8-row heads
+        (_RAGGED, 4, 5, 64, 16, 64, {"block_n": 64, "num_warps": 8}),  # 5 heads in the 8-row block
         (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 16, "block_n": 32}),
         (_DECODE, 8, 8, 64, 16, 48, {"lean": True, "groups": 4, "lazy": 0.25, "num_splits": 3, "block_n": 16}),
-        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "chains": 2, "lazy": 8.0, "block_n": 16}),
-        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 8, "block_n": 16}),
-        (_RAGGED, 3, 20, 64, 16, 32, {"lean": True, "groups": 4, "batched": True, "lazy": 8.0, "block_n": 16}),
-        (_DECODE, 4, 8, 64, 16, 48, {"lean": True, "groups": 4, "batched": True, "num_splits": 3, "block_n": 16}),
+        (_RAGGED, 4, 8, 64, 16, 32, {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 16, "block_n": 16}),
+        (_DECODE, 4, 8, 64, 16, 48, {"num_splits": 3, "block_n": 16}),  # the default (8-row heads), split-K
         (_DECODE, 4, 20, 64, 16, 48, {"lean": True, "groups": 4, "block_h": 8, "num_splits": 3, "block_n": 16}),
         (_DECODE, 4, 8, 32, 16, 40, {"lazy": 1.0, "num_splits": 3, "block_n": 16}),
     ]
@@ -287,7 +286,8 @@ def _interp_sparse_mla_dense_path():
     bf16: 2× the output rounding). Emptying the top-k rows of the dense blocks changes nothing
     (the dense kernel wrote them); under split-K the dense path is off."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
-    from breakgraph.kernels.triton_sparse_mla import dense_config, sparse_mla_attention_triton
+    from breakgraph.kernels.triton_dense_mla import dense_config
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
     cases = [  # (heads, rank, rope, K, page size, dtype, opts)
         (8, 32, 16, 12, 4, torch.float32, {}),  # 8 tokens × 8 heads = 64 rows
@@ -299,6 +299,9 @@ def _interp_sparse_mla_dense_path():
         (8, 64, 16, 12, 4, torch.bfloat16, {"dense_block_t": 4}),
         (8, 32, 16, 40, 16, torch.float32, {"dense_block_n": 16}),  # a key block in one page
         (8, 32, 16, 40, 4, torch.float32, {"dense_block_n": 16, "dense_chunk_keys": 16}),  # split keys
+        (8, 32, 16, 40, 4, torch.float32, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 3}),
+        (8, 32, 16, 40, 64, torch.float32, {"dense_balanced": True, "dense_block_n": 32, "dense_programs": 2}),
+        (72, 32, 16, 12, 4, torch.float32, {"dense_balanced": True}),
     ]
     for i, (heads, rank, rope, topk, ps, dtype, opts) in enumerate(cases):
         batch = make_batch(**_DENSE, page_size=ps, seed=40 + i)
@@ -338,7 +341,8 @@ def _interp_dense_mla_split_keys():
     sizes that do and do not divide the ranges, one- and several-page key blocks, 8, 16 and
     72 heads, and the default chunks; the dense blocks are written without their top-k rows."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
-    from breakgraph.kernels.triton_sparse_mla import dense_config, sparse_mla_attention_triton
+    from breakgraph.kernels.triton_dense_mla import dense_config
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
     cases = [  # (heads, rank, rope, K, page size, dtype, opts)
         (8, 32, 16, 64, 16, torch.float32, {"dense_block_n": 16, "dense_chunk_keys": 16}),
@@ -367,6 +371,93 @@ def _interp_dense_mla_split_keys():
         cpu = torch.device("cpu")
         chunk = opts.get("dense_chunk_keys") or dense_config(heads, q.shape[0], max_keys, cpu, ps)["chunk_keys"]
         assert (pos[dense] >= chunk).any(), "no block spans two chunks"
+        again = torch.full_like(out, float("nan"))
+        sparse_mla_attention_triton(q, kv, tk.masked_fill(dense[:, None], -1), *rest, again, **kw)
+        assert torch.equal(again, out), "dense blocks were not written densely"
+
+
+def dense_plan_ref(batch: dict, block_t: int, block_n: int, dense_below: int, programs: int):
+    """The balanced split's plan in plain Python: ``(start, first)`` as ``_dense_plan_kernel``
+    writes them (key blocks before each token block; each program's first token block)."""
+    pos = batch["positions"].tolist()
+    owned = dense_tokens(batch, block_t, dense_below).tolist()
+    start = [0]
+    for t0 in range(0, len(pos), block_t):
+        last = max(pos[t0 : t0 + block_t])
+        start.append(start[-1] + (-(-(last + 1) // block_n) if owned[t0] else 0))
+    per = -(-start[-1] // programs)
+    first = [sum(e <= p * per for e in start[1:]) for p in range(programs)]
+    return start, first
+
+
+def _interp_dense_plan():
+    """The plan kernel's prefix sums of key blocks equal the plain-Python plan's (several
+    requests, a 1-token request, blocks straddling requests and ``dense_below``, plans of one
+    step and of several)."""
+    from breakgraph.kernels.triton_dense_mla import _dense_plan_kernel
+
+    cases = [(_DENSE, 8, 16, 12, 4), (_DENSE_LONG, 8, 16, 64, 64), (_DENSE_LONG, 2, 32, 50, 16),
+             (_DENSE_LONG, 1, 16, 72, 32), ({"prefix_lens": [0] * 9, "extend_lens": [70] * 9}, 1, 16, 64, 128)]  # fmt: skip
+    for i, (layout, block_t, block_n, below, chunk) in enumerate(cases):
+        batch = make_batch(**layout, page_size=16, seed=80 + i)
+        num = batch["positions"].shape[0]
+        blocks = -(-num // block_t)
+        got = torch.full((blocks + 1,), -7, dtype=torch.int32)
+        _dense_plan_kernel[(1,)](batch["token_req"], batch["positions"], got, num, blocks, below,
+                                 BLOCK_T=block_t, BLOCK_N=block_n, CHUNK=chunk)  # fmt: skip
+        start, _ = dense_plan_ref(batch, block_t, block_n, below, 1)
+        assert got.tolist() == start, (i, got.tolist(), start)
+        tiles = got.diff()
+        assert 0 < start[-1] and (i != 0 or (tiles == 0).any()), (i, tiles.tolist())  # case 0: blocks off the path
+        print(f"dense plan case {i}: {blocks} blocks, {start[-1]} key blocks")
+
+
+def _interp_dense_mla_balanced_split():
+    """The balanced split (stream-K over key blocks, partials merged) on fresh random inputs
+    equals the twin (fp32: 1e-5; bf16: 2× the output rounding) for pages of 16 and 64 (one
+    key block spanning several pages and a page holding several blocks), pages of 4 and 3 (a
+    division per key), 8, 16 and 72 heads, ragged requests on cached prefixes, grids with token
+    blocks shared by programs and programs spanning token blocks, and the default grid; the
+    dense blocks are written without their top-k rows."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_dense_mla import balanced_config
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+
+    cases = [  # (heads, rank, rope, K, page size, dtype, opts)
+        (8, 32, 16, 64, 16, torch.float32, {"dense_balanced": True, "dense_block_n": 32, "dense_programs": 4}),  # a key block, two pages
+        (8, 32, 16, 64, 64, torch.float32, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 7}),
+        (8, 32, 16, 72, 16, torch.float32, {"dense_balanced": True, "dense_block_n": 32, "dense_programs": 3}),
+        (8, 32, 16, 64, 4, torch.float32, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 11}),
+        (8, 32, 16, 80, 3, torch.float32, {"dense_balanced": True, "dense_block_n": 32, "dense_programs": 4}),  # page not a power of two
+        (16, 32, 16, 80, 64, torch.float32, {"dense_balanced": True, "dense_block_n": 32, "dense_programs": 6}),
+        (72, 32, 16, 80, 16, torch.float32, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 9}),  # two head blocks
+        (8, 64, 16, 80, 16, torch.bfloat16, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 5}),
+        (8, 64, 16, 72, 64, torch.bfloat16, {"dense_balanced": True}),  # the default tiles and grid
+        (8, 64, 16, 80, 16, torch.bfloat16, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 6,
+                                                 "dense_partial_dtype": torch.bfloat16}),  # bf16 partials
+    ]
+    for i, (heads, rank, rope, topk, ps, dtype, opts) in enumerate(cases):
+        batch = make_batch(**_DENSE_LONG, page_size=ps, seed=160 + i)
+        q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, dtype, seed=160 + i)
+        kv = _poison_unowned(kv, _DENSE_LONG, batch)
+        pos, rest = batch["positions"], (batch["page_table"], batch["token_req"], ps, (rank + rope) ** -0.5)
+        ref = torch.empty(q.shape[0], heads, rank)
+        sparse_mla_attention_ref(q.float(), kv.float(), tk, *rest, ref)
+        kw = dict(positions=pos, dense_below=topk, **opts)
+        out = torch.full((q.shape[0], heads, rank), float("nan"), dtype=dtype)
+        sparse_mla_attention_triton(q, kv, tk, *rest, out, **kw)
+        err = rel_err(out, ref)
+        floor = rel_err(ref.to(dtype), ref)
+        print(f"dense split case {i} H={heads} ps={ps} {opts}: {err:.2e} (output rounding {floor:.2e})")
+        assert err <= (1e-5 if dtype == torch.float32 else 2 * floor), (i, err)
+        cfg = balanced_config(heads)
+        programs = opts.get("dense_programs", cfg["programs"])
+        start, first = dense_plan_ref(batch, cfg["block_t"], opts.get("dense_block_n", cfg["block_n"]), topk, programs)
+        per = -(-start[-1] // programs)
+        if "dense_programs" in opts:  # the split is exercised both ways
+            assert any(s // per != (e - 1) // per for s, e in zip(start, start[1:]) if e > s), "no block shared"
+            assert any(a < b - 1 for a, b in zip(first, first[1:])), "no program spans token blocks"
+        dense = dense_tokens(batch, cfg["block_t"], topk)
         again = torch.full_like(out, float("nan"))
         sparse_mla_attention_triton(q, kv, tk.masked_fill(dense[:, None], -1), *rest, again, **kw)
         assert torch.equal(again, out), "dense blocks were not written densely"
@@ -590,6 +681,14 @@ def test_dense_mla_split_keys_match_twin_interpreted():
     _run_interpreted("_interp_dense_mla_split_keys")
 
 
+def test_dense_plan_matches_python_plan_interpreted():
+    _run_interpreted("_interp_dense_plan")
+
+
+def test_dense_mla_balanced_split_matches_twin_interpreted():
+    _run_interpreted("_interp_dense_mla_balanced_split")
+
+
 def test_indexer_scores_match_twin_and_fp8_emulation_interpreted():
     _run_interpreted("_interp_indexer_scores")
 
@@ -683,12 +782,12 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("opts", [{"lean": True, "groups": 4, "lazy": 8.0}, {"lean": True, "lazy": 8.0},
-                                  {"lean": True, "groups": 4, "lazy": 8.0, "block_h": 8, "num_stages": 5},
-                                  {"lean": True, "groups": 4, "lazy": 8.0, "batched": True}])  # fmt: skip
+@pytest.mark.parametrize("opts", [{}, {"lean": True, "groups": 1, "lazy": 8.0}, {"block_h": 16}, {"block_n": 64},
+                                  {"block_n": 64, "num_warps": 8}])  # fmt: skip
 @pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
 def test_sparse_mla_variants_glm5_shapes_on_gpu(opts, layout):
-    """The lean loop (four column groups or one) with the lazy rescale at 8 heads (prefill and
+    """The column-group kernel (the default at 8 heads: 8-row head blocks; 16-row blocks, 64-key
+    blocks on 4 and 8 warps) and the lean loop in one group, with the lazy rescale (prefill and
     split-K decode, rows shorter and longer than K): within 2× the bf16 output rounding of the
     fp32 twin."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
@@ -716,7 +815,7 @@ def test_sparse_mla_dense_causal_path_glm5_shapes_on_gpu(heads, layout):
     requests, one on a 1k prefix (tokens on both sides of K, a block straddling them). Within
     2× the bf16 rounding of the fp32 twin; the dense blocks ignore their (emptied) top-k rows."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention, sparse_mla_attention_ref
-    from breakgraph.kernels.triton_sparse_mla import dense_config
+    from breakgraph.kernels.triton_dense_mla import dense_config
 
     lens = {"prefill1024_fresh": ([0], [1024]), "prefill1024_on_1000": ([1000], [1024])}.get(layout)
     lens = lens or GPU_LAYOUTS[layout]
@@ -740,6 +839,63 @@ def test_sparse_mla_dense_causal_path_glm5_shapes_on_gpu(heads, layout):
     assert torch.equal(run(tk.masked_fill(dense[:, None], -1)), out), "dense blocks were not written densely"
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("tokens", [1024, 8192])
+def test_dense_mla_pages_and_graph_replay_on_gpu(page, tokens):
+    """The balanced dense-causal kernel alone at 8 heads on pages of 16 and 64: a fresh prompt (8192
+    tokens: the 2048 below K) within 2× the bf16 rounding of the fp32 twin on those rows;
+    captured once in a CUDA graph and replayed on another batch of the same shapes (a cached
+    prefix shifts every position, so the plan and the shared token blocks change), the replay
+    equals an eager call on that batch."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_dense_mla import dense_mla_attention_triton
+
+    heads, width = 8, tokens + 512
+    first = make_batch([0], [tokens], page_size=page, device="cuda", seed=page)
+    second = make_batch([300], [tokens], page_size=page, device="cuda", seed=page + 1)
+    for b in (first, second):  # the same shapes: pad the page tables to one width
+        pt = torch.zeros(1, -(-width // page), dtype=torch.int32, device="cuda")
+        pt[:, : b["page_table"].shape[1]] = b["page_table"]
+        b["page_table"] = pt
+    slots = max(first["num_slots"], second["num_slots"])
+    q, kv, tk = mla_inputs(first | {"num_slots": slots}, heads, RANK, ROPE, TOPK, torch.bfloat16, device="cuda")
+    dense = first["positions"] < TOPK
+    out = torch.full((tokens, heads, RANK), float("nan"), dtype=torch.bfloat16, device="cuda")
+    pt, req, pos = (first[k].clone() for k in ("page_table", "token_req", "positions"))
+
+    def call():
+        dense_mla_attention_triton(q, kv, pt, req, pos, page, GLM5_SCALE, out, TOPK, balanced=True)
+
+    call()
+    rows = torch.arange(tokens, device="cuda")[dense]
+    ref = torch.empty(rows.shape[0], heads, RANK, device="cuda")
+    with _fp32_reference():
+        sparse_mla_attention_ref(q[rows].float(), kv.float(), tk[rows], pt, req[rows], page, GLM5_SCALE, ref)
+    floor, err = rel_err(ref.bfloat16(), ref), rel_err(out[rows], ref)
+    assert err <= 2 * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for k, dst in (("page_table", pt), ("token_req", req), ("positions", pos)):
+        dst.copy_(second[k])
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    got = out.clone()
+    out.fill_(float("nan"))
+    call()
+    torch.cuda.synchronize()
+    owned = dense_tokens(second, 8, TOPK)
+    assert owned.any() and torch.equal(got[owned], out[owned]) and not torch.isnan(got[owned]).any()
+
+
 def test_prefill_with_the_dense_path_does_not_split_k():
     """A 128-token prompt at 8 heads fills fewer programs than SMs: decode-style split-K would
     switch the dense-causal path off, so with ``dense`` asked for it splits only below
@@ -758,7 +914,7 @@ def test_dense_config_splits_keys_only_when_blocks_cannot_fill_the_gpu():
     blocks) where the token blocks are fewer than the SMs (132 off CUDA) and the triangle is
     lopsided (no long cached prefix: tokens ≥ ⅔ of the longest range); one chunk otherwise.
     The key block is the largest of 64/32/16 dividing the page size."""
-    from breakgraph.kernels.triton_sparse_mla import dense_config
+    from breakgraph.kernels.triton_dense_mla import dense_config
 
     cpu = torch.device("cpu")
     tiles = {ps: (dense_config(8, page_size=ps)["block_n"], dense_config(8, page_size=ps)["num_stages"])
@@ -774,6 +930,47 @@ def test_dense_config_splits_keys_only_when_blocks_cannot_fill_the_gpu():
     assert dense_config(16, 1024, 1024, cpu)["chunk_keys"] == 0
     assert dense_config(64, 1024, 1024, cpu)["chunk_keys"] == 0
     assert dense_config(8)["chunk_keys"] == 0  # no shape: one chunk
+
+
+def test_dense_mla_kernel_choice_follows_page_size_and_knob(monkeypatch):
+    """By default (``auto``) the balanced kernel at pages under 64 tokens and the chunked one from
+    64; BREAKGRAPH_DENSE_MLA_BALANCED=1/0 forces one, an explicit ``balanced`` argument wins over
+    the variable, and a bad value names it."""
+    from breakgraph.kernels import triton_dense_mla as tdm
+
+    calls = []
+    monkeypatch.setattr(tdm, "_balanced", lambda *a: calls.append("balanced") or 8)
+    monkeypatch.setattr(tdm, "_chunked", lambda *a: calls.append("chunked") or 8)
+
+    def args(page_size):
+        return (None,) * 5 + (page_size, None, None, TOPK)
+
+    monkeypatch.delenv("BREAKGRAPH_DENSE_MLA_BALANCED", raising=False)
+    tdm.dense_mla_attention_triton(*args(16))
+    tdm.dense_mla_attention_triton(*args(64))
+    tdm.dense_mla_attention_triton(*args(64), balanced=True)
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MLA_BALANCED", "1")
+    tdm.dense_mla_attention_triton(*args(64))
+    tdm.dense_mla_attention_triton(*args(16), balanced=False)
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MLA_BALANCED", "0")
+    tdm.dense_mla_attention_triton(*args(16))
+    assert calls == ["balanced", "chunked", "balanced", "balanced", "chunked", "chunked"]
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MLA_BALANCED", "yes")
+    with pytest.raises(ValueError, match="BREAKGRAPH_DENSE_MLA_BALANCED"):
+        tdm.dense_mla_attention_triton(*args(16))
+
+
+def test_balanced_config_tiles_do_not_depend_on_the_page():
+    """The balanced kernel: 64-key blocks whatever the page (16 where the head block is not a power of two), up to 64
+    query rows per program, and one forward program per SM (132 off CUDA) over the head blocks."""
+    from breakgraph.kernels.triton_dense_mla import balanced_config
+
+    cpu = torch.device("cpu")
+    assert balanced_config(8, cpu) == {"block_t": 8, "heads": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                                    "programs": 132, "partial_dtype": torch.float32}  # fmt: skip
+    assert balanced_config(16, cpu)["block_t"] == 4 and balanced_config(64, cpu)["block_t"] == 1
+    assert balanced_config(20, cpu)["block_n"] == 16  # head block not a power of two
+    assert balanced_config(128, cpu)["programs"] == 66  # two head blocks
 
 
 def test_indexer_stacked_tiles_stay_within_256_query_rows():
@@ -805,7 +1002,7 @@ def test_indexer_scores_compile_for_sm90_without_spills():
     a = dict(Q="*bf16", W="*fp32", K="*bf16", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
              SCORES="*fp32", stride_qt=IDX_HEADS * IDX_DIM, stride_qh=IDX_DIM, stride_wt=IDX_HEADS, stride_k=IDX_DIM,
              stride_pt=37, stride_st=4096, num_tokens=4096, num_heads=IDX_HEADS, head_dim=IDX_DIM, page_size=PAGE,
-             skip_below=TOPK, scale=0.088)  # fmt: skip
+             skip_below=TOPK, scale=0.088, segments=1)  # fmt: skip
     consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=IDX_HEADS, BLOCK_D=IDX_DIM, BLOCK_L=cfg["block_l"], FP8=0,
                   STACKED=cfg["stacked"])  # fmt: skip
     info = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
@@ -826,6 +1023,7 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     pytest.importorskip("triton")
     from test_kernels_fp8 import compile_for_sm90
 
+    from breakgraph.kernels import triton_dense_mla as tdm
     from breakgraph.kernels import triton_sparse_mla as tsm
 
     sparse = tsm.default_config(4096, heads, TOPK, torch.device("cpu"))
@@ -837,22 +1035,23 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
         chunk_keys=512, num_chunks=4,
     )  # fmt: skip
     for page in (64, 16):
-        dense = tsm.dense_config(heads, page_size=page)
+        dense = tdm.dense_config(heads, page_size=page)
         assert dense["block_n"] == (64 if page == 64 else 16), dense
-        block_m = tsm._pow2(dense["block_t"] * dense["heads"])
+        block_m = tdm._pow2(dense["block_t"] * dense["heads"])
         for split in (False, True):
             consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_N=dense["block_n"],
                           BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=split, PAGE_BLOCKS=True)  # fmt: skip
-            info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a | {"page_size": page}, consts, dense["num_warps"],
+            info = compile_for_sm90(tdm._dense_mla_fwd_kernel, a | {"page_size": page}, consts, dense["num_warps"],
                                     dense["num_stages"])  # fmt: skip
             assert info["mma"] == ["HGMMA"], (page, split, info)
             assert info["stack"] <= 128, (page, split, info)
     consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_R=RANK,
-                  BLOCK_C=tsm._MERGE_COLS)  # fmt: skip
-    info = compile_for_sm90(tsm._dense_mla_merge_kernel, a, consts, 4, 2)
+                  BLOCK_C=tdm._MERGE_COLS)  # fmt: skip
+    info = compile_for_sm90(tdm._dense_mla_merge_kernel, a, consts, 4, 2)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
-    consts = dict(BLOCK_H=sparse["block_h"], BLOCK_N=sparse["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
-                  DENSE_T=dense["block_t"], SLOTS=sparse["slots"], PAGE_SHIFT=6)  # fmt: skip
+    # The slots loop keeps 16-row head blocks (the launcher's fallback where the lean loop does not fit).
+    consts = dict(BLOCK_H=max(16, sparse["block_h"]), BLOCK_N=sparse["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE,
+                  SPLIT=False, DENSE_T=dense["block_t"], SLOTS=sparse["slots"], PAGE_SHIFT=6)  # fmt: skip
     info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, sparse["num_warps"], sparse["num_stages"],
                             sparse["maxnreg"])  # fmt: skip
     if sparse["maxnreg"]:
@@ -865,18 +1064,50 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
             info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, lean, warps, stages, cap)
             assert info["stack"] == 0 and info["local_insts"] == 0, (bn, warps, stages, info)
         groups = dict(BLOCK_R=RANK, BLOCK_PE=ROPE, DENSE_T=dense["block_t"], LAZY=8.0)
-        for bh, bn, warps, stages, split, chains, cap in (
-            (16, 32, 4, 2, False, 1, None), (16, 32, 4, 2, True, 1, None), (16, 64, 8, 2, False, 1, None),
-            (16, 32, 4, 2, False, 2, 128), (16, 32, 4, 5, False, 1, None), (8, 32, 4, 2, False, 1, None),
-            (8, 32, 4, 5, False, 1, None),
-        ):  # fmt: skip
-            consts = groups | dict(BLOCK_H=bh, BLOCK_N=bn, SPLIT=split, CHAINS=chains)
-            info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, consts, warps, stages, cap)
-            assert info["stack"] == 0 and info["local_insts"] == 0, (bh, bn, warps, stages, split, info)
+        for bh, bn, warps, split in ((8, 32, 4, False), (8, 32, 4, True), (16, 32, 4, False), (8, 64, 4, False),
+                                     (8, 64, 8, False)):  # fmt: skip
+            consts = groups | dict(BLOCK_H=bh, BLOCK_N=bn, SPLIT=split)
+            info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, consts, warps, 2)
+            assert info["stack"] == 0 and info["local_insts"] == 0, (bh, bn, warps, split, info)
             assert bn != 32 or warps != 4 or split or info["regs"] <= 128, info  # four programs per SM by registers
-        batched = groups | dict(BLOCK_H=16, BLOCK_N=32, SPLIT=False)
-        info = compile_for_sm90(tsm._sparse_mla_batched_kernel, a, batched, 4, 2)
-        assert info["stack"] == 0 and info["local_insts"] == 0, info
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+def test_dense_mla_balanced_kernels_compile_for_sm90_without_spills(heads):
+    """ptxas for sm_90a (no GPU needed), with the engine's GLM-5 arguments specialised as the
+    JIT specialises them: the balanced dense-causal kernel at its default config (and the 32-key
+    blocks the GPU check sweeps) uses wgmma and 16-byte async copies for its key rows and spills
+    nothing inside its key loop (the 255-register program keeps a few hundred bytes on the
+    stack across its token-block switches, outside that loop); its plan and merge kernels spill
+    nothing."""
+    pytest.importorskip("triton")
+    from test_kernels_fp8 import compile_for_sm90
+
+    from breakgraph.kernels import triton_dense_mla as tdm
+
+    a = dict(
+        Q="*bf16", KV="*bf16", TOPK="*i32", PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64", OUT="*bf16",
+        WS_O="*fp32", WS_LSE="*fp32", START="*i32", stride_qt=heads * 576, stride_qh=576,
+        stride_kv=576, stride_tk=TOPK, stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_tokens=4095,
+        num_heads=heads, topk=TOPK, rank=RANK, rope_dim=ROPE, page_size=16, page_shift=4, keys_per_split=TOPK,
+        num_splits=1, dense_below=TOPK, qk_scale=0.1, num_blocks=512, num_programs=132,
+    )  # fmt: skip
+    dense = tdm.balanced_config(heads)
+    block_m = tdm._pow2(dense["block_t"] * dense["heads"])
+    for bn, stages in ((dense["block_n"], dense["num_stages"]), (32, 3)):
+        consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_N=bn, BLOCK_R=RANK,
+                      BLOCK_PE=ROPE, POW2_PAGE=True, ROW32=True)  # fmt: skip
+        info = compile_for_sm90(tdm._dense_mla_balanced_kernel, a, consts, dense["num_warps"], stages)
+        print(f"dense H={heads} bn={bn} stages={stages}: {info}")
+        assert info["mma"] == ["HGMMA"] and info["async_copies_16B"] > 0, (bn, info)
+        assert info["mma_loop_spills"] == 0 and info["stack"] <= 512, (bn, info)
+    consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_R=RANK,
+                  BLOCK_C=tdm._MERGE_COLS)  # fmt: skip
+    info = compile_for_sm90(tdm._dense_mla_balanced_merge_kernel, a, consts, 4, 2)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    consts = dict(BLOCK_T=dense["block_t"], BLOCK_N=dense["block_n"], CHUNK=tdm._PLAN_TOKENS // dense["block_t"])
+    info = compile_for_sm90(tdm._dense_plan_kernel, a, consts, 8, 2)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
 @pytest.mark.cuda

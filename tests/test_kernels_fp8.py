@@ -127,7 +127,7 @@ def check_act_quant_matches_twin_and_layout():
 
 
 def _split_k_locks_in_use() -> bool:
-    from breakgraph.kernels.triton_fp8 import _SPLIT_K_LOCKS
+    from breakgraph.kernels.split_k import _SPLIT_K_LOCKS
 
     return any(bool(locks.any()) for locks in _SPLIT_K_LOCKS.values())
 
@@ -254,11 +254,11 @@ def test_fp8_gemm_compiles_for_sm90_without_spills(a_fp8, cfg):
 
 def test_split_k_sum_compiles_for_sm90():
     pytest.importorskip("triton")
-    from breakgraph.kernels import triton_fp8
+    from breakgraph.kernels import split_k
 
     types = {"ws_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*bf16"}
     info = compile_for_sm90(
-        triton_fp8._split_k_sum_kernel, types, {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}, 4, 1
+        split_k._split_k_sum_kernel, types, {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}, 4, 1
     )
     assert info["stack"] == 0, info
 
@@ -476,7 +476,8 @@ def test_split_k_epilogue_matches_the_sum_kernel_in_graph_replays(k, n, m):
     """glm5-tp8-rank decode shapes that split K (q_a ‖ wk ‖ kv_a, q_b, the indexer's wq_b): the
     reduction by the last program of each tile gives the sum kernel's bits, W8A8 and W8A16,
     eagerly and in many replays of one CUDA graph (the arrival counters return to zero)."""
-    from breakgraph.kernels.triton_fp8 import _SPLIT_K_LOCKS, _gemm_config, act_quant, fp8_gemm
+    from breakgraph.kernels.split_k import _SPLIT_K_LOCKS
+    from breakgraph.kernels.triton_fp8 import _gemm_config, act_quant, fp8_gemm
 
     dev = torch.device("cuda")
     assert _gemm_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)["SPLIT_K"] > 1

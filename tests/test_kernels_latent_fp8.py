@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_kernels_attention import (  # noqa: E402
@@ -51,6 +52,7 @@ from breakgraph.kernels.latent_fp8 import (  # noqa: E402
     store_latent,
     store_latent_ref,
 )
+from breakgraph.kernels.triton_sparse_mla import _e4m3_codes  # noqa: E402
 
 # ---------------------------------------------------------------------------------------
 # Layout and twins (plain CPU)
@@ -157,19 +159,25 @@ def _interp_kernels_on_fp8_cache():
         (_DENSE, 4, 8, 32, 16, 12, True, {}),
         (_DENSE, 3, 8, 32, 16, 12, True, {"dense_block_t": 4, "dense_block_n": 16}),
         (_DENSE, 4, 72, 32, 16, 12, True, {}),  # H > 64: dense head blocks
-        (_DENSE, 4, 8, 64, 16, 16, True, {"lean": True, "groups": 4, "chains": 2, "block_n": 16}),
+        (_DENSE, 4, 8, 64, 16, 16, True, {"block_n": 16}),  # the few-heads default: column groups, tile dequantised
         (_RAGGED, 4, 8, 32, 16, 32, False, {"lean": True, "lazy": 8.0, "block_n": 16}),  # unmasked loop
         (_DECODE, 8, 8, 64, 16, 48, False, {"lean": True, "num_splits": 3, "block_n": 16}),
         (_DENSE, 4, 8, 32, 16, 16, True, {"lean": True, "lazy": 8.0, "block_n": 16}),
         (_RAGGED, 4, 8, 64, 16, 32, False, {"lean": True, "groups": 4, "lazy": 8.0, "block_n": 16}),  # one scale
         (_DECODE, 8, 8, 256, 16, 48, False, {"lean": True, "groups": 4, "num_splits": 3, "block_n": 16}),  # two
+        (_DENSE, 4, 8, 64, 16, 16, True, {"block_n": 16, "fp8_columns": True}),  # scales on the columns, 8-row heads
+        (_RAGGED, 4, 5, 64, 16, 64, False, {"block_n": 64, "num_warps": 8, "fp8_columns": True}),  # 5 heads of 8 rows
+        (_RAGGED, 4, 16, 512, 16, 32, False, {"block_n": 16, "fp8_columns": True}),  # four scale groups
+        (_DECODE, 8, 8, 256, 16, 48, False, {"num_splits": 3, "block_n": 16, "fp8_columns": True}),  # two, split-K
+        (_DENSE, 4, 8, 32, 16, 12, True, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 3}),  # the balanced kernel
     ]
     for i, (layout, ps, heads, rank, rope, topk, dense, opts) in enumerate(cases):
         batch = make_batch(**layout, page_size=ps, seed=60 + i)
         q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, torch.float32, seed=60 + i)
         rows = quantize_latent_ref(kv * 3, rank)
-        # Past the first seven cases milder scales: bf16 queries against the fp32 twin lose more with sharper softmaxes.
-        scale = (rank + rope) ** -0.5 * (1.0 + i / 3 if i < 7 else 1.0 + (i - 7) / 6)
+        # Past the first seven cases milder scales (bf16 queries against the fp32 twin lose more with sharper
+        # softmaxes), the ramp restarting at the column-scale cases.
+        scale = (rank + rope) ** -0.5 * (1.0 + i / 3 if i < 7 else 1.0 + (i - 7) / 6 if i < 13 else 1.0 + (i - 13) / 6)
         rest = (tk, batch["page_table"], batch["token_req"], ps, scale)
         kw = dict(positions=batch["positions"], dense_below=topk, **opts) if dense else opts
         ref = torch.empty(q.shape[0], heads, rank)
@@ -269,6 +277,51 @@ def test_attention_kernels_on_fp8_cache_match_twin_interpreted():
     _run_interpreted_here("_interp_kernels_on_fp8_cache")
 
 
+def test_fp8_column_scales_only_where_asked(monkeypatch):
+    """At few heads the FP8 cache's default is the H200-measured one (prefill: the column-group
+    kernel dequantising the tile, 16-row heads, one stage; decode: the slots loop); the scales on
+    the columns (``KV_FP8 = 2``, the PTX conversion for bf16 queries) only with ``fp8_columns``
+    or ``BREAKGRAPH_SPARSE_MLA_FP8=columns`` (the knob's default), at prefill and decode, with
+    168 registers; 64 heads never. A bad knob value is refused by name."""
+    from breakgraph.kernels import triton_sparse_mla as tsm
+
+    cpu = torch.device("cpu")
+    tile = tsm.default_config(4096, 8, 2048, cpu, dense=True, kv_fp8=True)
+    assert (tile["groups"], tile["block_h"], tile["num_stages"], tile["fp8_columns"]) == (4, 16, 1, False), tile
+    assert tsm.default_config(8, 8, 2048, cpu, kv_fp8=True)["groups"] == 1  # decode: the slots loop
+    # measured at 8 heads only: 16 keep the slots loop at prefill too
+    assert tsm.default_config(4096, 16, 2048, cpu, dense=True, kv_fp8=True)["groups"] == 1
+    for num, dense in ((4096, True), (8, False)):
+        col = tsm.default_config(num, 8, 2048, cpu, dense=dense, kv_fp8=True, fp8_columns=True)
+        assert (col["groups"], col["block_h"], col["num_stages"], col["fp8_columns"]) == (4, 8, 2, True), col
+    assert not tsm.default_config(4096, 64, 2048, cpu, dense=True, kv_fp8=True, fp8_columns=True)["fp8_columns"]
+    assert tsm.default_config(4096, 8, 2048, cpu, dense=True)["block_h"] == 8  # bf16 cache: 8-row heads
+
+    launches = []
+
+    class Record:  # stands in for the Triton kernels: records each launch's constexprs
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append(kw)
+
+    monkeypatch.setattr(tsm, "_sparse_mla_groups_kernel", Record())
+    monkeypatch.setattr(tsm, "_topk_slots_kernel", Record())
+    batch = make_batch(**_RAGGED, page_size=4)
+    q, kv, tk = mla_inputs(batch, 8, 512, 64, 32, torch.bfloat16)
+    rows = quantize_latent_ref(kv.float(), 512)
+    args = (q, rows, tk, batch["page_table"], batch["token_req"], 4, 0.1, torch.empty(q.shape[0], 8, 512))
+    monkeypatch.delenv("BREAKGRAPH_SPARSE_MLA_FP8", raising=False)
+    for knob, want in ((None, (2, True, 168)), ("tile", (1, False, None)), ("columns", (2, True, 168))):
+        if knob:
+            monkeypatch.setenv("BREAKGRAPH_SPARSE_MLA_FP8", knob)
+        launches.clear()
+        tsm.sparse_mla_attention_triton(*args, lean=True, groups=4)
+        got = launches[-1]["KV_FP8"], launches[-1]["CVT_ASM"], launches[-1].get("maxnreg")
+        assert got == want, (knob, launches[-1])
+    monkeypatch.setenv("BREAKGRAPH_SPARSE_MLA_FP8", "rows")
+    with pytest.raises(ValueError, match="BREAKGRAPH_SPARSE_MLA_FP8"):
+        tsm.sparse_mla_attention_triton(*args)
+
+
 def _run_interpreted_here(check: str) -> None:
     import os
     import subprocess
@@ -290,15 +343,20 @@ GLM5_SCALE = (192 + 64) ** -0.5
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
     """ptxas for sm_90a at the default configs on an FP8 cache: the sparse kernel (prefill with
-    the dense-block check; decode with split-K) spills nothing, the dense-causal kernel at most
-    128 bytes (its bf16-cache bound)."""
+    the dense-block check; decode with split-K) spills nothing, the chunked dense-causal kernel
+    at most 128 bytes (its bf16-cache bound), the balanced one nothing inside its key loop. With
+    the scales on the columns (few heads, ``BREAKGRAPH_SPARSE_MLA_FP8=columns``) no spills
+    either, and the e4m3 codes' conversion in
+    inline PTX takes fewer instructions per loop trip than Triton's cast, which the layout pass
+    repeats in each dot's operand layout."""
     from test_kernels_fp8 import compile_for_sm90
 
+    from breakgraph.kernels import triton_dense_mla as tdm
     from breakgraph.kernels import triton_sparse_mla as tsm
 
     num = 4096 if phase == "prefill" else 8
     cfg = tsm.default_config(num, heads, TOPK, torch.device("cpu"), dense=phase == "prefill", kv_fp8=True)
-    dense = tsm.dense_config(heads, page_size=16)
+    dense = tdm.dense_config(heads, page_size=16)
     split = cfg["num_splits"] > 1
     assert split == (phase == "decode")
     a = dict(
@@ -306,30 +364,49 @@ def test_fp8_cache_kernels_compile_for_sm90_without_spills(heads, phase):
         WS_O="*fp32", WS_LSE="*fp32", stride_qt=heads * 576, stride_qh=576, stride_kv=656, stride_tk=TOPK,
         stride_pt=37, stride_ot=heads * RANK, stride_oh=RANK, num_tokens=num - 1, num_heads=heads, topk=TOPK,
         rank=RANK, rope_dim=ROPE, page_size=16, keys_per_split=TOPK // cfg["num_splits"], num_splits=cfg["num_splits"],
-        dense_below=TOPK, qk_scale=0.1, chunk_keys=512, num_chunks=4,
+        dense_below=TOPK, qk_scale=0.1, chunk_keys=512, num_chunks=4, START="*i32", num_blocks=512, page_shift=4,
     )  # fmt: skip
     consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=split,
                   DENSE_T=0 if split else dense["block_t"], KV_FP8=True)  # fmt: skip
-    info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
-    print(f"sparse H={heads} {phase} {cfg}: {info}")
-    assert info["stack"] == 0 and info["local_insts"] == 0, info
-    if heads == 8:  # the lean loop, one column group and four, with the lazy rescale: no spills either
-        lean = consts | dict(SLOTS=True, LEAN=True, LAZY=8.0)
-        info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, lean, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
-        assert info["stack"] == 0 and info["local_insts"] == 0, info
+    if cfg["groups"] == 4:
         layout = LatentLayout(RANK, ROPE)
-        groups = {k: consts[k] for k in ("BLOCK_H", "BLOCK_N", "BLOCK_R", "BLOCK_PE", "SPLIT", "DENSE_T", "KV_FP8")}
-        groups |= dict(LAZY=8.0, SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off)
-        info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, 4, 2)
+        groups = consts | dict(LAZY=cfg["lazy"], SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off, KV_FP8=1)
+        info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, cfg["num_warps"], cfg["num_stages"],
+                                cfg["maxnreg"])  # fmt: skip
+        print(f"groups H={heads} {phase} {cfg}: {info}")
+    else:
+        info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, cfg["num_warps"], cfg["num_stages"],
+                                cfg["maxnreg"])  # fmt: skip
+        print(f"sparse H={heads} {phase} {cfg}: {info}")
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    col = tsm.default_config(num, heads, TOPK, torch.device("cpu"), dense=phase == "prefill", kv_fp8=True,
+                             fp8_columns=True)  # fmt: skip
+    if col["fp8_columns"]:  # BREAKGRAPH_SPARSE_MLA_FP8=columns
+        layout = LatentLayout(RANK, ROPE)
+        groups = consts | dict(BLOCK_H=col["block_h"], LAZY=col["lazy"], SCALE_OFF=layout.scale_off,
+                               PE_OFF=layout.pe_off, KV_FP8=2)  # fmt: skip
+        info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups | dict(CVT_ASM=True), col["num_warps"],
+                                col["num_stages"], col["maxnreg"])  # fmt: skip
+        cast = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, groups, col["num_warps"], col["num_stages"],
+                                col["maxnreg"])  # fmt: skip
+        print(f"column scales H={heads} {phase} {col}: {info}; with Triton's cast: {cast}")
+        assert info["loop_insts"] < cast["loop_insts"], (info, cast)
         assert info["stack"] == 0 and info["local_insts"] == 0, info
     if phase == "prefill":
-        consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tsm._pow2(dense["block_t"] * dense["heads"]),
+        consts = dict(BLOCK_T=dense["block_t"], HEADS=dense["heads"], BLOCK_M=tdm._pow2(dense["block_t"] * dense["heads"]),
                       BLOCK_N=dense["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False, PAGE_BLOCKS=True,
                       KV_FP8=True)  # fmt: skip
-        info = compile_for_sm90(tsm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
+        info = compile_for_sm90(tdm._dense_mla_fwd_kernel, a, consts, dense["num_warps"], dense["num_stages"])
         print(f"dense H={heads} {dense}: {info}")
         # as on the bf16 cache (tests/test_kernels_attention.py): at most 128 bytes on the stack
         assert info["stack"] <= 128 and info["mma"] == ["HGMMA"], info
+        bal = tdm.balanced_config(heads)
+        consts = dict(BLOCK_T=bal["block_t"], HEADS=bal["heads"], BLOCK_M=tdm._pow2(bal["block_t"] * bal["heads"]),
+                      BLOCK_N=bal["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, POW2_PAGE=True, ROW32=True,
+                      KV_FP8=True)  # fmt: skip
+        info = compile_for_sm90(tdm._dense_mla_balanced_kernel, a, consts, bal["num_warps"], bal["num_stages"])
+        print(f"balanced dense H={heads} {bal}: {info}")
+        assert info["mma_loop_spills"] == 0 and info["mma"] == ["HGMMA"], info
 
 
 @pytest.mark.parametrize("num, reqs", [(4096, 1), (64, 64)])
@@ -346,7 +423,7 @@ def test_fp8_key_scores_compile_for_sm90_no_worse_than_in_kernel_quantisation(nu
         a = dict(Q="*bf16", W="*fp32", K=k_type, PAGE_TABLE="*i32", TOKEN_REQ="*i64", POSITIONS="*i64",
                  SCORES="*fp32", stride_qt=32 * 128, stride_qh=128, stride_wt=32, stride_k=stride_k, stride_pt=37,
                  stride_st=4096, num_tokens=num, num_heads=32, head_dim=128, page_size=64, skip_below=2048,
-                 scale=0.088)  # fmt: skip
+                 scale=0.088, segments=1)  # fmt: skip
         consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8,
                       STACKED=cfg["stacked"])  # fmt: skip
         info[fp8] = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
@@ -404,12 +481,36 @@ def test_store_kernel_matches_twin_on_gpu():
     assert same > 0.999 and bool(((codes[differ].int() - ref[differ].int()).abs() == 1).all()), same
 
 
+@triton.jit
+def _convert_e4m3(CODES, OUT, ASM: tl.constexpr):
+    offs = tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(OUT + offs, _e4m3_codes(tl.load(CODES + offs), tl.bfloat16, ASM))
+
+
 @pytest.mark.cuda
+def test_e4m3_codes_in_ptx_equal_the_cast_on_gpu():
+    """The column-group kernel's inline-PTX conversion gives every e4m3 code's value exactly
+    (zeros, subnormals, ±448; the NaN codes stay NaN), as torch's cast does."""
+    codes = torch.arange(256, dtype=torch.uint8, device="cuda")
+    want = codes.view(torch.float8_e4m3fn).to(torch.bfloat16)
+    for asm in (True, False):
+        out = torch.empty(256, dtype=torch.bfloat16, device="cuda")
+        _convert_e4m3[(1,)](codes, out, ASM=asm)
+        assert torch.equal(out.isnan(), want.isnan()), asm
+        fin = ~want.isnan()
+        assert torch.equal(out[fin].view(torch.int16), want[fin].view(torch.int16)), asm
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("opts", [{}, {"fp8_columns": True}, {"fp8_columns": True, "block_h": 16},
+                                  {"fp8_columns": True, "block_n": 64}, {"fp8_columns": True, "maxnreg": 168},
+                                  {"lean": False}])  # fmt: skip
 @pytest.mark.parametrize("layout", ["ragged4096", "decode_short_in_200k_pool"])
-def test_fp8_cache_lean_variants_glm5_shapes_on_gpu(layout):
-    """The lean loop in four column groups with the lazy rescale on the FP8 cache at 8 heads,
-    as the engine calls it: within 3× the bf16 output rounding of the fp32 twin."""
-    opts = {"lean": True, "groups": 4, "lazy": 8.0}
+def test_fp8_cache_lean_variants_glm5_shapes_on_gpu(layout, opts):
+    """The FP8 cache at 8 heads as the engine calls it: the default (prefill: the column-group
+    kernel dequantising the tile; decode: the slots loop), the scales on the columns
+    (``fp8_columns``; with 16-row head blocks, 64-key blocks, a 168-register cap) and the slots
+    loop everywhere: within 3× the bf16 output rounding of the fp32 twin on the same cache."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 

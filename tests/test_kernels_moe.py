@@ -9,6 +9,10 @@ T = 128…8192), CUDA-graph capture and replay.
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -163,6 +167,144 @@ def check_fused_moe_triton_fp8_matches_twin():
     assert _rel(got, _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)) < 2e-2
     got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=True)
     assert _rel(got, _oracle(xb, w13, w2, tw, ids, s13, s2, quant_act=True)) < 2e-2
+
+
+def check_w8a16_dequant_modes_match_twin():
+    """W8A16's three dequantisation modes (scaled tiles, exact widening with the scale on the
+    k-block's product, the bf16 bit rebuild with 2¹²⁰ in the scale) on the grouped kernel both
+    ways round and on the stream kernel: fp32 activations within fp32 rounding of the twin, bf16
+    within bf16 rounding of the fp32 oracle (modes 1 and 2 closer than mode 0, which rounds
+    each scaled weight). Codes span every e4m3 value but NaN, subnormals and both zeros included, and the
+    block scales differ, so a wrong bit, shift or scale shows."""
+    from breakgraph.kernels.triton_moe import fused_moe_triton
+
+    t, k, e, d, inter = 9, 4, 6, 256, 128
+    codes = torch.randint(0, 0x7F, (e, 2 * inter + d, d), dtype=torch.uint8)
+    codes |= torch.randint(0, 2, codes.shape, dtype=torch.uint8) << 7
+    codes[0, 0, :256] = torch.arange(256, dtype=torch.uint8)
+    codes[codes & 0x7F == 0x7F] = 0  # NaN codes: none in a checkpoint
+    w_all = codes.view(FP8_DTYPE)
+    w13 = w_all[:, : 2 * inter, :].contiguous()
+    w2 = w_all[:, 2 * inter :, :inter].contiguous()
+    s13 = torch.rand(e, 2 * inter // 128, d // 128) / 448 + 1e-4
+    s2 = torch.rand(e, d // 128, inter // 128) / 448 + 1e-4
+    ids = _skewed_ids(t, k, e, 5)
+    tw = torch.rand(t, k)
+    x = torch.randn(t, d)
+    want = fused_moe_ref(x, w13, w2, tw, ids, s13, s2)
+    xb = x.bfloat16()
+    want_b = _oracle(xb, w13, w2, tw, ids, s13, s2)
+    errs = {}
+    for mode in (0, 1, 2):
+        for c1, c2 in (
+            ({"BLOCK_M": 16, "SWAP_AB": True}, {"BLOCK_M": 16, "SWAP_AB": True}),
+            ({"BLOCK_M": 32, "SWAP_AB": False}, {"BLOCK_M": 32, "SWAP_AB": False, "BLOCK_K": 64}),
+            ({"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 64}, {"KERNEL": "stream", "BLOCK_M": 16, "TILES_N": 2}),
+        ):
+            cfgs = ({**c1, "DEQUANT": mode}, {**c2, "DEQUANT": mode})
+            got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=cfgs)
+            # mode 2 under the interpreter: its bf16 conversion rounds the subnormal codes
+            assert _rel(got, want) < (1e-4 if mode == 2 else 1e-5), (mode, cfgs, _rel(got, want))
+            got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=False, configs=cfgs)
+            errs[mode, repr(cfgs)] = _rel(got, want_b)
+            assert errs[mode, repr(cfgs)] < 2e-2, (mode, cfgs, errs[mode, repr(cfgs)])
+    # against the fp32 oracle the scale on the product beats rounding every scaled weight to bf16
+    assert max(v for (m, _), v in errs.items() if m) < min(v for (m, _), v in errs.items() if not m), errs
+
+
+def _e4m3_rebuild_error(device: str, interp: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(codes, rebuilt - value)`` of :func:`_e4m3_bits_bf16` times 2¹²⁰ for every e4m3 code
+    but NaN, computed by a one-program kernel on ``device``."""
+    import triton
+    import triton.language as tl
+
+    from breakgraph.kernels import triton_moe
+
+    # the interpreter resolves a kernel's callees among its module's globals
+    globals().update(_e4m3_bits_bf16=triton_moe._e4m3_bits_bf16, E4M3_BF16_SHIFT=triton_moe.E4M3_BF16_SHIFT)
+
+    @triton.jit
+    def rebuild(c_ptr, out_ptr, INTERP: tl.constexpr):
+        offs = tl.arange(0, 256)
+        out = _e4m3_bits_bf16(tl.load(c_ptr + offs), INTERP).to(tl.float32) * E4M3_BF16_SHIFT  # noqa: F821
+        tl.store(out_ptr + offs, out)
+
+    c = torch.arange(256, dtype=torch.uint8, device=device)
+    out = torch.empty(256, device=device)
+    rebuild[(1,)](c.view(FP8_DTYPE), out, INTERP=interp)
+    keep = c & 0x7F != 0x7F
+    return c[keep].cpu(), (out - c.view(FP8_DTYPE).float())[keep].cpu()
+
+
+def check_e4m3_bits_bf16_is_exact_for_every_code():
+    """The bit rebuild of every normal e4m3 code, times 2¹²⁰, is the code's value (the
+    interpreter rounds bf16 subnormals on conversion, so the subnormal codes are the GPU test's)."""
+    codes, err = _e4m3_rebuild_error("cpu", True)
+    normal = codes & 0x78 != 0
+    assert normal.sum() == 238 and (err[normal] == 0).all(), codes[normal][err[normal] != 0]
+
+
+def check_gemm1_quantised_epilogue_equals_act_quant():
+    """W8A8's GEMM 1 writing e4m3 ``h`` and its scales in the epilogue: bit for bit what
+    ``act_quant`` makes of the bf16 (or fp32) ``h`` the same tile stores, swapped and not;
+    padding rows untouched; ``fused_moe_triton`` takes it where GEMM 1's tile is 128 wide."""
+    from breakgraph.kernels.triton_fp8 import act_quant
+    from breakgraph.kernels.triton_moe import fused_moe_triton, moe_align, moe_gemm
+
+    t, k, e, d, inter = 11, 4, 8, 256, 256
+    w13, s13 = block_quant(torch.randn(e, 2 * inter, d) / d**0.5)
+    w2, s2 = block_quant(torch.randn(e, d, inter) / inter**0.5)
+    ids = _skewed_ids(t, k, e, 5)
+    p = t * k
+    for dtype in (torch.bfloat16, torch.float32):
+        x8, xs = act_quant(torch.randn(t, d).to(dtype), 128, column_major_scale=False)
+        for cfg in ({"BLOCK_M": 16, "SWAP_AB": True}, {"BLOCK_M": 32, "SWAP_AB": False}):
+            cfg = {**cfg, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
+            lay = moe_align(ids, e, cfg["BLOCK_M"])
+            h = torch.empty(p, inter, dtype=dtype)
+            moe_gemm(x8, xs, w13, s13, lay, h, gather_top_k=k, silu=True, config=cfg)
+            want_q, want_s = act_quant(h, 128, column_major_scale=False)
+            q = torch.full((p + 3, inter), 7.0).to(FP8_DTYPE)
+            hs = torch.full((p + 3, inter // 128), -1.0)
+            moe_gemm(x8, xs, w13, s13, lay, q, gather_top_k=k, silu=True, config=cfg, out_scale=hs, out_round=dtype)
+            assert torch.equal(q[:p].view(torch.uint8), want_q.view(torch.uint8)), (dtype, cfg)
+            assert torch.equal(hs[:p], want_s), (dtype, cfg)
+            assert (q[p:].float() == 7.0).all() and (hs[p:] == -1).all(), "rows past the pairs were written"
+    x = torch.randn(t, d).bfloat16()
+    tw = torch.rand(t, k)
+    c2 = {"BLOCK_M": 16, "SWAP_AB": True}
+    configs = ({**c2, "BLOCK_N": 128}, c2)
+    want = _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)
+    plain = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=configs)
+    os.environ["BREAKGRAPH_MOE_FUSED_QUANT"] = "1"  # the knob, not the 128-wide tile, selects the epilogue
+    try:
+        fused = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=configs)
+    finally:
+        del os.environ["BREAKGRAPH_MOE_FUSED_QUANT"]
+    assert _rel(fused, want) < 2e-2, _rel(fused, want)
+    assert _rel(plain, want) < 2e-2, _rel(plain, want)
+
+
+def check_w8a8_takes_the_producers_codes():
+    """W8A8 with ``x_fp8`` (codes and column-major scales with padding rows, as the quantising
+    norm hands them over) gives the same bits as quantising ``x`` itself; codes of another
+    width are not taken."""
+    from breakgraph.kernels.triton_fp8 import act_quant
+    from breakgraph.kernels.triton_moe import fused_moe_triton
+
+    t, k, e, d, inter = 7, 4, 6, 256, 128
+    w13, s13 = block_quant(torch.randn(e, 2 * inter, d) / d**0.5)
+    w2, s2 = block_quant(torch.randn(e, d, inter) / inter**0.5)
+    ids = _skewed_ids(t, k, e, 4)
+    tw = torch.rand(t, k)
+    x = torch.randn(t, d).bfloat16()
+    want = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True)
+    given = act_quant(x, 128, column_major_scale=True, pad_rows=16)
+    assert given[0].shape[0] == 16 and given[1].stride() == (1, 16)
+    got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, x_fp8=given)
+    assert torch.equal(got, want)
+    zeros = (torch.zeros(t, d - 128, dtype=FP8_DTYPE), torch.ones(t, 1))  # not x's width: quantised anew
+    assert torch.equal(fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, x_fp8=zeros), want)
 
 
 def check_moe_gemm_writes_every_pair_row_and_nothing_else():
@@ -324,7 +466,8 @@ def check_fused_moe_decode_matches_twin():
 
 
 def check_fused_moe_decode_tile_variants():
-    """Split-K (fp32 split sums, SiLU in the down kernel), wide and narrow tiles: one function."""
+    """Split-K (fp32 split sums, SiLU in the down kernel), wide and narrow tiles, FP8 scales on
+    every weight (the default) or on the activations (``SCALE_X``): one function."""
     from breakgraph.kernels.triton_moe import fused_moe_decode
 
     ops = _decode_operands(3, 4, 12, 256, 128, 8, "fp8", True, True)
@@ -335,6 +478,8 @@ def check_fused_moe_decode_tile_variants():
         {"up": {"SPLIT_K": 3, "BLOCK_K": 64, "UNROLL": True}, "down": {"BLOCK_K": 64}},
         {"up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64, "UNROLL": False}, "down": {"BLOCK_N": 128, "BLOCK_K": 128}},
         {"up": {"BLOCK_N": 8, "BLOCK_K": 1024}, "down": {"BLOCK_N": 64, "BLOCK_K": 1024}},
+        {"up": {"SCALE_X": True}, "down": {"SCALE_X": True, "BLOCK_K": 1024}},
+        {"up": {"SCALE_X": True, "SPLIT_K": 2}, "down": {"SCALE_X": True, "BLOCK_K": 128}},
     ):
         got = fused_moe_decode(x, w13, w2, tw, ids, s13, s2, shared=shared, residual=res, config=cfg)
         assert _rel(got, want) < 1e-5, (cfg, _rel(got, want))
@@ -390,6 +535,10 @@ def check_fused_moe_decode_launches_two_kernels():
         "check_moe_align_invariants",
         "check_fused_moe_triton_bf16_fp32_match_twin",
         "check_fused_moe_triton_fp8_matches_twin",
+        "check_w8a16_dequant_modes_match_twin",
+        "check_e4m3_bits_bf16_is_exact_for_every_code",
+        "check_gemm1_quantised_epilogue_equals_act_quant",
+        "check_w8a8_takes_the_producers_codes",
         "check_moe_gemm_writes_every_pair_row_and_nothing_else",
         "check_moe_stream_kernel_matches_twin",
         "check_moe_stream_kernel_writes_every_pair_row_and_nothing_else",
@@ -438,6 +587,36 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
     info = compile_for_sm90(triton_moe._moe_gemm_kernel, types, constexprs, warps, stages)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     assert info["mma"] == (["QGMMA"] if adt == "fp8" else ["HGMMA"]), info
+
+
+@pytest.mark.parametrize("tile", [0, 1])  # the decode defaults: gate/up grouped, down on the stream kernel
+def test_w8a16_bit_rebuild_leaves_the_conversion_units(tile):
+    """sm_90a: the swapped W8A16 loop with the bf16 bit rebuild (the decode default) issues no
+    float conversions and fewer instructions than scaling every weight (mode 0) did."""
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import moe_dequant_sass
+
+    label, *args = moe_dequant_sass.TILES[tile]
+    old, new = (moe_dequant_sass.loop_counts(*args, mode=m) for m in (0, 2))
+    print(label, old, new)
+    assert new["conv"] <= 10 < old["conv"], (old, new)  # ≤ 10: the scale loads' index math, as in W8A8
+    assert new["loop"] < old["loop"] and new["spills"] == 0, (old, new)
+
+
+def test_moe_gemm_quantising_epilogue_compiles_for_sm90_without_spills():
+    """W8A8's GEMM 1 writing e4m3 h and its scales, swapped and not: no spills, QGMMA."""
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_moe
+
+    types = {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "c_ptr": "*fp8e4nv",
+             "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "num_blocks_ptr": "*i32", "cs_ptr": "*fp32"}  # fmt: skip
+    for bm, swap, warps in ((16, True, 4), (64, False, 8)):  # 128 rows: two 128² accumulators spill
+        constexprs = {"GATHER": True, "SILU": True, "W_FP8": True, "A_FP8": True, "SWAP_AB": swap, "BLOCK_M": bm,
+                      "BLOCK_N": 128, "BLOCK_K": 128, "SCALE_BN": 128, "SCALE_BK": 128, "INTERP": False,
+                      "QUANT_OUT": 16}  # fmt: skip
+        info = compile_for_sm90(triton_moe._moe_gemm_kernel, types, constexprs, warps, 4)
+        assert info["stack"] == 0 and info["local_insts"] == 0 and info["mma"] == ["QGMMA"], (bm, info)
 
 
 @pytest.mark.parametrize(
@@ -494,15 +673,16 @@ DECODE_AOT_VARIANTS = [  # (kernel, weights, split_k, BLOCK_N, BLOCK_K, warps, s
 ]
 
 
-def decode_kernel_resources(variant) -> dict:
-    """sm_90a resource use of one decode-kernel variant (:data:`DECODE_AOT_VARIANTS` row)."""
+def decode_kernel_resources(variant, scale_x: bool = True) -> dict:
+    """sm_90a resource use of one decode-kernel variant (:data:`DECODE_AOT_VARIANTS` row),
+    FP8 scales on the activations (``SCALE_X``, the default) or on every weight."""
     from breakgraph.kernels import triton_moe
 
     part, wdt, split, bn, bk, warps, stages, unroll = (*variant, True)[:8]
     fp8 = wdt == "fp8"
     wptr = "*fp8e4nv" if fp8 else "*bf16"
     common = {"W_FP8": fp8, "SPLIT_K": split, "BLOCK_N": bn, "BLOCK_K": bk, "TOP_K": 8, "HAS_SHARED": True,
-              "SCALE_BN": 128 if fp8 else 1, "SCALE_BK": 128 if fp8 else 1}  # fmt: skip
+              "SCALE_BN": 128 if fp8 else 1, "SCALE_BK": 128 if fp8 else 1, "SCALE_X": scale_x}  # fmt: skip
     if part == "up":  # GLM-5 TP8 rank: D = 6144 in SPLIT_K splits
         common |= {"K_PER_SPLIT": 6144 // split, "UNROLL": unroll}
     else:
@@ -520,12 +700,31 @@ def decode_kernel_resources(variant) -> dict:
     return compile_for_sm90(fn, types, common, warps, stages)
 
 
-@pytest.mark.parametrize("variant", DECODE_AOT_VARIANTS)
-def test_moe_decode_kernels_compile_for_sm90_without_spills(variant):
+@pytest.mark.parametrize(
+    "variant,scale_x",
+    # 16 × 512 down tiles: ptxas spills a few addresses with the scales on h (8 local accesses),
+    # so the default takes 1024-wide steps there (decode_config)
+    [(v, not (v[0] == "down" and v[1] == "fp8" and v[3] == 16 and v[4] == 512)) for v in DECODE_AOT_VARIANTS],
+)
+def test_moe_decode_kernels_compile_for_sm90_without_spills(variant, scale_x):
     pytest.importorskip("triton")
-    info = decode_kernel_resources(variant)
-    print(variant, info)
+    info = decode_kernel_resources(variant, scale_x)
+    print(variant, scale_x, info)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
+
+
+@pytest.mark.parametrize("variant", [DECODE_AOT_VARIANTS[2], DECODE_AOT_VARIANTS[8]])  # the one-token defaults
+def test_moe_decode_kernels_scale_x_leaves_the_conversion_units(variant):
+    """sm_90a: with the block scales on the activations the FP8 decode kernels convert each
+    weight once (e4m3 → f16 → f32) instead of rounding each scaled weight to bf16 and back."""
+    pytest.importorskip("triton")
+    new, old = (decode_kernel_resources(variant, scale_x)["ops"] for scale_x in (True, False))
+
+    def f2f(ops):
+        return sum(n for op, n in ops.items() if op.startswith("F2F."))
+
+    print(variant, sum(new.values()), sum(old.values()), f2f(new), f2f(old))
+    assert f2f(new) == 0 < f2f(old) and sum(new.values()) < 0.7 * sum(old.values())
 
 
 def test_moe_small_kernels_compile_for_sm90():
@@ -549,6 +748,28 @@ def test_moe_small_kernels_compile_for_sm90():
     for fn, types, constexprs in cases:
         info = compile_for_sm90(fn, types, constexprs)
         assert info["stack"] == 0, (fn.__name__, info)
+
+
+def test_moe_knobs_select_the_unmeasured_paths(monkeypatch):
+    """By default the measured paths (every weight scaled; separate quantisation launches);
+    ``BREAKGRAPH_MOE_DEQUANT=product`` and ``BREAKGRAPH_MOE_FUSED_QUANT=1`` select the new ones."""
+    from breakgraph.kernels.triton_moe import decode_config, gemm_config
+
+    def modes():
+        return [gemm_config(p, 256, silu, True)["DEQUANT"] for p in (128, 8192) for silu in (True, False)]
+
+    def w8a8_gate_up_n():
+        return [gemm_config(p, 256, True, True, True)["BLOCK_N"] for p in (1024, 8192, 65536)]
+
+    def scale_x():
+        cfg = decode_config(1, 8, 256, 6144, True)
+        return cfg["up"]["SCALE_X"], cfg["down"]["SCALE_X"], cfg["down"]["BLOCK_K"]
+
+    assert modes() == [0, 0, 0, 0] and w8a8_gate_up_n() == [64, 64, 64] and scale_x() == (False, False, 512)
+    monkeypatch.setenv("BREAKGRAPH_MOE_DEQUANT", "product")
+    monkeypatch.setenv("BREAKGRAPH_MOE_FUSED_QUANT", "1")
+    assert modes() == [2, 2, 1, 1] and scale_x() == (True, True, 1024)
+    assert w8a8_gate_up_n() == [128, 128, 64]  # 128-row blocks keep 64 columns (two 128² accumulators spill)
 
 
 def test_dispatchers_take_twins_on_cpu():
@@ -652,6 +873,85 @@ def test_moe_stream_kernel_gpu_glm5_shapes(glm5_experts, t, variant):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("t", [16, 1024])
+def test_gemm1_quantised_epilogue_gpu_equals_act_quant(glm5_experts, t):
+    """On the GPU at GLM-5 TP8-rank shapes: GEMM 1's e4m3 ``h`` and scales are bit for bit
+    ``act_quant`` of the bf16 ``h`` the same tile stores (swapped 16-row and 64-row tiles)."""
+    from breakgraph.kernels.triton_fp8 import act_quant
+    from breakgraph.kernels.triton_moe import gemm_config, moe_align, moe_gemm
+
+    g = glm5_experts
+    cfg = {**gemm_config(t * TOP_K, E, True, True, True), "BLOCK_N": 128}
+    cfg["num_warps"] = 8 if cfg["BLOCK_M"] >= 64 else 4
+    x8, xs = act_quant(torch.randn(t, D, device="cuda").bfloat16(), 128, column_major_scale=False)
+    _, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
+    lay = moe_align(ids, E, cfg["BLOCK_M"])
+    p = t * TOP_K
+    h = torch.empty(p, INTER, device="cuda", dtype=torch.bfloat16)
+    moe_gemm(x8, xs, g["w13_8"], g["s13"], lay, h, gather_top_k=TOP_K, silu=True, config=cfg)
+    want_q, want_s = act_quant(h, 128, column_major_scale=False)
+    q = torch.empty(p, INTER, device="cuda", dtype=FP8_DTYPE)
+    hs = torch.empty(p, INTER // 128, device="cuda")
+    moe_gemm(x8, xs, g["w13_8"], g["s13"], lay, q, gather_top_k=TOP_K, silu=True, config=cfg, out_scale=hs)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(hs, want_s), cfg
+
+
+@pytest.mark.cuda
+def test_fused_moe_w8a8_takes_x_fp8_on_gpu(glm5_experts, monkeypatch):
+    """``fused_moe`` at a W8A8 size with ``x`` quantised by its producer (padded rows,
+    column-major scales) and GEMM 1 writing h's codes (``BREAKGRAPH_MOE_FUSED_QUANT=1``): the
+    same bits as quantising ``x`` and ``h`` in separate launches."""
+    from breakgraph.kernels.triton_fp8 import act_quant, quant_pad_rows
+    from breakgraph.kernels.triton_moe import moe_fp8_activations
+
+    g = glm5_experts
+    t = 512
+    assert moe_fp8_activations(t)
+    x = torch.randn(t, D, device="cuda").bfloat16()
+    tw, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
+    args = (x, g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
+    given = act_quant(x, 128, column_major_scale=True, pad_rows=quant_pad_rows(x.device))
+    want = fused_moe(*args)
+    monkeypatch.setenv("BREAKGRAPH_MOE_FUSED_QUANT", "1")
+    assert torch.equal(fused_moe(*args, x_fp8=given), want)
+
+
+@pytest.mark.cuda
+def test_e4m3_bits_bf16_exact_for_every_code_on_gpu():
+    """On the GPU (the inline-assembly rebuild) every e4m3 code but NaN, subnormals included."""
+    codes, err = _e4m3_rebuild_error("cuda", False)
+    assert codes.numel() == 254 and (err == 0).all(), codes[err != 0]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [16, 64])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_w8a16_dequant_modes_gpu_glm5_shapes(glm5_experts, t, mode):
+    """Each W8A16 dequantisation mode on the default tiles at GLM-5 TP8-rank shapes against the
+    fp32 oracle, per token, with token rows scaled by 2⁻³⁰…2¹⁰. Modes 0 and 1 hold over the
+    whole range. The bit rebuild's weights are ``code·2⁻¹²⁰``, so its products with rows below
+    about 2⁻¹⁰ (GEMM 2 sees ``h`` of such rows too) fall toward fp32's subnormal range: it is
+    held to the criterion from 2⁻⁸ up (a normed hidden state or an expert's ``h`` is O(1)), and
+    the worst error per scale is printed."""
+    from breakgraph.kernels.triton_moe import fused_moe_triton, gemm_config
+
+    g = glm5_experts
+    exps = torch.arange(t, device="cuda") % 41 - 30  # 2⁻³⁰ … 2¹⁰
+    x = (torch.randn(t, D, device="cuda") * 2.0 ** exps[:, None].float()).bfloat16()
+    tw, ids = route(*_routing(t, skew=True), TOP_K, 1, 1, True, 2.5)
+    cfgs = tuple({**gemm_config(t * TOP_K, E, silu, True), "DEQUANT": mode} for silu in (True, False))
+    args = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
+    got = fused_moe_triton(x, *args, fp8_activations=False, configs=cfgs).float()
+    want = _oracle(x, *args)
+    err = (got - want).norm(dim=1) / want.norm(dim=1).clamp(min=1e-37)
+    worst = {int(e): float(err[exps == e].max()) for e in exps.unique()}
+    print(f"W8A16 DEQUANT={mode} T={t}: worst per-token rel err by row scale 2^e: "
+          + " ".join(f"{e}:{v:.1e}" for e, v in sorted(worst.items())))  # fmt: skip
+    held = exps >= (-8 if mode == 2 else -30)
+    assert err[held].max() < 2e-2, worst
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("t", [64, 512])
 def test_fused_moe_dispatch_gpu_matches_twin(glm5_experts, fp8, t):
@@ -733,7 +1033,7 @@ def glm5_shared():
 def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
     """The decode kernels at GLM-5 TP8-rank shapes, routed + shared + residual, against the fp32
     oracle (FP8 weights dequantised exactly as the kernels do); every output row written."""
-    from breakgraph.kernels.triton_moe import fused_moe_decode
+    from breakgraph.kernels.triton_moe import decode_config, fused_moe_decode
 
     g = glm5_experts
     x = torch.randn(t, D, device="cuda").bfloat16()
@@ -751,11 +1051,13 @@ def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
             block_dequant(sh.w2, sh.w2_scale, (128, 128), torch.bfloat16),
         )
         sh_ref = SharedExpert(shared.w13.float(), shared.w2.float())
-    got = fused_moe_decode(x, *w, shared=shared, residual=res)
     want = _oracle(x, *w) + shared_expert_ref(x.float(), sh_ref) + res.float()
-    err = _rel(got, want)
-    print(f"decode fp8={fp8} T={t}: rel err {err:.2e}")
-    assert got.dtype == torch.bfloat16 and err < 1e-2
+    for scale_x in (False, True) if fp8 else (False,):  # FP8 scales on every weight / on the activations
+        cfg = decode_config(t, TOP_K, INTER, D, True, scale_x=scale_x)
+        got = fused_moe_decode(x, *w, shared=shared, residual=res, config=cfg)
+        err = _rel(got, want)
+        print(f"decode fp8={fp8} SCALE_X={scale_x} T={t}: rel err {err:.2e}")
+        assert got.dtype == torch.bfloat16 and err < 1e-2
 
 
 @pytest.mark.cuda
@@ -782,9 +1084,11 @@ def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_s
 
 
 @pytest.mark.cuda
-def test_moe_decode_cuda_graph_replay(glm5_experts, glm5_shared):
+@pytest.mark.parametrize("dequant", ["scaled", "product"])
+def test_moe_decode_cuda_graph_replay(glm5_experts, glm5_shared, dequant, monkeypatch):
     """Routing + decode kernels (shared + residual) captured in one CUDA graph, replayed with new
-    inputs: same result as eager."""
+    inputs: same result as eager (FP8 scales on the weights, and on the activations)."""
+    monkeypatch.setenv("BREAKGRAPH_MOE_DEQUANT", dequant)
     g = glm5_experts
     t = 4
     static_x = torch.randn(t, D, device="cuda").bfloat16()

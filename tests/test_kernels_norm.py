@@ -6,7 +6,7 @@ CPU: the Triton kernel runs under Triton's interpreter in one subprocess against
 exact in any order, else equal up to what the summation order can change; the norm with the
 FP8 quantisation of its output fused in is the norm then ``act_quant`` bit for bit; sm_90a
 compiles without spills; the dispatchers take the twins on CPU. GPU (``cuda`` marker): GLM-5 widths
-(6144 hidden, 2048 ``q_lora_rank``, 512 ``kv_lora_rank``) × 1024 rows in bf16, CUDA-graph
+(6144 hidden, 2048 ``q_lora_rank``, 512 ``kv_lora_rank``) × decode and prefill rows in bf16, CUDA-graph
 replay, and the twin under autograd.
 """
 
@@ -61,12 +61,22 @@ def _check_up_to_summation_order(got: torch.Tensor, x: torch.Tensor, weight: tor
 # interpreter checks (run in the subprocess)
 
 
+def _each_row_kernel():
+    """Run the loop body once per row kernel (the 1-D default, then the ``[groups, 128]`` tile)."""
+    import os
+
+    for tile in ("0", "1"):
+        os.environ["BREAKGRAPH_NORM_ROW_TILE"] = tile
+        yield tile
+    os.environ.pop("BREAKGRAPH_NORM_ROW_TILE")
+
+
 def check_bit_identical_when_the_sum_of_squares_is_exact():
     """Where ``Σx²`` is exact the kernel is the twin bit for bit: the cast of ``h·rstd``, the
     once-rounded weight product (ties to even) and the once-rounded residual add."""
     from breakgraph.kernels.triton_norm import fused_add_rms_norm_triton, rms_norm_triton
 
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    for dtype, _ in ((d, t) for t in _each_row_kernel() for d in (torch.bfloat16, torch.float16, torch.float32)):
         x = _small_multiples(33, 256, dtype=dtype)
         residual = _small_multiples(33, 256, dtype=dtype)
         w = _weight(256, dtype)
@@ -81,7 +91,7 @@ def check_matches_twin_up_to_summation_order():
     bit-identical; the normed output as :func:`_check_up_to_summation_order` allows."""
     from breakgraph.kernels.triton_norm import fused_add_rms_norm_triton, rms_norm_triton
 
-    for n in (256, 320):
+    for n, _ in ((n, t) for t in _each_row_kernel() for n in (256, 320, 96)):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             w = _weight(n, dtype)
             scale = torch.rand(3, 7, 1) * 8 + 0.1
@@ -108,7 +118,7 @@ def check_norm_quant_is_norm_then_act_quant():
         rms_norm_triton,
     )
 
-    for m, n, pad in ((5, 256, 1), (3, 384, 16), (1, 2048, 1)):
+    for m, n, pad, _ in ((m, n, p, t) for t in _each_row_kernel() for m, n, p in ((5, 256, 1), (3, 384, 16), (1, 2048, 1))):
         w = _weight(n, torch.bfloat16)
         x = (torch.randn(m, n) * torch.rand(m, 1) * 4).bfloat16()
         wide = torch.randn(m, n + 64).bfloat16()[:, 32 : 32 + n]
@@ -152,21 +162,25 @@ def test_triton_norm_under_interpreter(interp_results, name):
 
 
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("block,warps", [(8192, 16), (2048, 4), (512, 1)])
-def test_rms_norm_compiles_for_sm90_without_spills(residual, block, warps):
-    pytest.importorskip("triton")
+@pytest.mark.parametrize("n,warps", [(6144, 16), (6144, 8), (6144, 4), (2048, 4), (512, 1), (96, 1)])
+@pytest.mark.parametrize("row_tile", [False, True])
+def test_rms_norm_compiles_for_sm90_without_spills(residual, n, warps, row_tile):
+    triton = pytest.importorskip("triton")
     from breakgraph.kernels import triton_norm
 
-    for quant in (False, True):
+    groups, group = triton_norm.tile(n)
+    kernel = triton_norm._rms_norm_tile_kernel if row_tile else triton_norm._rms_norm_kernel
+    shape = {"GROUP": group, "GROUPS": groups} if row_tile else {"GROUP": 128, "BLOCK": triton.next_power_of_2(n)}
+    for quant in (False, True) if n % 128 == 0 else (False,):
         types = {p: "*bf16" for p in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "res_out_ptr")}
         types |= {"inv_n": "fp32", "eps": "fp32", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
-        constexprs = {"HAS_RESIDUAL": residual, "QUANT": quant, "GROUP": 128, "BLOCK": block, "INTERP": False}
+        constexprs = {"HAS_RESIDUAL": residual, "QUANT": quant, **shape, "INTERP": False}
         if not residual:
             constexprs |= {"res_ptr": None, "res_out_ptr": None}
         if not quant:
             constexprs |= {"q_ptr": None, "s_ptr": None}
-        info = compile_for_sm90(triton_norm._rms_norm_kernel, types, constexprs, warps, 1)
-        print(f"rms_norm BLOCK={block} warps={warps} residual={residual} quant={quant}: {info}")
+        info = compile_for_sm90(kernel, types, constexprs, warps, 1)
+        print(f"rms_norm row_tile={row_tile} N={n} warps={warps} residual={residual} quant={quant}: {info}")
         assert info["stack"] == 0 and info["local_insts"] == 0, info
         # the e4m3 codes leave in 16-byte stores (one-byte stores made the kernel 9x slower)
         assert info["narrow_stores"] == 0, info
@@ -194,22 +208,30 @@ def test_dispatchers_take_twins_on_cpu_and_the_module_math_is_unchanged():
 # GPU tests
 
 
+@pytest.fixture(params=["0", "1"], ids=["row1d", "rowtile"])
+def row_kernel(request, monkeypatch):
+    """Each GPU norm test runs with both row kernels."""
+    monkeypatch.setenv("BREAKGRAPH_NORM_ROW_TILE", request.param)
+    return request.param
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [6144, 2048, 512])
-def test_rms_norm_gpu_glm5_widths(n):
-    x = (torch.randn(1024, n, device="cuda") * torch.rand(1024, 1, device="cuda") * 4).bfloat16()
-    residual = torch.randn(1024, n, device="cuda").bfloat16()
+@pytest.mark.parametrize("rows", [1, 16, 64, 1024])
+def test_rms_norm_gpu_glm5_widths(n, rows, row_kernel):
+    x = (torch.randn(rows, n, device="cuda") * torch.rand(rows, 1, device="cuda") * 4).bfloat16()
+    residual = torch.randn(rows, n, device="cuda").bfloat16()
     w = _weight(n, torch.bfloat16, "cuda")
     frac = _check_up_to_summation_order(rms_norm(x, w, EPS), x, w)
     normed, new_res = fused_add_rms_norm(x, residual, w, EPS)
     assert torch.equal(new_res, residual + x)
     frac_fused = _check_up_to_summation_order(normed, new_res, w)
-    print(f"hidden {n}: elements differing from the twin: {frac:.2e} (plain), {frac_fused:.2e} (fused)")
+    print(f"hidden {n}, {rows} rows: elements differing from the twin: {frac:.2e} (plain), {frac_fused:.2e} (fused)")
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("n,rows", [(6144, 1), (6144, 1024), (2048, 1), (2048, 1024)])
-def test_rms_norm_quant_gpu_glm5_shapes(n, rows):
+@pytest.mark.parametrize("n,rows", [(6144, 1), (6144, 16), (6144, 64), (6144, 1024), (2048, 1), (2048, 1024)])
+def test_rms_norm_quant_gpu_glm5_shapes(n, rows, row_kernel):
     """glm5-tp8-rank widths (6144 hidden before the q_a ‖ wk ‖ kv_a projection, 2048 q_lora
     before q_b and wq_b), decode and prefill rows: the fused norm + quantisation is the norm
     kernel then ``act_quant`` bit for bit, with and without the residual add."""

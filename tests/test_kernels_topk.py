@@ -188,8 +188,8 @@ def _sm90_compiles() -> dict:
 
 @pytest.mark.parametrize("name", list(_sm90_compiles()))
 def test_default_launches_compile_without_spills_for_sm90(name):
-    """Each kernel's default launch (4 warps): no spill to local memory; the new kernels' row
-    loads are 128-bit."""
+    """Each kernel's default launch (4 warps): no spill to local memory; the row loads of every
+    kernel but the radix select (whose key loads are scalar, ``BLOCK`` keys a step) are 128-bit."""
     from breakgraph.kernels import aot
 
     if not aot.tools_available():
@@ -198,7 +198,8 @@ def test_default_launches_compile_without_spills_for_sm90(name):
     info = aot.compile_for_sm90(fn, args, consts, 4, 1)
     print(info)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
-    assert name == "radix" or info["vector_loads"] > 0, info
+    if name != "radix":
+        assert info["vector_loads"] > 0, info
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from typing import Any
 
 from breakgraph import env
 from breakgraph.graphs.backends import DECODE_BACKENDS, PREFILL_BACKENDS  # the registry of graph backends
-from breakgraph.graphs.prefill_runner import LADDERS, WARMUPS
+from breakgraph.graphs.prefill_runner import LADDERS
+from breakgraph.graphs.warmup import WARMUPS
 
 ENGINE = "model and engine"
 GRAPHS = "graphs"

@@ -20,11 +20,11 @@ import torch
 
 from breakgraph.forward_context import ForwardBatch, forward_batch_context
 from breakgraph.graphs.capture import make_capturer
-from breakgraph.graphs.jit_guard import CompileInCapture, UnwarmedCaptureFailed, compile_guard
-from breakgraph.graphs.prefill_runner import LADDERS, WARMUPS
+from breakgraph.graphs.prefill_runner import LADDERS
 from breakgraph.graphs.segments import Segment, new_graph_pool
 from breakgraph.graphs.static_batch import StaticBatch
 from breakgraph.graphs.stats import BucketInfo, GraphStats
+from breakgraph.graphs.warmup import capture_ladder, check_warmup, warm_then_capture
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,7 @@ class DecodeGraphRunner:
         self, model: Body, kv_cache: Any, device: torch.device, buckets: list[int], max_pages: int,
         warmup: str = "once", prepare: Callable[[Callable[[], Any]], None] | None = None,
     ) -> None:  # fmt: skip
-        if warmup not in WARMUPS:
-            raise ValueError(f"--cuda-graph-warmup must be one of {WARMUPS}, got {warmup!r}")
+        check_warmup(warmup)
         self.warmup = warmup
         self.prepare = prepare
         self.model = model
@@ -76,69 +75,51 @@ class DecodeGraphRunner:
         from tqdm.auto import tqdm
 
         start = time.perf_counter()
-        sizes = sorted(self.buckets, reverse=True)
 
-        def capture_all(every: bool) -> None:
-            for i, bs in enumerate(tqdm(sizes, desc="Capturing decode graphs", unit="bs",
-                                        disable=None if progress else True)):  # None: TQDM_DISABLE and non-TTY rules apply
-                warm = every or i == 0
-                try:
-                    self.stats.buckets.append(self._capture_one(bs, warm))
-                except RuntimeError as exc:  # GraphError included
-                    if warm:
-                        raise
-                    raise UnwarmedCaptureFailed(f"decode batch size {bs}", exc) from exc
+        def progress_bar(sizes: list[int]) -> Any:  # None: TQDM_DISABLE and non-TTY rules apply
+            return tqdm(sizes, desc="Capturing decode graphs", unit="bs", disable=None if progress else True)
 
-        with compile_guard() as guarded:
-            every = self.warmup == "every" or (self.device.type == "cuda" and not guarded)
-            try:
-                capture_all(every)
-            except UnwarmedCaptureFailed as exc:  # the guard sees Triton only
-                logger.warning("%s; capturing every batch size again, each after a warm-up, in a new pool", exc)
-                self._graphs.clear()
-                self.stats.buckets.clear()
-                self.pool = new_graph_pool(self.device)
-                capture_all(True)
+        def restart() -> None:
+            self._graphs.clear()
+            self.stats.buckets.clear()
+            self.pool = new_graph_pool(self.device)
+
+        capture_ladder(sorted(self.buckets, reverse=True), self._capture_one, restart, warmup=self.warmup,
+                       device=self.device, what="decode batch size", iterate=progress_bar)  # fmt: skip
         self.stats.buckets.sort(key=lambda b: b.tokens)
         self.stats.capture_s = time.perf_counter() - start
         logger.info("decode graphs: batch sizes %s captured in %.1fs (%s)", self.buckets, self.stats.capture_s,
                     self.stats.warmup_text())  # fmt: skip
 
-    def _capture_one(self, bs: int, warm: bool) -> BucketInfo:
+    def _capture_one(self, bs: int, warm: bool) -> None:
         t0 = time.perf_counter()
-        warmup_s, warmups = 0.0, 0
         batch = self.buffers.batch(bs, self.kv_cache)
-        with torch.inference_mode(), forward_batch_context(batch):
-            while True:
-                if warm:
-                    t1 = time.perf_counter()
-                    if self.prepare is not None:
-                        self.prepare(lambda: self.model(batch.input_ids, batch.positions))
-                    self.model(batch.input_ids, batch.positions)  # kernel compiles cannot happen inside a capture
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
-                    warmup_s += time.perf_counter() - t1
-                    warmups += 1
-                capturer = make_capturer(self.device, self.pool)
-                capturer.open()
+
+        def warm_up() -> None:
+            if self.prepare is not None:
+                self.prepare(lambda: self.model(batch.input_ids, batch.positions))
+            self.model(batch.input_ids, batch.positions)  # kernel compiles cannot happen inside a capture
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        def capture() -> tuple[Segment, torch.Tensor]:
+            capturer = make_capturer(self.device, self.pool)
+            capturer.open()
+            try:
+                capturer.begin(f"decode graph bs={bs}")
                 try:
-                    capturer.begin(f"decode graph bs={bs}")
-                    try:
-                        out = self.model(batch.input_ids, batch.positions)
-                    except BaseException:
-                        capturer.abort()
-                        raise
-                    segment = capturer.end("end of capture")
-                    break
-                except CompileInCapture as exc:
-                    if warm:
-                        raise
-                    logger.debug("decode bs %d: %s; warming it up and capturing again", bs, exc)
-                    warm = True
-                finally:
-                    capturer.close()
+                    out = self.model(batch.input_ids, batch.positions)
+                except BaseException:
+                    capturer.abort()
+                    raise
+                return capturer.end("end of capture"), out
+            finally:
+                capturer.close()
+
+        with torch.inference_mode(), forward_batch_context(batch):
+            (segment, out), warmup_s, warmups = warm_then_capture(warm, warm_up, capture, f"decode bs {bs}")
         self._graphs[bs] = (segment, out, batch)
-        return BucketInfo(bs, time.perf_counter() - t0, 1, 0, 0, None, warmup_s, warmups)
+        self.stats.buckets.append(BucketInfo(bs, time.perf_counter() - t0, 1, 0, 0, None, warmup_s, warmups))
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states ``[B, D]`` for a decode batch (graph-owned memory, valid until the next run)."""

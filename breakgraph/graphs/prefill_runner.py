@@ -25,11 +25,11 @@ import torch
 
 from breakgraph.graphs.breakable import BreakableGraph
 from breakgraph.graphs.cuda_segment import pool_segments
-from breakgraph.graphs.jit_guard import CompileInCapture, UnwarmedCaptureFailed, compile_guard
 from breakgraph.graphs.piecewise import PiecewiseBackend
 from breakgraph.graphs.segments import new_graph_pool
 from breakgraph.graphs.static_batch import StaticBatch
 from breakgraph.graphs.stats import BucketInfo, GraphStats
+from breakgraph.graphs.warmup import capture_ladder, check_warmup, warm_then_capture
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 LADDERS = ("coarse", "fine")  # --cuda-graph-ladder
-WARMUPS = ("once", "every")  # --cuda-graph-warmup
 
 
 def default_prefill_buckets(max_tokens: int, ladder: str = "coarse") -> list[int]:
@@ -105,8 +104,7 @@ class PrefillGraphRunner:
             raise ValueError(f"prefill graph backend must be one of {MODES}, got {backend!r}")
         if not buckets or sorted(set(buckets)) != list(buckets) or buckets[0] < 1:
             raise ValueError(f"--cuda-graph-bs-prefill must be ascending positive token counts, got {buckets}")
-        if warmup not in WARMUPS:
-            raise ValueError(f"--cuda-graph-warmup must be one of {WARMUPS}, got {warmup!r}")
+        check_warmup(warmup)
         self.warmup = warmup
         self.prepare = prepare
         self.body = body
@@ -139,19 +137,27 @@ class PrefillGraphRunner:
         """Warm up (see ``warmup``) and capture every bucket, largest first (so smaller ones
         reuse its pool). Should a capture without warm-up fail, every bucket is captured again,
         each after a warm-up, in a new pool (logged)."""
+        from tqdm.auto import tqdm
+
         free_before = _free_memory(self.device)
         start = time.perf_counter()
-        with compile_guard() as guarded:
-            every = self.warmup == "every" or (self.device.type == "cuda" and not guarded)
-            try:
-                self._capture_ladder(every, progress)
-            except UnwarmedCaptureFailed as exc:  # the guard sees Triton only
-                logger.warning("%s; capturing every bucket again, each after a warm-up, in a new pool", exc)
-                self._graphs.clear()
-                self._outputs.clear()
-                self.stats.buckets.clear()
-                self.pool = new_graph_pool(self.device)
-                self._capture_ladder(True, progress)
+
+        def progress_bar(sizes: list[int]) -> Any:
+            bar = tqdm(sizes, desc=f"Capturing prefill graphs ({self.backend})", unit="bucket",
+                       disable=None if progress else True)  # fmt: skip
+            for n in bar:
+                bar.set_postfix(tokens=n, free_mem=_fmt_bytes(_free_memory(self.device)))
+                yield n
+
+        def restart() -> None:
+            self._graphs.clear()
+            self._outputs.clear()
+            self.stats.buckets.clear()
+            self.pool = new_graph_pool(self.device)
+
+        capture_ladder(sorted(self.buckets, reverse=True), self._capture_bucket, restart, warmup=self.warmup,
+                       device=self.device, what="prefill bucket", iterate=progress_bar,
+                       retry=self.backend == "breakable")  # fmt: skip
         self.stats.buckets.sort(key=lambda b: b.tokens)
         self.stats.capture_s = time.perf_counter() - start
         if self._pcg is not None:
@@ -181,49 +187,25 @@ class PrefillGraphRunner:
             logger.info("runs eagerly at each replay (breaks: per-batch lengths and pages): %s",
                         "; ".join(f"{name} ×{n}" for name, n in eager.items()))  # fmt: skip
 
-    def _capture_ladder(self, every: bool, progress: bool) -> None:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(sorted(self.buckets, reverse=True), desc=f"Capturing prefill graphs ({self.backend})",
-                   unit="bucket", disable=None if progress else True)  # fmt: skip
-        for i, n in enumerate(bar):
-            bar.set_postfix(tokens=n, free_mem=_fmt_bytes(_free_memory(self.device)))
-            warm = every or i == 0
-            try:
-                info = self._capture_bucket(n, warm)
-            except RuntimeError as exc:  # GraphError included
-                if warm or self.backend != "breakable":
-                    raise
-                raise UnwarmedCaptureFailed(f"prefill bucket {n}", exc) from exc
-            self.stats.buckets.append(info)
-            logger.debug(info.line())
-        bar.close()
-
-    def _capture_bucket(self, n: int, warm: bool) -> BucketInfo:
+    def _capture_bucket(self, n: int, warm: bool) -> None:
         ids, pos = self.inputs.tokens(n)
         self.inputs.load_tokens(ids[:0], pos[:0], n)
         t0 = time.perf_counter()
         warmup_s, warmups = 0.0, 0
         with torch.inference_mode(), self.capture_context(n):
             if self.backend == "breakable":
-                while True:
-                    if warm:
-                        t1 = time.perf_counter()
-                        if self.prepare is not None:
-                            self.prepare(lambda: self.body(ids, pos))
-                        self.body(ids, pos)  # lazy initialisation (kernel compiles) cannot happen inside a capture
-                        _sync(self.device)
-                        warmup_s += time.perf_counter() - t1
-                        warmups += 1
+
+                def warm_up() -> None:
+                    if self.prepare is not None:
+                        self.prepare(lambda: self.body(ids, pos))
+                    self.body(ids, pos)  # lazy initialisation (kernel compiles) cannot happen inside a capture
+                    _sync(self.device)
+
+                def capture() -> tuple[BreakableGraph, torch.Tensor]:
                     graph = BreakableGraph(self.device, pool=self.pool, fold_islands=self.fold_islands)
-                    try:
-                        self._outputs[n] = graph.capture(self.body, ids, pos)
-                        break
-                    except CompileInCapture as exc:
-                        if warm:
-                            raise  # the warm-up compiled what the capture runs: cannot happen twice
-                        logger.debug("bucket %d: %s; warming it up and capturing again", n, exc)
-                        warm = True
+                    return graph, graph.capture(self.body, ids, pos)
+
+                (graph, self._outputs[n]), warmup_s, warmups = warm_then_capture(warm, warm_up, capture, f"bucket {n}")
                 self._graphs[n] = graph
                 s = graph.stats
                 info = BucketInfo(n, 0.0, s.segments, s.breaks, s.single_kernel_islands, _sum(s.kernels_per_segment))
@@ -245,7 +227,8 @@ class PrefillGraphRunner:
         _sync(self.device)
         info.capture_s = time.perf_counter() - t0
         info.warmup_s, info.warmups = warmup_s, warmups
-        return info
+        self.stats.buckets.append(info)
+        logger.debug(info.line())
 
     # -- run ------------------------------------------------------------------------------
     def bucket_for(self, num_tokens: int) -> tuple[int | None, str | None]:
@@ -298,4 +281,4 @@ def _fmt_bytes(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-__all__ = ["LADDERS", "MODES", "WARMUPS", "PrefillGraphRunner", "default_prefill_buckets"]
+__all__ = ["LADDERS", "MODES", "PrefillGraphRunner", "default_prefill_buckets"]

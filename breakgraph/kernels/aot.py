@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,30 +39,70 @@ def _specialise(name: str, value: Any, constexprs: dict) -> tuple[str, bool]:
     return value, value.startswith("*") or (value == "i32" and (aligned or name in ("K", "N", "UP_OFF")))
 
 
-def _largest_loop(sass: str) -> int:
-    """Instructions in the largest backward-branch range of a SASS listing (a kernel's main loop
-    body; 0 without a loop)."""
-    addrs, best = [], 0
+def _largest_loop(sass: str) -> list[str]:
+    """The instructions (``OPCODE.MODIFIERS operands``) of the largest backward-branch range of a
+    SASS listing: a kernel's main loop body (empty without a loop)."""
+    insts, best = [], (0, 0)
     for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass):
         addr = int(m.group(1), 16)
-        addrs.append(addr)
+        insts.append((addr, m.group(2).strip()))
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", m.group(2))
         if target and int(target.group(1), 16) < addr:
             lo = int(target.group(1), 16)
-            best = max(best, sum(lo <= a <= addr for a in addrs))
-    return best
+            first = next(i for i, (a, _) in enumerate(insts) if a >= lo)
+            if len(insts) - first > best[1] - best[0]:
+                best = (first, len(insts))
+    return [text for _, text in insts[best[0] : best[1]]]
+
+
+# Shared-memory instructions of sm_90 SASS: loads (``LDSM``: ldmatrix), stores, the asynchronous
+# global → shared copies.
+_SHARED_OPS = ("LDS", "LDSM", "STS", "LDGSTS")
+
+
+def _opcode(inst: str) -> str:
+    """``LDS.U.128 R4, [R2]`` → ``LDS`` (a leading predicate ``@P0`` dropped)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", inst).split()[0].split(".")[0]
+
+
+def _mma_loop(sass: str) -> tuple[int, int]:
+    """(instructions, local-memory loads and stores) of the smallest backward-branch range of a
+    SASS listing that holds a matrix instruction (a kernel's innermost dot loop; 0s without one)."""
+    insts = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best = None
+    for addr, text in insts:
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            body = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
+            if any(re.search(r"\b(HGMMA|QGMMA|HMMA)\b", t) for t in body) and (best is None or len(body) < len(best)):
+                best = body
+    body = best or []
+    return len(body), sum(bool(re.search(r"\b(?:LDL|STL)\b", t)) for t in body)
+
+
+def _opcodes(sass: str) -> list[str]:
+    """Opcodes with their modifiers (``HGMMA.64x16x16.F32.BF16``) of a SASS listing in order,
+    predicates dropped."""
+    return [re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip()).split()[0]
+            for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]  # fmt: skip
 
 
 def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
-    "async_copies", "async_copies_16B", "loop_insts", "narrow_stores", "vector_loads"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    "async_copies", "async_copies_16B", "loop_insts", "loop_ops", "loop_shared", "ops", "narrow_stores",
+    "vector_loads", "mma_loop_insts", "mma_loop_spills"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
     ``async_copies_16B`` those of them that move 16 bytes per thread;
-    ``loop_insts``: the instructions per trip of its largest loop, per warp; ``narrow_stores``:
+    ``loop_insts``: the instructions per trip of its largest loop, per warp, ``loop_ops`` their
+    opcodes with counts (``{"HGMMA.64x16x16.F32.BF16": 16, ...}``), ``ops`` those of the whole
+    kernel; ``loop_shared``: the loop's shared-memory instructions by opcode (``LDS``, ``LDSM``,
+    ``STS``, ``LDGSTS``); ``narrow_stores``:
     its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to;
-    ``vector_loads``: its 128-bit global loads, ``LDG.E.128``).
+    ``vector_loads``: its 128-bit global loads, ``LDG.E.128``; ``mma_loop_insts`` and
+    ``mma_loop_spills``: the instructions and the spill loads and stores of its innermost loop
+    with a matrix instruction, per warp and trip).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
@@ -102,6 +143,8 @@ def compile_for_sm90(
             return subprocess.run([tools / "cuobjdump", flag, cubin], capture_output=True, text=True, check=True).stdout
 
         sass, res = dump("-sass"), dump("-res-usage")
+    loop = _largest_loop(sass)
+    mma_insts, mma_spills = _mma_loop(sass)
     return {
         "regs": int(re.search(r"REG:(\d+)", res).group(1)),
         "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
@@ -110,7 +153,12 @@ def compile_for_sm90(
         "smem_B": kernel.metadata.shared,
         "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
         "async_copies_16B": len(re.findall(r"\bLDGSTS(?:\.\w+)*\.128\b", sass)),
-        "loop_insts": _largest_loop(sass),
+        "loop_insts": len(loop),
+        "loop_ops": dict(Counter(re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for i in loop)),
+        "loop_shared": {op: sum(_opcode(i) == op for i in loop) for op in _SHARED_OPS},
+        "ops": dict(Counter(_opcodes(sass))),
         "narrow_stores": len(re.findall(r"\bSTG\.E\.[US](?:8|16)\b", sass)),
         "vector_loads": len(re.findall(r"\bLDG\.E\.128\b", sass)),
+        "mma_loop_insts": mma_insts,
+        "mma_loop_spills": mma_spills,
     }

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 import torch
 
 from breakgraph import env
 from breakgraph.graphs.cuda_segment import device_index
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
 
 TRITON_ENABLED = (
     importlib.util.find_spec("triton") is not None and env.read("BREAKGRAPH_KERNELS") != "torch"

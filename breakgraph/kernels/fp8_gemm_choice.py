@@ -1,16 +1,21 @@
 """Which GEMM runs an FP8 block-scaled linear of a given shape on this GPU.
 
-Three paths compute the product: cuBLASLt's blockwise ``torch._scaled_mm`` and the Triton GEMM
+Four paths compute the product: cuBLASLt's blockwise ``torch._scaled_mm`` and the Triton GEMM
 of :mod:`breakgraph.kernels.triton_fp8` on activations quantised per token and 128 columns
-(W8A8: a quantisation kernel, then the GEMM), and the Triton GEMM on the bf16 activations with
-each weight tile dequantised in registers (W8A16: one kernel, no quantisation). None wins
+(W8A8: a quantisation kernel, then the GEMM), the Triton GEMM on the bf16 activations with
+each weight tile dequantised in registers (W8A16: one kernel, no quantisation), and for few
+rows the GEMV of :mod:`breakgraph.kernels.triton_fp8_gemv` (bf16 activations, the weights
+decoded by integer operations, K split over many programs; timed only with
+``BREAKGRAPH_FP8_GEMV=1``, off until measured on the H200). None wins
 everywhere: on the H200 (torch 2.11, CUDA 13) W8A16 or W8A8 Triton win at decode's few rows, the
 Triton GEMM up to a few hundred rows (cuBLAS has no split-K for small ``M``) and cuBLAS from
 there on, with the crossovers depending on ``K`` and ``N`` (``scripts/bench_kernels_moe.py
 --only dense`` prints all three). So the choice is a table per ``(K, N)``: for each row-count
 bucket, the path that measured fastest, timed once per process at start-up
 (:func:`breakgraph.kernels.triton_fp8.tune_fp8_paths`, outside any CUDA-graph capture, each
-path replayed from a CUDA graph as the engine runs it).
+path replayed from a CUDA graph as the engine runs it; with ``BREAKGRAPH_FP8_TIMING_COLD=1``
+over copies of the weight that do not fit in L2 together, so that every call reads its weight
+from memory as a decode step does).
 A shape that was not tuned takes W8A8: ``_scaled_mm`` from :data:`UNTUNED_SCALED_MM_MIN_M`
 rows (where cuBLAS can run it), else the Triton GEMM.
 
@@ -21,8 +26,8 @@ torch / Triton / CUDA versions and timed buckets, under :func:`cache_dir`
 shapes the file lacks. Deleting the folder is always safe; a file that cannot be read is
 logged and measured again.
 
-W8A16 keeps the activations' bf16 precision (closer to a bf16 reference than W8A8, by the
-≈ 2.5% that e4m3 activations cost on random data), so rows of different buckets may take
+W8A16 and the GEMV keep the activations' bf16 precision (closer to a bf16 reference than W8A8,
+by the ≈ 2.5% that e4m3 activations cost on random data), so rows of different buckets may take
 numerically different paths, as they already take different kernels.
 """
 
@@ -68,10 +73,35 @@ def table_from_timings(timings: dict[int, dict[str, float]]) -> tuple[tuple[int,
     return tuple(table)
 
 
-PATHS = ("scaled_mm", "triton", "triton_w8a16")
+PATHS = ("scaled_mm", "triton", "triton_w8a16", "triton_gemv")
 #: Largest bucket at which W8A16 is timed: on the H200 it won only below 64 rows (below 512 for
 #: the 256-deep shared-expert down projection), and each timed bucket compiles one more GEMM.
 W8A16_MAX_M = 256
+#: Largest bucket at which the few-row GEMV (:mod:`breakgraph.kernels.triton_fp8_gemv`) is timed.
+GEMV_MAX_M = 64
+_MAX_M = {"triton_w8a16": W8A16_MAX_M, "triton_gemv": GEMV_MAX_M}
+
+
+def timed_paths() -> tuple[str, ...]:
+    """The paths the start-up timing tries: :data:`PATHS`, the GEMV only with
+    ``BREAKGRAPH_FP8_GEMV=1`` (the default)."""
+    from breakgraph import env
+
+    return PATHS if env.read("BREAKGRAPH_FP8_GEMV") == "1" else PATHS[:3]
+
+
+def cold_timing() -> bool:
+    """Whether each timed graph cycles through weight copies past L2 (``BREAKGRAPH_FP8_TIMING_COLD=1``;
+    the default; ``0``: one weight, replayed)."""
+    from breakgraph import env
+
+    return env.read("BREAKGRAPH_FP8_TIMING_COLD") == "1"
+
+
+def timed_at(path: str, bucket: int) -> bool:
+    """Whether the start-up timing tries ``path`` at row-count ``bucket`` (the bf16-activation
+    paths only up to their largest bucket, :data:`W8A16_MAX_M` and :data:`GEMV_MAX_M`)."""
+    return bucket <= _MAX_M.get(path, bucket)
 
 
 def choose(m: int, k: int, n: int, device_index: int, scaled_mm_ok: bool) -> str:
@@ -137,12 +167,14 @@ def cache_dir() -> Path | None:
 
 def environment_key(device: Any, max_m: int) -> dict[str, Any]:
     """What a measured table depends on besides its shape: the GPU model of CUDA ``device``,
-    the torch, CUDA and Triton versions, the timed buckets and paths, :data:`CACHE_FORMAT`."""
+    the torch, CUDA and Triton versions, the timed buckets and paths, L2-cold timing where it is
+    on, :data:`CACHE_FORMAT`."""
     import torch
     import triton
 
     props = torch.cuda.get_device_properties(device)
-    return {
+    paths = timed_paths()
+    key = {
         "format": CACHE_FORMAT,
         "gpu": props.name,
         "capability": f"{props.major}.{props.minor}",
@@ -151,9 +183,14 @@ def environment_key(device: Any, max_m: int) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "triton": triton.__version__,
         "buckets": timed_buckets(max_m),
-        "paths": list(PATHS),
+        "paths": list(paths),
         "w8a16_max_m": W8A16_MAX_M,
     }
+    if "triton_gemv" in paths:  # keys without the switches on stay what they were
+        key["gemv_max_m"] = GEMV_MAX_M
+    if cold_timing():
+        key["cold_weights"] = True
+    return key
 
 
 def cache_file(root: Path, key: dict[str, Any]) -> Path:

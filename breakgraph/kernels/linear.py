@@ -8,6 +8,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from breakgraph import env
 from breakgraph.graphs import opaque_op
 from breakgraph.kernels.dispatch import use_triton, use_triton_inference
 from breakgraph.kernels.fp8 import FP8_DTYPE, fp8_block_linear_ref
@@ -87,25 +88,77 @@ def fp32_out_operand(x: torch.Tensor, weight: torch.Tensor, bf16_copy: torch.Ten
     return bf16_copy if bf16_copy is not None and x.dtype == torch.bfloat16 else weight
 
 
-def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """fp32 ``x [..., K] @ weight [N, K]ᵀ`` → ``[..., N]``. A bf16 ``weight`` with bf16 CUDA
-    ``x`` runs as one bf16 GEMM with fp32 accumulation and output: the operands are the exact
-    values, every bf16 product is exact in fp32, and only the tensor cores' accumulation
-    differs from an fp32 GEMM, by far less than the bf16 rounding of the activations already
-    did. Otherwise both are upcast and multiplied in fp32 (CPU, fp32 activations)."""
+#: Rows up to which :func:`linear_fp32_out` on CUDA runs one Triton GEMV
+#: (:func:`~breakgraph.kernels.triton_fp8_gemv.gemv_fp32_out`) instead of cuBLAS's split-K GEMM,
+#: its reduction kernel and, with ``alpha``, the scaling kernel.
+FP32_OUT_GEMV_MAX_M = 16  # H200 (scripts/bench_fp8_gemv.py): the GEMV loses to cuBLAS at 64 rows (13.0 vs 6.7 us)
+
+
+def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """fp32 ``alpha · (x [..., K] @ weight [N, K]ᵀ)`` → ``[..., N]``. A bf16 ``weight`` with bf16
+    CUDA ``x`` runs on the tensor cores with fp32 accumulation and output: the operands are the
+    exact values, every bf16 product is exact in fp32, and only the accumulation order differs
+    from an fp32 GEMM, by far less than the bf16 rounding of the activations already did:
+    cuBLAS, or (``BREAKGRAPH_GEMV_FP32_OUT=1``, the default) one Triton
+    kernel up to :data:`FP32_OUT_GEMV_MAX_M` rows outside autograd. Otherwise both are upcast
+    and multiplied in fp32 (CPU, fp32 activations). ``alpha`` multiplies the fp32 product once
+    (as ``linear_fp32_out(x, w) * alpha`` rounds)."""
     if weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and x.is_cuda:
-        out = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
+        x2 = x.reshape(-1, x.shape[-1])
+        if env.read("BREAKGRAPH_GEMV_FP32_OUT") == "1" and use_triton_inference(x2, weight):
+            out = _mm_fp32_out_cuda(x2, weight, float(alpha))
+        else:
+            out = _mm_fp32_out(x2, weight, alpha)
         return out.view(*x.shape[:-1], weight.shape[0])
-    return F.linear(x.float(), weight.float())
+    out = F.linear(x.float(), weight.float())
+    return out * alpha if alpha != 1.0 else out
+
+
+def _mm_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    out = torch.mm(x, weight.t(), out_dtype=torch.float32)
+    return out * alpha if alpha != 1.0 else out
+
+
+def _mm_fp32_out_shape(x: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+
+
+@opaque_op(name="mm_fp32_out", fake_impl=_mm_fp32_out_shape)
+def _mm_fp32_out_cuda(x: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The bf16 CUDA product of :func:`linear_fp32_out`, its kernel chosen by row count inside
+    the op (a traced graph does not specialise on it)."""
+    if x.shape[0] > FP32_OUT_GEMV_MAX_M:
+        return _mm_fp32_out(x, weight, alpha)
+    from breakgraph.kernels.triton_fp8_gemv import gemv_fp32_out
+
+    return gemv_fp32_out(x if x.stride(-1) == 1 else x.contiguous(), weight.contiguous(), alpha)
+
+
+#: Rows (per matrix) up to which :func:`bmm_into` on CUDA runs one Triton launch for the batch
+#: (:func:`~breakgraph.kernels.triton_fp8_gemv.bmm_rows`) instead of cuBLAS.
+BMM_ROWS_MAX_M = 64
 
 
 def bmm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """``out = a @ b`` (``[B, M, K] × [B, K, N]``) into ``out``, a strided view (a slice of a
     wider buffer, heads-first view of a tokens-first tensor). CUDA outside autograd recording:
-    ``torch.bmm(out=)``, which cuBLAS writes in place wherever each matrix of ``out`` has a
-    unit column stride (no copy kernel); else the product is copied in (autograd cannot
-    record ``out=``; under ``torch.compile`` tracing the compiler places the product itself)."""
+    with ``BREAKGRAPH_BMM_ROWS=1`` (off until measured on the H200), up to :data:`BMM_ROWS_MAX_M`
+    rows of 16-bit operands (decode's absorbed-MLA products) one Triton kernel for the batch,
+    writing ``out`` in place (fp32 sums of the exact products, rounded once, as cuBLAS computes
+    them); else ``torch.bmm(out=)``, which cuBLAS writes in
+    place wherever each matrix of ``out`` has a unit column stride (no copy kernel); else the
+    product is copied in (autograd cannot record ``out=``; under ``torch.compile`` tracing the
+    compiler places the product itself)."""
     if use_triton_inference(out, a, b) and not torch.compiler.is_compiling():
-        torch.bmm(a, b, out=out)
+        if (
+            env.read("BREAKGRAPH_BMM_ROWS") == "1"
+            and a.shape[1] <= BMM_ROWS_MAX_M and a.dtype in (torch.bfloat16, torch.float16)
+            and a.dtype == b.dtype == out.dtype and a.stride(-1) == 1 and out.stride(-1) == 1
+        ):  # fmt: skip
+            from breakgraph.kernels.triton_fp8_gemv import bmm_rows
+
+            bmm_rows(a, b, out)
+        else:
+            torch.bmm(a, b, out=out)
     else:
         out.copy_(torch.bmm(a, b))

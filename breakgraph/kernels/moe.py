@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from breakgraph import env
 from breakgraph.graphs import opaque_op
 from breakgraph.kernels.dispatch import use_triton
 from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant, fp8_block_linear_ref
@@ -187,9 +188,13 @@ def fused_moe(
     *,
     shared: SharedExpert | None = None,
     residual: torch.Tensor | None = None,
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Dispatch :func:`fused_moe_ref`'s contract (``+ shared(x)`` when ``shared`` is given,
-    ``+ residual`` when given) to the fastest implementation available.
+    ``+ residual`` when given) to the fastest implementation available. ``x_fp8``: ``x``
+    quantised per (row, 128 columns) by its producer (the norm before), which the W8A8 grouped
+    GEMMs take instead of quantising ``x`` themselves (and the shared expert's FP8 linear), with
+    ``BREAKGRAPH_MOE_FUSED_QUANT=1`` (not yet measured on a GPU; ignored by default).
 
     CUDA, 16-bit activations: up to ``triton_moe.DECODE_MAX_TOKENS`` tokens
     (:func:`takes_decode_path`), the two decode kernels (gate/up + SiLU by routed pair and shared
@@ -208,9 +213,12 @@ def fused_moe(
             residual, list(block),
         )  # fmt: skip
     if use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block):
-        out = _fused_moe_cuda(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, list(block))
+        if env.read("BREAKGRAPH_MOE_FUSED_QUANT") != "1":  # the default until measured on the H200
+            x_fp8 = None
+        xq, xs = x_fp8 if x_fp8 is not None else (None, None)
+        out = _fused_moe_cuda(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, list(block), xq, xs)
         if shared is not None:
-            gate, up = linear(x, shared.w13, shared.w13_scale, block).chunk(2, dim=-1)
+            gate, up = linear(x, shared.w13, shared.w13_scale, block, x_fp8=x_fp8).chunk(2, dim=-1)
             out = out + linear(F.silu(gate) * up, shared.w2, shared.w2_scale, block)
     else:
         out = fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)
@@ -271,6 +279,7 @@ def _fused_moe_decode_cuda(
 def _fused_moe_shape(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, block: list[int],
+    x_q: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     return torch.empty_like(x)
 
@@ -279,12 +288,16 @@ def _fused_moe_shape(
 def _fused_moe_cuda(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, block: list[int],
+    x_q: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     from breakgraph.kernels import triton_moe
 
     if w13_scale is None and triton_moe.grouped_mm_supported(x, w13, w2):
         return triton_moe.fused_moe_grouped_mm(x, w13, w2, topk_weights, topk_ids)
-    return triton_moe.fused_moe_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, tuple(block))
+    x_fp8 = (x_q, x_scale) if x_q is not None and x_scale is not None else None
+    return triton_moe.fused_moe_triton(
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, tuple(block), x_fp8=x_fp8
+    )
 
 
 def _triton_moe_supported(

@@ -38,7 +38,6 @@ conversion does not carry mantissa overflow into the exponent).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -48,8 +47,9 @@ import triton
 import triton.language as tl
 
 from breakgraph.kernels import fp8_gemm_choice
-from breakgraph.kernels.dispatch import device_index, num_sms
+from breakgraph.kernels.dispatch import device_index, interpreting, num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX, block_dequant, fp8_block_linear_ref
+from breakgraph.kernels.split_k import SPLIT_K_LOCK_SLOTS, _split_k_locks, _split_k_sum_kernel
 
 if TYPE_CHECKING:
     from breakgraph.kernels.precompile import AheadCompiler
@@ -58,11 +58,6 @@ logger = logging.getLogger(__name__)
 
 QUANT_GROUP = 128
 _SCALE_EPS = 1e-12
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels through its CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,45 +310,8 @@ def _bias_tile(bias_ptr, rn, n_ok, SWAP_AB: tl.constexpr):
         return b[None, :]
 
 
-@triton.jit
-def _split_k_sum_kernel(
-    ws_ptr, bias_ptr, c_ptr, MN, N,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """``c = Σ_s ws[s] (+ bias)``, slices added in order (deterministic), fp32 then cast."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < MN
-    slice_ptrs = ws_ptr + offs
-    acc = tl.load(slice_ptrs, mask=ok, other=0.0)
-    for _ in tl.static_range(1, SPLIT_K):
-        slice_ptrs += MN  # step the pointer: MN needs no int64 cast (nor, as a specialised Python int, has one)
-        acc += tl.load(slice_ptrs, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
-    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
-
-
 SPLIT_K_MAX = 8
 SPLIT_K_MIN_BLOCKS = 4  # k-blocks of 128 per split, at least
-#: Output tiles one split-K GEMM may count arrivals for (a split GEMM has fewer tiles than SMs).
-SPLIT_K_LOCK_SLOTS = 1024
-_SPLIT_K_LOCKS: dict[str, torch.Tensor] = {}
-
-
-def _split_k_locks(device: torch.device) -> torch.Tensor | None:
-    """The per-device arrival counters of the split-K epilogue (int32 zeros, kept at zero by the
-    programs that use them), or None while a CUDA graph is being captured before they exist
-    (then the sum kernel reduces). GEMMs on one device run one after another on one stream
-    (the engine's), so one set of counters serves them all."""
-    key = str(device)
-    locks = _SPLIT_K_LOCKS.get(key)
-    if locks is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        locks = _SPLIT_K_LOCKS[key] = torch.zeros(SPLIT_K_LOCK_SLOTS, dtype=torch.int32, device=device)
-    return locks
-
-
 def _gemm_config(m: int, n: int, k: int, num_sms: int) -> dict:
     """Tiles and split from the static shape only (graph-safe). Few rows take the swapped
     product (wgmma needs 64 rows). When the output tiles cannot fill the GPU — the many-``K``,
@@ -553,14 +511,15 @@ def fp8_linear(
     """GPU FP8 block-scaled linear ``x [..., K] @ dequant(weight [N, K]).T`` (+ bias).
 
     ``path``: ``auto`` (per shape and row count, the fastest of ``_scaled_mm``, the Triton W8A8
-    and W8A16 GEMMs as :mod:`breakgraph.kernels.fp8_gemm_choice` measured it), ``scaled_mm``
-    (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8), ``triton_w8a16``
-    (bf16 activations), ``dequant``.
+    and W8A16 GEMMs and the few-row GEMV as :mod:`breakgraph.kernels.fp8_gemm_choice` measured
+    it), ``scaled_mm`` (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8),
+    ``triton_w8a16`` (bf16 activations), ``triton_gemv`` (bf16 activations, few rows:
+    :mod:`breakgraph.kernels.triton_fp8_gemv`), ``dequant``.
 
     ``x_fp8``: ``x`` already quantised, ``(q [Mp, K] e4m3, scale [Mp, K/128] fp32)`` with
     ``column_major_scale=True`` and ``pad_rows=quant_pad_rows(device)`` as :func:`act_quant`
     returns them for ``x``'s rows (``Mp ≥ M``): the W8A8 paths take it instead of quantising;
-    W8A16 ignores it.
+    W8A16 and the GEMV ignore it.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = weight.shape[0]
@@ -580,7 +539,11 @@ def fp8_linear(
         if bias is not None:
             out = out + bias
         return out.reshape(*lead, n)
-    if path == "triton_w8a16":
+    if path == "triton_gemv":
+        from breakgraph.kernels.triton_fp8_gemv import fp8_gemv
+
+        out = fp8_gemv(x2, weight, scale, bias, x.dtype)
+    elif path == "triton_w8a16":
         out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias)
     else:
         m = x2.shape[0]
@@ -596,15 +559,22 @@ def fp8_linear(
 # start-up timing of the paths (the table fp8_gemm_choice reads)
 
 
-def _graph_seconds(fn: Callable[[], object], calls: int = 10, replays: int = 3) -> float:
-    """Seconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls (best of
-    ``replays``); ``inf`` when it fails."""
+#: Bytes of weight copies one timed graph cycles through: several times an H200's 50 MB L2, so
+#: that each call reads its weight from HBM, as a decode step reads each layer's.
+TIMING_WEIGHT_BYTES = 200 << 20
+_TIMING_MAX_COPIES = 64
+
+
+def _graph_seconds(fns: list[Callable[[], object]], replays: int = 3) -> float:
+    """Seconds per call of the callables ``fns``, captured in order into one CUDA graph and
+    replayed (best of ``replays``); ``inf`` when one fails."""
     try:
-        fn()
+        for fn in fns[:2]:
+            fn()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for _ in range(calls):
+            for fn in fns:
                 fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         best = float("inf")
@@ -613,7 +583,7 @@ def _graph_seconds(fn: Callable[[], object], calls: int = 10, replays: int = 3) 
             graph.replay()
             end.record()
             end.synchronize()
-            best = min(best, start.elapsed_time(end) / 1e3 / calls)
+            best = min(best, start.elapsed_time(end) / 1e3 / len(fns))
         return best
     except (RuntimeError, NotImplementedError, ValueError):
         return float("inf")
@@ -623,7 +593,9 @@ def tune_fp8_paths(
     shapes: Iterable[tuple[int, int]], device: torch.device, max_m: int, ahead: AheadCompiler | None = None
 ) -> dict[tuple[int, int], tuple]:
     """Time every path for every ``(K, N)`` in ``shapes`` at each bucket ``<= max_m`` on
-    ``device`` (CUDA, outside capture; random weights of that shape) and record the tables that
+    ``device`` (CUDA, outside capture; random weights of that shape, each timed graph ten calls
+    of one weight, or with ``BREAKGRAPH_FP8_TIMING_COLD=1`` cycling through copies of it past
+    L2: :data:`TIMING_WEIGHT_BYTES`) and record the tables that
     :func:`~breakgraph.kernels.fp8_gemm_choice.choose` reads (``_scaled_mm`` only where it can run the shape). Returns
     ``{(K, N): table}``; logs one line per shape. With ``ahead``, the Triton kernels every
     candidate launches are first compiled in its worker processes at once
@@ -634,7 +606,7 @@ def tune_fp8_paths(
     gen = torch.Generator(device=device).manual_seed(0)
     buckets = fp8_gemm_choice.timed_buckets(max_m)
     candidates = {
-        (k, n): [p for p in fp8_gemm_choice.PATHS if p != "scaled_mm" or scaled_mm_takes(k, n, device)]
+        (k, n): [p for p in fp8_gemm_choice.timed_paths() if p != "scaled_mm" or scaled_mm_takes(k, n, device)]
         for k, n in sorted(set(shapes))
     }  # the probe runs here, before any launch is recorded
     if ahead is not None:
@@ -643,20 +615,29 @@ def tune_fp8_paths(
     tuned: dict[tuple[int, int], tuple] = {}
     for (k, n), paths in candidates.items():
         w8, ws = block_quant(torch.randn(n, k, device=device, generator=gen) / k**0.5)
+        copies = [(w8, ws)] * 10
+        if fp8_gemm_choice.cold_timing():
+            copies = [(w8, ws)] + [(w8.clone(), ws.clone()) for _ in range(_timing_copies(n * k) - 1)]
         timings: dict[int, dict[str, float]] = {}
         for bucket in buckets:
             x = torch.randn(bucket, k, device=device, generator=gen).to(torch.bfloat16)
             timings[bucket] = {
-                path: _graph_seconds(partial(fp8_linear, x, w8, ws, (128, 128), path=path))
+                path: _graph_seconds([partial(fp8_linear, x, w, s, (128, 128), path=path) for w, s in copies])
                 for path in paths
-                if path != "triton_w8a16" or bucket <= fp8_gemm_choice.W8A16_MAX_M
+                if fp8_gemm_choice.timed_at(path, bucket)
             }
             del x
+        del copies
         table = fp8_gemm_choice.table_from_timings(timings)
         fp8_gemm_choice.set_table(idx, k, n, table)
         tuned[(k, n)] = table
         logger.info("fp8 linear K=%d N=%d: %s", k, n, fp8_gemm_choice.describe(table))
     return tuned
+
+
+def _timing_copies(weight_bytes: int) -> int:
+    """How many copies of a weight of ``weight_bytes`` one timed graph cycles through."""
+    return max(2, min(_TIMING_MAX_COPIES, -(-TIMING_WEIGHT_BYTES // max(1, weight_bytes))))
 
 
 def _launch_candidates(candidates: dict[tuple[int, int], list[str]], buckets: list[int], device: torch.device) -> None:
@@ -668,5 +649,5 @@ def _launch_candidates(candidates: dict[tuple[int, int], list[str]], buckets: li
         for bucket in buckets:
             x = torch.zeros(bucket, k, device=device, dtype=torch.bfloat16)
             for path in paths:
-                if path != "triton_w8a16" or bucket <= fp8_gemm_choice.W8A16_MAX_M:
+                if fp8_gemm_choice.timed_at(path, bucket):
                     fp8_linear(x, w8, ws, (128, 128), path=path)

@@ -18,7 +18,7 @@ let the page-table and key loads run ahead of the dot. Token blocks whose tokens
 ``skip_below`` are not scored (their selection is every causal key).
 
 Tokens of one block usually share a request (prefill lays a request's tokens out
-contiguously). In a batch of several requests the stacked grid has ``BLOCK_T`` programs per
+contiguously). In a batch of ``R`` requests the stacked grid has ``min(BLOCK_T, R)`` programs per
 (token block, key program), the ``s``-th scoring the block's tokens of its ``s``-th request
 against that request's keys (the others return at once), so a straddling block costs no
 separate code path. Decode-like batches use ``BLOCK_T = 1``.
@@ -154,18 +154,18 @@ def _indexer_scores_kernel(
     page_size,
     skip_below,
     scale,
+    segments,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,
     FP8: tl.constexpr,
     STACKED: tl.constexpr,
-    SEGMENTS: tl.constexpr = 1,
 ):
     # Later token blocks have longer causal ranges: start them first.
     t0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_T
     pid_l = tl.program_id(1)
-    key_programs = tl.num_programs(1) // SEGMENTS
+    key_programs = tl.num_programs(1) // segments
     offs_t = t0 + tl.arange(0, BLOCK_T)
     mask_t = offs_t < num_tokens
     pos = tl.load(POSITIONS + offs_t, mask=mask_t, other=-1)
@@ -320,17 +320,19 @@ def indexer_scores_triton(
     block_h = max(16, triton.next_power_of_2(num_heads))
     if use_stacked and block_t * block_h > 256:  # on the H200, 16 × 32 columns gave wrong sums
         raise ValueError(f"the stacked dot takes at most 256 query rows, got block_t={block_t} × {block_h} heads")
-    # Stacked blocks of a multi-request batch may straddle requests: a program per request part.
-    segments = block_t if use_stacked and page_table.shape[0] > 1 else 1
+    # Stacked blocks of a multi-request batch may straddle requests: a program per request part
+    # (a block of block_t tokens holds parts of at most min(block_t, requests) requests). A
+    # runtime argument, not a constexpr: a new request count must not compile a new kernel.
+    segments = min(block_t, page_table.shape[0]) if use_stacked else 1
     grid = (triton.cdiv(num_tokens, block_t), (key_programs or cfg["key_programs"]) * segments)
     _indexer_scores_kernel[grid](
         q, weights, k_cache, page_table, token_req, positions, scores,
         q.stride(0), q.stride(1), weights.stride(0), k_cache.stride(0), page_table.stride(0), scores.stride(0),
-        num_tokens, num_heads, head_dim, page_size, skip_below, softmax_scale,
+        num_tokens, num_heads, head_dim, page_size, skip_below, softmax_scale, segments,
         BLOCK_T=block_t, BLOCK_H=block_h,
         BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"],
         FP8=fp8_mode,
-        STACKED=use_stacked, SEGMENTS=segments,
+        STACKED=use_stacked,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"],
     )  # fmt: skip

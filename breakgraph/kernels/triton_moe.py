@@ -16,7 +16,9 @@ Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs,
    per 128×128 tile; for FP8 the activations are either kept in bf16 and each weight tile is
    dequantised in registers to ``bf16(w·s)`` — the very values the twin's ``block_dequant``
    makes — before a bf16 MMA (``W8A16``: the default for small batches, which pay for weight
-   bytes, and these are fp8) or quantised per (row, 128 columns) to e4m3 for the fp8 tensor
+   bytes, and these are fp8; ``BREAKGRAPH_MOE_DEQUANT=product`` instead scales each k-block's
+   fp32 product, the codes rebuilt as bf16 bits or widened exactly: see ``_moe_update``) or
+   quantised per (row, 128 columns) to e4m3 for the fp8 tensor
    cores, each k-block's fp32 partial sum scaled by ``s_w · s_a`` (``W8A8``, the default from
    ``W8A8_MIN_TOKENS`` tokens, :func:`moe_fp8_activations`): twice the MMA rate for large T, ≈4% relative deviation from the
    bf16-activation twin on random data: two quantised GEMMs). Small row blocks use the swapped
@@ -49,13 +51,16 @@ import triton
 import triton.language as tl
 
 from breakgraph import env
+from breakgraph.kernels.dispatch import interpreting
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import act_quant, interpreting, scaled_update
+from breakgraph.kernels.triton_fp8 import act_quant, mma, scaled_update, to_fp8
 
 if TYPE_CHECKING:
     from breakgraph.kernels.moe import SharedExpert
 
-W8A8_MIN_TOKENS = 128  # scripts/bench_kernels_moe.py on the H200, graph replays: W8A8 wins from here up
+# scripts/bench_kernels_moe.py --only compare on the H200: W8A8 (its two quantisations included) beats
+# the best W8A16 at every size timed, 1.2x at 1 token (50.8 vs 60.4 us a layer), 1.26x at 16, 2.2x at 1024.
+W8A8_MIN_TOKENS = 1
 
 
 def moe_fp8_activations(num_tokens: int) -> bool:
@@ -317,6 +322,80 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeLayo
 # --------------------------------------------------------------------------------------------
 # grouped GEMM
 
+# W8A16 weight tiles (``DEQUANT``): 0 scales every e4m3 weight in registers to ``bf16(w·s)``, the
+# twin's values, before the MMA; 1 widens each code exactly to the activations' dtype and scales
+# the k-block's fp32 partial product by ``s``; 2 rebuilds bf16 bits from the code
+# (:func:`_e4m3_bits_bf16`, the value ``w·2⁻¹²⁰``) and scales the partial product by ``s·2¹²⁰``.
+E4M3_BF16_SHIFT = tl.constexpr(2.0**120)
+
+
+@triton.jit
+def _e4m3_bits_bf16(w, INTERP: tl.constexpr):
+    """e4m3 codes → bf16 whose value is ``code·2⁻¹²⁰`` exactly (subnormal codes included): the
+    sign moves to bit 15 and the 7 exponent-mantissa bits to bits 4…10, so e4m3's exponent
+    (bias 7) reads as bf16's (bias 127). Integer ops only (byte permute, and, shift, lop3: two
+    per code on the integer pipes), none on the conversion units the float path needs."""
+    c = w.to(tl.uint8, bitcast=True)
+    if INTERP:
+        c16 = c.to(tl.uint16)
+        return (((c16 & 0x80) << 8) | ((c16 & 0x7F) << 4)).to(tl.bfloat16, bitcast=True)
+    else:
+        # two codes per 16-bit register in, one bf16 pair out: [0, c0, 0, c1], then the bit moves
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 a, t;
+            mov.b32 a, {$1, $1};
+            prmt.b32 a, a, 0, 0x1404;
+            and.b32 t, a, 0x7f007f00;
+            shr.b32 t, t, 4;
+            lop3.b32 $0, t, a, 0x80008000, 0xf8;
+            }""",
+            constraints="=r,h",
+            args=[c],
+            dtype=tl.bfloat16,
+            is_pure=True,
+            pack=2,
+        )
+
+
+@triton.jit
+def _moe_update(
+    acc, a, w, sw, sa, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr, DEQUANT: tl.constexpr,
+    INTERP: tl.constexpr,
+):  # fmt: skip
+    """:func:`~breakgraph.kernels.triton_fp8.scaled_update` for one k-block, with W8A16's
+    ``DEQUANT`` modes 1 and 2 (see above): the block's product from a fresh accumulator,
+    scaled once (``BLOCK_K`` must divide the 128-wide scale block)."""
+    if W_FP8 and not A_FP8 and DEQUANT > 0:
+        if DEQUANT == 2:
+            wv = _e4m3_bits_bf16(w, INTERP).to(a.dtype)
+            s = sw * E4M3_BF16_SHIFT
+        else:
+            wv = w.to(a.dtype)
+            s = sw
+        if SWAP_AB:
+            d = mma(wv, tl.trans(a), tl.zeros_like(acc), INTERP)
+        else:
+            d = mma(a, tl.trans(wv), tl.zeros_like(acc), INTERP)
+        return acc + d * s
+    else:
+        return scaled_update(acc, a, w, sw, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
+
+
+@triton.jit
+def _block_rows(pid_m, block_expert_ptr, sorted_ptr, P, TOP_K, GATHER: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row block ``pid_m`` of the expert-sorted layout: its expert (int64), its pairs, which of
+    them are real (``pair < P``; the rest pad the block) and the row of ``a`` each reads (the
+    token ``pair // TOP_K`` when ``GATHER``, else the pair; row 0 for padding)."""
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pair < P
+    if GATHER:
+        a_row = pair // TOP_K
+    else:
+        a_row = pair
+    return expert, pair, row_ok, tl.where(row_ok, a_row, 0)
+
 
 @triton.jit
 def _moe_gemm_kernel(
@@ -328,22 +407,20 @@ def _moe_gemm_kernel(
     stride_cm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr, DEQUANT: tl.constexpr = 0,
+    cs_ptr=None, stride_csm=0, QUANT_OUT: tl.constexpr = 0,
 ):  # fmt: skip
+    """Grouped GEMM over the layout's row blocks (see :func:`moe_gemm`). ``QUANT_OUT``: ``c`` is
+    e4m3 and each output tile (``BLOCK_N == 128`` columns, one group) is rounded to the
+    activation dtype (``QUANT_OUT`` 16: bf16, 15: fp16, 32: kept fp32), then quantised per
+    (row, 128 columns) exactly as :func:`~breakgraph.kernels.triton_fp8.act_quant` quantises
+    that stored tensor, with the scales into ``cs`` (row stride ``stride_csm``)."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_n
     pid_n = pid % num_n
     if pid_m < tl.load(num_blocks_ptr):
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        pair = tl.load(sorted_ptr + offs_m)
-        row_ok = pair < P
-        if GATHER:
-            a_row = pair // TOP_K
-        else:
-            a_row = pair
-        a_row = tl.where(row_ok, a_row, 0)
+        expert, pair, row_ok, a_row = _block_rows(pid_m, block_expert_ptr, sorted_ptr, P, TOP_K, GATHER, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
@@ -374,10 +451,10 @@ def _moe_gemm_kernel(
                 sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
             else:
                 sa = 1.0
-            acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
+            acc_g = _moe_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, SWAP_AB, DEQUANT, INTERP)
             if SILU:
                 wu = tl.load(wu_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, SWAP_AB, INTERP)
+                acc_u = _moe_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, SWAP_AB, DEQUANT, INTERP)
             a_ptrs += BLOCK_K
             wg_ptrs += BLOCK_K
             wu_ptrs += BLOCK_K
@@ -385,7 +462,19 @@ def _moe_gemm_kernel(
             out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         else:
             out = acc_g
-        out = out.to(c_ptr.dtype.element_ty)
+        if QUANT_OUT:
+            if QUANT_OUT == 16:
+                out = out.to(tl.bfloat16).to(tl.float32)
+            elif QUANT_OUT == 15:
+                out = out.to(tl.float16).to(tl.float32)
+            # one group per tile: the amax runs over the tile's columns (axis 0 when swapped)
+            amax = tl.max(tl.abs(out), axis=0 if SWAP_AB else 1)
+            scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
+            bscale = scale[None, :] if SWAP_AB else scale[:, None]
+            out = to_fp8(tl.math.div_rn(out, bscale + tl.zeros_like(out)), INTERP)
+            tl.store(cs_ptr + pair.to(tl.int64) * stride_csm + pid_n, scale, mask=row_ok)
+        else:
+            out = out.to(c_ptr.dtype.element_ty)
         if SWAP_AB:
             c_ptrs = c_ptr + pair[None, :].to(tl.int64) * stride_cm + offs_n[:, None]
             tl.store(c_ptrs, out, mask=row_ok[None, :] & n_ok[:, None])
@@ -416,7 +505,7 @@ def _moe_stream_kernel(
     stride_cm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES_N: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr, DEQUANT: tl.constexpr = 0,
 ):  # fmt: skip
     """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
     product only. Program ``(b, c)`` takes row block ``b`` and ``TILES_N`` consecutive
@@ -431,15 +520,7 @@ def _moe_stream_kernel(
     pid_m = pid // num_c
     pid_c = pid % num_c
     if pid_m < tl.load(num_blocks_ptr):
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        pair = tl.load(sorted_ptr + offs_m)
-        row_ok = pair < P
-        if GATHER:
-            a_row = pair // TOP_K
-        else:
-            a_row = pair
-        a_row = tl.where(row_ok, a_row, 0)
+        expert, pair, row_ok, a_row = _block_rows(pid_m, block_expert_ptr, sorted_ptr, P, TOP_K, GATHER, BLOCK_M)
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + a_row[:, None].to(tl.int64) * stride_am + offs_k[None, :]
         w_base = w_ptr + expert * stride_we
@@ -475,13 +556,13 @@ def _moe_stream_kernel(
                 sa = tl.load(as_ptr + a_row * stride_asm + kb * stride_asg, mask=row_ok, other=0.0)
             else:
                 sa = tl.full((BLOCK_M,), 1.0, tl.float32)
-            acc_g = scaled_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, INTERP)
+            acc_g = _moe_update(acc_g, a, wg, sw_g, sa, W_FP8, A_FP8, True, DEQUANT, INTERP)
             if SILU:
                 if EVEN:
                     wu = tl.load(wg_ptrs + UP_OFF * stride_wn)
                 else:
                     wu = tl.load(wg_ptrs + UP_OFF * stride_wn, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                acc_u = scaled_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, INTERP)
+                acc_u = _moe_update(acc_u, a, wu, sw_u, sa, W_FP8, A_FP8, True, DEQUANT, INTERP)
             if TILES_N > 1:
                 if k0 + BLOCK_K >= K:
                     _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n0, N, stride_cm, SILU, BLOCK_N)
@@ -491,7 +572,10 @@ def _moe_stream_kernel(
             _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n_first, N, stride_cm, SILU, BLOCK_N)
 
 
-def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False) -> dict:
+def gemm_config(
+    num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: bool = False, *, dequant: str | None = None,
+    fused_quant: bool | None = None,
+) -> dict:
     """Tile choice from static shapes only (graph-safe): rows per expert on average decide
     ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the tile sweep
     (``scripts/bench_kernels_moe.py --sweep``, GLM-5 TP8 rank): 4 rows per expert (128 tokens)
@@ -499,11 +583,17 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: 
     GEMM 2 (K = I, two k-blocks) in 3 stages. W8A16's GEMM 2 (``a_fp8`` false) with 16-row
     blocks takes the stream kernel, four 128-column tiles per program (decode batches 8…64:
     8–17% faster than the grouped kernel, ``scripts/gpu_check_moe2.sh`` on the H200); its
-    GEMM 1 and W8A8 ran as fast or faster on the grouped kernel."""
+    GEMM 1 and W8A8 ran as fast or faster on the grouped kernel. ``dequant`` (W8A16's
+    ``DEQUANT``: ``scaled`` mode 0, ``product`` the modes below; default ``BREAKGRAPH_MOE_DEQUANT``)
+    and ``fused_quant`` (W8A8's GEMM 1 128 columns wide, so that it can write h's codes; default
+    ``BREAKGRAPH_MOE_FUSED_QUANT``) are the selectable paths not yet measured on a GPU."""
+    product = (dequant or env.read("BREAKGRAPH_MOE_DEQUANT")) == "product"
+    if fused_quant is None:
+        fused_quant = env.read("BREAKGRAPH_MOE_FUSED_QUANT") == "1"
     avg = num_pairs / max(1, num_experts)
     if fp8 and not a_fp8 and not silu and avg <= 16:
         return {"KERNEL": "stream", "BLOCK_M": 16, "BLOCK_N": 128, "TILES_N": 4, "BLOCK_K": 128,
-                "num_warps": 4, "num_stages": 4}  # fmt: skip
+                "num_warps": 4, "num_stages": 4, "DEQUANT": W8A16_DEQUANT_SWAPPED if product else 0}  # fmt: skip
     if avg <= 16:
         cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4}
     elif avg <= 48 and not fp8:
@@ -515,7 +605,23 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: 
     cfg["BLOCK_N"] = 64 if silu else 128
     cfg["BLOCK_K"] = 128
     cfg["num_stages"] = 4 if fp8 and silu and cfg["BLOCK_M"] <= 64 else 3
+    if fp8 and not a_fp8:
+        cfg["DEQUANT"] = (W8A16_DEQUANT_SWAPPED if cfg["SWAP_AB"] else W8A16_DEQUANT) if product else 0
+    if fp8 and a_fp8 and silu and fused_quant and cfg["BLOCK_M"] <= 64:  # 128 rows: two 128² accumulators spill
+        cfg["BLOCK_N"] = 128
+        cfg["num_warps"] = 8 if cfg["BLOCK_M"] >= 64 else 4
     return cfg
+
+
+# W8A16's dequantisation mode (``DEQUANT`` of the GEMM kernels) with BREAKGRAPH_MOE_DEQUANT=product
+# (mode 0, every weight scaled, is the default until measured on the H200), by orientation. Swapped
+# (weights on the MMA's register side): the bit rebuild, all on the integer pipes (sm_90a, gate/up
+# at 16 rows, per warp and k-block: 557 instructions, none on the conversion units, against 688
+# with 128 conversions for mode 0 and 491 with 192 for mode 1; ``python scripts/moe_dequant_sass.py``).
+# Unswapped (weights the MMA's shared-memory side): the exact widening (537 against 614 for mode 0
+# and 872 for the bit rebuild, which the compiler routes through an extra layout change).
+W8A16_DEQUANT_SWAPPED = 2
+W8A16_DEQUANT = 1
 
 
 def moe_gemm(
@@ -530,6 +636,8 @@ def moe_gemm(
     silu: bool,
     block: tuple[int, int] = (128, 128),
     config: dict | None = None,
+    out_scale: torch.Tensor | None = None,
+    out_round: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """Grouped GEMM over ``layout``'s row blocks, writing rows of ``out`` by pair id.
 
@@ -540,6 +648,9 @@ def moe_gemm(
     ``out [P, N]``. Rows of pairs are written exactly once; nothing else is touched.
     ``config`` overrides :func:`gemm_config`'s tiles; ``KERNEL="stream"`` takes
     :func:`_moe_stream_kernel` (swapped product only; ``TILES_N`` column tiles per program).
+    An e4m3 ``out`` with ``out_scale [P, N/128]`` fp32 (grouped kernel, ``BLOCK_N = 128``): the
+    product quantised in the epilogue as ``act_quant`` would quantise it stored in ``out_round``
+    (the next W8A8 GEMM's input with no quantisation launch between).
     """
     num_e, n_w, k = weight.shape
     n = n_w // 2 if silu else n_w
@@ -569,6 +680,18 @@ def moe_gemm(
         return out
     ws = weight_scale if w_fp8 else weight
     sa = a_scale if a_fp8 else a
+    if cfg.get("DEQUANT") == 2 and a.dtype == torch.float16:
+        cfg["DEQUANT"] = 1  # code·2⁻¹²⁰ is below fp16's range: widen exactly instead
+    quant = {}
+    if out.dtype == FP8_DTYPE:
+        if (out_scale is None or cfg.get("KERNEL", "grouped") != "grouped" or cfg["BLOCK_N"] != 128 or n % 128
+                or out_scale.shape != (out.shape[0], n // 128) or out_scale.dtype != torch.float32):  # fmt: skip
+            raise ValueError(
+                "moe_gemm: an e4m3 out needs out_scale [rows, N/128] fp32, the grouped kernel and BLOCK_N = 128, "
+                f"got {cfg}, N={n}, out_scale {None if out_scale is None else tuple(out_scale.shape)}"
+            )
+        rounding = {torch.bfloat16: 16, torch.float16: 15, torch.float32: 32}[out_round]
+        quant = {"cs_ptr": out_scale, "stride_csm": out_scale.stride(0), "QUANT_OUT": rounding}
     kernel = _moe_gemm_kernel
     if cfg.pop("KERNEL", "grouped") == "stream":
         cfg.pop("SWAP_AB", None)  # the stream kernel always computes the swapped product
@@ -585,7 +708,7 @@ def moe_gemm(
         weight.stride(0), weight.stride(1), ws.stride(0), ws.stride(1), ws.stride(2),
         out.stride(0),
         GATHER=gather_top_k is not None, SILU=silu, W_FP8=w_fp8, A_FP8=a_fp8,
-        SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), **cfg,
+        SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), **cfg, **quant,
     )  # fmt: skip
     return out
 
@@ -701,11 +824,15 @@ def fused_moe_triton(
     *,
     fp8_activations: bool | None = None,
     configs: tuple[dict | None, dict | None] = (None, None),
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Routed experts with the Triton grouped GEMMs (contract of ``fused_moe_ref``).
 
     ``fp8_activations`` (FP8 weights only; default :func:`moe_fp8_activations`) picks W8A8 over
     W8A16. ``configs`` override the tile choice of GEMM 1 / GEMM 2 (must agree on ``BLOCK_M``).
+    ``x_fp8``: ``x`` already quantised per (row, 128 columns) by its producer (``(codes [≥T, D],
+    scales [≥T, D/128])``, any strides, rows past ``T`` ignored), which W8A8 takes instead of
+    quantising ``x`` itself; ignored otherwise.
     """
     t, d = x.shape
     k = topk_ids.shape[1]
@@ -716,26 +843,42 @@ def fused_moe_triton(
     if fp8_activations is None:
         fp8_activations = moe_fp8_activations(t)
     fp8_activations = fp8_activations and w_fp8
-    cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations)
+    fused_quant = env.read("BREAKGRAPH_MOE_FUSED_QUANT") == "1"  # off until measured on the H200
+    cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations, fused_quant=fused_quant)
     cfg1.update(configs[0] or {})
     cfg2 = gemm_config(p, num_e, False, w_fp8, fp8_activations)
     cfg2.update(configs[1] or {})
     cfg2["BLOCK_M"] = cfg1["BLOCK_M"]
     lay = moe_align(topk_ids, num_e, cfg1["BLOCK_M"])
     xc = x if x.stride(1) == 1 else x.contiguous()
-    if fp8_activations:
+    if fp8_activations and x_fp8 is not None and _takes_x_fp8(x_fp8, t, d, block[1]):
+        xa, xs = x_fp8
+    elif fp8_activations:
         xa, xs = act_quant(xc, block[1], column_major_scale=False)
     else:
         xa, xs = xc, None
-    h = torch.empty(p, i, dtype=x.dtype, device=x.device)
-    moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
-    if fp8_activations:
-        ha, hs = act_quant(h, block[1], column_major_scale=False)
+    # GEMM 1 writes h's codes itself only on the knob (its tile is then 128 columns wide); a
+    # 128-wide tile passed in ``configs`` does not select that path.
+    if fused_quant and fp8_activations and cfg1.get("KERNEL", "grouped") == "grouped" and cfg1["BLOCK_N"] == block[1]:
+        ha = torch.empty(p, i, dtype=FP8_DTYPE, device=x.device)
+        hs = torch.empty(p, i // block[1], dtype=torch.float32, device=x.device)
+        moe_gemm(xa, xs, w13, w13_scale, lay, ha, gather_top_k=k, silu=True, block=block, config=cfg1,
+                 out_scale=hs, out_round=x.dtype)  # fmt: skip
     else:
-        ha, hs = h, None
+        h = torch.empty(p, i, dtype=x.dtype, device=x.device)
+        moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
+        ha, hs = act_quant(h, block[1], column_major_scale=False) if fp8_activations else (h, None)
     y = torch.empty(p, d, dtype=x.dtype, device=x.device)
     moe_gemm(ha, hs, w2, w2_scale, lay, y, gather_top_k=None, silu=False, block=block, config=cfg2)
     return moe_combine(y, topk_weights, torch.empty_like(x))
+
+
+def _takes_x_fp8(x_fp8: tuple[torch.Tensor, torch.Tensor], t: int, d: int, group: int) -> bool:
+    q, s = x_fp8
+    return (
+        q.dtype == FP8_DTYPE and q.dim() == 2 and q.shape[0] >= t and q.shape[1] == d and q.stride(1) == 1
+        and s.dtype == torch.float32 and s.dim() == 2 and s.shape[0] >= t and s.shape[1] == -(-d // group)
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -745,24 +888,33 @@ def fused_moe_triton(
 @triton.jit
 def _decode_up_step(
     acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k0, k_hi, offs_k, n_ok, stride_wsk,
-    W_FP8: tl.constexpr, SCALE_BK: tl.constexpr,
+    W_FP8: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr,
 ):  # fmt: skip
-    """One ``BLOCK_K`` step of the gate and up GEMVs (columns ``k0 + offs_k`` below ``k_hi``)."""
+    """One ``BLOCK_K`` step of the gate and up GEMVs (columns ``k0 + offs_k`` below ``k_hi``).
+    FP8 block scales: ``SCALE_X`` multiplies the row of ``x`` by each column's scale (one
+    multiply per column, shared by the tile's rows, which lie in one 128-row scale block) and
+    widens the codes exactly; else every weight is scaled and rounded to the activation dtype,
+    the twin's dequantisation."""
     kk = k0 + offs_k
     k_ok = kk < k_hi
     xv = tl.load(x_row + kk, mask=k_ok, other=0.0)
     m = n_ok[:, None] & k_ok[None, :]
     wg = tl.load(wg_ptrs + k0, mask=m, other=0.0)
     wu = tl.load(wu_ptrs + k0, mask=m, other=0.0)
+    xf = xv.to(tl.float32)
+    xg = xf[None, :]
+    xu = xf[None, :]
     if W_FP8:
-        # the twin's dequantisation: (w·s) rounded to the activation dtype, per 128-column block
         kb = (kk // SCALE_BK) * stride_wsk
         sg = tl.load(sg_ptr + kb, mask=k_ok, other=0.0)
         su = tl.load(su_ptr + kb, mask=k_ok, other=0.0)
-        wg = (wg.to(tl.float32) * sg[None, :]).to(xv.dtype)
-        wu = (wu.to(tl.float32) * su[None, :]).to(xv.dtype)
-    xf = xv.to(tl.float32)[None, :]
-    return acc_g + tl.sum(wg.to(tl.float32) * xf, axis=1), acc_u + tl.sum(wu.to(tl.float32) * xf, axis=1)
+        if SCALE_X:
+            xg = (xf * sg)[None, :]
+            xu = (xf * su)[None, :]
+        else:
+            wg = (wg.to(tl.float32) * sg[None, :]).to(xv.dtype)
+            wu = (wu.to(tl.float32) * su[None, :]).to(xv.dtype)
+    return acc_g + tl.sum(wg.to(tl.float32) * xg, axis=1), acc_u + tl.sum(wu.to(tl.float32) * xu, axis=1)
 
 
 @triton.jit
@@ -772,7 +924,7 @@ def _decode_up_kernel(
     stride_xm, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_hs, stride_hp,
     K_PER_SPLIT: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, W_FP8: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr = False,
 ):  # fmt: skip
     """Program ``(q, n, s)``: rows ``[n·BN, (n+1)·BN)`` of the gate and of the up projection of
     slot ``q``'s expert times its token's row of ``x``, over the k-range of split ``s``. Slots
@@ -809,13 +961,13 @@ def _decode_up_kernel(
         for dk in tl.static_range(0, K_PER_SPLIT, BLOCK_K):
             acc_g, acc_u = _decode_up_step(
                 acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k_lo + dk, k_hi, offs_k, n_ok, stride_wsk,
-                W_FP8, SCALE_BK,
+                W_FP8, SCALE_BK, SCALE_X,
             )  # fmt: skip
     else:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             acc_g, acc_u = _decode_up_step(
                 acc_g, acc_u, x_row, wg_ptrs, wu_ptrs, sg_ptr, su_ptr, k0, k_hi, offs_k, n_ok, stride_wsk,
-                W_FP8, SCALE_BK,
+                W_FP8, SCALE_BK, SCALE_X,
             )  # fmt: skip
     h_row = h_ptr + split * stride_hs + q.to(tl.int64) * stride_hp
     if SPLIT_K == 1:
@@ -833,7 +985,7 @@ def _decode_down_kernel(
     stride_hs, stride_hp, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_rm, stride_om,
     I: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RES: tl.constexpr,
     W_FP8: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr = False,
 ):  # fmt: skip
     """Program ``(t, n)``: columns ``[n·BN, (n+1)·BN)`` of token ``t``'s output
     ``Σ_j w[t, j] · W2[ids[t, j]] h[t·k + j]`` (+ the shared expert's ``W2_s h[P + t]``, + the
@@ -842,7 +994,8 @@ def _decode_down_kernel(
     steps (a step may span several experts: each column gathers its own expert's weights),
     so the sum runs in one fixed order and loads need not wait for the previous step.
     ``SPLIT_K > 1``: ``h`` holds fp32 ``g ‖ u`` split sums, added in split order, then
-    ``silu(g)·u`` rounded to the output dtype (what ``SPLIT_K == 1`` stores)."""
+    ``silu(g)·u`` rounded to the output dtype (what ``SPLIT_K == 1`` stores). FP8 scales:
+    ``SCALE_X`` as in :func:`_decode_up_step` (on ``h``'s columns here)."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     n0 = pid_n * BLOCK_N
@@ -876,11 +1029,15 @@ def _decode_down_kernel(
         if HAS_SHARED:
             w_ptrs = tl.where(routed[None, :], w_ptrs, shw_ptr + w_off)
             s_ptrs = tl.where(routed, s_ptrs, shs_ptr)
-        w = tl.load(w_ptrs, mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+        hw = h * wt
         if W_FP8:
             sw = tl.load(s_ptrs + (n0 // SCALE_BN) * stride_wsn + (kk // SCALE_BK) * stride_wsk, mask=col_ok, other=0.0)
+            if SCALE_X:  # the column's scale on h (one multiply per column), the codes widened exactly
+                hw = hw * sw
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+        if W_FP8 and not SCALE_X:
             w = (w.to(tl.float32) * sw[None, :]).to(dt)
-        acc += tl.sum(w.to(tl.float32) * (h * wt)[None, :], axis=1)
+        acc += tl.sum(w.to(tl.float32) * hw[None, :], axis=1)
     if HAS_RES:
         acc += tl.load(res_ptr + t.to(tl.int64) * stride_rm + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n, acc.to(dt), mask=n_ok)
@@ -896,14 +1053,20 @@ def _decode_down_kernel(
 DECODE_MAX_TOKENS = 8
 
 
-def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool) -> dict:
+def decode_config(
+    num_tokens: int, top_k: int, inter: int, hidden: int, has_shared: bool, scale_x: bool | None = None
+) -> dict:
     """Tiles of the two decode kernels from static shapes only (graph-safe): ``up`` (gate/up:
     ``BLOCK_N`` rows of I, ``BLOCK_K`` columns of D per step, ``SPLIT_K`` k-splits) and
     ``down`` (``BLOCK_N`` columns of D, ``BLOCK_K`` of the token's slots × I per step). Tiles of at most 8K
-    elements per 4 warps compile without spills for sm_90a
+    elements per 4 warps (16K for down with the scales on h) compile without spills for sm_90a
     (``test_moe_decode_kernels_compile_for_sm90_without_spills``); the k-split doubles until
     the gate/up grid has four programs per SM (132 on an H200) or each split is 1024 columns
-    (at one token: 4 splits, the fastest gate/up tile of ``scripts/bench_moe_decode.py``'s sweep)."""
+    (at one token: 4 splits, the fastest gate/up tile of ``scripts/bench_moe_decode.py``'s sweep).
+    ``scale_x``: FP8 block scales on the activations (``SCALE_X``; default
+    ``BREAKGRAPH_MOE_DEQUANT=product``), else on every weight (the default until measured on the H200)."""
+    if scale_x is None:
+        scale_x = env.read("BREAKGRAPH_MOE_DEQUANT") == "product"
     slots = num_tokens * (top_k + int(has_shared))
     up_n = 16
     split = 1
@@ -914,8 +1077,13 @@ def decode_config(num_tokens: int, top_k: int, inter: int, hidden: int, has_shar
     return {
         # straight-line k-steps up to 3 (6 take 255 registers on sm_90a and ran slower in the sweep)
         "up": {"BLOCK_N": up_n, "BLOCK_K": up_k, "SPLIT_K": split, "UNROLL": hidden // split <= 3 * up_k,
-               "num_warps": 4, "num_stages": 1},
-        "down": {"BLOCK_N": down_n, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1},
+               "num_warps": 4, "num_stages": 1, "SCALE_X": scale_x},
+        # 16-column down tiles step 1024 wide with the scales on h (512 spills a few addresses);
+        # with the scales on h, sm_90a one-token tiles take fewer instructions and no F2F
+        # conversions (gate/up 1688 against 2904; `pytest -s tests/test_kernels_moe.py -k
+        # scale_x_leaves_the_conversion_units` prints both kernels' counts)
+        "down": {"BLOCK_N": down_n, "BLOCK_K": 1024 if scale_x and down_n == 16 else 512, "num_warps": 4,
+                 "num_stages": 1, "SCALE_X": scale_x},
     }  # fmt: skip
 
 

@@ -1,5 +1,10 @@
 """RMSNorm on the GPU: one program per row, plain and with the residual add fused in.
 
+Two row kernels of one contract: ``_rms_norm_kernel`` (a 1-D row; the default, measured on the
+H200) and ``_rms_norm_tile_kernel`` (the row as ``[groups, 128]``, the weight loaded beside
+``x``: for decode's few rows, where a program's time is its chain of memory waits;
+``BREAKGRAPH_NORM_ROW_TILE=1``, off until measured on the H200).
+
 Rounding follows :func:`breakgraph.kernels.norm.rms_norm_ref` as torch runs it on CUDA. The
 statistics in fp32: the squares rounded before they are summed, ``mean`` as the fp32 sum ×
 ``fp32(1/N)`` (as torch's CUDA ``mean`` computes it), then ``+ eps`` (no FMA contraction);
@@ -22,8 +27,10 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from breakgraph import env
+from breakgraph.kernels.dispatch import interpreting
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.triton_fp8 import QUANT_GROUP, interpreting, to_fp8
+from breakgraph.kernels.triton_fp8 import QUANT_GROUP, to_fp8
 
 MAX_HIDDEN = 8192
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -101,6 +108,60 @@ def _rms_norm_kernel(
         tl.store(s_ptr + row * stride_sm + g * stride_sg, scale, mask=g * GROUP < N)
 
 
+@triton.jit
+def _rms_norm_tile_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr,
+    M, N, stride_x, stride_res, stride_sm, stride_sg, inv_n, eps,
+    HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr,
+    INTERP: tl.constexpr,
+):  # fmt: skip
+    """:func:`_rms_norm_kernel`'s contract with the row held as a ``[GROUPS, GROUP]`` tile (column
+    ``g·GROUP + c``; ``BREAKGRAPH_NORM_ROW_TILE=1``, off until measured on the H200).
+
+    A program is one row, so at decode's few rows its time is its chain of dependent steps:
+    the weight is loaded first, beside ``x`` (after the reduction it would wait for memory a
+    second time), and each group's amax reduces inside the tile's own layout (a 1-D row
+    reshaped into groups went through shared memory)."""
+    dtype: tl.constexpr = out_ptr.dtype.element_ty
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    in_row = cols < N
+    real = row < M
+    mask = in_row & real
+    w = tl.load(w_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = _round_to(x.to(tl.float32) + r.to(tl.float32), dtype, INTERP)
+        tl.store(res_out_ptr + row * N + cols, x, mask=mask)
+    h = x.to(tl.float32)
+    # fp32 scalars whatever the caller passed (inductor hands Python floats over as fp64)
+    inv_n = tl.cast(inv_n, tl.float32)
+    eps = tl.cast(eps, tl.float32)
+    sq = tl.sum(tl.sum(_mul_rn(h, h, INTERP), axis=1), axis=0)
+    rstd = tl.math.rsqrt(_mul_rn(sq, inv_n, INTERP) + eps)
+    h = _round_to(h * rstd, dtype, INTERP).to(tl.float32)
+    y = _round_to(w * h, dtype, INTERP)
+    tl.store(out_ptr + row * N + cols, y, mask=mask)
+    if QUANT:
+        yf = y.to(tl.float32)
+        amax = tl.max(tl.abs(yf), axis=1)
+        # IEEE-rounded divisions, as _act_quant_kernel does them: the same codes and scales
+        scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full(amax.shape, 448.0, tl.float32))
+        q = to_fp8(tl.math.div_rn(yf, scale[:, None] + tl.zeros_like(yf)), INTERP)
+        tl.store(q_ptr + row * N + cols, q, mask=in_row)
+        g = tl.arange(0, GROUPS)
+        tl.store(s_ptr + row * stride_sm + g * stride_sg, scale, mask=g * GROUP < N)
+
+
+def tile(n: int) -> tuple[int, int]:
+    """``(GROUPS, GROUP)`` of :func:`_rms_norm_tile_kernel`'s tile for a row of ``n`` columns: 128-column groups
+    (the FP8 quantisation's), a power-of-two count of them; one group of ``next_pow2(n)``
+    columns below 128."""
+    group = min(QUANT_GROUP, triton.next_power_of_2(n))
+    return triton.next_power_of_2(-(-n // group)), group
+
+
 def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
     """Whether the Triton kernels handle these tensors (else use the twin): bf16/fp16/fp32
     ``x`` with ``weight [N]`` (and ``residual``) of the same dtype, ``N ≤ MAX_HIDDEN``, unit
@@ -118,8 +179,10 @@ def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | Non
 
 def _launch(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, quant_pad_rows: int = 0,
-    num_warps: int | None = None,
+    num_warps: int | None = None, row_tile: bool | None = None,
 ):  # fmt: skip
+    """Launch the row kernel (``row_tile``: the ``[groups, 128]`` one; None: as
+    ``BREAKGRAPH_NORM_ROW_TILE`` says) with fresh outputs; ``num_warps`` overrides the default."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     m = x2.shape[0]
@@ -133,12 +196,16 @@ def _launch(
         q = torch.empty(rows, n, dtype=FP8_DTYPE, device=x.device)
         scale = torch.empty(n // QUANT_GROUP, rows, dtype=torch.float32, device=x.device).t()
     if rows:
+        if row_tile is None:
+            row_tile = env.read("BREAKGRAPH_NORM_ROW_TILE") == "1"
+        groups, group = tile(n)
         block = triton.next_power_of_2(n)
-        _rms_norm_kernel[(rows,)](
+        shape = {"GROUP": group, "GROUPS": groups} if row_tile else {"GROUP": QUANT_GROUP, "BLOCK": block}
+        (_rms_norm_tile_kernel if row_tile else _rms_norm_kernel)[(rows,)](
             x2, res, weight, out, res_out, q, scale,
             m, n, x2.stride(0), 0 if res is None else res.stride(0), *(scale.stride() if quant_pad_rows else (0, 0)),
             1.0 / n, eps,
-            HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), GROUP=QUANT_GROUP, BLOCK=block,
+            HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), **shape,
             INTERP=interpreting(), num_warps=num_warps or max(1, min(8 if quant_pad_rows else 16, block // 512)),
         )  # fmt: skip
     return out, res_out, q, scale

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from breakgraph.kernels.triton_fp8 import interpreting
+from breakgraph.kernels.dispatch import interpreting
 from breakgraph.kernels.triton_norm import _DTYPES, _mul_rn, _round_to
 
 

@@ -23,42 +23,29 @@ real, finite row and are dropped from the scores), with loop-invariant column po
 row mask): the masked loop spends ~16 instructions of address and predicate
 math per 16-byte copy (sm_90 SASS), the lean one ~4. ``_sparse_mla_groups_kernel`` is the lean
 loop with the row in four column groups of ``r/4``: each thread gathers 6 distinct rows per
-block instead of 18, it fits 128 registers (four programs per SM) without a cap, and its score
-dots can run as two independent tensor-core chains (``CHAINS``) instead of one of 36 steps.
-``LAZY`` (``_softmax_step_lazy``): the accumulator is rescaled only when some row's maximum grew
+block instead of 18 and it fits 128 registers (four programs per SM) without a cap. Its head
+block is padded to 8 rows, not 16: the loop reads the query tile from shared memory again for
+every key block (the ``mma.sync`` A operand of all 576 columns would take 144 registers), so
+the padding costs shared-memory bandwidth, which bounds the loop (H200 ``ncu``: L1/shared 78%
+busy, short-scoreboard stalls on shared memory; DRAM idle).
+``LAZY`` (``_online_softmax``): the accumulator is rescaled only when some row's maximum grew
 by more than ``2^LAZY`` since the last rescale, so most blocks skip the ``[16, 512]`` multiply
 (the terms stay relative to the stale maximum, at most ``2^LAZY``). The keys as the dots' M side
 (swap-AB: 64-key blocks on wgmma, one 169 KB program per SM) measured slower than mma.sync
 with heads as M at 8 and 16 heads (docs/benchmarks.md).
 
-Dense-causal path (``_dense_mla_fwd_kernel``; on when the caller passes ``positions`` and
-``dense_below``). The DSA indexer selects ``min(K, pos + 1)`` keys, so a token at ``pos < K``
-has every causal key ``0…pos`` in its row: its sparse attention *is* dense causal attention.
-One program owns ``BLOCK_T`` consecutive tokens × up to 64 heads (``M = BLOCK_T·H ≤ 64`` rows,
-token-major: 8 tokens at ``H = 8``) and walks the key positions ``0…max pos`` of their
-request in blocks of ``BLOCK_N``, through the page table, with a per-row causal mask: each
-key row is loaded once for up to 64 rows, and only the causal range is visited. A token
-block runs densely only when all its tokens share a request and sit below ``dense_below``;
-both kernels evaluate that predicate (``_dense_block``) and the other one exits, so each
-output row is written once. Blocks with the longest key ranges start first. The
-``[64, 512]`` fp32 accumulator takes 8 warps; Triton then computes the ``M = 64`` score dot
-on both warpgroups redundantly (as in the sparse kernel at ``BLOCK_H = 64``). Where the page
-size is a multiple of ``BLOCK_N``, a key block lies in one page: one page-table entry per
-block, loaded an iteration ahead so the row copies do not wait on it.
-
-Key chunks (flash-decoding over the causal triangle) when the token blocks cannot fill the
-GPU (a short prompt at few heads: 128 blocks at 1k tokens × 8 heads): grid axis 2 cuts each
-block's keys into chunks of ``chunk_keys``; a block whose keys fit one chunk writes its
-output directly, the others write per-chunk partials (normalised output + log-sum-exp, fp32)
-that ``_dense_mla_merge_kernel`` combines. The grid is sized by the page table's width
-(a shape), so programs past a block's last key exit at once: graph-safe, no host sync.
-The sparse kernel's ``_sparse_mla_merge_kernel`` does not fit these partials (it merges
-every split of every token; here the chunk count varies per block and most tokens have one).
+Dense-causal path (on when the caller passes ``positions`` and ``dense_below``): token blocks
+whose tokens share a request and all sit below ``dense_below`` run
+:mod:`~breakgraph.kernels.triton_dense_mla` first; the kernels here evaluate the same predicate
+(``_dense_block``) and skip those blocks, so each output row is written once.
 
 FP8 latent cache (``kv_cache`` ``uint8``, rows of :mod:`~breakgraph.kernels.latent_fp8`: 656
-bytes instead of 1152): both kernels read their key blocks through one helper,
-:func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`, which dequantises the e4m3 codes
-with their per-128 scales in registers to the query's dtype; the dots and softmax are as above.
+bytes instead of 1152): the kernels dequantise the e4m3 codes with their per-128 scales in
+registers to the query's dtype (the column-group kernel group by group, the others through
+:func:`~breakgraph.kernels.triton_latent_fp8.load_latent_rows`); the dots and softmax are as
+above. With ``fp8_columns`` (``BREAKGRAPH_SPARSE_MLA_FP8=columns``, the default at 8-16 heads:
+H200 1.6x at prefill 8K-16K, 1.5-2.1x at decode) the column-group kernel takes the codes into its dots as they are (converted exactly to
+bf16) and puts each key's scale on the score and probability columns of its group instead.
 
 Split-K (flash-decoding) for small batches: when ``T × head_blocks`` programs cannot fill
 the GPU (decode), the ``K`` keys are cut into ``num_splits`` ranges (grid axis 2); each split
@@ -74,63 +61,49 @@ import torch
 import triton
 import triton.language as tl
 
-from breakgraph.kernels.dispatch import num_sms
+from breakgraph import env
+from breakgraph.kernels.dispatch import interpreting, num_sms
 from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
+from breakgraph.kernels.triton_dense_mla import dense_block as _dense_block
+from breakgraph.kernels.triton_dense_mla import dense_mla_attention_triton
+from breakgraph.kernels.triton_dense_mla import softmax_step as _softmax_step
 from breakgraph.kernels.triton_latent_fp8 import load_latent_rows
 
 _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _dense_block(TOKEN_REQ, POSITIONS, block, num_tokens, dense_below, BLOCK_T: tl.constexpr):
-    """Whether token block ``block`` (tokens ``block·BLOCK_T …``) runs on the dense path: its
-    real tokens all belong to one request and all sit at positions ``< dense_below``."""
-    offs = block * BLOCK_T + tl.arange(0, BLOCK_T)
-    real = offs < num_tokens
-    req = tl.load(TOKEN_REQ + offs, mask=real, other=0)
-    pos = tl.load(POSITIONS + offs, mask=real, other=0)
-    first_req = tl.load(TOKEN_REQ + block * BLOCK_T)
-    others = tl.sum((real & (req != first_req)).to(tl.int32), 0)
-    return (others == 0) & (tl.max(pos, 0) < dense_below)
-
-
-@triton.jit
-def _softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
-    """One key block of the online softmax (base 2): ``s = q·kᵀ`` where ``keep``, else ``-inf``;
-    ``acc += p·c`` with ``p`` in the cache dtype. Returns the new ``(m_i, l_i, acc)``."""
-    s = tl.dot(q_nope, tl.trans(c))
-    s = tl.dot(q_pe, tl.trans(k_pe), s)
-    s = tl.where(keep, s * qk_scale, float("-inf"))
+def _online_softmax(s, m_i, l_i, TAU: tl.constexpr):
+    """One key block of the online softmax (base 2) on scores ``s [M, N]`` (``-inf``: dropped).
+    Returns ``(p, alpha, rescale, m_i, l_i)``: the caller computes ``acc · alpha`` where
+    ``rescale`` and then adds ``p·v``. ``TAU > 0``: the maxima (and so ``acc``) move only when
+    some row's maximum grew by more than ``TAU`` since the last move: the stale maximum bounds
+    ``p ≤ 2^TAU`` (fp32 sums, bf16 ``p`` keep their relative precision) and most key blocks skip
+    the accumulator's multiply. ``m_i`` is the maximum the terms are relative to."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
+    if TAU > 0:
+        # -inf − -inf is NaN (a row with no key yet): not a reason to rescale.
+        rescale = tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > TAU
+        m_new = tl.where(rescale, m_new, m_i)
+    else:
+        rescale = True
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all-masked so far: keep p = 0
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None])
-    return m_new, l_i, acc
+    return p, alpha, rescale, m_new, l_i
 
 
 @triton.jit
 def _softmax_step_lazy(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc, TAU: tl.constexpr):
-    """:func:`_softmax_step` that rescales ``acc`` and ``l_i`` only when some row's maximum grew
-    by more than ``TAU`` (base 2) since the last rescale: the stale maximum then bounds
-    ``p ≤ 2^TAU`` (fp32 sums, bf16 ``p`` keep their relative precision) and most key blocks skip
-    the ``[BLOCK_H, BLOCK_R]`` multiply. ``m_i`` is the maximum the terms are relative to."""
+    """:func:`~breakgraph.kernels.triton_dense_mla.softmax_step` with the lazy rescale of :func:`_online_softmax` (``TAU > 0``)."""
     s = tl.dot(q_nope, tl.trans(c))
     s = tl.dot(q_pe, tl.trans(k_pe), s)
     s = tl.where(keep, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # -inf − -inf is NaN (a row with no key yet, none here): not a reason to rescale.
-    if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > TAU:
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha
+    p, alpha, rescale, m_i, l_i = _online_softmax(s, m_i, l_i, TAU)
+    if rescale:
         acc = acc * alpha[:, None]
-        m_i = m_new
-    m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i + tl.sum(p, 1)
     acc = tl.dot(p.to(c.dtype), c, acc)
     return m_i, l_i, acc
 
@@ -180,7 +153,7 @@ def _sparse_mla_fwd_kernel(
     split = tl.program_id(2)
     if DENSE_T > 0:
         if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
-            return  # written by _dense_mla_fwd_kernel
+            return  # written by the dense-causal kernel (triton_dense_mla)
 
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, BLOCK_R)
@@ -263,6 +236,44 @@ def _dequant_group(codes, scale, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_codes(codes, DTYPE: tl.constexpr, ASM: tl.constexpr):
+    """e4m3 ``codes`` (uint8) as ``DTYPE`` values, exactly (every e4m3 value is a bf16 value).
+
+    ``ASM`` (bf16, compiled for sm_89+): four codes per 32-bit register through two
+    ``cvt.rn.f16x2.e4m3x2`` and fp32 into two bf16 pairs. Declared impure, so the layout pass
+    converts the tile once (into shared memory for both dots) instead of rematerialising the
+    cast in each dot's operand layout (sm_90a, 8 heads, ``scripts/bench_kernels_attention.py
+    --aot``: 901 instead of 1397 instructions per loop trip, 174 registers instead of 255 and
+    16 bytes of spills, the codes fetched by ``cp.async``). Else Triton's cast (the interpreter)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b16 c01, c23, l0, l1, l2, l3;
+            .reg .b32 h0, h1;
+            .reg .f32 f0, f1, f2, f3;
+            mov.b32 {c01, c23}, $2;
+            cvt.rn.f16x2.e4m3x2 h0, c01;
+            cvt.rn.f16x2.e4m3x2 h1, c23;
+            mov.b32 {l0, l1}, h0;
+            mov.b32 {l2, l3}, h1;
+            cvt.f32.f16 f0, l0;
+            cvt.f32.f16 f1, l1;
+            cvt.f32.f16 f2, l2;
+            cvt.f32.f16 f3, l3;
+            cvt.rn.bf16x2.f32 $0, f1, f0;
+            cvt.rn.bf16x2.f32 $1, f3, f2;
+            }""",
+            "=r,=r,r",
+            [codes],
+            dtype=tl.bfloat16,
+            is_pure=False,
+            pack=4,
+        )
+    else:
+        return codes.to(tl.float8e4nv, bitcast=True).to(DTYPE)
+
+
+@triton.jit
 def _sparse_mla_groups_kernel(
     Q,
     KV,
@@ -297,25 +308,30 @@ def _sparse_mla_groups_kernel(
     SPLIT: tl.constexpr,
     DENSE_T: tl.constexpr,
     LAZY: tl.constexpr = 0,
-    CHAINS: tl.constexpr = 1,  # 2: the score dot as two independent tensor-core chains
-    KV_FP8: tl.constexpr = False,  # the FP8 latent cache; its scale and RoPE byte offsets:
+    KV_FP8: tl.constexpr = 0,  # the FP8 latent cache (1: tile dequantised; 2: column scales); its offsets:
     SCALE_OFF: tl.constexpr = 0,
     PE_OFF: tl.constexpr = 0,
+    CVT_ASM: tl.constexpr = False,  # KV_FP8 = 2 with bf16 queries on the GPU: _e4m3_codes's ASM
 ):
     """The sparse kernel's ``LEAN`` loop with the latent row in four column groups of
     ``BLOCK_R / 4``: four key loads (6 distinct rows per thread at 32 keys, 4 warps, instead of
-    18), four partial score dots and four accumulators. ``CHAINS = 2`` sums the score dots as
-    two chains of 16–20 steps that the tensor cores interleave, instead of one of 36. The rows
-    (``TOPK``) come from ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as
-    ``_sparse_mla_fwd_kernel``. ``KV_FP8``: each group lies in one 128-column scale group, so a
-    group's dequantisation is one ``[BLOCK_N]`` scale load and a row-broadcast multiply."""
+    18), four partial score dots and four accumulators. The rows (``TOPK``) come from
+    ``_topk_slots_kernel`` with ``FILL``; same arguments and outputs as ``_sparse_mla_fwd_kernel``.
+
+    ``KV_FP8``: each group lies in one 128-column scale group, so its scale is one number per
+    key. ``1`` (the default, until the other is measured on the H200): each group's codes times
+    their key's scale, rounded to the query's dtype, as the twin dequantises them. ``2``: the
+    dots take the e4m3 codes as they are (converted exactly to the query's dtype) and the scales
+    go on the ``[BLOCK_H, BLOCK_N]`` side instead of on every element of the tile:
+    ``s = Σ_g (q_g·c8_gᵀ) · scale_g`` and ``acc_g += (p · scale_g) · c8_g``."""
     t = tl.program_id(0)  # 32-bit: widened where it addresses (fewer registers live across the loop)
     hb = tl.program_id(1)
     split = tl.program_id(2)
     if DENSE_T > 0:
         if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
-            return  # written by _dense_mla_fwd_kernel
+            return  # written by the dense-causal kernel (triton_dense_mla)
     GR: tl.constexpr = BLOCK_R // 4
+    dtype = Q.dtype.element_ty
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_g = tl.arange(0, GR)
     offs_pe = tl.arange(0, BLOCK_PE)
@@ -342,48 +358,55 @@ def _sparse_mla_groups_kernel(
         valid = raw >= 0
         row = KV + tl.where(valid, raw, -1 - raw) * stride_kv
         rows = row[:, None]
-        if KV_FP8:
-            dtype = Q.dtype.element_ty
+        if KV_FP8 > 0:
+            # Scale group of column group g: g·GR // 128 (all four in group 0 where r ≤ 128).
             scales = (row + SCALE_OFF).to(tl.pointer_type(tl.float32))
-            c0 = _dequant_group(tl.load(rows + offs_g[None, :]), tl.load(scales + 0 * GR // 128), dtype)
-            c1 = _dequant_group(tl.load(rows + GR + offs_g[None, :]), tl.load(scales + 1 * GR // 128), dtype)
-            c2 = _dequant_group(tl.load(rows + 2 * GR + offs_g[None, :]), tl.load(scales + 2 * GR // 128), dtype)
-            c3 = _dequant_group(tl.load(rows + 3 * GR + offs_g[None, :]), tl.load(scales + 3 * GR // 128), dtype)
+            sc0 = tl.load(scales + 0 * GR // 128)
+            sc1 = tl.load(scales + 1 * GR // 128)
+            sc2 = tl.load(scales + 2 * GR // 128)
+            sc3 = tl.load(scales + 3 * GR // 128)
             k_pe = tl.load((row + PE_OFF).to(tl.pointer_type(tl.bfloat16))[:, None] + offs_pe[None, :]).to(dtype)
+            if KV_FP8 == 2:
+                c0 = _e4m3_codes(tl.load(rows + offs_g[None, :]), dtype, CVT_ASM)
+                c1 = _e4m3_codes(tl.load(rows + GR + offs_g[None, :]), dtype, CVT_ASM)
+                c2 = _e4m3_codes(tl.load(rows + 2 * GR + offs_g[None, :]), dtype, CVT_ASM)
+                c3 = _e4m3_codes(tl.load(rows + 3 * GR + offs_g[None, :]), dtype, CVT_ASM)
+            else:
+                c0 = _dequant_group(tl.load(rows + offs_g[None, :]), sc0, dtype)
+                c1 = _dequant_group(tl.load(rows + GR + offs_g[None, :]), sc1, dtype)
+                c2 = _dequant_group(tl.load(rows + 2 * GR + offs_g[None, :]), sc2, dtype)
+                c3 = _dequant_group(tl.load(rows + 3 * GR + offs_g[None, :]), sc3, dtype)
         else:
             c0 = tl.load(rows + offs_g[None, :])
             c1 = tl.load(rows + GR + offs_g[None, :])
             c2 = tl.load(rows + 2 * GR + offs_g[None, :])
             c3 = tl.load(rows + 3 * GR + offs_g[None, :])
             k_pe = tl.load(rows + BLOCK_R + offs_pe[None, :])
-        if CHAINS == 2:  # Triton folds `dot(a, b, 0) + x` into one chain, not a sum of two chains
-            s = tl.dot(q1, tl.trans(c1), tl.dot(q0, tl.trans(c0)))
-            s += tl.dot(q_pe, tl.trans(k_pe), tl.dot(q3, tl.trans(c3), tl.dot(q2, tl.trans(c2))))
+        if KV_FP8 == 2:
+            s = tl.dot(q_pe, tl.trans(k_pe))
+            s += tl.dot(q0, tl.trans(c0)) * sc0[None, :]
+            s += tl.dot(q1, tl.trans(c1)) * sc1[None, :]
+            s += tl.dot(q2, tl.trans(c2)) * sc2[None, :]
+            s += tl.dot(q3, tl.trans(c3)) * sc3[None, :]
         else:
             s = tl.dot(q_pe, tl.trans(k_pe), tl.dot(q0, tl.trans(c0)))
             s = tl.dot(q3, tl.trans(c3), tl.dot(q2, tl.trans(c2), tl.dot(q1, tl.trans(c1), s)))
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if LAZY > 0:  # as _softmax_step_lazy: rescale only past a growth of 2^LAZY
-            if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > LAZY:
-                alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                l_i = l_i * alpha
-                acc0, acc1 = acc0 * alpha[:, None], acc1 * alpha[:, None]
-                acc2, acc3 = acc2 * alpha[:, None], acc3 * alpha[:, None]
-                m_i = m_new
-        else:
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i = l_i * alpha
+        p, alpha, rescale, m_i, l_i = _online_softmax(s, m_i, l_i, LAZY)
+        if rescale:
             acc0, acc1 = acc0 * alpha[:, None], acc1 * alpha[:, None]
             acc2, acc3 = acc2 * alpha[:, None], acc3 * alpha[:, None]
-            m_i = m_new
-        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        p = p.to(c0.dtype)  # the query's dtype (an FP8 cache is dequantised to it)
-        acc0 = tl.dot(p, c0, acc0)
-        acc1 = tl.dot(p, c1, acc1)
-        acc2 = tl.dot(p, c2, acc2)
-        acc3 = tl.dot(p, c3, acc3)
+        if KV_FP8 == 2:
+            acc0 = tl.dot((p * sc0[None, :]).to(dtype), c0, acc0)
+            acc1 = tl.dot((p * sc1[None, :]).to(dtype), c1, acc1)
+            acc2 = tl.dot((p * sc2[None, :]).to(dtype), c2, acc2)
+            acc3 = tl.dot((p * sc3[None, :]).to(dtype), c3, acc3)
+        else:
+            p = p.to(dtype)
+            acc0 = tl.dot(p, c0, acc0)
+            acc1 = tl.dot(p, c1, acc1)
+            acc2 = tl.dot(p, c2, acc2)
+            acc3 = tl.dot(p, c3, acc3)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     inv = (1.0 / l_safe)[:, None]
@@ -398,264 +421,11 @@ def _sparse_mla_groups_kernel(
         tl.store(o_ptrs + 3 * GR, acc3 * inv, mask=mask_h[:, None])
     else:
         o_ptrs = OUT + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_g[None, :]
-        dtype = OUT.dtype.element_ty
-        tl.store(o_ptrs, (acc0 * inv).to(dtype), mask=mask_h[:, None])
-        tl.store(o_ptrs + GR, (acc1 * inv).to(dtype), mask=mask_h[:, None])
-        tl.store(o_ptrs + 2 * GR, (acc2 * inv).to(dtype), mask=mask_h[:, None])
-        tl.store(o_ptrs + 3 * GR, (acc3 * inv).to(dtype), mask=mask_h[:, None])
-
-
-@triton.jit
-def _sparse_mla_batched_kernel(
-    Q,
-    KV,
-    TOPK,
-    PAGE_TABLE,
-    TOKEN_REQ,
-    POSITIONS,
-    OUT,
-    WS_O,
-    WS_LSE,
-    stride_qt,
-    stride_qh,
-    stride_kv,
-    stride_tk,
-    stride_pt,
-    stride_ot,
-    stride_oh,
-    num_tokens,
-    num_heads,
-    topk,
-    rank,
-    rope_dim,
-    page_size,
-    keys_per_split,
-    num_splits,
-    dense_below,
-    qk_scale,  # softmax_scale · log2(e)
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_R: tl.constexpr,  # == rank
-    BLOCK_PE: tl.constexpr,  # == rope_dim
-    SPLIT: tl.constexpr,
-    DENSE_T: tl.constexpr,
-    LAZY: tl.constexpr = 0,
-):
-    """The groups kernel's loop with the four column groups as the batch of one batched dot
-    (``[4, BLOCK_H, r/4]`` queries): the compiler gives each warp one group, so a warp keeps its
-    slice of the queries in registers and reads only its group of the key tile for both dots;
-    the group partials of the scores are summed across warps once per block. bf16/fp16 cache."""
-    t = tl.program_id(0)
-    hb = tl.program_id(1)
-    split = tl.program_id(2)
-    if DENSE_T > 0:
-        if _dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T):
-            return  # written by _dense_mla_fwd_kernel
-    GR: tl.constexpr = BLOCK_R // 4
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < num_heads
-    offs_b = tl.arange(0, 4)
-    offs_g = tl.arange(0, GR)
-    offs_pe = tl.arange(0, BLOCK_PE)
-    cols = offs_b[:, None, None] * GR + offs_g[None, None, :]  # [4, 1, GR]: group b's columns
-    q_rows = Q + t.to(tl.int64) * stride_qt + tl.minimum(offs_h, num_heads - 1) * stride_qh
-    q = tl.load(q_rows[None, :, None] + cols)  # [4, BLOCK_H, GR]
-    q_pe = tl.load(q_rows[:, None] + BLOCK_R + offs_pe[None, :])
-    pos_row = TOPK + t.to(tl.int64) * stride_tk
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([4, BLOCK_H, GR], tl.float32)
-    k_start = split * keys_per_split
-    k_end = tl.minimum(k_start + keys_per_split, topk)
-    for n0 in range(k_start, k_end, BLOCK_N):
-        raw = tl.load(pos_row + n0 + tl.arange(0, BLOCK_N))
-        valid = raw >= 0
-        row = KV + tl.where(valid, raw, -1 - raw) * stride_kv
-        c = tl.load(row[None, :, None] + cols)  # [4, BLOCK_N, GR]
-        k_pe = tl.load(row[:, None] + BLOCK_R + offs_pe[None, :])
-        s = tl.sum(tl.dot(q, tl.trans(c, 0, 2, 1)), 0) + tl.dot(q_pe, tl.trans(k_pe))
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if LAZY > 0:  # as _softmax_step_lazy
-            if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > LAZY:
-                alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                l_i = l_i * alpha
-                acc = acc * alpha[None, :, None]
-                m_i = m_new
-        else:
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i = l_i * alpha
-            acc = acc * alpha[None, :, None]
-            m_i = m_new
-        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        pb = tl.broadcast_to(p.to(c.dtype)[None, :, :], (4, BLOCK_H, BLOCK_N))
-        acc = tl.dot(pb, c, acc)
-
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc * (1.0 / l_safe)[None, :, None]
-    if SPLIT:
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
-        ws_row = (t.to(tl.int64) * num_heads + offs_h) * num_splits + split
-        tl.store(WS_LSE + ws_row, lse, mask=mask_h)
-        tl.store(WS_O + ws_row[None, :, None] * BLOCK_R + cols, o, mask=mask_h[None, :, None])
-    else:
-        o_rows = OUT + t.to(tl.int64) * stride_ot + offs_h * stride_oh
-        tl.store(o_rows[None, :, None] + cols, o.to(OUT.dtype.element_ty), mask=mask_h[None, :, None])
-
-
-@triton.jit
-def _dense_mla_fwd_kernel(
-    Q,
-    KV,
-    PAGE_TABLE,
-    TOKEN_REQ,
-    POSITIONS,
-    OUT,
-    WS_O,
-    WS_LSE,
-    stride_qt,
-    stride_qh,
-    stride_kv,
-    stride_pt,
-    stride_ot,
-    stride_oh,
-    num_tokens,
-    num_heads,
-    rank,
-    rope_dim,
-    page_size,
-    dense_below,
-    chunk_keys,  # keys per chunk (a multiple of BLOCK_N); grid axis 2 walks the chunks
-    qk_scale,  # softmax_scale · log2(e)
-    BLOCK_T: tl.constexpr,
-    HEADS: tl.constexpr,  # heads per program
-    BLOCK_M: tl.constexpr,  # ≥ BLOCK_T · HEADS rows, token-major
-    BLOCK_N: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_PE: tl.constexpr,
-    SPLIT: tl.constexpr,  # several chunks: blocks whose keys span more than one write partials
-    PAGE_BLOCKS: tl.constexpr,  # page_size % BLOCK_N == 0: a key block lies in one page
-    KV_FP8: tl.constexpr = False,  # KV is the uint8 FP8 latent cache (kernels/latent_fp8.py)
-):
-    block = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest key ranges start first
-    if not _dense_block(TOKEN_REQ, POSITIONS, block, num_tokens, dense_below, BLOCK_T):
-        return  # written by _sparse_mla_fwd_kernel
-    t0 = block * BLOCK_T
-    hb = tl.program_id(1)
-    chunk = tl.program_id(2)
-    h0 = hb * HEADS
-    # Row m = (token t0 + m // HEADS, head h0 + m % HEADS); 64-bit bases, 32-bit row offsets.
-    offs_m = tl.arange(0, BLOCK_M)
-    t_m, h_m = offs_m // HEADS, offs_m % HEADS
-    mask_m = (offs_m < BLOCK_T * HEADS) & (t0 + t_m < num_tokens) & (h0 + h_m < num_heads)
-    row_pos = tl.load(POSITIONS + t0 + t_m, mask=mask_m, other=-1)
-    last = tl.max(row_pos, 0)
-    k_lo = chunk * chunk_keys
-    if k_lo > last:
-        return  # this block's keys end before the chunk
-    k_hi = tl.minimum(k_lo + chunk_keys, last + 1)
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_pe = tl.arange(0, BLOCK_PE)
-    mask_r = offs_r < rank
-    mask_pe = offs_pe < rope_dim
-
-    q_rows = Q + t0.to(tl.int64) * stride_qt + h0 * stride_qh + (t_m * stride_qt + h_m * stride_qh)[:, None]
-    q_nope = tl.load(q_rows + offs_r[None, :], mask=mask_m[:, None] & mask_r[None, :], other=0.0)
-    q_pe = tl.load(q_rows + rank + offs_pe[None, :], mask=mask_m[:, None] & mask_pe[None, :], other=0.0)
-    pages = PAGE_TABLE + tl.load(TOKEN_REQ + t0).to(tl.int64) * stride_pt
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
-    if PAGE_BLOCKS:
-        page = tl.load(pages + k_lo // page_size).to(tl.int64)
-    for n0 in range(k_lo, k_hi, BLOCK_N):
-        key_pos = n0 + tl.arange(0, BLOCK_N)
-        # Keys past `last` re-read row `last` (finite, in cache, in n0's page; the causal
-        # mask drops them): unmasked loads keep the 576-wide gather cheap in registers.
-        kp = tl.minimum(key_pos, last)
-        if PAGE_BLOCKS:  # one page-table entry per key block, loaded an iteration ahead
-            slot = page * page_size + (n0 % page_size) + (kp - n0)
-            page = tl.load(pages + tl.minimum(n0 + BLOCK_N, last) // page_size).to(tl.int64)
-        else:
-            slot = tl.load(pages + kp // page_size).to(tl.int64) * page_size + kp % page_size
-        c, k_pe = load_latent_rows(KV, slot, None, offs_r, offs_pe, stride_kv, rank, rope_dim, KV_FP8, Q.dtype.element_ty)  # fmt: skip
-        causal = key_pos[None, :] <= row_pos[:, None]
-        m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, causal, qk_scale, m_i, l_i, acc)
-
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc * (1.0 / l_safe)[:, None]
-    if SPLIT:
-        partial = last >= chunk_keys  # several chunks: a partial for _dense_mla_merge_kernel
-    else:
-        partial = False
-    if partial:
-        item = (block.to(tl.int64) * tl.num_programs(1) + hb) * tl.num_programs(2) + chunk
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(WS_LSE + item * BLOCK_M + offs_m, lse)
-        tl.store(WS_O + (item * BLOCK_M + offs_m)[:, None] * BLOCK_R + offs_r[None, :], o)
-    else:
-        o_rows = OUT + t0.to(tl.int64) * stride_ot + h0 * stride_oh + (t_m * stride_ot + h_m * stride_oh)[:, None]
-        tl.store(o_rows + offs_r[None, :], o.to(OUT.dtype.element_ty), mask=mask_m[:, None] & mask_r[None, :])
-
-
-@triton.jit
-def _dense_mla_merge_kernel(
-    WS_O,
-    WS_LSE,
-    TOKEN_REQ,
-    POSITIONS,
-    OUT,
-    stride_ot,
-    stride_oh,
-    num_tokens,
-    num_heads,
-    rank,
-    dense_below,
-    chunk_keys,
-    num_chunks,
-    BLOCK_T: tl.constexpr,
-    HEADS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_R: tl.constexpr,  # the workspace row width
-    BLOCK_C: tl.constexpr,  # output columns per program
-):
-    """Combines the chunk partials of the dense blocks that span several chunks (the others
-    were written by the forward kernel): weights ``2^(lse_j − max lse)``."""
-    nblocks = tl.num_programs(0)
-    block = nblocks - 1 - tl.program_id(0)
-    if not _dense_block(TOKEN_REQ, POSITIONS, block, num_tokens, dense_below, BLOCK_T):
-        return
-    t0 = block * BLOCK_T
-    hb = tl.program_id(1)
-    h0 = hb * HEADS
-    offs_m = tl.arange(0, BLOCK_M)
-    t_m, h_m = offs_m // HEADS, offs_m % HEADS
-    mask_m = (offs_m < BLOCK_T * HEADS) & (t0 + t_m < num_tokens) & (h0 + h_m < num_heads)
-    last = tl.max(tl.load(POSITIONS + t0 + t_m, mask=mask_m, other=-1), 0)
-    if last < chunk_keys:
-        return  # one chunk: written directly
-    offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
-    base = (block.to(tl.int64) * tl.num_programs(1) + hb) * num_chunks
-    for chunk in range(0, tl.minimum(last // chunk_keys + 1, num_chunks)):
-        rows = (base + chunk) * BLOCK_M + offs_m
-        lse = tl.load(WS_LSE + rows)
-        o = tl.load(WS_O + rows[:, None] * BLOCK_R + offs_c[None, :])
-        m_new = tl.maximum(m_i, lse)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        w = tl.exp2(lse - m_use)
-        l_i = l_i * alpha + w
-        acc = acc * alpha[:, None] + o * w[:, None]
-        m_i = m_new
-    o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
-    o_rows = OUT + t0.to(tl.int64) * stride_ot + h0 * stride_oh + (t_m * stride_ot + h_m * stride_oh)[:, None]
-    tl.store(o_rows + offs_c[None, :], o.to(OUT.dtype.element_ty), mask=mask_m[:, None] & (offs_c < rank)[None, :])
+        o_type = OUT.dtype.element_ty
+        tl.store(o_ptrs, (acc0 * inv).to(o_type), mask=mask_h[:, None])
+        tl.store(o_ptrs + GR, (acc1 * inv).to(o_type), mask=mask_h[:, None])
+        tl.store(o_ptrs + 2 * GR, (acc2 * inv).to(o_type), mask=mask_h[:, None])
+        tl.store(o_ptrs + 3 * GR, (acc3 * inv).to(o_type), mask=mask_h[:, None])
 
 
 @triton.jit
@@ -718,26 +488,36 @@ def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-_MERGE_COLS = 128  # output columns per program of _dense_mla_merge_kernel
 _SLOT_BLOCK = 1024  # top-k columns per program of _topk_slots_kernel
 DENSE_MIN_TOKENS = 16  # with the dense path asked for, split-K only below this many tokens
 
 
+COLUMNS_MAXNREG = 168
+
+
 def default_config(
-    num_tokens: int, num_heads: int, topk: int, device: torch.device, dense: bool = False, kv_fp8: bool = False
+    num_tokens: int,
+    num_heads: int,
+    topk: int,
+    device: torch.device,
+    dense: bool = False,
+    kv_fp8: bool = False,
+    fp8_columns: bool = False,
 ) -> dict:
     """Block sizes, warps, stages and split count for a shape (tuned guesses; see the bench).
 
     Split-K when the programs cannot fill the GPU (decode), except where the caller asked for
     the dense-causal path (``dense``: prefill) and there are at least ``DENSE_MIN_TOKENS``
     tokens: split-K switches that path off, and a short prompt then walks all ``topk`` slots
-    of every token's row (mostly ``-1``) instead of its few causal keys. ``kv_fp8``: the cache
-    is FP8 (dequantised in registers): at few heads a prefill takes one stage and no register cap
-    (sm_90 ptxas: 195 registers, no spills, where two stages need 255 and the cap spills; the
-    fastest of the FP8 sweep at 8K tokens), split-K decode two stages (faster in the sweep).
-    At few heads on the bf16 cache (``block_h`` 16): the column-group kernel (``lean``,
-    ``groups = 4``, ``lazy``; ``maxnreg`` and ``slots`` are the slots loop's, where the lean loop
-    does not fit)."""
+    of every token's row (mostly ``-1``) instead of its few causal keys. At few heads (8 or 16:
+    ``block_h`` 16 for the slots loop) the column-group kernel (``lean``, ``groups = 4``,
+    ``lazy``; ``maxnreg`` and ``slots`` are the slots loop's, where the lean loop does not fit):
+    on the bf16 cache with its heads padded to 8 rows only; on an FP8 cache (``kv_fp8``,
+    dequantised in registers) at prefill with one stage and 16-row heads, its decode the slots
+    loop. ``fp8_columns`` (the caller's default from ``BREAKGRAPH_SPARSE_MLA_FP8``): the FP8 cache's scales
+    on the column-group kernel's score and probability columns (``_sparse_mla_groups_kernel``
+    with ``KV_FP8 = 2``), prefill and decode, 8-row heads, two stages (the codes then arrive by
+    ``cp.async``)."""
     block_h = min(64, _pow2(num_heads))
     # (BLOCK_N, warps) per BLOCK_H: the largest key block that compiles for sm_90 without
     # register spills (ptxas: 16 → 226 regs, 32 → 195, 64 → 230 with wgmma).
@@ -747,78 +527,34 @@ def default_config(
     sms = num_sms(device)
     if programs < sms and not (dense and num_tokens >= DENSE_MIN_TOKENS):
         splits = max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(topk, 4 * block_n), 16))
-    few_heads_fp8 = kv_fp8 and block_h == 16
-    few_heads_bf16 = block_h == 16 and splits == 1 and not kv_fp8
+    few_heads = block_h == 16
+    fp8_columns = few_heads and kv_fp8 and fp8_columns
     # Few heads, bf16 cache, prefill and decode: the column-group kernel with the lazy rescale
-    # (where lean_supported; else the slots loop below). H200, 8 heads: 3.24 vs 3.53 ms at 8K
-    # tokens, 0.061 vs 0.102 ms at decode B=64 (docs/benchmarks.md).
-    groups = block_h == 16 and not kv_fp8
+    # (where lean_supported; else the slots loop below), its head block padded only to 8 (the
+    # loop reads the query tile from shared memory again per key block, so the padding costs
+    # shared-memory bandwidth). H200, 8 heads (run0 sweep): 2.617 vs 3.270 ms at 8K tokens,
+    # 5.800 vs 7.217 at 16K, 0.055 vs 0.061 at decode B=64. FP8 cache, prefill 8K: the
+    # column-group kernel 6.871 ms, the slots loop 8.708 — measured at 8 heads only, so at 16
+    # the FP8 prefill keeps the slots loop until a GPU has timed it there.
+    groups = few_heads and (not kv_fp8 or (splits == 1 and num_heads <= 8) or fp8_columns)
+    narrow = few_heads and (not kv_fp8 or fp8_columns)
     return {
-        "block_h": block_h,
+        "block_h": max(8, triton.next_power_of_2(num_heads)) if narrow else block_h,
         "block_n": block_n,
         "num_warps": num_warps,
-        "num_stages": 1 if few_heads_fp8 and splits == 1 else 2,
+        "num_stages": 1 if few_heads and kv_fp8 and splits == 1 and not fp8_columns else 2,
         "num_splits": splits,
         # The slots loop (few heads, one split, bf16 cache): capping registers at 168 fits a
         # third program per SM, which outweighs the few spilled bytes (they stay in L1); the
         # keys' cache rows come from _topk_slots_kernel, so the loop issues one gather per key
         # instead of position → page → row.
-        "maxnreg": 168 if few_heads_bf16 else None,
-        "slots": few_heads_bf16,
+        "maxnreg": 168 if few_heads and splits == 1 and not kv_fp8 else None,
+        "slots": few_heads and splits == 1 and not kv_fp8,
         "lean": groups,
         "lazy": 8.0 if groups else 0.0,
         "groups": 4 if groups else 1,
-        "chains": 1,
-        "batched": False,
+        "fp8_columns": fp8_columns,
     }
-
-
-# (key block, stages) of the dense kernel by the largest key block dividing the page size
-# (one page-table entry per block), from the H200 sweep at 1k tokens × 8 heads, page 64
-# (`scripts/bench_kernels_attention.py --only dense --sweep`): 64 keys and 2 stages beat 32
-# and 3 (66.9 vs 73.3 µs with chunks; 81.8 vs 101.3 without) although ptxas spills
-# ~100 bytes there; 16 keys: 99.0 µs.
-_DENSE_TILES = ((64, 2), (32, 3), (16, 3))
-
-
-def dense_config(
-    num_heads: int,
-    num_tokens: int = 0,
-    max_keys: int = 0,
-    device: torch.device | None = None,
-    page_size: int = 64,
-) -> dict:
-    """Tiles of the dense-causal kernel: ``block_t`` tokens × ``heads`` heads per program, so
-    ``block_t · heads ≤ 64`` rows share each key block (``H = 8``: 8 tokens; ``H ≥ 64``: one
-    token, heads in blocks of 64); 8 warps hold the ``[64, 512]`` fp32 accumulator. The key
-    block is the largest of 64, 32, 16 that divides ``page_size`` (a block then lies in one
-    page); other page sizes, and head blocks that are not powers of two, take 16 or 32 keys
-    with a page-table entry per key, 2 stages.
-
-    ``chunk_keys`` (0: one chunk) cuts each block's key range into chunks of that many keys,
-    one program each, merged afterwards: only when the token blocks alone cannot fill the
-    GPU (``num_tokens``, ``device`` given) and the causal triangle is lopsided — the longest
-    range (``max_keys``: the page table's width, at most ``K``) at least 1.5× the mean range
-    of a prompt without cached prefix, i.e. ``num_tokens ≥ ⅔ max_keys`` — sized to half the
-    longest range (rounded down to the key block, at least two blocks), so the long blocks
-    split and the short ones stay whole. (On the H200 at 1k tokens × 8 heads: fresh, 81.8 →
-    66.9 µs; on a 1k prefix, where every block walks 1–2k keys, chunks measured slower.)
-    Shapes only: graph-safe."""
-    heads = min(num_heads, 64)
-    block_t = 1 << ((64 // heads).bit_length() - 1)  # a power of two
-    if heads & (heads - 1):
-        block_n, stages = 16, 2
-    else:
-        block_n, stages = next(((n, st) for n, st in _DENSE_TILES if page_size % n == 0), (32, 2))
-    chunk = 0
-    if device is not None and num_tokens > 0:
-        blocks = triton.cdiv(num_tokens, block_t) * triton.cdiv(num_heads, heads)
-        longest = max_keys if max_keys > 0 else num_tokens
-        lopsided = 3 * min(num_tokens, longest) >= 2 * longest  # longest ≥ 1.5 × the mean (fresh)
-        if blocks < num_sms(device) and lopsided:
-            chunk = max(longest // 2 // block_n, 2) * block_n
-    return {"block_t": block_t, "heads": heads, "block_n": block_n, "num_warps": 8, "num_stages": stages,
-            "chunk_keys": chunk}  # fmt: skip
 
 
 def lean_supported(kv_cache: torch.Tensor, topk: int, rank: int, dim: int, block_n: int) -> bool:
@@ -880,13 +616,15 @@ def sparse_mla_attention_triton(
     dense_num_warps: int | None = None,
     dense_chunk_keys: int | None = None,
     dense_page_blocks: bool | None = None,
+    dense_balanced: bool | None = None,
+    dense_programs: int | None = None,
+    dense_partial_dtype: torch.dtype | None = None,
     maxnreg: int | None = None,
     slots: bool | None = None,
     lean: bool | None = None,
     lazy: float | None = None,
     groups: int | None = None,
-    chains: int | None = None,
-    batched: bool | None = None,
+    fp8_columns: bool | None = None,
 ) -> None:
     """Triton implementation of :func:`~breakgraph.kernels.sparse_mla.sparse_mla_attention_ref`.
 
@@ -901,19 +639,19 @@ def sparse_mla_attention_triton(
     ``kv_cache`` is a cache of ``q``'s dtype or an FP8 latent cache (``uint8`` rows of
     :mod:`~breakgraph.kernels.latent_fp8`), dequantised in registers to ``q``'s dtype.
 
-    The keyword arguments after ``dense_below`` override :func:`default_config` and
-    :func:`dense_config` (benchmarks, tests; ``dense_block_t`` is a power of two;
-    ``dense_chunk_keys = 0``: one chunk; ``dense_page_blocks``: one page-table entry per key
-    block, which needs ``page_size`` divisible by the key block — by default on where it is;
-    ``maxnreg = 0``: no register cap; ``lean``:
-    the unmasked loop where :func:`lean_supported`, else ignored; ``groups = 4``: the lean loop in
-    four column groups, ``r`` a multiple of 64, no register cap unless ``maxnreg`` names one
-    (``chains = 2``: its score dot as two chains; ``batched``: the groups as one batched dot,
-    bf16/fp16 cache);
-    ``lazy``: rescale only past a growth of ``2^lazy``, 0 = every block).
+    The keyword arguments after ``dense_below`` override :func:`default_config` and, as
+    ``dense_*``, the options of
+    :func:`~breakgraph.kernels.triton_dense_mla.dense_mla_attention_triton` (benchmarks, tests;
+    ``dense_balanced``: its balanced kernel, default ``BREAKGRAPH_DENSE_MLA_BALANCED``);
+    ``maxnreg = 0``: no register cap; ``lean``: the unmasked loop where :func:`lean_supported`,
+    else ignored; ``groups = 4``: the lean loop in four column groups, ``r`` a multiple of 64, no
+    register cap unless ``maxnreg`` names one; ``lazy``: rescale only past a growth of
+    ``2^lazy``, 0 = every block; ``fp8_columns``: on an FP8 cache, the column-group kernel's
+    scales on its score and probability columns — default from ``BREAKGRAPH_SPARSE_MLA_FP8``,
+    off until measured on the H200).
     ``topk_pos`` and ``page_table`` must have a unit last stride; ``token_req`` and
     ``positions`` are contiguous ``[T]``; positions lie inside the page table
-    (``< page_table.shape[1] · page_size``), which bounds the dense path's key chunks.
+    (``< page_table.shape[1] · page_size``), which bounds the dense path's work.
     """
     num_tokens, num_heads, dim = q.shape
     topk = topk_pos.shape[1]
@@ -923,8 +661,10 @@ def sparse_mla_attention_triton(
     if dense_below > 0 and positions is None:
         raise ValueError("dense_below > 0 needs the token positions")
     kv_fp8 = is_fp8_latent(kv_cache)
-    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8)
-    block_h = block_h or cfg["block_h"]
+    if fp8_columns is None:
+        fp8_columns = env.read("BREAKGRAPH_SPARSE_MLA_FP8") == "columns"
+    cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8,
+                         fp8_columns=fp8_columns)  # fmt: skip
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
     num_stages = num_stages or cfg["num_stages"]
@@ -937,50 +677,27 @@ def sparse_mla_attention_triton(
     use_lean = (cfg["lean"] if lean is None else lean) and lean_supported(kv_cache, topk, rank, dim, block_n)
     use_slots = use_slots or use_lean
     tau = cfg["lazy"] if lazy is None else lazy
-    # Four column groups (_sparse_mla_groups_kernel): the lean loop with independent score
-    # chains; groups of at least 16 columns, each inside one scale group of an FP8 cache.
+    # Four column groups (_sparse_mla_groups_kernel): the lean loop in four loads, dots and
+    # accumulators; groups of at least 16 columns, each inside one scale group of an FP8 cache.
     fp8_ok = not kv_fp8 or (rank // 4 <= LATENT_GROUP and LATENT_GROUP % (rank // 4) == 0)
     use_groups = use_lean and fp8_ok and (cfg["groups"] if groups is None else groups) == 4 and rank % 64 == 0
-    cap = maxnreg if maxnreg is not None else (None if use_groups else cfg["maxnreg"])
+    # The column-group kernel runs uncapped, except with the FP8 scales on the columns: 168
+    # registers fit a third program per SM (H200, 8 heads: 4.20 vs 4.73 ms at prefill 8K,
+    # 0.066 vs 0.093 at decode B=64; scripts/bench_kernels_attention.py --variants).
+    groups_cap = COLUMNS_MAXNREG if kv_fp8 and fp8_columns else None
+    cap = maxnreg if maxnreg is not None else (groups_cap if use_groups else cfg["maxnreg"])
+    block_h = block_h or (cfg["block_h"] if use_groups else max(16, cfg["block_h"]))
     block_r = _pow2(rank)
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
     dense_t = 0
-    if dense_below > 0 and splits == 1:
-        max_keys = min(dense_below, page_table.shape[1] * page_size)
-        dense = dense_config(num_heads, num_tokens, max_keys, q.device, page_size)
-        dense_t = dense_block_t or dense["block_t"]
-        block_m = _pow2(dense_t * dense["heads"])
-        dense_n = dense_block_n or dense["block_n"]
-        chunk = dense["chunk_keys"] if dense_chunk_keys is None else dense_chunk_keys
-        chunk = triton.cdiv(chunk or dense_below, dense_n) * dense_n
-        num_chunks = triton.cdiv(max_keys, chunk) if chunk < dense_below else 1
-        grid = (triton.cdiv(num_tokens, dense_t), triton.cdiv(num_heads, dense["heads"]), num_chunks)
-        page_blocks = page_size % dense_n == 0 if dense_page_blocks is None else dense_page_blocks
-        if page_blocks and page_size % dense_n:
-            raise ValueError(f"dense_page_blocks needs page_size ({page_size}) divisible by the key block ({dense_n})")
-        if num_chunks > 1:
-            items = grid[0] * grid[1] * num_chunks * block_m
-            ws_o = torch.empty(items, block_r, dtype=torch.float32, device=q.device)
-            ws_lse = torch.empty(items, dtype=torch.float32, device=q.device)
-        else:
-            ws_o = ws_lse = out  # unused
-        common = (out.stride(0), out.stride(1), num_tokens, num_heads, rank)
-        _dense_mla_fwd_kernel[grid](
-            q, kv_cache, page_table, token_req, positions, out, ws_o, ws_lse,
-            q.stride(0), q.stride(1), kv_cache.stride(0), page_table.stride(0), *common,
-            dim - rank, page_size, dense_below, chunk, qk_scale,
-            BLOCK_T=dense_t, HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_N=dense_n, BLOCK_R=block_r,
-            BLOCK_PE=block_pe, SPLIT=num_chunks > 1, PAGE_BLOCKS=page_blocks, KV_FP8=kv_fp8,
-            num_warps=dense_num_warps or dense["num_warps"], num_stages=dense_num_stages or dense["num_stages"],
+    if dense_below > 0 and splits == 1:  # the dense-causal blocks first (kernels/triton_dense_mla.py)
+        dense_t = dense_mla_attention_triton(
+            q, kv_cache, page_table, token_req, positions, page_size, softmax_scale, out, dense_below,
+            balanced=dense_balanced, block_t=dense_block_t, block_n=dense_block_n, num_warps=dense_num_warps,
+            num_stages=dense_num_stages, chunk_keys=dense_chunk_keys, page_blocks=dense_page_blocks,
+            programs=dense_programs, partial_dtype=dense_partial_dtype,
         )  # fmt: skip
-        if num_chunks > 1:
-            merge_cols = min(_MERGE_COLS, block_r)
-            _dense_mla_merge_kernel[(grid[0], grid[1], triton.cdiv(block_r, merge_cols))](
-                ws_o, ws_lse, token_req, positions, out, *common, dense_below, chunk, num_chunks,
-                BLOCK_T=dense_t, HEADS=dense["heads"], BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_C=merge_cols,
-                num_warps=4,
-            )  # fmt: skip
     grid = (num_tokens, triton.cdiv(num_heads, block_h), splits)
     if splits > 1:
         ws_o = torch.empty(num_tokens * num_heads * splits, block_r, dtype=torch.float32, device=q.device)
@@ -1005,12 +722,12 @@ def sparse_mla_attention_triton(
     tiles = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1,
                  DENSE_T=dense_t, LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
                  maxnreg=cap or None)  # fmt: skip
-    if use_groups and not kv_fp8 and (cfg["batched"] if batched is None else batched):
-        _sparse_mla_batched_kernel[grid](*args, **tiles)
-    elif use_groups:
+    if use_groups:
         layout = LatentLayout(rank, dim - rank)
-        _sparse_mla_groups_kernel[grid](*args, CHAINS=chains or cfg["chains"], KV_FP8=kv_fp8,
-                                        SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off, **tiles)  # fmt: skip
+        columns = kv_fp8 and fp8_columns
+        asm = columns and q.dtype == torch.bfloat16 and not interpreting()
+        _sparse_mla_groups_kernel[grid](*args, KV_FP8=(2 if columns else 1) if kv_fp8 else 0, SCALE_OFF=layout.scale_off,
+                                        PE_OFF=layout.pe_off, CVT_ASM=asm, **tiles)  # fmt: skip
     else:
         _sparse_mla_fwd_kernel[grid](
             *args, KV_FP8=kv_fp8, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles

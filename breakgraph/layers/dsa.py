@@ -41,7 +41,7 @@ def is_graph_dsa_split_op_surface() -> bool:
 
 
 def _logits_head_gate_impl(x: torch.Tensor, weight: torch.Tensor, scale: float) -> torch.Tensor:
-    return linear_fp32_out(x, weight) * scale
+    return linear_fp32_out(x, weight, scale)
 
 
 def _logits_head_gate_fake(x: torch.Tensor, weight: torch.Tensor, scale: float) -> torch.Tensor:

@@ -147,12 +147,13 @@ class Experts(nn.Module):
         topk_ids: torch.Tensor,
         shared: SharedExpert | None = None,
         residual: torch.Tensor | None = None,
+        x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Routed experts' output (see :func:`~breakgraph.kernels.moe.fused_moe`), ``+ shared(x)``
-        and ``+ residual`` when given."""
+        and ``+ residual`` when given; ``x_fp8``: ``x`` quantised by its producer."""
         return fused_moe(
             x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale, self.block,
-            shared=shared, residual=residual,
+            shared=shared, residual=residual, x_fp8=x_fp8,
         )  # fmt: skip
 
     def takes_decode_path(self, x: torch.Tensor, topk_ids: torch.Tensor, shared: SharedExpert | None) -> bool:
@@ -227,7 +228,7 @@ class MoE(nn.Module):
 
     def takes_fp8_input(self) -> bool:
         """Whether the shared expert's first linear is FP8 (outside decode batches it quantises
-        ``x``; the routed experts' kernels take bf16 ``x``)."""
+        ``x``, as the routed experts' W8A8 GEMMs do; their W8A16 kernels take bf16 ``x``)."""
         return self.shared_experts is not None and self.shared_experts.takes_fp8_input()
 
     def forward(
@@ -236,7 +237,7 @@ class MoE(nn.Module):
         """``routed(x) + shared(x)`` (all-reduced under tensor parallelism), plus ``residual``
         when given. Decode batches run the shared expert inside the routed experts' kernels, and
         the residual add too where no all-reduce comes between. ``x_fp8``: ``x`` quantised by
-        its producer, for the shared expert outside decode batches."""
+        its producer, for the shared expert outside decode batches and the routed experts' W8A8."""
         out, pending = self.forward_deferred(x, residual, x_fp8)
         return out if pending is None else pending + out
 
@@ -251,7 +252,7 @@ class MoE(nn.Module):
         if not self.experts.takes_decode_path(x, topk_ids, shared):
             shared = None
         fold = residual is not None and self.tp.tp_size == 1 and (shared is not None or self.shared_experts is None)
-        out = self.experts(x, topk_weights, topk_ids, shared, residual if fold else None)
+        out = self.experts(x, topk_weights, topk_ids, shared, residual if fold else None, x_fp8)
         if fold:
             return out, None
         if self.shared_experts is not None and shared is None:
