@@ -28,10 +28,10 @@ from breakgraph.demo.heldout import heldout_phrasings, must_answer
 from breakgraph.demo.problems import format_prompt, test_split
 
 SHIPPED = ASSETS / SHIPPED_NAME
-GATE = {"templates": 0.95, "phrasings": 0.48}  # the shipped model: 0.995 and 0.500 (172/344)
+GATE = {"templates": 0.95, "phrasings": 0.55}  # the shipped model: 0.990 and 0.570 (196/344)
 FP8_SAME_AS_EXACT = 0.95  # share of the FP8 cache's template answers that must be the exact cache's
 N_TEMPLATES = 100
-MAX_NEW = 96
+MAX_NEW = 128  # the evaluate command's: its quoted openings make some right answers longer than 96 tokens
 BUCKETS = [256, 512]  # prefill chunks are capped at 512 tokens under graphs
 
 pytestmark = [

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from breakgraph.demo import heldout_writer, phrasebank, problems, varied, wordings
+from breakgraph.demo import grammar, heldout_writer, phrasebank, problems, varied, wordings
 from breakgraph.demo.heldout import HELDOUT_FILE, dev_phrasings, heldout_phrasings, must_answer
 from breakgraph.demo.mixture import gsm8k_easy
 
@@ -41,12 +41,13 @@ def runs(text: str) -> set[tuple[str, ...]]:
 
 def training_texts() -> list[str]:
     """A large sample of every training source's questions: the templates (several seeds), the
-    worded generator, the phrase generator, the varied generator and the GSM8K problems the
+    worded generator, the phrase generator, the varied generator, the clause grammar and the GSM8K problems the
     mixture can use."""
     texts = [p.question for seed in (0, 1, 2) for p in problems.generate(20000, seed)]
     texts += [p.question for seed in (0, 1, 2, 3) for p in wordings.generate_wordings(40000, seed)]
     texts += [p.question for seed in (0, 1, 2, 3, 4) for p in phrasebank.generate_phrases(40000, seed)]
     texts += [p.question for seed in (0, 1, 2, 3, 4, 5) for p in varied.generate_varied(50000, seed)]
+    texts += [p.question for seed in (0, 1, 2, 3) for p in grammar.generate_grammar(50000, seed)]
     texts += [p.question for p in gsm8k_easy()]
     return texts
 

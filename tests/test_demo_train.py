@@ -209,3 +209,14 @@ def test_final_eval_falls_back_to_the_cpu_when_the_gpu_eval_fails(monkeypatch, t
     monkeypatch.setattr(T, "evaluate_splits", lambda folder, device, n_templates, log, dtype: {"device": device})
     res, val = T._final_eval(tmp_path, [], TrainArgs(final_eval_device="cuda"))
     assert calls == [("cuda", "bfloat16"), ("cpu", "float32")] and res == {"device": "cpu"} and val.correct == 1
+
+
+def test_deadline_shortens_the_time_budget_to_what_is_left_after_the_data(tmp_path):
+    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
+    summary = main(
+        ["--out", str(tmp_path / "ckpt"), "--device", "cpu", "--steps", "100000", "--batch-size", "4",
+         "--train-problems", "64", "--val-problems", "4", "--vocab-size", "400", "--no-tokenizer-gsm8k", "--tokenizer-problems", "500",
+         "--time-budget", "600", "--deadline", "0.01", "--log-every", "1000", "--no-final-eval", "--shape", shape]
+    )  # fmt: skip
+    assert summary["args"]["time_budget"] == 1.0  # the least a deadline leaves
+    assert summary["steps"] < 100000 and summary["train_seconds"] < 30

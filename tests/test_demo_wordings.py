@@ -204,7 +204,7 @@ def test_gsm8k_filter_keeps_only_small_exact_single_operation_steps():
 def test_mixture_draws_each_source_by_its_share_and_never_a_template_test_question():
     mix = mixture.make_mixture(4000, seed=3)
     assert len(mix) == 4000
-    kind = lambda t: t if t == "gsm8k" else t.split("/")[0] if t.startswith(("wordings/", "phrases/", "varied/")) else "templates"  # noqa: E731
+    kind = lambda t: t if t == "gsm8k" else t.split("/")[0] if t.startswith(("wordings/", "phrases/", "varied/", "grammar/")) else "templates"  # noqa: E731
     source = Counter(kind(p.template) for p in mix)
     want = {k: 4000 * v for k, v in mixture.DEFAULT_SHARES.items()}
     assert all(abs(source[k] - n) <= 1 for k, n in want.items()) and not source["gsm8k"], source

@@ -59,6 +59,7 @@ class EvalResult:
     annotations: int = 0
     annotations_correct: int = 0
     samples: list[tuple[str, str, int]] = field(default_factory=list, repr=False)
+    kinds: list[str] = field(default_factory=list, repr=False)
 
     @property
     def annotation_accuracy(self) -> float:
@@ -76,7 +77,7 @@ def score(problems: list[Problem], texts: list[str], seconds: float = 0.0) -> Ev
     bodies = [b for t in texts for b in annotations(t)]
     return EvalResult(
         correct / max(len(problems), 1), correct, len(problems), seconds,
-        len(bodies), sum(map(annotation_correct, bodies)), samples,
+        len(bodies), sum(map(annotation_correct, bodies)), samples, [p.template for p in problems],
     )  # fmt: skip
 
 
@@ -105,6 +106,17 @@ def evaluate(
     t0 = time.perf_counter()
     texts = complete(folder, [p.question for p in problems], device, max_new_tokens, dtype)
     return score(problems, texts, time.perf_counter() - t0)
+
+
+def by_kind(result: EvalResult) -> dict[str, tuple[int, int]]:
+    """``(correct, total)`` per problem kind of ``result`` (the ``kind`` of the held-out file, or
+    the template family before its ``/``), in order of first appearance."""
+    out: dict[str, list[int]] = {}
+    for (_, text, want), kind in zip(result.samples, result.kinds, strict=True):
+        c = out.setdefault(kind.removeprefix("heldout/").split("/")[0], [0, 0])
+        c[0] += extract_answer(text) == want
+        c[1] += 1
+    return {k: (c, n) for k, (c, n) in out.items()}
 
 
 SPLITS = ("templates", "phrasings", "dev", "examples")
@@ -152,6 +164,10 @@ def evaluate_splits(
         r = results[s]
         mean_len = sum(len(tok.encode(format_prompt(p.question)).ids) for p in by_split[s]) / max(r.total, 1)
         log(f"{labels[s]}: {r.accuracy:.3f} ({r.correct}/{r.total}) | mean prompt {mean_len:.0f} tokens, index_topk {topk}")
+    for s in splits:
+        kinds = by_kind(results[s])
+        if len(kinds) > 1:
+            log(f"  {s} by kind: " + ", ".join(f"{k} {c}/{n}" for k, (c, n) in kinds.items()))
     a = results["all"]
     log(
         f"annotation accuracy (<<a op b=c>> with c exact, all splits): {a.annotation_accuracy:.4f} "

@@ -1,7 +1,7 @@
 """The demo model's training mixture: the whole-question templates (:mod:`~breakgraph.demo.problems`),
 the worded generator (:mod:`~breakgraph.demo.wordings`), the phrase generator
-(:mod:`~breakgraph.demo.phrasebank`), the varied story generator (:mod:`~breakgraph.demo.varied`)
-and, on request, GSM8K's easiest train problems. Every ``<<a op b=c>>`` of a drawn mixture is
+(:mod:`~breakgraph.demo.phrasebank`), the varied story generator (:mod:`~breakgraph.demo.varied`),
+the clause grammar (:mod:`~breakgraph.demo.grammar`) and, on request, GSM8K's easiest train problems. Every ``<<a op b=c>>`` of a drawn mixture is
 checked to be exact (:func:`check_annotations`).
 
 The default mixture has no GSM8K share: problems far beyond the model taught it to answer an
@@ -16,20 +16,26 @@ numbers are at most 1000 and whose question is under 300 characters are used (ab
 from __future__ import annotations
 
 import json
+import multiprocessing
 import random
 import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from functools import lru_cache
 from pathlib import Path
 
+from breakgraph.demo.grammar import generate_grammar
 from breakgraph.demo.phrasebank import generate_phrases
 from breakgraph.demo.problems import Problem, _test_keys, normalise_question, train_split
+from breakgraph.demo.quoting import with_quotes
 from breakgraph.demo.varied import generate_varied
 from breakgraph.demo.wordings import generate_wordings
 
 GSM8K_TRAIN = Path(__file__).resolve().parent.parent / "eval" / "data" / "gsm8k" / "train.jsonl"
-SOURCES = ("templates", "wordings", "phrases", "varied", "gsm8k")
+SOURCES = ("templates", "wordings", "phrases", "varied", "grammar", "gsm8k")
 # Shares of the mixture by source.
-DEFAULT_SHARES = {"templates": 0.12, "wordings": 0.13, "phrases": 0.3, "varied": 0.45}
+DEFAULT_SHARES = {"templates": 0.1, "wordings": 0.1, "phrases": 0.2, "varied": 0.3, "grammar": 0.3}
 
 _ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
 _BINARY = re.compile(r"(\d+)([-+*/])(\d+)")
@@ -69,10 +75,76 @@ def gsm8k_easy(path: str | Path = GSM8K_TRAIN) -> list[Problem]:
     return list(_gsm8k_easy(str(path))) if Path(path).is_file() else []
 
 
-def make_mixture(n: int, seed: int, shares: dict[str, float] | None = None) -> list[Problem]:
+CHUNK = 20_000  # generated problems per chunk; chunks have their own seeds and run in parallel
+_GENERATORS = {"templates": (train_split, 5), "wordings": (generate_wordings, 11),
+               "phrases": (generate_phrases, 23), "varied": (generate_varied, 37),
+               "grammar": (generate_grammar, 41)}  # fmt: skip
+
+
+def _chunk(source: str, count: int, seed: int, index: int) -> list[Problem]:
+    """Chunk ``index`` of a source: ``count`` problems of its own seed, none in the template test
+    pool, a few roughened (:func:`roughen`), each answer opened by its quotes
+    (:func:`~breakgraph.demo.quoting.with_quotes`)."""
+    generate, salt = _GENERATORS[source]
+    chunk_seed = (seed * 7919 + salt) * 1009 + index
+    held = _test_keys()
+    pool = generate(count * 21 // 20 + 10, chunk_seed)
+    rng = random.Random(chunk_seed)
+    return [with_quotes(roughen(p, rng)) for p in pool if normalise_question(p.question) not in held][:count]
+
+
+def roughen(problem: Problem, rng: random.Random, p: float = 0.04) -> Problem:
+    """``problem`` as people sometimes type it: with chance ``p`` each, all lower case and without
+    its question marks (the words and the answer stay)."""
+    q = problem.question
+    if rng.random() < p:
+        q = q.lower()
+    if rng.random() < p:
+        q = q.replace("?", "")
+    return problem if q == problem.question else Problem(q, problem.answer, problem.final, problem.template)
+
+
+def _run_chunks(jobs: list[tuple], workers: int) -> list[list[Problem]]:
+    """:func:`_chunk` of every job, in ``workers`` spawned processes; in this process when
+    ``workers`` is 1, there is one job, or the processes cannot be had (then says so on stderr)."""
+    if workers > 1 and len(jobs) > 1:
+        try:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
+                return list(pool.map(_chunk, *zip(*jobs)))
+        except (OSError, BrokenProcessPool) as e:
+            print(f"data workers failed ({e!r}); generating in this process", file=sys.stderr)
+    return [_chunk(*job) for job in jobs]
+
+
+def _generated(counts: dict[str, int], seed: int, workers: int) -> list[Problem]:
+    """``counts[source]`` distinct problems of each generated source, from chunks of ``CHUNK``
+    (the same problems for every ``workers``), the chunks run in ``workers`` processes."""
+    out: dict[str, list[Problem]] = {s: [] for s in counts}
+    seen: dict[str, set[str]] = {s: set() for s in counts}
+    first = dict.fromkeys(counts, 0)  # the next chunk index of each source
+    while any(len(out[s]) < counts[s] for s in counts):
+        jobs = []
+        for s in counts:
+            need = counts[s] - len(out[s])
+            jobs += [(s, min(CHUNK, need - i * CHUNK), seed, first[s] + i) for i in range(-(-need // CHUNK))]
+        parts = _run_chunks(jobs, workers)
+        for (s, _, _, index), part in zip(jobs, parts):
+            first[s] = max(first[s], index + 1)
+            for p in part:
+                key = normalise_question(p.question)
+                if key not in seen[s] and len(out[s]) < counts[s]:
+                    seen[s].add(key)
+                    out[s].append(p)
+    return [p for s in counts for p in out[s]]
+
+
+def make_mixture(n: int, seed: int, shares: dict[str, float] | None = None, workers: int = 1) -> list[Problem]:
     """``n`` training problems drawn by ``shares`` (default ``DEFAULT_SHARES``) and shuffled with
-    ``seed``. Generated problems are distinct; the ~2,400 GSM8K ones repeat when their share asks
-    for more. No question equals one of the template test pool's (``problems.train_split``)."""
+    ``seed``; generated answers open with their quotes (:mod:`~breakgraph.demo.quoting`).
+    Generated problems are distinct within a source; the ~2,400 GSM8K ones repeat when their share
+    asks for more. No question equals one of the template test pool's (``problems.train_split``).
+    ``workers`` processes generate the chunks; the result does not depend on it."""
     shares = DEFAULT_SHARES if shares is None else shares
     unknown = set(shares) - set(SOURCES)
     if unknown:
@@ -80,15 +152,7 @@ def make_mixture(n: int, seed: int, shares: dict[str, float] | None = None) -> l
     total = sum(shares.values())
     counts = {k: int(round(n * v / total)) for k, v in shares.items()}
     counts[max(counts, key=counts.get)] += n - sum(counts.values())
-    out: list[Problem] = []
-    if counts.get("templates"):
-        out += train_split(counts["templates"], seed)
-    held = _test_keys()
-    sources = (("wordings", generate_wordings, 11), ("phrases", generate_phrases, 23), ("varied", generate_varied, 37))
-    for source, generate, salt in sources:
-        if counts.get(source):
-            pool = generate(counts[source] * 21 // 20 + 10, seed * 7919 + salt)
-            out += [p for p in pool if normalise_question(p.question) not in held][: counts[source]]
+    out = _generated({s: counts[s] for s in _GENERATORS if counts.get(s)}, seed, workers)
     if counts.get("gsm8k"):
         easy = gsm8k_easy()
         out += [easy[i % len(easy)] for i in range(counts["gsm8k"])] if easy else []

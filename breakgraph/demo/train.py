@@ -465,6 +465,7 @@ class TrainArgs:
     grad_clip: float = 1.0
     dense_frac: float = 0.2
     time_budget: float | None = None
+    deadline: float | None = None  # seconds from the start by which the loop ends (shortens time_budget)
     index_kl_weight: float = 1.0
     bias_update_rate: float = 1e-3
     train_problems: int = 300_000
@@ -473,6 +474,7 @@ class TrainArgs:
     vocab_size: int = 2048
     tokenizer_problems: int = 20000
     tokenizer_gsm8k: bool = True
+    data_workers: int = 1
     moe_impl: str | None = None  # default: "dense" on CUDA, "loop" on CPU
     amp: bool | None = None  # default: bf16 autocast on CUDA
     log_every: int = 50
@@ -559,11 +561,10 @@ def train_demo(
     eval_every = a.eval_every
     if cuda:
         torch.set_float32_matmul_precision("high")
-    budget = f" or {a.time_budget:.0f}s of training, whichever comes first" if a.time_budget else ""
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
 
-    problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture)
+    problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture, workers=a.data_workers)
     val_set = problems[a.train_problems :]
     corpus = build_corpus(
         a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
@@ -580,6 +581,10 @@ def train_demo(
     config = ModelConfig.from_dict(cfg_dict)
     model = new_model(config, seed, dev)
     n_params = sum(p.numel() for p in model.parameters())
+    if a.deadline:
+        left = max(a.deadline - (time.perf_counter() - t_start), 1.0)
+        a.time_budget = min(a.time_budget, left) if a.time_budget else left
+    budget = f" or {a.time_budget:.0f}s of training, whichever comes first" if a.time_budget else ""
     _log(
         f"data: {len(data)} train / {len(val_set)} val problems, {int(data.lengths.sum())} tokens, "
         f"max len {data.tokens.shape[1]}, vocab {tok.get_vocab_size()} ({time.perf_counter() - t_start:.1f}s)"
@@ -775,6 +780,13 @@ def main(argv: list[str] | None = None) -> dict:
         "switch follow steps or elapsed time, whichever is further along, and training stops at the budget",
     )
     p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds from the start of the run (data stage included) by which the training loop ends; "
+        "shortens --time-budget when the data stage runs long",
+    )
+    p.add_argument(
         "--index-kl-weight", type=float, default=d.index_kl_weight, help="weight of the indexer KL loss"
     )
     p.add_argument(
@@ -805,6 +817,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument(
         "--no-tokenizer-gsm8k", action="store_true", help="train the tokenizer on generated problems only"
+    )
+    p.add_argument(
+        "--data-workers", type=int, default=d.data_workers,
+        help="processes generating the training problems (the problems do not depend on it)",
     )
     p.add_argument(
         "--moe-impl",
@@ -856,10 +872,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = TrainArgs(
         batch_size=ns.batch_size, lr=ns.lr, min_lr_ratio=ns.min_lr_ratio, warmup_steps=ns.warmup_steps,
         weight_decay=ns.weight_decay, grad_clip=ns.grad_clip, dense_frac=ns.dense_frac, time_budget=ns.time_budget,
+        deadline=ns.deadline,
         index_kl_weight=ns.index_kl_weight, bias_update_rate=ns.bias_update_rate, train_problems=ns.train_problems,
         mixture=ns.mixture,
         val_problems=ns.val_problems, vocab_size=ns.vocab_size, tokenizer_problems=ns.tokenizer_problems,
-        tokenizer_gsm8k=not ns.no_tokenizer_gsm8k,
+        tokenizer_gsm8k=not ns.no_tokenizer_gsm8k, data_workers=ns.data_workers,
         moe_impl=ns.moe_impl, amp={"auto": None, "on": True, "off": False}[ns.amp], log_every=ns.log_every,
         eval_every=ns.eval_every, eval_device=ns.eval_device, final_eval_device=ns.final_eval_device,
         test_problems=ns.test_problems, threads=ns.threads, save_dtype=ns.save_dtype,
