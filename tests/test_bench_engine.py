@@ -74,3 +74,37 @@ def test_bench_decode_profiles_kernels_per_step_on_gpu(tmp_path):
     assert row["kernels_per_step"] > 4, "a 4-layer decode step launches more than one kernel per layer"
     assert 0 < row["gpu_busy"] and len(row["top_kernels"]) == 3
     assert "kernels / layer" in out.with_suffix(".md").read_text()
+
+
+def test_bench_decode_host_profile_times_every_phase_of_the_step(demo, tmp_path):
+    out = tmp_path / "dec"
+    argv = ["bench", "decode", "--model-path", demo, "--device", "cpu", "--input-len", "12", "--batch-size", "1", "3",
+            "--context-length", "128", "--steps", "3", "--rounds", "1", "--host-profile", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    for r in rows:
+        us = r["host_us"]
+        assert set(us) == {"schedule", "prepare", "forward", "sample", "postprocess", "other", "host"}
+        assert all(us[p] > 0 for p in ("schedule", "prepare", "forward", "sample", "postprocess")), us
+        assert us["forward"] > us["prepare"], "the model forward is the largest phase on the CPU"
+    assert "| schedule | prepare | forward | sample | postprocess | other | host |" in out.with_suffix(".md").read_text()
+
+
+def test_step_phases_split_the_whole_step_and_detach_cleanly(demo):
+    from breakgraph import Engine, SamplingParams
+    from breakgraph.bench.decode import PHASES, StepPhases
+
+    engine = Engine(demo, device="cpu", load_format="dummy", cuda_graph_backend_prefill="disabled")
+    engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    timer = StepPhases(engine)
+    with timer.attached():
+        while engine.has_unfinished():
+            engine.step()
+    assert len(timer.steps) == 4 and all(set(s) == set(PHASES) for s in timer.steps)
+    assert all(s["forward"] > 0 and s["other"] >= 0 for s in timer.steps)
+    assert "step" not in vars(engine) and "schedule" not in vars(engine.scheduler), "still wrapped"
+    assert "make_batch" not in vars(engine.runner) and "forward" not in vars(engine.executor), "still wrapped"
+    assert type(engine.sampler).__name__ == "Sampler" and type(engine.postprocess).__name__ == "Postprocessor"
+    engine.add_request([5, 6], SamplingParams(max_new_tokens=1, ignore_eos=True))
+    engine.step()
+    assert len(timer.steps) == 4, "a step after detaching was recorded"

@@ -15,16 +15,25 @@ uniform routing: ``E·(1 − (1 − k/E)^B)`` per layer) plus each sequence's at
 ``--top-kernels N`` profiles one extra step per (context, batch size) in the last round: kernels
 launched per step (graph replays included) and per layer, GPU busy, and the N kernels with the
 most GPU time.
+
+``--host-profile`` times, on this thread's CPU clock, each phase of every timed ``Engine.step``
+(:class:`StepPhases`): schedule, prepare (the batch's tensors), forward (body and LM head: on the
+CPU real compute, not host overhead), sample, postprocess (finish rules, detokenisation) and the
+rest; a table of median µs per step and phase follows the latency table. Run it on the CPU
+(``--device cpu``), where host time is CPU time and nothing waits on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
                         help="profile one more step per (context, batch size) in the last round: kernels per step "
                              "and per layer, GPU busy, and the N kernels with the most GPU time (CUDA only)")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="time each phase of every timed step on the CPU clock of this thread (schedule, prepare, "
+                             "forward, sample, postprocess, other) and print median µs per phase; use with --device cpu")
     parser.add_argument("--output", default="decode_bench", help="output prefix: writes PREFIX.json and PREFIX.md")
     from breakgraph.cli import add_config_arguments
 
@@ -91,13 +103,77 @@ def capture_decode_graphs(engine, context_length: int, batch_sizes: list[int]) -
     return graphs.stats.capture_s
 
 
+PHASES = ("schedule", "prepare", "forward", "sample", "postprocess", "other")
+
+
+class StepPhases:
+    """CPU time (``time.thread_time``) of each phase of ``Engine.step``, one dict per step.
+
+    :meth:`attached` wraps, on ``engine`` only, the calls that make up a step: the scheduler's
+    ``schedule`` (schedule), the runner's ``make_batch`` (prepare), the executor's ``forward``
+    (forward), the sampler (sample) and the post-processor (postprocess); ``other`` is the rest
+    of ``step`` (the engine's own bookkeeping). Only steps run while attached are recorded.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.steps: list[dict[str, float]] = []
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[StepPhases]:
+        e = self.engine
+        targets = [(e.scheduler, "schedule", "schedule"), (e.runner, "make_batch", "prepare"),
+                   (e.executor, "forward", "forward"), (e, "sampler", "sample"), (e, "postprocess", "postprocess")]  # fmt: skip
+        saved = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in targets]
+        for obj, name, phase in targets:
+            setattr(obj, name, self._timed(getattr(obj, name), phase))
+        real_step = e.step
+
+        def step() -> Any:
+            self.steps.append(dict.fromkeys(PHASES, 0.0))
+            t0 = time.thread_time()
+            try:
+                return real_step()
+            finally:
+                row = self.steps[-1]
+                row["other"] = time.thread_time() - t0 - sum(row.values())
+
+        e.step = step
+        try:
+            yield self
+        finally:
+            del e.step
+            for obj, name, old in saved:
+                if old is None:
+                    delattr(obj, name)
+                else:
+                    setattr(obj, name, old)
+
+    def _timed(self, fn: Any, phase: str) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.steps[-1][phase] += time.thread_time() - t0
+
+        return timed
+
+    def medians_us(self) -> dict[str, float]:
+        """Median µs per step of each phase, and ``host`` (every phase but forward)."""
+        med = {p: 1e6 * statistics.median(s[p] for s in self.steps) for p in PHASES}
+        med["host"] = 1e6 * statistics.median(sum(v for p, v in s.items() if p != "forward") for s in self.steps)
+        return med
+
+
 def time_decode(
-    engine, batch_size: int, input_len: int, steps: int, seed: int, profile_top: int | None = None
+    engine, batch_size: int, input_len: int, steps: int, seed: int, profile_top: int | None = None,
+    phases: StepPhases | None = None,
 ) -> tuple[list[float], dict | None]:
     """Seconds of each of ``steps`` decode steps of ``batch_size`` fresh requests, and — when
     ``profile_top`` is not None, on CUDA — one more step under the profiler: ``{"kernels": per
     step, "gpu_busy": kernel time ÷ the median step, "top": [(name, ms, calls)] of the
-    ``profile_top`` kernels with the most GPU time}``."""
+    ``profile_top`` kernels with the most GPU time}``. ``phases``: records the timed steps."""
     from breakgraph import SamplingParams
 
     g = torch.Generator().manual_seed(seed)
@@ -108,14 +184,15 @@ def time_decode(
         engine.step()
     engine.step()  # first decode step of the batch: warm-up
     times = []
-    for _ in range(steps):
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize(engine.device)
-        t0 = time.perf_counter()
-        engine.step()
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize(engine.device)
-        times.append(time.perf_counter() - t0)
+    with phases.attached() if phases is not None else contextlib.nullcontext():
+        for _ in range(steps):
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize(engine.device)
+            t0 = time.perf_counter()
+            engine.step()
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize(engine.device)
+            times.append(time.perf_counter() - t0)
     prof = None
     if profile_top is not None and engine.device.type == "cuda":
         busy, kernels, top = profile(engine, engine.step, statistics.median(times), profile_top)
@@ -142,13 +219,16 @@ def main(args: argparse.Namespace) -> int:
     samples: dict[tuple[int, int], list[float]] = {}
     captures: dict[int, list[float]] = {}
     profiles: dict[tuple[int, int], dict] = {}
+    phases: dict[tuple[int, int], StepPhases] = {}
     for rnd in range(args.rounds):
         for ctx in args.context_length:
             if engine.device.type == "cuda":
                 captures.setdefault(ctx, []).append(capture_decode_graphs(engine, ctx, sorted(set(args.batch_size))))
             for bs in args.batch_size:
                 top = args.top_kernels if args.top_kernels and rnd == args.rounds - 1 else None
-                times, prof = time_decode(engine, bs, args.input_len, args.steps, seed=rnd * 1000 + bs, profile_top=top)
+                timer = phases.setdefault((ctx, bs), StepPhases(engine)) if args.host_profile else None
+                times, prof = time_decode(engine, bs, args.input_len, args.steps, seed=rnd * 1000 + bs, profile_top=top,
+                                          phases=timer)  # fmt: skip
                 samples.setdefault((ctx, bs), []).extend(times)
                 if prof is not None:
                     profiles[(ctx, bs)] = prof
@@ -164,6 +244,7 @@ def main(args: argparse.Namespace) -> int:
             "kernels_per_step": profiles.get((ctx, bs), {}).get("kernels"),
             "gpu_busy": profiles.get((ctx, bs), {}).get("gpu_busy"),
             "top_kernels": profiles.get((ctx, bs), {}).get("top"),
+            "host_us": phases[(ctx, bs)].medians_us() if (ctx, bs) in phases else None,
         })  # fmt: skip
     command = record.command_line(["breakgraph", "bench", "decode"], add_arguments, args)
     table = [f"`{command}`", "", f"copy bandwidth measured: {bandwidth / 1e12:.2f} TB/s", "",
@@ -181,6 +262,12 @@ def main(args: argparse.Namespace) -> int:
         for r in rows:
             for kname, ms, calls in r["top_kernels"] or []:
                 table.append(f"    ctx {r['context_length']} bs {r['batch_size']}: {ms:8.3f} ms {calls:5d}× {kname[:90]}")
+    if phases:
+        table += ["", "host µs per step (CPU time of this thread, median): host = every phase but forward", "",
+                  "| context | batch | " + " | ".join(PHASES) + " | host |", "|---|---|" + "---|" * (len(PHASES) + 1)]
+        for r in rows:
+            us = r["host_us"]
+            table.append(f"| {r['context_length']} | {r['batch_size']} | " + " | ".join(f"{us[p]:.0f}" for p in (*PHASES, "host")) + " |")
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"model": name, "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",

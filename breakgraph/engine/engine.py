@@ -25,6 +25,7 @@ from breakgraph.engine.postprocess import Postprocessor
 from breakgraph.engine.request import Request
 from breakgraph.engine.sampling import Sampler, SamplingParams, to_device
 from breakgraph.engine.scheduler import Scheduler, SchedulerStats
+from breakgraph.forward_context import ForwardMode
 
 logger = logging.getLogger(__name__)
 
@@ -230,13 +231,19 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan is None:
             return []
-        entries = []
-        for req, n in plan.entries:
-            tokens = req.token_slice(req.num_computed, req.num_computed + n)
-            entries.append(BatchEntry(tokens, req.num_computed, req.pages))
+        entries = [
+            BatchEntry(req.token_slice(req.num_computed, req.num_computed + n), req.num_computed, req.pages)
+            for req, n in plan.entries
+        ]
         batch = self.runner.make_batch(entries, plan.mode)
         want_all = any(req.prompt_logits is not None for req, _ in plan.entries)
         logits = self.executor.forward(batch, all_logits=want_all)
+        if plan.mode is ForwardMode.DECODE and not want_all:  # every request gets its next token, rows in order
+            progressed = [req for req, _ in plan.entries]
+            for req in progressed:
+                req.num_computed += 1
+            self.postprocess(progressed, self.sampler(logits, progressed))
+            return progressed
         progressed, rows, start = [], [], 0
         for b, (req, n) in enumerate(plan.entries):
             row = (start + n - 1) if want_all else b

@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -34,6 +35,14 @@ if TYPE_CHECKING:
     from breakgraph.engine.tp_launch import TPGroup
 
 logger = logging.getLogger(__name__)
+
+def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor ``t`` on ``device``: through pinned memory without waiting on CUDA, ``t``
+    itself on the CPU."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,10 +107,10 @@ class ModelSpec:
         return cls(model_config, device, dtype, context, resolve_kv_cache_dtype(config.kv_cache_dtype, dtype))
 
 
-@dataclass(frozen=True)
-class BatchEntry:
+class BatchEntry(NamedTuple):
     """One request's share of a forward: ``token_ids`` at positions ``start…start+len-1``,
-    cache pages ``pages`` (covering at least ``start + len`` tokens)."""
+    cache pages ``pages`` (covering at least ``start + len`` tokens). A named tuple: one is
+    made per request and step."""
 
     token_ids: list[int]
     start: int
@@ -300,37 +309,42 @@ class ModelRunner:
         return stats
 
     def make_batch(self, entries: list[BatchEntry], mode: ForwardMode) -> ForwardBatch:
-        """Lay out a ragged batch (see :class:`ForwardBatch`)."""
+        """Lay out a ragged batch (see :class:`ForwardBatch`). The host work is per request and
+        per page, not per token, in typed arrays (a tensor from a list of ints converts each one);
+        the int64 and the int32 fields each go to the device in one copy, without waiting for it."""
         ps = self.kv_cache.page_size
-        ids, positions, token_req, slots = [], [], [], []
-        for b, e in enumerate(entries):
-            for i, tok in enumerate(e.token_ids):
-                pos = e.start + i
-                ids.append(tok)
-                positions.append(pos)
-                token_req.append(b)
-                slots.append(e.pages[pos // ps] * ps + pos % ps)
+        starts = [e.start for e in entries]
+        lens = [len(e.token_ids) for e in entries]
+        seq_lens = [s + n for s, n in zip(starts, lens)]
+        if max(lens) == 1:  # one token each (decode): one pass per field
+            ids = array("q", [e.token_ids[0] for e in entries])
+            positions, token_req = array("q", starts), array("q", range(len(entries)))
+            slots = array("q", [e.pages[p // ps] * ps + p % ps for e, p in zip(entries, starts)])
+        else:
+            ids, positions, token_req, slots = array("q"), array("q"), array("q"), array("q")
+            for b, (e, pos, end) in enumerate(zip(entries, starts, seq_lens)):
+                ids.extend(e.token_ids)
+                positions.extend(range(pos, end))
+                token_req.extend([b] * (end - pos))
+                while pos < end:  # one run of slots per page
+                    page_end = min(end, (pos // ps + 1) * ps)
+                    shift = (e.pages[pos // ps] - pos // ps) * ps  # slot - position within this page
+                    slots.extend(range(pos + shift, page_end + shift))
+                    pos = page_end
         width = max(len(e.pages) for e in entries)
-        table = [e.pages + [0] * (width - len(e.pages)) for e in entries]
-        seq_lens = [e.start + len(e.token_ids) for e in entries]
-        dev = self.device
-
-        def t(x, dtype):
-            return torch.tensor(x, dtype=dtype, device=dev)
-
+        table, zeros = array("i", seq_lens), array("i", bytes(4 * width))
+        for e in entries:
+            table.extend(e.pages)
+            table.extend(zeros[: width - len(e.pages)])
+        T, B = len(ids), len(entries)
+        i64 = to_device_async(torch.frombuffer(ids + positions + token_req + slots, dtype=torch.int64), self.device)
+        i32 = to_device_async(torch.frombuffer(table, dtype=torch.int32), self.device)
+        input_ids, positions_t, token_req_t, slots_t = i64.view(4, T)
         return ForwardBatch(
-            mode=mode,
-            input_ids=t(ids, torch.int64),
-            positions=t(positions, torch.int64),
-            token_req=t(token_req, torch.int64),
-            out_cache_loc=t(slots, torch.int64),
-            page_table=t(table, torch.int32),
-            seq_lens=t(seq_lens, torch.int32),
-            seq_lens_cpu=seq_lens,
-            prefix_lens_cpu=[e.start for e in entries],
-            extend_lens_cpu=[len(e.token_ids) for e in entries],
-            kv_cache=self.kv_cache,
-        )
+            mode=mode, input_ids=input_ids, positions=positions_t, token_req=token_req_t, out_cache_loc=slots_t,
+            page_table=i32[B:].view(B, width), seq_lens=i32[:B], seq_lens_cpu=seq_lens,
+            prefix_lens_cpu=starts, extend_lens_cpu=lens, kv_cache=self.kv_cache,
+        )  # fmt: skip
 
     @contextlib.contextmanager
     def capture_context(self, num_tokens: int) -> Iterator[None]:
@@ -356,5 +370,11 @@ class ModelRunner:
                 hidden = decode.run(batch)
             else:
                 hidden = self.model(batch.input_ids, batch.positions)
-        rows = hidden if all_logits else hidden[batch.logits_rows]
+        if all_logits:
+            rows = hidden
+        elif batch.num_tokens == batch.batch_size:  # one token per request: every row, in order
+            rows = hidden[: batch.batch_size]
+        else:  # the index goes to the device without a wait (an index list would copy it with one)
+            index = torch.frombuffer(array("q", batch.logits_rows), dtype=torch.int64)
+            rows = hidden.index_select(0, to_device_async(index, hidden.device))
         return self.model.compute_logits(rows)

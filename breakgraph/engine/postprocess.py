@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from breakgraph.engine.detokenizer import DirectDecoder
 from breakgraph.engine.request import Request
 from breakgraph.engine.sampling import Sample
 
@@ -19,6 +20,7 @@ class Postprocessor:
 
     def __init__(self, tokenizer, eos_ids: set[int], context_length: int, finish: Callable[[Request, str], None]) -> None:
         self.tokenizer = tokenizer
+        self._decoder = DirectDecoder.wrap(tokenizer) if tokenizer is not None else None
         self.eos_ids = eos_ids
         self.context_length = context_length
         self.finish = finish
@@ -37,7 +39,7 @@ class Postprocessor:
             req.output_logprobs.append(s.logprob)
             if req.top_logprobs_num:
                 req.output_top_logprobs.append(s.top)
-            if self.tokenizer is not None and req.detokenizer.append(self.tokenizer, req.output_ids):
+            if self._decoder is not None and req.detokenizer.append(self._decoder, req.output_ids):
                 self.finish(req, "stop")
             elif len(req.output_ids) >= p.max_new_tokens or req.total_len >= self.context_length:
                 self.finish(req, "length")

@@ -202,25 +202,28 @@ class Sampler:
         dev = logits.device
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1)
-        params = [r.params for r in reqs]
-        processed = self.process(logits, reqs)
-        greedy = [p.greedy for p in params]
+        states = self._states(reqs, V, dev)
+        processed = self._process(logits, reqs, states)
+        greedy = [r.params.greedy for r in reqs]
         if all(greedy):
             tokens = processed.argmax(dim=-1)
         else:
-            scores = self.filter(processed, params) + gumbel_noise(
+            scores = self.filter(processed, [r.params for r in reqs]) + gumbel_noise(
                 to_device([row_keys(r.seed, len(r.output_ids)) for r in reqs], torch.int64, dev), V
             )
             if any(greedy):
                 scores = torch.where(to_device(greedy, torch.bool, dev)[:, None], processed, scores)
             tokens = scores.argmax(dim=-1)
-        self._count(tokens, reqs)
+        if states is not None:
+            self._count(tokens, states)
         parts = [tokens[:, None].double(), logprobs.gather(1, tokens[:, None]).double()]
         k = min(max(r.top_logprobs_num for r in reqs), V)
         if k:
             values, ids = logprobs.topk(k, dim=-1)
             parts += [ids.double(), values.double()]
         rows = torch.cat(parts, dim=1).tolist()  # the one device→host copy
+        if not k:
+            return [Sample(int(row[0]), row[1], []) for row in rows]
         out = []
         for r, row in zip(reqs, rows):
             n = min(r.top_logprobs_num, k)
@@ -233,7 +236,18 @@ class Sampler:
         penalties, in vLLM's order; ``logits`` itself when no row asks for any. Makes the
         :class:`SamplerState` of a request that needs one and has none (counts from its
         ``output_ids``)."""
-        states = [self._state(r, logits.shape[1], logits.device) for r in reqs]
+        return self._process(logits, reqs, self._states(reqs, logits.shape[1], logits.device))
+
+    def _states(self, reqs: list[SamplingInput], V: int, dev: torch.device) -> list[SamplerState | None] | None:
+        """Each row's :class:`SamplerState` (made where needed), or ``None`` when no row has one."""
+        states = [self._state(r, V, dev) if r.sampler_state is None else r.sampler_state for r in reqs]
+        return states if any(st is not None for st in states) else None
+
+    def _process(
+        self, logits: torch.Tensor, reqs: list[SamplingInput], states: list[SamplerState | None] | None
+    ) -> torch.Tensor:
+        if states is None:
+            return logits
         biased = [(b, st) for b, st in enumerate(states) if st is not None and st.bias_ids is not None]
         banned = [(b, st) for b, (r, st) in enumerate(zip(reqs, states))
                   if st is not None and st.banned is not None and len(r.output_ids) < r.params.min_tokens]  # fmt: skip
@@ -282,10 +296,9 @@ class Sampler:
         return logits - freq * counts - pres * seen.float()
 
     @staticmethod
-    def _count(tokens: torch.Tensor, reqs: list[SamplingInput]) -> None:
+    def _count(tokens: torch.Tensor, states: list[SamplerState | None]) -> None:
         """Add each penalized row's new token to its counts, on the device."""
-        for b, r in enumerate(reqs):
-            st = r.sampler_state
+        for b, st in enumerate(states):
             if st is not None and st.counts is not None:
                 st.counts.index_add_(0, tokens[b : b + 1], torch.ones(1, device=tokens.device))
 

@@ -152,8 +152,10 @@ class Scheduler:
         """The next step's plan, or ``None`` when there is nothing to run. May preempt running
         requests (see the module docstring)."""
         if self.prefix_cache is not None:
+            ps = self.pool.page_size
             for req in self.running:
-                self.prefix_cache.commit(req)
+                if req.num_computed // ps > req.num_committed_pages:  # a page filled since the last commit
+                    self.prefix_cache.commit(req)
         self._admit()
         # after an extend step the decodes go first, otherwise a waiting prefill does
         order = (self._decode, self._extend) if self._last_mode is ForwardMode.EXTEND else (self._extend, self._decode)
@@ -176,11 +178,11 @@ class Scheduler:
         return StepPlan(ForwardMode.EXTEND, entries)
 
     def _decode(self) -> StepPlan | None:
-        entries = []
+        entries, ps = [], self.pool.page_size
         for req in [r for r in self.running if not r.in_prefill]:
             # a request preempted for an older one's page is skipped; planned ones are older
-            # than any victim, so they stay
-            if req.status is RequestStatus.RUNNING and self._grow(req):
+            # than any victim, so they stay. Most steps a request's pages already hold its tokens.
+            if req.status is RequestStatus.RUNNING and (len(req.pages) * ps >= req.total_len or self._grow(req)):
                 entries.append((req, 1))
         return StepPlan(ForwardMode.DECODE, entries) if entries else None
 
