@@ -8,30 +8,19 @@ import re
 from collections import Counter
 
 import pytest
+from demo_answers import steps
 
 from breakgraph.demo import grammar
 from breakgraph.demo.mixture import check_annotations
 from breakgraph.demo.problems import Problem
 from breakgraph.demo.quoting import quotes, stated_operands
 
-_STEP = re.compile(r"(\d+)([-+*/])(\d+) = <<\1\2\3=(\d+)>>\4")
 _WORDS = {w: i for i, w in enumerate(grammar.NUMBER_WORDS)}
 
 
 @pytest.fixture(scope="module")
 def sample() -> list[Problem]:
     return grammar.generate_grammar(5000, seed=3)
-
-
-def steps(p: Problem) -> list[tuple[int, str, int, int]]:
-    lines = p.answer.split("\n")
-    assert lines[-1] == f"#### {p.final}", p.answer
-    out = []
-    for line in lines[:-1]:
-        m = _STEP.fullmatch(line)
-        assert m, line
-        out.append((int(m[1]), m[2], int(m[3]), int(m[4])))
-    return out
 
 
 def test_every_step_is_exact_in_range_and_the_last_is_the_answer(sample):

@@ -8,30 +8,19 @@ import re
 from collections import Counter
 
 import pytest
+from demo_answers import steps
 
 from breakgraph.demo import varied
 from breakgraph.demo.evaluate import annotation_correct, annotations
 from breakgraph.demo.mixture import check_annotations
 from breakgraph.demo.problems import Problem
 
-_STEP = re.compile(r"(\d+)([-+*/])(\d+) = <<\1\2\3=(\d+)>>\4")
 _WORDS = {w: i for i, w in enumerate(varied.NUMBER_WORDS)}
 
 
 @pytest.fixture(scope="module")
 def sample() -> list[Problem]:
     return varied.generate_varied(6000, seed=5)
-
-
-def steps(p: Problem) -> list[tuple[int, str, int, int]]:
-    lines = p.answer.split("\n")
-    assert lines[-1] == f"#### {p.final}", p.answer
-    out = []
-    for line in lines[:-1]:
-        m = _STEP.fullmatch(line)
-        assert m, line
-        out.append((int(m[1]), m[2], int(m[3]), int(m[4])))
-    return out
 
 
 def test_every_step_is_exact_in_range_and_the_last_is_the_answer(sample):

@@ -22,7 +22,7 @@ import random
 import re
 
 from breakgraph.demo.phrasebank import NUMBER_WORDS, PEOPLE
-from breakgraph.demo.problems import Problem, distinct_problems, exact_step
+from breakgraph.demo.problems import Problem, distinct_problems, exact_step, redrawn
 from breakgraph.demo.varied import COUNTABLES, CURRENCIES, FOR_SALE, GROUPS, _pl
 
 MAX_RESULT = 1000
@@ -188,12 +188,11 @@ def story_combine(g: _G, s: _Story) -> None:
     s.calc(x, "+", y)
 
 
-def story_events(g: _G, s: _Story) -> None:
-    """A start, then one to three gains and losses in time order."""
-    v = g.r(10, 100)
-    s.facts.append(_start(g, v))
+def _gains_and_losses(g: _G, s: _Story, v: int, count: int) -> int:
+    """``count`` gains and losses of ``v`` in time order (a loss only while ``v > 3``), each a fact
+    and a step of ``s``; returns the final value."""
     s.ordered = True
-    for _ in range(g.pick(1, 1, 2, 2, 3)):
+    for _ in range(count):
         if g.p(0.5) and v > 3:
             k = g.r(1, min(v - 1, 60))
             s.facts.append(loss(g, k))
@@ -202,6 +201,14 @@ def story_events(g: _G, s: _Story) -> None:
             k = g.r(2, 60)
             s.facts.append(gain(g, k))
             v = s.calc(v, "+", k)
+    return v
+
+
+def story_events(g: _G, s: _Story) -> None:
+    """A start, then one to three gains and losses in time order."""
+    v = g.r(10, 100)
+    s.facts.append(_start(g, v))
+    _gains_and_losses(g, s, v, g.pick(1, 1, 2, 2, 3))
     s.question = _ask_count(g, g.a, LEFT_Q)
 
 
@@ -355,16 +362,7 @@ def story_chain(g: _G, s: _Story) -> None:
     else:
         v = g.r(10, 100)
         s.facts.append(_start(g, v))
-    s.ordered = True
-    for _ in range(g.pick(1, 2)):
-        if g.p(0.5) and v > 3:
-            k = g.r(1, min(v - 1, 60))
-            s.facts.append(loss(g, k))
-            v = s.calc(v, "-", k)
-        else:
-            k = g.r(2, 60)
-            s.facts.append(gain(g, k))
-            v = s.calc(v, "+", k)
+    v = _gains_and_losses(g, s, v, g.pick(1, 2))
     divisors = [d for d in range(2, 13) if v % d == 0 and 2 <= v // d <= 25]
     if divisors and g.p(0.4):
         d = g.pick(*divisors)
@@ -523,13 +521,5 @@ def make_problem(rng: random.Random) -> Problem:
 
 def generate_grammar(n: int, seed: int) -> list[Problem]:
     """``n`` distinct problems for ``seed`` (a prefix of any longer list for the same seed)."""
-    return distinct_problems(_safe_problem, n, seed)
+    return distinct_problems(redrawn(make_problem), n, seed)
 
-
-def _safe_problem(rng: random.Random) -> Problem:
-    """:func:`make_problem`, drawing again when a story's numbers leave the ranges."""
-    while True:
-        try:
-            return make_problem(rng)
-        except ValueError:
-            continue

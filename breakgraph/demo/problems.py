@@ -739,6 +739,20 @@ def normalise_question(question: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", question.lower()))
 
 
+def redrawn(make_problem: Callable[[random.Random], Problem]) -> Callable[[random.Random], Problem]:
+    """``make_problem`` drawing again, from the same generator, whenever it raises ``ValueError``
+    (a story whose numbers left the ranges)."""
+
+    def draw(rng: random.Random) -> Problem:
+        while True:
+            try:
+                return make_problem(rng)
+            except ValueError:
+                continue
+
+    return draw
+
+
 def distinct_problems(make_problem: Callable[[random.Random], Problem], n: int, seed: int) -> list[Problem]:
     """The first ``n`` problems ``make_problem`` draws from ``random.Random(seed)`` whose questions
     differ after :func:`normalise_question` (so a prefix of any longer list for the same seed)."""

@@ -43,7 +43,7 @@ import re
 from dataclasses import dataclass, field
 
 from breakgraph.demo.phrasebank import NUMBER_WORDS, PEOPLE
-from breakgraph.demo.problems import Problem, distinct_problems, exact_step
+from breakgraph.demo.problems import Problem, distinct_problems, exact_step, redrawn
 
 MAX_RESULT = 1000
 
@@ -1308,13 +1308,5 @@ def _decap(t: str) -> str:
 
 def generate_varied(n: int, seed: int) -> list[Problem]:
     """``n`` distinct problems for ``seed`` (a prefix of any longer list for the same seed)."""
-    return distinct_problems(_safe_problem, n, seed)
+    return distinct_problems(redrawn(make_problem), n, seed)
 
-
-def _safe_problem(rng: random.Random) -> Problem:
-    """:func:`make_problem`, drawing again when a story's numbers leave the ranges."""
-    while True:
-        try:
-            return make_problem(rng)
-        except ValueError:
-            continue
