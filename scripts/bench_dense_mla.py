@@ -25,6 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_kernels_attention import bench  # noqa: E402
+
 RANK, ROPE, TOPK, LAYERS = 512, 64, 2048, 78
 DEVICE = "cuda"
 GLM5_SCALE = (192 + 64) ** -0.5
@@ -47,17 +49,6 @@ def make_case(heads: int, tokens: int, page: int, seed: int = 0):
     return q, kv, table.to(DEVICE), req, pos
 
 
-def bench(fn, rep: int = 40) -> float:
-    """Milliseconds per call, median of CUDA-graph replays (eager timing where capture fails)."""
-    import triton.testing
-
-    fn()
-    torch.cuda.synchronize()
-    try:
-        return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
-    except Exception:  # noqa: BLE001 — fall back to eager timing if capture is refused
-        return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
-
 
 class _Stopped(BaseException):
     """SIGTERM (`timeout`) mid-run: not an Exception, so no variant's error handler takes it."""
@@ -76,7 +67,7 @@ def run(args) -> None:
         rows = pos < TOPK
         out.fill_(float("nan"))
         try:
-            t = bench(fn)
+            t = bench(fn, rep=40)
         except Exception as e:  # noqa: BLE001 — e.g. out of shared memory
             print(f"    {case} {name}: {type(e).__name__} {str(e)[:160]}", flush=True)
             return

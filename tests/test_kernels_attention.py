@@ -325,12 +325,36 @@ def _interp_sparse_mla_dense_path():
 _DENSE_LONG = {"prefix_lens": [0, 21, 0, 40], "extend_lens": [37, 19, 1, 31]}  # 88 tokens
 
 
+def _dense_case_matches_twin(i, heads, rank, rope, topk, ps, dtype, opts, seed, poison=False):
+    """One dense-causal case of the interpreter checks: fresh inputs on the ``_DENSE_LONG``
+    batch (with ``poison``, NaN in the cache rows no request owns), the Triton kernels with
+    ``opts`` against the fp32 twin (fp32: 1e-5; bf16: 2× the output rounding). Returns
+    ``(batch, q, kv, tk, rest, kw, out)`` for the caller's further checks."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+
+    batch = make_batch(**_DENSE_LONG, page_size=ps, seed=seed)
+    q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, dtype, seed=seed)
+    if poison:
+        kv = _poison_unowned(kv, _DENSE_LONG, batch)
+    pos, rest = batch["positions"], (batch["page_table"], batch["token_req"], ps, (rank + rope) ** -0.5)
+    ref = torch.empty(q.shape[0], heads, rank)
+    sparse_mla_attention_ref(q.float(), kv.float(), tk, *rest, ref)
+    kw = dict(positions=pos, dense_below=topk, **opts)
+    out = torch.full((q.shape[0], heads, rank), float("nan"), dtype=dtype)
+    sparse_mla_attention_triton(q, kv, tk, *rest, out, **kw)
+    err = rel_err(out, ref)
+    floor = rel_err(ref.to(dtype), ref)
+    print(f"dense split case {i} H={heads} ps={ps} {opts}: {err:.2e} (output rounding {floor:.2e})")
+    assert err <= (1e-5 if dtype == torch.float32 else 2 * floor), (i, err)
+    return batch, q, kv, tk, rest, kw, out
+
+
 def _interp_dense_mla_split_keys():
     """Key ranges cut into chunks (``dense_chunk_keys``) and merged: on fresh random inputs
     the split kernel equals the twin (fp32: 1e-5; bf16: 2× the output rounding) for chunk
     sizes that do and do not divide the ranges, one- and several-page key blocks, 8, 16 and
     72 heads, and the default chunks; the dense blocks are written without their top-k rows."""
-    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_dense_mla import dense_config
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
@@ -343,24 +367,13 @@ def _interp_dense_mla_split_keys():
         (8, 32, 16, 72, 16, torch.float32, {"dense_block_n": 16}),  # the default chunks
     ]
     for i, (heads, rank, rope, topk, ps, dtype, opts) in enumerate(cases):
-        batch = make_batch(**_DENSE_LONG, page_size=ps, seed=60 + i)
-        q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, dtype, seed=60 + i)
-        pos, rest = batch["positions"], (batch["page_table"], batch["token_req"], ps, (rank + rope) ** -0.5)
-        ref = torch.empty(q.shape[0], heads, rank)
-        sparse_mla_attention_ref(q.float(), kv.float(), tk, *rest, ref)
-        kw = dict(positions=pos, dense_below=topk, **opts)
-        out = torch.full((q.shape[0], heads, rank), float("nan"), dtype=dtype)
-        sparse_mla_attention_triton(q, kv, tk, *rest, out, **kw)
-        err = rel_err(out, ref)
-        floor = rel_err(ref.to(dtype), ref)
-        print(f"dense split case {i} H={heads} ps={ps} {opts}: {err:.2e} (output rounding {floor:.2e})")
-        assert err <= (1e-5 if dtype == torch.float32 else 2 * floor), (i, err)
+        batch, q, kv, tk, rest, kw, out = _dense_case_matches_twin(i, heads, rank, rope, topk, ps, dtype, opts, 60 + i)
         block_t = dense_config(heads)["block_t"]
         dense = dense_tokens(batch, block_t, topk)
         max_keys = min(topk, batch["page_table"].shape[1] * ps)
         cpu = torch.device("cpu")
         chunk = opts.get("dense_chunk_keys") or dense_config(heads, q.shape[0], max_keys, cpu, ps)["chunk_keys"]
-        assert (pos[dense] >= chunk).any(), "no block spans two chunks"
+        assert (batch["positions"][dense] >= chunk).any(), "no block spans two chunks"
         again = torch.full_like(out, float("nan"))
         sparse_mla_attention_triton(q, kv, tk.masked_fill(dense[:, None], -1), *rest, again, **kw)
         assert torch.equal(again, out), "dense blocks were not written densely"
@@ -409,7 +422,6 @@ def _interp_dense_mla_balanced_split():
     division per key), 8, 16 and 72 heads, ragged requests on cached prefixes, grids with token
     blocks shared by programs and programs spanning token blocks, and the default grid; the
     dense blocks are written without their top-k rows."""
-    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_dense_mla import balanced_config
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
@@ -427,19 +439,8 @@ def _interp_dense_mla_balanced_split():
                                                  "dense_partial_dtype": torch.bfloat16}),  # bf16 partials
     ]
     for i, (heads, rank, rope, topk, ps, dtype, opts) in enumerate(cases):
-        batch = make_batch(**_DENSE_LONG, page_size=ps, seed=160 + i)
-        q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, dtype, seed=160 + i)
-        kv = _poison_unowned(kv, _DENSE_LONG, batch)
-        pos, rest = batch["positions"], (batch["page_table"], batch["token_req"], ps, (rank + rope) ** -0.5)
-        ref = torch.empty(q.shape[0], heads, rank)
-        sparse_mla_attention_ref(q.float(), kv.float(), tk, *rest, ref)
-        kw = dict(positions=pos, dense_below=topk, **opts)
-        out = torch.full((q.shape[0], heads, rank), float("nan"), dtype=dtype)
-        sparse_mla_attention_triton(q, kv, tk, *rest, out, **kw)
-        err = rel_err(out, ref)
-        floor = rel_err(ref.to(dtype), ref)
-        print(f"dense split case {i} H={heads} ps={ps} {opts}: {err:.2e} (output rounding {floor:.2e})")
-        assert err <= (1e-5 if dtype == torch.float32 else 2 * floor), (i, err)
+        batch, q, kv, tk, rest, kw, out = _dense_case_matches_twin(i, heads, rank, rope, topk, ps, dtype, opts, 160 + i,
+                                                                   poison=True)  # fmt: skip
         cfg = balanced_config(heads)
         programs = opts.get("dense_programs", cfg["programs"])
         start, first = dense_plan_ref(batch, cfg["block_t"], opts.get("dense_block_n", cfg["block_n"]), topk, programs)
