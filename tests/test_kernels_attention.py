@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cuda_capture import warmed_graph
 
 pytest.importorskip("triton")
 
@@ -866,14 +867,7 @@ def test_dense_mla_pages_and_graph_replay_on_gpu(page, tokens):
     floor, err = rel_err(ref.bfloat16(), ref), rel_err(out[rows], ref)
     assert err <= 2 * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = warmed_graph(call)
     for k, dst in (("page_table", pt), ("token_req", req), ("positions", pos)):
         dst.copy_(second[k])
     out.fill_(float("nan"))
@@ -1209,14 +1203,7 @@ def test_kernels_replay_in_cuda_graph_with_new_inputs(layout):
         indexer_topk(qi, w, kc, pt, req, pos, PAGE, IDX_DIM**-0.5, topk)
         sparse_mla_attention(q, kv, topk, pt, req, PAGE, GLM5_SCALE, out, positions=pos, dense_below=TOPK)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # compile and warm up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = warmed_graph(step)
 
     q2, kv2, _ = mla_inputs(batch, heads, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=11)
     qi2, w2, kc2 = indexer_inputs(batch, IDX_HEADS, IDX_DIM, torch.bfloat16, device="cuda", seed=11)

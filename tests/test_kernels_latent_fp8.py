@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cuda_capture import warmed_graph
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -604,14 +605,7 @@ def test_fp8_cache_step_replays_in_cuda_graph():
         store_latent(rows, slots, kv, RANK)
         sparse_mla_attention(q, rows, tk, batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE, out, **kw)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = warmed_graph(step)
     kv.copy_(torch.randn_like(kv))
     q.copy_(torch.randn_like(q))
     out.fill_(float("nan"))
