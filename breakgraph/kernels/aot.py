@@ -87,12 +87,20 @@ def _opcodes(sass: str) -> list[str]:
             for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]  # fmt: skip
 
 
+def _before_gdc_wait(ops: list[str]) -> dict[str, int] | None:
+    """Opcodes (with counts) ahead of the first ``griddepcontrol.wait`` (SASS ``ACQBULK``) in
+    program order; None when the kernel has no wait."""
+    if "ACQBULK" not in ops:
+        return None
+    return dict(Counter(ops[: ops.index("ACQBULK")]))
+
+
 def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
     "async_copies", "async_copies_16B", "loop_insts", "loop_ops", "loop_shared", "ops", "narrow_stores",
-    "vector_loads", "mma_loop_insts", "mma_loop_spills"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
+    "vector_loads", "mma_loop_insts", "mma_loop_spills", "before_gdc_wait"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
     ``async_copies_16B`` those of them that move 16 bytes per thread;
     ``loop_insts``: the instructions per trip of its largest loop, per warp, ``loop_ops`` their
@@ -102,7 +110,8 @@ def compile_for_sm90(
     its 1- and 2-byte global stores, which an uncoalesced byte store of e4m3 codes compiles to;
     ``vector_loads``: its 128-bit global loads, ``LDG.E.128``; ``mma_loop_insts`` and
     ``mma_loop_spills``: the instructions and the spill loads and stores of its innermost loop
-    with a matrix instruction, per warp and trip).
+    with a matrix instruction, per warp and trip; ``before_gdc_wait``: the opcodes ahead of its
+    programmatic-dependent-launch wait, None without one).
 
     ``args`` gives each non-constexpr argument a type string (``"*bf16"``, ``"fp32"``, ``"i32"``)
     or an example value (an int, specialised like the JIT: 1 becomes a constant, multiples of 16
@@ -157,6 +166,7 @@ def compile_for_sm90(
         "loop_ops": dict(Counter(re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for i in loop)),
         "loop_shared": {op: sum(_opcode(i) == op for i in loop) for op in _SHARED_OPS},
         "ops": dict(Counter(_opcodes(sass))),
+        "before_gdc_wait": _before_gdc_wait(_opcodes(sass)),
         "narrow_stores": len(re.findall(r"\bSTG\.E\.[US](?:8|16)\b", sass)),
         "vector_loads": len(re.findall(r"\bLDG\.E\.128\b", sass)),
         "mma_loop_insts": mma_insts,

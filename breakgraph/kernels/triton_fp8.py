@@ -49,6 +49,7 @@ import triton.language as tl
 from breakgraph.kernels import fp8_gemm_choice
 from breakgraph.kernels.dispatch import device_index, interpreting, num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, FP8_MAX, block_dequant, fp8_block_linear_ref
+from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.split_k import SPLIT_K_LOCK_SLOTS, _split_k_locks, _split_k_sum_kernel
 
 if TYPE_CHECKING:
@@ -104,7 +105,9 @@ def _act_quant_kernel(
     M, M_OUT, K,
     stride_xm, stride_qm, stride_sm, stride_sg,
     BLOCK_M: tl.constexpr, GROUP: tl.constexpr, INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     pid_m = tl.program_id(0)
     g = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -156,7 +159,7 @@ def act_quant(
         grid = (triton.cdiv(mp, block_m), ng)
         _act_quant_kernel[grid](
             x, q, scale, m, mp, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
-            BLOCK_M=block_m, GROUP=group, INTERP=interpreting(), num_warps=4,
+            BLOCK_M=block_m, GROUP=group, INTERP=interpreting(), num_warps=4, **pdl_launch(x.device),
         )  # fmt: skip
     return q, scale
 
@@ -218,6 +221,7 @@ def _fp8_gemm_kernel(
     A_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr,
     FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GROUP_M: tl.constexpr, INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``c = Σ_kb (a[:, kb] · w[:, kb]ᵀ) · sa[:, kb] · sw[n // SCALE_BN, kb]``; ``a`` fp8 (with
     ``sa``) or 16-bit (then each ``w`` tile is dequantised to ``a``'s dtype in registers).
@@ -228,6 +232,7 @@ def _fp8_gemm_kernel(
     last of a tile's programs to arrive does (``lock_ptr[pid]`` counts the arrivals and is
     reset to 0 by that program) and writes ``out`` (the same order and arithmetic as the sum
     kernel: the same bits, one launch fewer)."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -381,7 +386,7 @@ def fp8_gemm(
         a.stride(0), sa.stride(0), sa.stride(1), weight.stride(0), weight_scale.stride(0), weight_scale.stride(1),
         target.stride(-2),
         A_FP8=a_fp8, HAS_BIAS=bias is not None, SCALE_BN=block[0], SCALE_BK=block[1], INTERP=interpreting(),
-        **dict(cfg, SPLIT_K=split, FIXUP=locks is not None),
+        **dict(cfg, SPLIT_K=split, FIXUP=locks is not None), **pdl_launch(a.device),
     )  # fmt: skip
     if split > 1 and locks is None:
         block_sum = 1024

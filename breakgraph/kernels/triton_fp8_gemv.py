@@ -35,6 +35,7 @@ import triton.language as tl
 
 from breakgraph.kernels.dispatch import interpreting, num_sms
 from breakgraph.kernels.fp8 import FP8_DTYPE, block_dequant
+from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.split_k import SPLIT_K_LOCK_SLOTS, _split_k_locks, _split_k_sum_kernel
 
 
@@ -74,6 +75,12 @@ def _e4m3_bytes_to_bf16(b):
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of the 128-byte line at each pointer (no value; a hint only)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _e4m3_bits_to_fp32(b):
     """e4m3 codes (``int32`` holding the byte) → fp32 ``value · 2^-120``, exactly."""
     bits = ((b & 0x80) << 24) | ((b & 0x7F) << 20)
@@ -87,6 +94,7 @@ def _fp8_gemv_kernel(
     stride_xm, stride_wn, stride_wsn, stride_wsk, stride_cm,
     W_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FIXUP: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, INTERP: tl.constexpr,
+    MAX_SPLIT: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Tile ``(pid_n, pid_m)`` of ``c = alpha · Σ_kb (w'[:, kb] · x'[:, kb]ᵀ) · sw'[kb] (+ bias)``
     over this program's k-range (``program_id(2)`` of ``SPLIT_K``), ``w'``/``x'``/``sw'`` the
@@ -98,7 +106,11 @@ def _fp8_gemv_kernel(
     every split):
     the partial goes to slice ``s`` of ``c`` (``[SPLIT_K, M, N]`` fp32) and, with ``FIXUP``,
     the last program of the tile to arrive sums the slices in order into ``out`` and resets
-    its counter ``lock_ptr[tile]``; without, ``_split_k_sum_kernel`` does."""
+    its counter ``lock_ptr[tile]`` (``MAX_SPLIT > 1``, a power of two ≥ ``SPLIT_K``: the loads of
+    the slices unrolled and issued together; 1: one after another); without,
+    ``_split_k_sum_kernel`` does. ``PDL``: the first two k-blocks of the tile's weight rows are prefetched into L2
+    before :func:`~breakgraph.kernels.pdl.pdl_wait`, so they stream in while the kernel before
+    this one runs."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -120,6 +132,10 @@ def _fp8_gemv_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:  # products summed elementwise over the k-range, reduced once at the end
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, 128), dtype=tl.float32)
+    if PDL:  # the first k-blocks' weight rows into L2 while the kernel before this one runs
+        _prefetch_l2(tl.where(n_ok, w_base + rn.to(tl.int64) * stride_wn + k_first, w_base))
+        _prefetch_l2(tl.where(n_ok & (k_first + 128 < k_end), w_base + rn.to(tl.int64) * stride_wn + k_first + 128, w_base))
+    pdl_wait(PDL)  # x and every store come after
     for k0 in range(k_first, k_end, 128):
         k_ok = rk < k_end - k0
         b = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0)
@@ -164,11 +180,16 @@ def _fp8_gemv_kernel(
             tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
             arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
-                slice_ptrs = c_ptr + offs  # read from L2 (.cg), in slice order as the sum kernel adds
-                total = tl.load(slice_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-                for _ in range(1, SPLIT_K):
-                    slice_ptrs += M * stride_cm
-                    total += tl.load(slice_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                # read from L2 (.cg), added in slice order as the sum kernel adds
+                total = tl.load(c_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                if MAX_SPLIT > 1:  # unrolled: the slices' loads are in flight together
+                    for s in tl.static_range(1, MAX_SPLIT):
+                        part = tl.load(c_ptr + s * M * stride_cm + offs, mask=mask & (s < SPLIT_K), other=0.0,
+                                       cache_modifier=".cg")  # fmt: skip
+                        total += part
+                else:
+                    for s in range(1, SPLIT_K):
+                        total += tl.load(c_ptr + s * M * stride_cm + offs, mask=mask, other=0.0, cache_modifier=".cg")
                 total = total * alpha
                 if HAS_BIAS:
                     total += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
@@ -264,7 +285,9 @@ def _gemv(
         x.stride(0), weight.stride(0), ws.stride(0), ws.stride(1), target.stride(-2),
         W_FP8=weight_scale is not None, HAS_BIAS=bias is not None, SPLIT=split > 1, FIXUP=locks is not None,
         DOT=cfg["DOT"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ASM=cfg["ASM"], INTERP=interpreting(),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        # the unrolled fixup holds every slice's tile: one-warp tiles only (4-warp ones would spill)
+        MAX_SPLIT=triton.next_power_of_2(split) if locks is not None and cfg["num_warps"] == 1 else 1,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x.device),
     )  # fmt: skip
     if split > 1 and locks is None:
         block = 1024

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from breakgraph.kernels.dispatch import num_sms
+from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.triton_topk import topk_select_triton
 
 
@@ -161,8 +162,10 @@ def _indexer_scores_kernel(
     BLOCK_L: tl.constexpr,
     FP8: tl.constexpr,
     STACKED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # Later token blocks have longer causal ranges: start them first.
+    pdl_wait(PDL)
     t0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_T
     pid_l = tl.program_id(1)
     key_programs = tl.num_programs(1) // segments
@@ -334,7 +337,7 @@ def indexer_scores_triton(
         FP8=fp8_mode,
         STACKED=use_stacked,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
-        maxnreg=maxnreg or cfg["maxnreg"],
+        maxnreg=maxnreg or cfg["maxnreg"], **pdl_launch(q.device),
     )  # fmt: skip
 
 

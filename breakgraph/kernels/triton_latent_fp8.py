@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from breakgraph.kernels.pdl import pdl_launch, pdl_wait
+
 
 @triton.jit
 def _fp8_offsets(rank, GROUP_SIZE: tl.constexpr):
@@ -64,9 +66,11 @@ def load_latent_rows(KV, slots, row_mask, offs_r, offs_pe, stride_kv, rank, rope
 def _store_latent_fp8_kernel(
     KV, SLOTS, C8, SCALES, PE, stride_kv, stride_c8, stride_s, stride_pe, num_rows, rank, rope_dim,
     BLOCK_T: tl.constexpr, GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_PE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Rows ``BLOCK_T·pid …`` of ``KV`` quantised into the FP8 rows ``SLOTS[i]`` (typed views of
     the one cache tensor: ``C8`` e4m3, ``SCALES`` fp32, ``PE`` bf16)."""
+    pdl_wait(PDL)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     mask_t = offs_t < num_rows
     slot = tl.load(SLOTS + offs_t, mask=mask_t, other=0).to(tl.int64)
@@ -101,5 +105,5 @@ def store_latent_triton(
     _store_latent_fp8_kernel[(triton.cdiv(n, block_t),)](
         kv, slots, c8, scales, pe, kv.stride(0), c8.stride(0), scales.stride(0), pe.stride(0), n, rank, rope,
         BLOCK_T=block_t, GROUPS=triton.next_power_of_2(groups), GROUP_SIZE=min(128, triton.next_power_of_2(rank)),
-        BLOCK_PE=max(16, triton.next_power_of_2(rope)), num_warps=4,
+        BLOCK_PE=max(16, triton.next_power_of_2(rope)), num_warps=4, **pdl_launch(kv.device),
     )  # fmt: skip

@@ -51,6 +51,7 @@ import triton.language as tl
 from breakgraph import env
 from breakgraph.kernels.dispatch import interpreting
 from breakgraph.kernels.fp8 import FP8_DTYPE
+from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.triton_fp8 import act_quant, scaled_update
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ def _route_kernel(
     T, E, stride_s, scaling,
     TOP_K: tl.constexpr, K_P2: tl.constexpr, N_GROUP: tl.constexpr, G_P2: tl.constexpr, TOPK_GROUP: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_T: tl.constexpr, E_P2: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -87,6 +89,7 @@ def _route_kernel(
     row_ok = rows < T
     col_ok = cols < E
     ninf = float("-inf")
+    pdl_wait(PDL)
     scores = tl.load(
         scores_ptr + rows[:, None].to(tl.int64) * stride_s + cols[None, :],
         mask=row_ok[:, None] & col_ok[None, :],
@@ -172,7 +175,7 @@ def route_select(
         scores, bias, weights, ids, t, e, scores.stride(0), float(routed_scaling_factor),
         TOP_K=top_k, K_P2=_next_pow2(top_k), N_GROUP=n_group, G_P2=_next_pow2(n_group), TOPK_GROUP=topk_group,
         HAS_BIAS=correction_bias is not None, NORM=bool(norm_topk_prob), BLOCK_T=block_t, E_P2=e_p2,
-        num_warps=4,
+        num_warps=4, **pdl_launch(scores.device),
     )  # fmt: skip
     return weights, ids
 
@@ -772,7 +775,7 @@ def _decode_up_kernel(
     stride_xm, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_hs, stride_hp,
     K_PER_SPLIT: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, W_FP8: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr = False,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program ``(q, n, s)``: rows ``[n·BN, (n+1)·BN)`` of the gate and of the up projection of
     slot ``q``'s expert times its token's row of ``x``, over the k-range of split ``s``. Slots
@@ -783,6 +786,7 @@ def _decode_up_kernel(
     q = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
+    pdl_wait(PDL)  # the experts' ids come from the router
     expert = tl.load(ids_ptr + q, mask=q < P, other=0).to(tl.int64)
     tok = q // TOP_K
     w_base = w_ptr + expert * stride_we
@@ -833,7 +837,7 @@ def _decode_down_kernel(
     stride_hs, stride_hp, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk, stride_rm, stride_om,
     I: tl.constexpr, TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RES: tl.constexpr,
     W_FP8: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr = False,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, SCALE_X: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program ``(t, n)``: columns ``[n·BN, (n+1)·BN)`` of token ``t``'s output
     ``Σ_j w[t, j] · W2[ids[t, j]] h[t·k + j]`` (+ the shared expert's ``W2_s h[P + t]``, + the
@@ -851,6 +855,7 @@ def _decode_down_kernel(
     n_ok = offs_n < D
     dt = out_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    pdl_wait(PDL)
     for c0 in tl.static_range(0, (TOP_K + HAS_SHARED) * I, BLOCK_K):
         col = c0 + tl.arange(0, BLOCK_K)
         slot = col // I
@@ -1034,7 +1039,7 @@ def fused_moe_decode(
         x, ids, w13, ws, shw, shs, h, p, i, d,
         x.stride(0), w13.stride(0), w13.stride(1), *ws_strides, h.stride(0), h.stride(1),
         K_PER_SPLIT=k_per_split, TOP_K=k, HAS_SHARED=shared is not None, W_FP8=w_fp8, SPLIT_K=split,
-        SCALE_BN=sbn, SCALE_BK=sbk, **up,
+        SCALE_BN=sbn, SCALE_BK=sbk, **up, **pdl_launch(x.device),
     )  # fmt: skip
     ws2 = w2_scale if w_fp8 else w2
     shw2 = shared.w2 if shared is not None else w2
@@ -1045,6 +1050,6 @@ def fused_moe_decode(
         h, ids, tw, w2, ws2, shw2, shs2, res, out, p, d,
         h.stride(0), h.stride(1), w2.stride(0), w2.stride(1), *ws2_strides, res.stride(0), out.stride(0),
         I=i, TOP_K=k, HAS_SHARED=shared is not None, HAS_RES=residual is not None, W_FP8=w_fp8, SPLIT_K=split,
-        SCALE_BN=sbn, SCALE_BK=sbk, **down,
+        SCALE_BN=sbn, SCALE_BK=sbk, **down, **pdl_launch(x.device),
     )  # fmt: skip
     return out

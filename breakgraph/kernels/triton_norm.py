@@ -24,6 +24,7 @@ from triton.language.extra import libdevice
 
 from breakgraph.kernels.dispatch import interpreting
 from breakgraph.kernels.fp8 import FP8_DTYPE
+from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.triton_fp8 import QUANT_GROUP, to_fp8
 
 MAX_HIDDEN = 8192
@@ -61,17 +62,21 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr,
     M, N, stride_x, stride_res, stride_sm, stride_sg, inv_n, eps,
     HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Row ``pid`` of ``M``: ``out = norm(x (+ res))`` (and ``res_out = x + res``). ``QUANT``: also
     the e4m3 codes ``q [Mp, N]`` and fp32 scales ``s`` (strides ``stride_sm, stride_sg``) of ``out``
     per ``GROUP`` columns, as ``_act_quant_kernel`` computes them from ``out``; programs
-    ``M ≤ pid < Mp`` write the zero padding rows (codes 0, scale 1e-12/448)."""
+    ``M ≤ pid < Mp`` write the zero padding rows (codes 0, scale 1e-12/448). ``PDL``: the
+    weight is loaded before :func:`~breakgraph.kernels.pdl.pdl_wait`."""
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     real = row < M
     mask = (cols < N) & real
+    if PDL:  # a weight: loaded while the kernel before this one runs
+        w_early = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    pdl_wait(PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -83,7 +88,10 @@ def _rms_norm_kernel(
     eps = tl.cast(eps, tl.float32)
     rstd = tl.math.rsqrt(_mul_rn(tl.sum(_mul_rn(h, h, INTERP), axis=0), inv_n, INTERP) + eps)
     h = _round_to(h * rstd, dtype, INTERP).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if PDL:
+        w = w_early.to(tl.float32)
+    else:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = _round_to(w * h, dtype, INTERP)
     tl.store(out_ptr + row * N + cols, y, mask=mask)
     if QUANT:
@@ -142,6 +150,7 @@ def _launch(
             1.0 / n, eps,
             HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), GROUP=QUANT_GROUP, BLOCK=block,
             INTERP=interpreting(), num_warps=num_warps or max(1, min(8 if quant_pad_rows else 16, block // 512)),
+            **pdl_launch(x.device),
         )  # fmt: skip
     return out, res_out, q, scale
 

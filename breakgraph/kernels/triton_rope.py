@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from breakgraph.kernels.dispatch import interpreting
+from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.triton_norm import _DTYPES, _mul_rn, _round_to
 
 
@@ -116,10 +117,12 @@ def _mla_rope_kv_kernel(
     inv_r, eps,
     INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Token ``pid``: ``kv[t] = [rms_norm(kv_a[t, :R]) ‖ rope(kv_a[t, R:])]`` and
     ``q_out[t, h, R:] = rope(q[t, h, NOPE:])`` for every head ``h``; the norm is
     ``_rms_norm_kernel``'s arithmetic, the rotations ``_rope_kernel``'s."""
+    pdl_wait(PDL)
     dtype: tl.constexpr = kv_ptr.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)
     # the latent part: RMSNorm of c
@@ -186,7 +189,7 @@ def mla_rope_kv_triton(
         h, r, q.shape[2] - 2 * half, half, q.stride(0), q.stride(1), kv_a.stride(0), cos.stride(0), sin.stride(0),
         q_out.stride(0), q_out.stride(1), kv.stride(0), 1.0 / r, eps,
         INTERLEAVED=interleaved, BLOCK_R=block_r, BLOCK_H=triton.next_power_of_2(h),
-        BLOCK_HALF=triton.next_power_of_2(half), INTERP=interpreting(), num_warps=4,
+        BLOCK_HALF=triton.next_power_of_2(half), INTERP=interpreting(), num_warps=4, **pdl_launch(q.device),
     )  # fmt: skip
 
 
@@ -200,9 +203,11 @@ def _indexer_rope_qk_kernel(
     H, D, HALF, stride_qt, stride_qh, stride_kt, stride_ct, stride_st, inv_d, eps,
     INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Token ``pid``: ``q_out[t] = rope(q[t])`` (``H`` heads of ``D``, the first ``2·HALF``
     columns rotated, the rest copied) and ``k_out[t] = rope(layer_norm(k[t]))``."""
+    pdl_wait(PDL)
     dtype: tl.constexpr = k_out_ptr.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, BLOCK_HALF)
@@ -275,6 +280,6 @@ def indexer_rope_qk_triton(
             q, k, cos, sin, weight, bias, q_out, k_out,
             h, d, half, q.stride(0), q.stride(1), k.stride(0), cos.stride(0), sin.stride(0), 1.0 / d, eps,
             INTERLEAVED=interleaved, BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d),
-            BLOCK_HALF=triton.next_power_of_2(half), INTERP=interpreting(), num_warps=4,
+            BLOCK_HALF=triton.next_power_of_2(half), INTERP=interpreting(), num_warps=4, **pdl_launch(q.device),
         )  # fmt: skip
     return q_out, k_out

@@ -64,6 +64,7 @@ import triton.language as tl
 from breakgraph.kernels.dispatch import interpreting, num_sms
 from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
+from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.triton_dense_mla import dense_block as _dense_block
 from breakgraph.kernels.triton_dense_mla import dense_mla_attention_triton
 from breakgraph.kernels.triton_dense_mla import softmax_step as _softmax_step
@@ -146,7 +147,9 @@ def _sparse_mla_fwd_kernel(
     SLOTS: tl.constexpr = False,  # TOPK holds each key's cache row (-1 unused), not its position
     LEAN: tl.constexpr = False,  # SLOTS rows hold -1 - (a real row) where unused: unmasked loads
     LAZY: tl.constexpr = 0,  # > 0: rescale only when a row maximum grows by more than this (log2)
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     split = tl.program_id(2)
@@ -304,6 +307,7 @@ def _sparse_mla_groups_kernel(
     SCALE_OFF: tl.constexpr = 0,
     PE_OFF: tl.constexpr = 0,
     CVT_ASM: tl.constexpr = False,  # KV_FP8 with bf16 queries on the GPU: _e4m3_codes's ASM
+    PDL: tl.constexpr = False,
 ):
     """The sparse kernel's ``LEAN`` loop with the latent row in four column groups of
     ``BLOCK_R / 4``: four key loads (6 distinct rows per thread at 32 keys, 4 warps, instead of
@@ -314,6 +318,7 @@ def _sparse_mla_groups_kernel(
     key: the dots take the e4m3 codes as they are (converted exactly to the query's dtype) and
     the scales go on the ``[BLOCK_H, BLOCK_N]`` side instead of on every element of the tile:
     ``s = Σ_g (q_g·c8_gᵀ) · scale_g`` and ``acc_g += (p · scale_g) · c8_g``."""
+    pdl_wait(PDL)
     t = tl.program_id(0)  # 32-bit: widened where it addresses (fewer registers live across the loop)
     hb = tl.program_id(1)
     split = tl.program_id(2)
@@ -424,7 +429,9 @@ def _sparse_mla_merge_kernel(
     num_splits,
     BLOCK_S: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -445,6 +452,7 @@ def _sparse_mla_merge_kernel(
 def _topk_slots_kernel(
     TOPK, PAGE_TABLE, TOKEN_REQ, SLOTS, stride_tk, stride_pt, topk, page_size, BLOCK: tl.constexpr,
     FILL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """``SLOTS[t, j]`` ← the cache row of top-k position ``TOPK[t, j]`` through the page table of
     token ``t``'s request (``-1`` stays ``-1``): the sparse kernel's loop then gathers rows with
@@ -453,6 +461,7 @@ def _topk_slots_kernel(
     ``FILL`` (one program per token, ``BLOCK ≥ topk``): an unused entry holds ``-1 − f`` instead,
     ``f`` the cache row of the token's largest top-k position (of position 0 where it has
     none), so the sparse kernel's ``LEAN`` loop reads a real row there and needs no load masks."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < topk
@@ -684,7 +693,7 @@ def sparse_mla_attention_triton(
         slot_block = triton.next_power_of_2(topk) if use_lean else _SLOT_BLOCK
         _topk_slots_kernel[(num_tokens, triton.cdiv(topk, slot_block))](
             topk_pos, page_table, token_req, rows, topk_pos.stride(0), page_table.stride(0), topk, page_size,
-            BLOCK=slot_block, FILL=use_lean, num_warps=4,
+            BLOCK=slot_block, FILL=use_lean, num_warps=4, **pdl_launch(q.device),
         )  # fmt: skip
     shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
     args = (
@@ -695,7 +704,7 @@ def sparse_mla_attention_triton(
     )  # fmt: skip
     tiles = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1,
                  DENSE_T=dense_t, LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
-                 maxnreg=cap or None)  # fmt: skip
+                 maxnreg=cap or None, **pdl_launch(q.device))  # fmt: skip
     if use_groups:
         layout = LatentLayout(rank, dim - rank)
         _sparse_mla_groups_kernel[grid](*args, KV_FP8=kv_fp8, SCALE_OFF=layout.scale_off, PE_OFF=layout.pe_off,
@@ -707,5 +716,5 @@ def sparse_mla_attention_triton(
     if splits > 1:
         _sparse_mla_merge_kernel[(num_tokens, num_heads)](
             ws_o, ws_lse, out, out.stride(0), out.stride(1), num_heads, rank, splits,
-            BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_R=block_r, num_warps=4,
+            BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_R=block_r, num_warps=4, **pdl_launch(q.device),
         )  # fmt: skip

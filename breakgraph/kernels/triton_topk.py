@@ -50,6 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
+from breakgraph.kernels.pdl import pdl_launch, pdl_wait
+
 
 @triton.jit
 def _order_key(x):
@@ -173,8 +175,10 @@ def _topk_select_kernel(
     topk,
     BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The radix select: four histogram passes over the row, one write pass."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     row = SCORES + t * stride_st
@@ -368,10 +372,12 @@ def _range_select_kernel(
     BINS: tl.constexpr,
     VEC: tl.constexpr,
     LIST_SORT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The range select, one program per row: min/max pass, histogram pass (and a second one
     over a crowded threshold bin), candidate list pass, the threshold from the list, write pass.
     Programs take the rows last to first: a prefill's longest rows start first."""
+    pdl_wait(PDL)
     t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     row = SCORES + t * stride_st
@@ -410,8 +416,9 @@ def _range_select_kernel(
 
 @triton.jit
 def _split_span_kernel(SCORES, POSITIONS, SPAN, stride_st, topk, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
-                       BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+                       BLOCK: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Part ``s`` of row ``t``: its min and max to ``SPAN``."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -433,8 +440,9 @@ def _row_span(SPAN, t, BINS: tl.constexpr, SPLITS: tl.constexpr):
 
 @triton.jit
 def _split_hist_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
-                       BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+                       BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Part ``s`` of row ``t``: its level-1 histogram added to the row's in ``HIST``."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -464,9 +472,10 @@ def _split_levels(SPAN, HIST, t, topk, BINS: tl.constexpr, SPLITS: tl.constexpr)
 
 @triton.jit
 def _split_refine_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: tl.constexpr,
-                         SPLITS: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+                         SPLITS: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Part ``s`` of row ``t``, when the row's threshold bin is crowded: its level-2 histogram
     of that bin added to the row's."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -485,8 +494,9 @@ def _split_refine_kernel(SCORES, POSITIONS, SPAN, HIST, stride_st, topk, CHUNK: 
 
 @triton.jit
 def _split_list_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot, topk, CHUNK: tl.constexpr,
-                       SPLITS: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):  # fmt: skip
+                       SPLITS: tl.constexpr, BINS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Part ``s`` of row ``t``: its threshold-bin keys listed in ``OUT``'s row."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -524,8 +534,9 @@ def _list_part(row, out, count_ptr, start, end, lo, scale, cut, lo2, scale2, cut
 @triton.jit
 def _split_finish_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_ot, topk, SPLITS: tl.constexpr,
                          BINS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
-                         LIST_SORT: tl.constexpr):  # fmt: skip
+                         LIST_SORT: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Row ``t``: the threshold from its list (or from the whole row), then the write pass."""
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
     out = OUT + t * stride_ot
@@ -572,6 +583,7 @@ def topk_select_triton(
         return
     block_k = min(1024, triton.next_power_of_2(topk))
     strides = (scores.stride(0), topk_out.stride(0))
+    pdl = pdl_launch(scores.device)
     # Rows whose ends may be rounded up to 4 keys without leaving the tensor vectorise.
     vec = 4 if scores.shape[1] % 4 == 0 and scores.stride(0) % 4 == 0 else 1
     if method == "radix":
@@ -584,11 +596,12 @@ def topk_select_triton(
             BLOCK=block or 512,
             BLOCK_K=block_k,
             num_warps=num_warps,
+            **pdl,
         )
     elif method == "range":
         _range_select_kernel[(num_tokens,)](
             scores, positions, topk_out, *strides, topk, BLOCK=block or 1024, BLOCK_K=block_k, BINS=bins, VEC=vec,
-            LIST_SORT=list_sort, num_warps=num_warps,
+            LIST_SORT=list_sort, num_warps=num_warps, **pdl,
         )  # fmt: skip
     else:
         block = block or 2048
@@ -597,7 +610,7 @@ def topk_select_triton(
         span = torch.empty(num_tokens, splits, 2, dtype=torch.float32, device=scores.device)
         hist = torch.zeros(num_tokens, 2 * bins + 1, dtype=torch.int32, device=scores.device)
         grid = (num_tokens, splits)
-        opts = dict(SPLITS=splits, BLOCK=block, VEC=vec, num_warps=num_warps)
+        opts = dict(SPLITS=splits, BLOCK=block, VEC=vec, num_warps=num_warps, **pdl)
         _split_span_kernel[grid](scores, positions, span, scores.stride(0), topk, CHUNK=chunk, **opts)
         _split_hist_kernel[grid](
             scores, positions, span, hist, scores.stride(0), topk, CHUNK=chunk, BINS=bins, **opts
