@@ -4,6 +4,7 @@ they time what they say, record a command that reproduces the run, and write the
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
@@ -40,6 +41,24 @@ def test_bench_decode_times_every_context_and_batch(demo, tmp_path, monkeypatch)
     assert all(r["kernels_per_step"] is None and r["top_kernels"] is None for r in rows.values())
     recorded = build_parser().parse_args(shlex.split(data["command"])[1:])
     assert recorded.context_length == [128, 256] and recorded.batch_size == [1, 2] and recorded.rounds == 2
+
+
+def test_bench_decode_pdl_alternates_the_switch_per_round(demo, tmp_path, monkeypatch):
+    import breakgraph.bench.decode as bd
+
+    monkeypatch.setenv("BREAKGRAPH_PDL", "0")
+    seen = []
+    real = bd.time_decode
+    monkeypatch.setattr(bd, "time_decode", lambda *a, **k: seen.append(os.environ["BREAKGRAPH_PDL"]) or real(*a, **k))
+    out = tmp_path / "pdl"
+    argv = ["bench", "decode", "--model-path", demo, "--device", "cpu", "--input-len", "12", "--batch-size", "1",
+            "--context-length", "128", "--steps", "2", "--rounds", "2", "--pdl", "1", "0", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert seen == ["1", "0", "1", "0"], "each round must time every PDL value, alternated"
+    data = json.loads(out.with_suffix(".json").read_text())
+    rows = {(r["context_length"], r["pdl"]): r for r in data["rows"]}
+    assert set(rows) == {(128, "1"), (128, "0")} and all(r["steps"] == 4 for r in rows.values())
+    assert "| 128 PDL=1 | 1 |" in out.with_suffix(".md").read_text()
 
 
 def test_bench_ttft_goes_through_chunked_prefill(demo, tmp_path, monkeypatch):

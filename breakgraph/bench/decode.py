@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -57,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="times the context lengths are alternated")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
+    parser.add_argument("--pdl", nargs="+", choices=["0", "1"], default=None,
+                        help="BREAKGRAPH_PDL values to compare (e.g. 1 0): each round captures and times the decode "
+                             "graphs once per value, alternated, so drift shows as spread (default: the environment's)")
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
                         help="profile one more step per (context, batch size) in the last round: kernels per step "
                              "and per layer, GPU busy, and the N kernels with the most GPU time (CUDA only)")
@@ -202,6 +206,11 @@ def time_decode(
     return times, prof
 
 
+def _context_cell(row: dict) -> str:
+    """The table's context column: the length, with the PDL setting when ``--pdl`` compares."""
+    return str(row["context_length"]) + ("" if row["pdl"] is None else f" PDL={row['pdl']}")
+
+
 def main(args: argparse.Namespace) -> int:
     from breakgraph import Engine
 
@@ -221,53 +230,58 @@ def main(args: argparse.Namespace) -> int:
     profiles: dict[tuple[int, int], dict] = {}
     phases: dict[tuple[int, int], StepPhases] = {}
     for rnd in range(args.rounds):
-        for ctx in args.context_length:
+        for ctx, pdl in [(c, p) for c in args.context_length for p in args.pdl or [None]]:
+            if pdl is not None:  # read at every launch: the capture below takes it
+                os.environ["BREAKGRAPH_PDL"] = pdl
             if engine.device.type == "cuda":
                 captures.setdefault(ctx, []).append(capture_decode_graphs(engine, ctx, sorted(set(args.batch_size))))
             for bs in args.batch_size:
+                key = (ctx, bs, pdl)
                 top = args.top_kernels if args.top_kernels and rnd == args.rounds - 1 else None
-                timer = phases.setdefault((ctx, bs), StepPhases(engine)) if args.host_profile else None
+                timer = phases.setdefault(key, StepPhases(engine)) if args.host_profile else None
                 times, prof = time_decode(engine, bs, args.input_len, args.steps, seed=rnd * 1000 + bs, profile_top=top,
                                           phases=timer)  # fmt: skip
-                samples.setdefault((ctx, bs), []).extend(times)
+                samples.setdefault(key, []).extend(times)
                 if prof is not None:
-                    profiles[(ctx, bs)] = prof
-                logger.info("round %d context %d bs %d: median step %.3f ms", rnd, ctx, bs, 1e3 * statistics.median(times))
+                    profiles[key] = prof
+                logger.info("round %d context %d bs %d%s: median step %.3f ms", rnd, ctx, bs,
+                            "" if pdl is None else f" PDL={pdl}", 1e3 * statistics.median(times))  # fmt: skip
     rows = []
-    for (ctx, bs), times in samples.items():
+    for (ctx, bs, pdl), times in samples.items():
+        key = (ctx, bs, pdl)
         floor_s = step_bytes(engine, bs, args.input_len + args.steps // 2) / bandwidth
         rows.append({
-            "context_length": ctx, "batch_size": bs, "steps": len(times),
+            "context_length": ctx, "batch_size": bs, "pdl": pdl, "steps": len(times),
             "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "max_ms": 1e3 * max(times),
             "floor_ms": 1e3 * floor_s, "tokens_per_s": bs / statistics.median(times),
             "capture_s": statistics.median(captures[ctx]) if ctx in captures else None,
-            "kernels_per_step": profiles.get((ctx, bs), {}).get("kernels"),
-            "gpu_busy": profiles.get((ctx, bs), {}).get("gpu_busy"),
-            "top_kernels": profiles.get((ctx, bs), {}).get("top"),
-            "host_us": phases[(ctx, bs)].medians_us() if (ctx, bs) in phases else None,
+            "kernels_per_step": profiles.get(key, {}).get("kernels"),
+            "gpu_busy": profiles.get(key, {}).get("gpu_busy"),
+            "top_kernels": profiles.get(key, {}).get("top"),
+            "host_us": phases[key].medians_us() if key in phases else None,
         })  # fmt: skip
     command = record.command_line(["breakgraph", "bench", "decode"], add_arguments, args)
     table = [f"`{command}`", "", f"copy bandwidth measured: {bandwidth / 1e12:.2f} TB/s", "",
              "| context | batch | median ms | min–max ms | floor ms | × floor | tok/s |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        table.append(f"| {r['context_length']} | {r['batch_size']} | {r['median_ms']:.2f} | {r['min_ms']:.2f}–{r['max_ms']:.2f} "
+        table.append(f"| {_context_cell(r)} | {r['batch_size']} | {r['median_ms']:.2f} | {r['min_ms']:.2f}–{r['max_ms']:.2f} "
                      f"| {r['floor_ms']:.2f} | {r['median_ms'] / r['floor_ms']:.1f} | {r['tokens_per_s']:.0f} |")  # fmt: skip
     if profiles:
         layers = engine.config.num_hidden_layers
         table += ["", "| context | batch | kernels / step | kernels / layer | GPU busy |", "|---|---|---|---|---|"]
         for r in rows:
             if r["kernels_per_step"] is not None:
-                table.append(f"| {r['context_length']} | {r['batch_size']} | {r['kernels_per_step']} "
+                table.append(f"| {_context_cell(r)} | {r['batch_size']} | {r['kernels_per_step']} "
                              f"| {r['kernels_per_step'] / layers:.1f} | {100 * r['gpu_busy']:.0f}% |")  # fmt: skip
         for r in rows:
             for kname, ms, calls in r["top_kernels"] or []:
-                table.append(f"    ctx {r['context_length']} bs {r['batch_size']}: {ms:8.3f} ms {calls:5d}× {kname[:90]}")
+                table.append(f"    ctx {_context_cell(r)} bs {r['batch_size']}: {ms:8.3f} ms {calls:5d}× {kname[:90]}")
     if phases:
         table += ["", "host µs per step (CPU time of this thread, median): host = every phase but forward", "",
                   "| context | batch | " + " | ".join(PHASES) + " | host |", "|---|---|" + "---|" * (len(PHASES) + 1)]
         for r in rows:
             us = r["host_us"]
-            table.append(f"| {r['context_length']} | {r['batch_size']} | " + " | ".join(f"{us[p]:.0f}" for p in (*PHASES, "host")) + " |")
+            table.append(f"| {_context_cell(r)} | {r['batch_size']} | " + " | ".join(f"{us[p]:.0f}" for p in (*PHASES, "host")) + " |")
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"model": name, "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
