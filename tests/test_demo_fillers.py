@@ -118,3 +118,18 @@ def test_the_mixture_takes_fillers_and_choices_by_share():
         if "<<" not in said:  # the quote line: each quote copied from the question
             assert all(q in p.question for q in said.rstrip(".").split("; ")), (p.question, said)
 
+
+def test_the_tokenizer_corpus_follows_the_mixture():
+    from breakgraph.demo.tokenizer import build_corpus
+    from breakgraph.demo.train import tokenizer_shares
+
+    old = tokenizer_shares({"templates": 0.1, "wordings": 0.1, "phrases": 0.2, "varied": 0.3, "grammar": 0.3})
+    assert old == {"worded_share": 0.15, "phrased_share": 0.3, "varied_share": 0.35, "choices_share": 0.0,
+                   "filled_share": 0.0}  # fmt: skip
+    new = tokenizer_shares({"grammar": 0.4, "choices": 0.1, "fillers": 0.5})
+    assert new["choices_share"] == 0.1 and new["filled_share"] == 0.5
+    assert abs(new["worded_share"] + new["phrased_share"] + new["varied_share"] - 0.8 * 0.4) < 1e-9
+    texts = list(build_corpus(200, 0, None, **new))
+    assert len(texts) == 200 and texts == list(build_corpus(200, 0, None, **new))
+    filled = {p.question for p in fillers.generate_filled(100, 0)}
+    assert sum(t.split("\n")[0].removeprefix("Question: ") in filled for t in texts) == 100
