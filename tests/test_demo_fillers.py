@@ -109,10 +109,15 @@ def test_the_fillers_are_open_pseudo_and_real_words_never_cue_number_or_heldout_
     assert len(set(pseudo)) > 450 and all(w.isalpha() and w.islower() and 3 <= len(w) <= 9 for w in pseudo)
 
 
-def test_the_mixture_takes_fillers_and_choices_by_share():
-    mix = make_mixture(400, 2, {"grammar": 0.5, "choices": 0.25, "fillers": 0.25})
+def test_the_mixture_takes_fillers_and_choices_by_share_whatever_the_worker_count(monkeypatch):
+    from breakgraph.demo import mixture
+
+    monkeypatch.setattr(mixture, "CHUNK", 60)
+    shares = {"grammar": 0.5, "choices": 0.25, "fillers": 0.25}
+    mix = make_mixture(400, 2, shares)
     source = Counter(p.template.split("/")[0] for p in mix)
     assert source == {"grammar": 200, "choices": 100, "fillers": 100}
+    assert make_mixture(400, 2, shares, workers=2) == mix
     for p in mix:
         said = p.answer.split("\n")[0]
         if "<<" not in said:  # the quote line: each quote copied from the question
