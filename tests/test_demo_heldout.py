@@ -4,11 +4,12 @@ problem (no five-word run in common, names, numbers and the generators' nouns no
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
 
-from breakgraph.demo import grammar, heldout_writer, phrasebank, problems, varied, wordings
+from breakgraph.demo import choices, fillers, grammar, heldout_writer, phrasebank, problems, varied, wordings
 from breakgraph.demo.heldout import HELDOUT_FILE, dev_phrasings, heldout_phrasings, must_answer
 from breakgraph.demo.mixture import gsm8k_easy
 
@@ -41,13 +42,17 @@ def runs(text: str) -> set[tuple[str, ...]]:
 
 def training_texts() -> list[str]:
     """A large sample of every training source's questions: the templates (several seeds), the
-    worded generator, the phrase generator, the varied generator, the clause grammar and the GSM8K problems the
-    mixture can use."""
-    texts = [p.question for seed in (0, 1, 2) for p in problems.generate(20000, seed)]
-    texts += [p.question for seed in (0, 1, 2, 3) for p in wordings.generate_wordings(40000, seed)]
-    texts += [p.question for seed in (0, 1, 2, 3, 4) for p in phrasebank.generate_phrases(40000, seed)]
-    texts += [p.question for seed in (0, 1, 2, 3, 4, 5) for p in varied.generate_varied(50000, seed)]
-    texts += [p.question for seed in (0, 1, 2, 3) for p in grammar.generate_grammar(50000, seed)]
+    worded generator, the phrase generator, the varied generator, the clause grammar, the
+    operation-choice stories, every tenth of those problems with open-pool fillers (as the
+    mixture's ``fillers`` source writes them) and the GSM8K problems the mixture can use."""
+    drawn = [p for seed in (0, 1, 2) for p in problems.generate(20000, seed)]
+    drawn += [p for seed in (0, 1, 2, 3) for p in wordings.generate_wordings(40000, seed)]
+    drawn += [p for seed in (0, 1, 2, 3, 4) for p in phrasebank.generate_phrases(40000, seed)]
+    drawn += [p for seed in (0, 1, 2, 3, 4, 5) for p in varied.generate_varied(50000, seed)]
+    drawn += [p for seed in (0, 1, 2, 3) for p in grammar.generate_grammar(50000, seed)]
+    drawn += [p for seed in (0, 1, 2, 3) for p in choices.generate_choices(30000, seed)]
+    rng = random.Random(0)
+    texts = [p.question for p in drawn] + [fillers.fill(p, rng).question for p in drawn[::10]]
     texts += [p.question for p in gsm8k_easy()]
     return texts
 

@@ -1,8 +1,11 @@
 """The demo model's training mixture: the whole-question templates (:mod:`~breakgraph.demo.problems`),
 the worded generator (:mod:`~breakgraph.demo.wordings`), the phrase generator
 (:mod:`~breakgraph.demo.phrasebank`), the varied story generator (:mod:`~breakgraph.demo.varied`),
-the clause grammar (:mod:`~breakgraph.demo.grammar`) and, on request, GSM8K's easiest train problems. Every ``<<a op b=c>>`` of a drawn mixture is
-checked to be exact (:func:`check_annotations`).
+the clause grammar (:mod:`~breakgraph.demo.grammar`), the operation-choice stories
+(:mod:`~breakgraph.demo.choices`), problems of all of these with open-pool fillers for their names,
+nouns, units and verbs (:mod:`~breakgraph.demo.fillers`, source ``fillers``) and, on request, GSM8K's
+easiest train problems. Every ``<<a op b=c>>`` of a drawn mixture is checked to be exact
+(:func:`check_annotations`).
 
 The default mixture has no GSM8K share: problems far beyond the model taught it to answer an
 unfamiliar question with invented GSM8K-style prose instead of calculations on the question's
@@ -25,6 +28,8 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import lru_cache
 from pathlib import Path
 
+from breakgraph.demo.choices import generate_choices
+from breakgraph.demo.fillers import generate_filled
 from breakgraph.demo.grammar import generate_grammar
 from breakgraph.demo.phrasebank import generate_phrases
 from breakgraph.demo.problems import Problem, _test_keys, normalise_question, train_split
@@ -33,7 +38,7 @@ from breakgraph.demo.varied import generate_varied
 from breakgraph.demo.wordings import generate_wordings
 
 GSM8K_TRAIN = Path(__file__).resolve().parent.parent / "eval" / "data" / "gsm8k" / "train.jsonl"
-SOURCES = ("templates", "wordings", "phrases", "varied", "grammar", "gsm8k")
+SOURCES = ("templates", "wordings", "phrases", "varied", "grammar", "choices", "fillers", "gsm8k")
 # Shares of the mixture by source.
 DEFAULT_SHARES = {"templates": 0.1, "wordings": 0.1, "phrases": 0.2, "varied": 0.3, "grammar": 0.3}
 
@@ -78,7 +83,8 @@ def gsm8k_easy(path: str | Path = GSM8K_TRAIN) -> list[Problem]:
 CHUNK = 20_000  # generated problems per chunk; chunks have their own seeds and run in parallel
 _GENERATORS = {"templates": (train_split, 5), "wordings": (generate_wordings, 11),
                "phrases": (generate_phrases, 23), "varied": (generate_varied, 37),
-               "grammar": (generate_grammar, 41)}  # fmt: skip
+               "grammar": (generate_grammar, 41), "choices": (generate_choices, 43),
+               "fillers": (generate_filled, 47)}  # fmt: skip
 
 
 def _chunk(source: str, count: int, seed: int, index: int) -> list[Problem]:

@@ -75,12 +75,19 @@ def build_corpus(
     worded_share: float = 0.0,
     phrased_share: float = 0.0,
     varied_share: float = 0.0,
+    choices_share: float = 0.0,
+    filled_share: float = 0.0,
 ) -> Iterator[str]:
     """Training texts for the tokenizer: ``n_problems`` formatted training problems (never test
     ones), the share ``worded_share`` of them from :mod:`breakgraph.demo.wordings`, the share
     ``phrased_share`` from :mod:`breakgraph.demo.phrasebank`, the share ``varied_share`` from
-    :mod:`breakgraph.demo.varied` and the rest from the templates,
-    then the GSM8K examples at ``gsm8k_path`` if given, so real questions encode compactly too."""
+    :mod:`breakgraph.demo.varied`, the share ``choices_share`` from :mod:`breakgraph.demo.choices`,
+    the share ``filled_share`` with open-pool fillers (:mod:`breakgraph.demo.fillers`, so the
+    merges are learnt on the same kind of text the model is trained on) and the rest from the
+    templates, then the GSM8K examples at ``gsm8k_path`` if given, so real questions encode
+    compactly too."""
+    from breakgraph.demo.choices import generate_choices
+    from breakgraph.demo.fillers import generate_filled
     from breakgraph.demo.phrasebank import generate_phrases
     from breakgraph.demo.varied import generate_varied
     from breakgraph.demo.wordings import generate_wordings
@@ -88,7 +95,9 @@ def build_corpus(
     n_worded = int(n_problems * worded_share)
     n_phrased = int(n_problems * phrased_share)
     n_varied = int(n_problems * varied_share)
-    for problem in train_split(n_problems - n_worded - n_phrased - n_varied, seed):
+    n_choices = int(n_problems * choices_share)
+    n_filled = int(n_problems * filled_share)
+    for problem in train_split(n_problems - n_worded - n_phrased - n_varied - n_choices - n_filled, seed):
         yield format_example(problem)
     for problem in generate_wordings(n_worded, seed):
         yield format_example(problem)
@@ -96,6 +105,12 @@ def build_corpus(
         yield format_example(problem)
     for problem in generate_varied(n_varied, seed):
         yield format_example(problem)
+    if n_choices:
+        for problem in generate_choices(n_choices, seed):
+            yield format_example(problem)
+    if n_filled:
+        for problem in generate_filled(n_filled, seed):
+            yield format_example(problem)
     if gsm8k_path is not None:
         yield from read_gsm8k_texts(gsm8k_path)
 

@@ -489,6 +489,18 @@ class TrainArgs:
     shape: dict = field(default_factory=dict)
 
 
+def tokenizer_shares(mixture: dict[str, float]) -> dict[str, float]:
+    """The shares of :func:`~breakgraph.demo.tokenizer.build_corpus`'s generated problems for a
+    training ``mixture``: the mixture's shares of ``choices`` and ``fillers`` problems, and the
+    rest split as before (15% worded, 30% phrased, 35% varied, the remainder templates), so the
+    merges are learnt on text like the training text (fillers included)."""
+    total = sum(mixture.values()) or 1.0
+    choices, filled = mixture.get("choices", 0.0) / total, mixture.get("fillers", 0.0) / total
+    rest = 1.0 - choices - filled
+    return {"worded_share": 0.15 * rest, "phrased_share": 0.3 * rest, "varied_share": 0.35 * rest,
+            "choices_share": choices, "filled_share": filled}  # fmt: skip
+
+
 def _progress(step: int, elapsed: float, a: TrainArgs) -> float:
     """How far the run is, 0 → 1: by steps, or by wall time when that is further along."""
     p = step / a.steps
@@ -568,9 +580,7 @@ def train_demo(
     val_set = problems[a.train_problems :]
     corpus = build_corpus(
         a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
-        worded_share=0.15,
-        phrased_share=0.3,
-        varied_share=0.35,
+        **tokenizer_shares(a.mixture),
     )
     tok = train_tokenizer(corpus, vocab_size=a.vocab_size)
     data = encode_problems(tok, problems[: a.train_problems])
@@ -800,7 +810,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--mixture",
         type=json.loads,
         default=d.mixture,
-        help="JSON shares of the training sources (templates, wordings, phrases, varied, gsm8k)",
+        help="JSON shares of the training sources (templates, wordings, phrases, varied, grammar, choices, fillers, gsm8k)",
     )
     p.add_argument(
         "--val-problems",

@@ -1,0 +1,52 @@
+"""The operation-choice generator (breakgraph/demo/choices.py): exact steps in range, operands
+the question states and the quotes name, the operation each story kind implies, every kind drawn,
+and determinism (CPU, a second)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+from demo_answers import steps
+
+from breakgraph.demo import choices, phrasebank
+from breakgraph.demo.mixture import check_annotations
+from breakgraph.demo.problems import Problem
+from breakgraph.demo.quoting import quotes, stated_operands
+
+_NUMBERS = {w: i for i, w in enumerate(phrasebank.NUMBER_WORDS)}
+
+
+@pytest.fixture(scope="module")
+def sample() -> list[Problem]:
+    return choices.generate_choices(3000, seed=4)
+
+
+def test_choices_steps_are_exact_stated_and_quoted(sample):
+    check_annotations(sample)
+    for p in sample:
+        got = steps(p)
+        assert 1 <= len(got) <= 2 and all(1 <= c <= choices.MAX_RESULT for *_, c in got)
+        known = {int(x) for x in re.findall(r"\d+", p.question)}
+        known |= {_NUMBERS[w] for w in re.findall(r"[a-z]+", p.question.lower()) if w in _NUMBERS}
+        stated = set(known)
+        for a, _, b, c in got:
+            assert {a, b} <= known, (p.question, p.answer)
+            known.add(c)
+        said = " ".join(quotes(p.question, p.answer)).lower()
+        for x in set(stated_operands(p.answer)) & stated:
+            assert str(x) in said or phrasebank.NUMBER_WORDS[min(x, 20)] in said.split(), (p.question, said)
+
+
+def test_each_choices_kind_uses_its_operation_and_all_occur(sample):
+    last = {"left": "-", "to_go": "-", "gap": "-", "change": "-", "to_a": "/", "rate": "*"}
+    kinds = Counter(p.template.split("/")[1] for p in sample)
+    assert set(kinds) == set(last) and min(kinds.values()) > 200
+    for p in sample:
+        assert steps(p)[-1][1] == last[p.template.split("/")[1]], (p.question, p.answer)
+
+
+def test_choices_are_deterministic_and_prefix_stable():
+    assert choices.generate_choices(200, 9) == choices.generate_choices(400, 9)[:200]
+    assert choices.generate_choices(50, 9) != choices.generate_choices(50, 10)
