@@ -19,6 +19,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_train_demo}
+# Shorter runs (a lease with less device time left): DEADLINE (s from the start, default 400);
+# QUICK=1 skips the training run's own final report and the GPU evaluation (evaluate on the CPU).
+DEADLINE=${DEADLINE:-400}
+QUICK=${QUICK:-0}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
@@ -32,15 +36,15 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 
 stamp "1. training (log: $OUT/train.log)"
 timeout 520 python -m breakgraph.demo.train --out "$OUT/glm5-tiny-arith" --device cuda --steps 100000 \
-  --batch-size 512 --lr 3e-3 --time-budget 360 --deadline 400 --train-problems 800000 --data-workers 16 \
-  --final-eval-device cuda --log-every 200 \
+  --batch-size 512 --lr 3e-3 --time-budget 360 --deadline "$DEADLINE" --train-problems 800000 --data-workers 16 \
+  --final-eval-device cuda --log-every 200 $([ "$QUICK" = 1 ] && echo --no-final-eval) \
   --mixture '{"templates": 0.06, "wordings": 0.06, "phrases": 0.12, "varied": 0.18, "grammar": 0.18, "choices": 0.1, "fillers": 0.3}' \
   --shape '{"moe_intermediate_size": 192}' >>"$OUT/train.log" 2>&1
 echo "train rc=$?"
 grep -E "^(data|model|recipe|saved|total)|accuracy" "$OUT/train.log" | tail -14
 
 stamp "2. evaluate on the GPU, fp32, all splits (log: $OUT/eval_gpu.log)"
-timeout 55 python -m breakgraph.demo.evaluate --model "$OUT/glm5-tiny-arith" --device cuda --dtype float32 \
+[ "$QUICK" = 1 ] || timeout 55 python -m breakgraph.demo.evaluate --model "$OUT/glm5-tiny-arith" --device cuda --dtype float32 \
   --show-misses 12 >"$OUT/eval_gpu.log" 2>&1
 echo "evaluate rc=$?"
 grep -E "accuracy|by kind" "$OUT/eval_gpu.log"
