@@ -213,7 +213,7 @@ UNSURE = "Question: Tell me a story about a dog.\nAnswer:"
 SAMPLING_FIELDS = [  # (the fields, the fields they are compared against)
     ({"presence_penalty": 2, "frequency_penalty": 2, "max_tokens": 20}, {"max_tokens": 20}),
     ({"repetition_penalty": 10}, {}),  # the default model is sure enough of its first tokens that 3 changes none
-    ({"logit_bias": {"426": -100, "17": 5}}, {}),  # 426: the first token of the greedy answer to UNSURE
+    ({"logit_bias": {"421": -100, "17": 5}}, {}),  # 421: the first token of the greedy answer to UNSURE
     ({"prompt": SHORT, "min_tokens": 29, "max_tokens": 29, "ignore_eos": False},
      {"prompt": SHORT, "max_tokens": 29, "ignore_eos": False}),  # fmt: skip
     ({"temperature": 2.0, "min_p": 0.5, "seed": 3}, {"temperature": 2.0, "seed": 3}),
