@@ -16,7 +16,8 @@ from __future__ import annotations
 import random
 import re
 
-from breakgraph.demo.phrasebank import NUMBER_WORDS, PEOPLE
+from breakgraph.demo.grammar import StoryDraws
+from breakgraph.demo.phrasebank import PEOPLE
 from breakgraph.demo.problems import Problem, distinct_problems, exact_step, redrawn
 from breakgraph.demo.varied import COUNTABLES, CURRENCIES, FOR_SALE, GROUPS, JOBS, _pl
 
@@ -45,7 +46,7 @@ DESTINATIONS = (
 NOTES = (5, 10, 20, 50, 100)
 
 
-class _C:
+class _C(StoryDraws):
     """Per-problem choices: two people, a noun, a container, a currency and the number style."""
 
     def __init__(self, rng: random.Random):
@@ -59,25 +60,6 @@ class _C:
         self.facts: list[str] = []
         self.question = ""
         self.steps: list[tuple[str, int]] = []
-
-    def pick(self, *options):
-        return self.rng.choice(options)
-
-    def r(self, lo: int, hi: int) -> int:
-        return self.rng.randint(lo, hi)
-
-    def n(self, k: int) -> str:
-        self.used.add(k)
-        return NUMBER_WORDS[k] if k <= 20 and self.rng.random() < self.word_p else str(k)
-
-    def cnt(self, k: int) -> str:
-        sg, pl = self.thing
-        return f"{self.n(k)} {sg if k == 1 else pl}"
-
-    def money(self, k: int) -> str:
-        sym, one, many = self.cur
-        self.used.add(k)
-        return f"{sym}{k}" if sym else f"{self.n(k)} {one if k == 1 else many}"
 
     def note(self, k: int) -> str:
         """A note or bill of ``k``: "a 20-dollar note", "a $20 bill", or just "$20"."""

@@ -56,18 +56,16 @@ TOTAL_Q = ("altogether", "in total", "in all", "together", "combined", "all told
 LEFT_Q = ("left", "now", "remaining", "left over", "in the end", "after that", "still")
 
 
-class _G:
-    """Per-problem choices: two people, a noun, a currency, the tense and how numbers are written."""
+class StoryDraws:
+    """The random draws a story writer shares: options, integers, chances, numbers as digits or
+    words (``word_p``), counted nouns (``thing``) and money (``cur``); every number written is
+    recorded in ``used``. A subclass sets ``rng``, ``thing``, ``cur``, ``word_p`` and ``used``."""
 
-    def __init__(self, rng: random.Random):
-        self.rng = rng
-        (self.a, self.sa), (self.b, self.sb) = rng.sample(PEOPLE, 2)
-        self.thing = rng.choice(COUNTABLES)
-        self.group = rng.choice(GROUPS)
-        self.cur = rng.choice(CURRENCIES)
-        self.past = rng.random() < 0.4
-        self.word_p = rng.choice((0.0, 0.25, 0.5))
-        self.used: set[int] = set()
+    rng: random.Random
+    thing: tuple[str, str]
+    cur: tuple[str, str, str]
+    word_p: float
+    used: set[int]
 
     def pick(self, *options):
         return self.rng.choice(options)
@@ -82,9 +80,6 @@ class _G:
         self.used.add(k)
         return NUMBER_WORDS[k] if k <= 20 and self.p(self.word_p) else str(k)
 
-    def v(self, pair: tuple[str, str]) -> str:
-        return pair[1] if self.past else pair[0]
-
     def cnt(self, k: int) -> str:
         sg, pl = self.thing
         return f"{self.n(k)} {sg if k == 1 else pl}"
@@ -93,6 +88,23 @@ class _G:
         sym, one, many = self.cur
         self.used.add(k)
         return f"{sym}{k}" if sym else f"{self.n(k)} {one if k == 1 else many}"
+
+
+class _G(StoryDraws):
+    """Per-problem choices: two people, a noun, a currency, the tense and how numbers are written."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        (self.a, self.sa), (self.b, self.sb) = rng.sample(PEOPLE, 2)
+        self.thing = rng.choice(COUNTABLES)
+        self.group = rng.choice(GROUPS)
+        self.cur = rng.choice(CURRENCIES)
+        self.past = rng.random() < 0.4
+        self.word_p = rng.choice((0.0, 0.25, 0.5))
+        self.used: set[int] = set()
+
+    def v(self, pair: tuple[str, str]) -> str:
+        return pair[1] if self.past else pair[0]
 
     def he(self, name: str) -> str:
         sex = self.sa if name == self.a else self.sb
