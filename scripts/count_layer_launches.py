@@ -37,16 +37,16 @@ _FREE = {
     "squeeze", "lift_fresh", "unbind", "narrow", "view_as_real", "_to_copy_noop", "unflatten", "flatten",
     "_reshape_alias", "lift_fresh_copy", "scalar_tensor",
 }  # fmt: skip
-# The H200's FP8 GEMM choice (docs/benchmarks.md): (K, N) -> ((bucket, path), ...)
+# The H200's FP8 GEMM choice as its start-up timing logged it ("fp8 linear K=… N=…" lines of
+# `breakgraph bench ttft --preset glm5-tp8-rank`, 2026-12-03): (K, N) -> ((bucket, path), ...).
+# q_b ‖ wq_b is one (2048, 6144) linear, o_proj's shape.
 H200_FP8_TABLE = {
-    (256, 6144): ((1, "triton_w8a16"), (512, "triton")),
-    (1536, 6144): ((1, "triton"), (64, "scaled_mm")),
-    (2048, 2048): ((1, "triton_w8a16"), (64, "triton"), (256, "scaled_mm")),
-    (2048, 4096): ((1, "triton_w8a16"), (16, "triton"), (128, "scaled_mm")),
-    (2048, 6144): ((1, "triton"), (64, "scaled_mm")),
-    (6144, 512): ((1, "triton_w8a16"), (16, "triton"), (2048, "scaled_mm")),
-    (6144, 2752): ((1, "triton"), (512, "scaled_mm")),
-    (6144, 3072): ((1, "triton"), (256, "scaled_mm")),
+    (256, 6144): ((1, "triton_gemv"), (128, "triton_w8a16"), (512, "triton")),
+    (1536, 6144): ((1, "triton_gemv"), (16, "triton"), (64, "scaled_mm")),
+    (2048, 6144): ((1, "triton_gemv"), (16, "triton"), (64, "scaled_mm")),
+    (6144, 512): ((1, "triton_gemv"), (16, "triton"), (64, "scaled_mm")),
+    (6144, 2752): ((1, "triton_gemv"), (64, "triton"), (128, "scaled_mm")),
+    (6144, 3072): ((1, "triton_gemv"), (64, "triton"), (128, "scaled_mm")),
 }
 DEVICE = torch.device("meta")
 

@@ -172,3 +172,29 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     assert choice.cache_dir() == tmp_path / "mine"
     monkeypatch.setenv("BREAKGRAPH_CACHE_DIR", "off")
     assert choice.cache_dir() is None
+
+
+def test_producers_quantise_only_for_paths_that_read_fp8_activations(monkeypatch):
+    """A norm quantises its output for the next FP8 linear only where the path that linear takes at
+    that row count reads the codes (W8A8: ``_scaled_mm``, Triton); the GEMV and W8A16 read bf16."""
+    import torch
+
+    from breakgraph.kernels import linear as klinear
+    from breakgraph.kernels import triton_fp8
+    from breakgraph.layers.linear import ReplicatedLinear
+    from breakgraph.models.config import Fp8Config
+
+    fp8 = ReplicatedLinear(256, 128, fp8=Fp8Config(), dtype=torch.bfloat16)
+    plain = ReplicatedLinear(256, 128, dtype=torch.bfloat16)
+    rows = (1, 8, 16, 63, 64, 128, 4096)
+    x = {m: torch.empty(m, 256, dtype=torch.bfloat16) for m in rows}
+    # on the CPU nothing is decided by the path: a producer that can quantise keeps doing so
+    assert all(fp8.takes_fp8_input(x[m]) for m in rows) and not any(plain.takes_fp8_input(x[m]) for m in rows)
+    monkeypatch.setattr(klinear, "use_triton", lambda t: True)
+    monkeypatch.setattr(triton_fp8, "device_index", lambda device: 0)
+    monkeypatch.setattr(triton_fp8, "scaled_mm_blockwise_mode", lambda device: "any")
+    choice.set_table(0, 256, 128, ((1, "triton_gemv"), (16, "triton"), (64, "triton_w8a16"), (128, "scaled_mm")))
+    assert [fp8.takes_fp8_input(x[m]) for m in rows] == [False, False, True, True, False, True, True]
+    assert not any(plain.takes_fp8_input(x[m]) for m in rows)
+    # a 3-D input counts its rows
+    assert fp8.takes_fp8_input(torch.empty(2, 8, 256, dtype=torch.bfloat16))

@@ -79,10 +79,12 @@ def check_route_select_matches_route_ref():
     for e, k, ng, tg, norm, scale, has_bias in cases:
         logits = torch.randn(45, e) * 3
         bias = torch.randn(e) * 0.3 if has_bias else None
-        w, ids = route_select(logits.sigmoid(), bias, k, ng, tg, norm, scale)
         w_ref, ids_ref = route_ref(logits, bias, k, ng, tg, norm, scale)
-        assert ids.dtype == torch.int64 and w.dtype == torch.float32
-        _assert_same_selection(ids, ids_ref, w, w_ref)
+        # the sigmoid given, or taken in the kernel from the logits
+        for w, ids in (route_select(logits.sigmoid(), bias, k, ng, tg, norm, scale),
+                       route_select(logits, bias, k, ng, tg, norm, scale, logits=True)):  # fmt: skip
+            assert ids.dtype == torch.int64 and w.dtype == torch.float32
+            _assert_same_selection(ids, ids_ref, w, w_ref)
 
 
 def check_moe_align_invariants():
@@ -561,6 +563,10 @@ def test_moe_small_kernels_compile_for_sm90():
                             "scaling": "fp32"},
          {"TOP_K": 8, "K_P2": 8, "N_GROUP": 8, "G_P2": 8, "TOPK_GROUP": 4, "HAS_BIAS": True, "NORM": True,
           "BLOCK_T": 8, "E_P2": 256}),
+        (tm._route_kernel, {"scores_ptr": "*fp32", "bias_ptr": "*fp32", "w_out_ptr": "*fp32", "id_out_ptr": "*i64",
+                            "scaling": "fp32"},  # GLM-5: the sigmoid of the logits in the kernel
+         {"TOP_K": 8, "K_P2": 8, "N_GROUP": 1, "G_P2": 1, "TOPK_GROUP": 1, "HAS_BIAS": True, "NORM": True,
+          "BLOCK_T": 8, "E_P2": 256, "LOGITS": True}),
         (tm._align_count_kernel, {"ids_ptr": "*i64", "counts_ptr": i32, "sorted_ptr": i32, "tok_ptr": i32},
          {"BLOCK": 256}),
         (tm._align_scatter_kernel, {"ids_ptr": "*i64"} | {n: i32 for n in tm._align_scatter_kernel.arg_names if n.endswith("_ptr") and n != "ids_ptr"},
@@ -645,6 +651,18 @@ def test_route_gpu_selection_identical(t, groups):
     w, ids = route(logits, bias, TOP_K, *groups, True, 2.5)
     w_ref, ids_ref = route_ref(logits, bias, TOP_K, *groups, True, 2.5)
     _assert_same_selection(ids, ids_ref, w, w_ref)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [1, 16, 1024])
+def test_route_sigmoid_in_kernel_is_torch_sigmoid_bit_for_bit(t):
+    from breakgraph.kernels.triton_moe import route_select
+
+    logits, bias = _routing(t, skew=False)
+    logits = torch.cat([logits * 4, torch.linspace(-30, 30, logits.shape[1], device="cuda")[None]])  # tails too
+    w, ids = route_select(logits, bias, TOP_K, 1, 1, True, 2.5, logits=True)
+    w_torch, ids_torch = route_select(logits.sigmoid(), bias, TOP_K, 1, 1, True, 2.5)
+    assert torch.equal(ids, ids_torch) and torch.equal(w, w_torch)
 
 
 @pytest.mark.cuda

@@ -1,5 +1,6 @@
-"""The merged ``q_a ‖ indexer wk ‖ kv_a`` projection: one linear of the normed input in place of
-three, made after loading, equal to the three it replaces."""
+"""The merged projections: ``q_a ‖ indexer wk ‖ kv_a``, one linear of the normed input in place of
+three, and ``q_b ‖ indexer wq_b``, one linear of ``q_resid`` in place of two; made after loading,
+equal to what they replace."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 from breakgraph import Engine
 from breakgraph.kernels.fp8 import block_quant
 from breakgraph.layers.attention import MLAttention
-from breakgraph.layers.linear import ReplicatedLinear, merge_replicated
+from breakgraph.layers.linear import ReplicatedLinear, merge_linears
 from breakgraph.models.config import Fp8Config
 
 
@@ -31,7 +32,7 @@ def test_merged_linear_equals_its_parts_side_by_side(fp8):
     parts = [_linear(256, 128, fp8, seed=1), _linear(256, 128, fp8, bias=True, seed=2), _linear(256, 72, fp8, seed=3)]
     x = torch.randn(5, 256)
     want = torch.cat([p(x) for p in parts], dim=-1)
-    merged = merge_replicated(parts)
+    merged = merge_linears(parts)
     assert merged is not None and merged.output_sizes == [128, 128, 72]
     assert merged.quantized == fp8 and (merged.weight_scale_inv is not None) == fp8
     torch.testing.assert_close(merged(x), want, rtol=1e-5, atol=1e-5)
@@ -42,13 +43,13 @@ def test_merged_linear_equals_its_parts_side_by_side(fp8):
 
 def test_merge_is_refused_where_layouts_do_not_allow_it():
     # an FP8 part other than the last that does not end on a 128-row block boundary
-    assert merge_replicated([_linear(256, 72, True), _linear(256, 128, True)]) is None
+    assert merge_linears([_linear(256, 72, True), _linear(256, 128, True)]) is None
     # different inputs, or FP8 beside high precision
-    assert merge_replicated([_linear(256, 128, False), _linear(128, 128, False)]) is None
-    assert merge_replicated([_linear(256, 128, True), _linear(256, 128, False)]) is None
+    assert merge_linears([_linear(256, 128, False), _linear(128, 128, False)]) is None
+    assert merge_linears([_linear(256, 128, True), _linear(256, 128, False)]) is None
 
 
-def test_engine_merges_the_a_projections_and_logits_do_not_change(hf_checkpoints, monkeypatch):
+def test_engine_merges_the_projections_and_logits_do_not_change(hf_checkpoints, monkeypatch):
     folder = hf_checkpoints["glm_moe_dsa"]
     ids = [torch.arange(3, 40).tolist(), torch.arange(50, 61).tolist()]
     merged = Engine(folder, device="cpu", dtype="float32", page_size=4)
@@ -56,8 +57,11 @@ def test_engine_merges_the_a_projections_and_logits_do_not_change(hf_checkpoints
     assert all(a.fused_a_proj is not None and a.q_a_proj is None and a.kv_a_proj_with_mqa is None for a in layers)
     with_indexer = [a for a in layers if a.indexer is not None]
     assert with_indexer and all(len(a.fused_a_proj.output_sizes) == 3 and a.indexer.wk is None for a in with_indexer)
+    assert all(a.fused_b_proj is not None and a.q_b_proj is None and a.indexer.wq_b is None for a in with_indexer)
+    assert all(a.fused_b_proj is None and a.q_b_proj is not None for a in layers if a.indexer is None)
     monkeypatch.setattr(MLAttention, "merge_a_projections", lambda self: False)
+    monkeypatch.setattr(MLAttention, "merge_b_projections", lambda self: False)
     separate = Engine(folder, device="cpu", dtype="float32", page_size=4)
-    assert all(layer.self_attn.fused_a_proj is None for layer in separate.model.model.layers)
+    assert all(a.self_attn.fused_a_proj is None and a.self_attn.fused_b_proj is None for a in separate.model.model.layers)
     for got, want in zip(merged.prompt_logits(ids), separate.prompt_logits(ids)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -96,7 +96,11 @@ def check_shards(full, part, rank: int, tp: int) -> None:
     checked = set()
     for name, p in part.named_parameters():
         w = want[name]
-        if name.endswith(("q_b_proj.weight", "kv_b_proj.weight", "q_b_proj.weight_scale_inv", "kv_b_proj.weight_scale_inv",
+        if name.endswith(("fused_b_proj.weight", "fused_b_proj.weight_scale_inv")):  # this rank's q_b rows ‖ wq_b
+            merged = full.get_submodule(name.rsplit(".", 1)[0])
+            nq = merged.output_sizes[0] * w.shape[0] // merged.out_features
+            w = torch.cat([rows(w[:nq]), w[nq:]])
+        elif name.endswith(("q_b_proj.weight", "kv_b_proj.weight", "q_b_proj.weight_scale_inv", "kv_b_proj.weight_scale_inv",
                           "embed_tokens.weight", "lm_head.weight")):  # fmt: skip
             w = rows(w)
         elif name.endswith(
@@ -122,7 +126,7 @@ def test_fp8_checkpoint_shards_on_block_boundaries(hf_checkpoints, tmp_path):
     folder = write_fp8_checkpoint(hf_checkpoints["glm_moe_dsa"], tmp_path / "fp8", block=16)
     full = load_model(folder, dtype=torch.float32)
     part = load_model(folder, dtype=torch.float32, parallel=ParallelState(1, 2))
-    assert part.model.layers[0].self_attn.q_b_proj.quantized and part.model.layers[1].mlp.experts.quantized
+    assert part.model.layers[0].self_attn.fused_b_proj.quantized and part.model.layers[1].mlp.experts.quantized
     check_shards(full, part, 1, 2)
     want = Engine(folder, **COMMON).prompt_logits(prompts())  # TP1 computes with the dequantised weights
     with Engine(folder, tp_size=2, **COMMON) as engine:

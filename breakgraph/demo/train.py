@@ -140,14 +140,15 @@ def _no_autocast(device_type: str):
 
 def indexer_logits(
     indexer, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-    k_proj: torch.Tensor | None = None,
+    k_proj: torch.Tensor | None = None, q_proj: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Index scores ``I[b, s, t] = Σ_h w[b,s,h] · ReLU(Di^-0.5 · q[b,s,h] · k[b,t])`` in fp32,
     as :func:`breakgraph.kernels.indexer.indexer_topk_ref` computes them (before masking).
-    ``k_proj``: ``wk(x)`` of a loaded model whose ``wk`` was merged into the attention's
-    projection (then ``indexer.wk`` is None)."""
+    ``k_proj``, ``q_proj``: ``wk(x)`` and ``wq_b(q_resid)`` of a loaded model whose ``wk`` and
+    ``wq_b`` were merged into the attention's projections (then they are None here)."""
     b, s, _ = x.shape
-    q = indexer._rope(indexer.wq_b(q_resid).view(b, s, indexer.n_heads, indexer.head_dim), cos, sin)
+    q = indexer.wq_b(q_resid) if indexer.wq_b is not None else q_proj
+    q = indexer._rope(q.reshape(b, s, indexer.n_heads, indexer.head_dim), cos, sin)
     k = indexer._rope(indexer.k_norm(indexer.wk(x) if indexer.wk is not None else k_proj), cos, sin)
     with _no_autocast(x.device.type):
         weights = indexer.weights_proj(x.float()) * indexer.n_heads**-0.5
@@ -166,15 +167,16 @@ def topk_allowed(logits: torch.Tensor, causal: torch.Tensor, k: int) -> torch.Te
 
 
 def _mla(
-    attn, x: torch.Tensor, q_resid: torch.Tensor, kv_a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    attn, x: torch.Tensor, q: torch.Tensor, kv_a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     group: _IndexGroup,
 ) -> torch.Tensor:
-    """Absorbed MLA over ``x [B, S, D]`` (``q_resid = q_a_layernorm(q_a_proj(x))``, ``kv_a =
-    kv_a_proj_with_mqa(x)``) restricted to ``group.allowed``; adds this layer's attention
-    (summed over heads, detached) to ``group.target``."""
+    """Absorbed MLA over ``x [B, S, D]`` (``q = q_b_proj(q_resid)``, ``q_resid =
+    q_a_layernorm(q_a_proj(x))``, ``kv_a = kv_a_proj_with_mqa(x)``) restricted to
+    ``group.allowed``; adds this layer's attention (summed over heads, detached) to
+    ``group.target``."""
     b, s, _ = x.shape
     h, dn, dr, dv, r = attn.num_heads, attn.dn, attn.dr, attn.dv, attn.rank
-    q_nope, q_pe = attn.q_b_proj(q_resid).view(b, s, h, dn + dr).split([dn, dr], dim=-1)
+    q_nope, q_pe = q.reshape(b, s, h, dn + dr).split([dn, dr], dim=-1)
     c, k_pe = kv_a.split([r, dr], dim=-1)
     c = attn.kv_a_layernorm(c)
     q_pe = rope(q_pe, cos, sin, interleaved=True)
@@ -276,14 +278,18 @@ def train_forward(
         x = layer.input_layernorm(h)
         q_a, k_proj, kv_a = attn.a_projections(x)
         q_resid = attn.q_a_layernorm(q_a)
+        q, q_idx = attn.b_projections(q_resid, None)
         if attn.indexer is not None:
             # The indexer sees detached inputs: it learns only from its KL loss.
-            logits = indexer_logits(attn.indexer, x.detach(), q_resid.detach(), cos, sin, k_proj.detach())
+            logits = indexer_logits(
+                attn.indexer, x.detach(), q_resid.detach(), cos, sin, k_proj.detach(),
+                None if q_idx is None else q_idx.detach(),
+            )  # fmt: skip
             allowed = topk_allowed(logits, causal, cfg.index_topk) if sparse else causal.expand(b, s, s)
             groups.append(_IndexGroup(logits, allowed))
         elif not groups:
             raise ValueError("the first layer must run its own indexer ('full')")
-        h = h + _mla(attn, x, q_resid, kv_a, cos, sin, groups[-1])
+        h = h + _mla(attn, x, q, kv_a, cos, sin, groups[-1])
         x = layer.post_attention_layernorm(h)
         if isinstance(layer.mlp, MoE):
             mlp_out, load = _moe(layer.mlp, x, valid, moe_impl)

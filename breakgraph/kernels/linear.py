@@ -40,6 +40,24 @@ def linear(
     return fp8_block_linear_ref(x, weight, scale, block, bias)
 
 
+def fp8_input_read(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: tuple[int, int] | None) -> bool:
+    """Whether :func:`linear` of ``x [..., K]`` reads ``x_fp8`` (``x`` quantised by its producer):
+    an FP8 weight whose path for ``x``'s row count quantises its input (see
+    :func:`~breakgraph.kernels.triton_fp8.reads_quantized_input`). True wherever that is not
+    decided by a concrete row count on CUDA (CPU tensors, a symbolic count while torch.compile
+    traces): there a producer that can quantise keeps doing so. A producer may skip the
+    quantisation where this is False (decode rows on the GEMV): the linear then reads ``x``
+    only, so its result does not change."""
+    if scale is None or weight.dtype != FP8_DTYPE or block is None:
+        return False
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    if not use_triton(x) or torch.compiler.is_compiling() or not isinstance(rows, int) or tuple(block) != (128, 128):
+        return True
+    from breakgraph.kernels.triton_fp8 import reads_quantized_input
+
+    return reads_quantized_input(rows, x.shape[-1], weight.shape[0], x.dtype, x.device)
+
+
 def _fp8_linear_shape(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: list[int], bias: torch.Tensor | None,
     x_q: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,

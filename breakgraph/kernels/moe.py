@@ -145,8 +145,8 @@ def route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch :func:`route_ref`'s contract to the fastest implementation available.
 
-    CUDA fp32 logits with at most 1024 experts: ``torch.sigmoid`` (the twin's own op, so the
-    selection is bit-identical) then one Triton kernel for bias, group-limited top-k,
+    CUDA fp32 logits with at most 1024 experts: one Triton kernel for the sigmoid (the bits of
+    the twin's ``torch.sigmoid``, so the selection is bit-identical), bias, group-limited top-k,
     normalisation and scaling (:func:`breakgraph.kernels.triton_moe.route_select`).
     """
     num_experts = router_logits.shape[-1]
@@ -162,14 +162,9 @@ def route(
         from breakgraph.kernels.triton_moe import route_select
 
         return route_select(
-            router_logits.sigmoid(),
-            correction_bias,
-            top_k,
-            n_group,
-            topk_group,
-            norm_topk_prob,
-            routed_scaling_factor,
-        )
+            router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor,
+            logits=True,
+        )  # fmt: skip
     return route_ref(
         router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor
     )

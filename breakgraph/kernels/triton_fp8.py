@@ -492,6 +492,15 @@ def scaled_mm_blockwise_mode(device: torch.device) -> str | None:
     return mode
 
 
+def reads_quantized_input(m: int, k: int, n: int, x_dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :func:`fp8_linear` (path ``auto``) on ``m`` rows of a ``[n, k]`` weight with
+    128×128 blocks takes its activations quantised (the W8A8 paths: ``_scaled_mm`` and the
+    Triton W8A8 GEMM, which read a producer's ``x_fp8``); False where it reads them as they are
+    (the GEMV and W8A16)."""
+    cublas_ok = x_dtype == torch.bfloat16 and scaled_mm_takes(k, n, device)
+    return fp8_gemm_choice.choose(m, k, n, device_index(device), cublas_ok) not in ("triton_gemv", "triton_w8a16")
+
+
 def scaled_mm_takes(k: int, n: int, device: torch.device) -> bool:
     """Whether a bf16 ``[M, k] @ [k, n]`` FP8 linear may run through ``_scaled_mm`` on ``device``
     (the probe passed and the shape meets :data:`SCALED_MM_K_MULTIPLE` /

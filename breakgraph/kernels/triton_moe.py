@@ -34,9 +34,9 @@ no host sync; int32 offsets; 16-byte aligned row strides) over the unpadded expe
 (``x`` gathered once), with :func:`silu_mul` between them; :func:`moe_combine` then reads the
 rows through ``pair_pos``.
 
-Routing (:func:`route_select`) takes the sigmoid scores computed by ``torch.sigmoid`` (the same
-op as the twin, so selection is bit-identical) and does bias, group-limited top-k,
-normalisation and scaling in one kernel.
+Routing (:func:`route_select`) takes the router logits and does the sigmoid (computed as
+``torch.sigmoid``'s CUDA kernel computes it, so selection is bit-identical to the twin's), bias,
+group-limited top-k, normalisation and scaling in one kernel.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from breakgraph import env
 from breakgraph.kernels.dispatch import interpreting
@@ -81,8 +82,12 @@ def _route_kernel(
     T, E, stride_s, scaling,
     TOP_K: tl.constexpr, K_P2: tl.constexpr, N_GROUP: tl.constexpr, G_P2: tl.constexpr, TOPK_GROUP: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_T: tl.constexpr, E_P2: tl.constexpr,
-    PDL: tl.constexpr = False,
+    LOGITS: tl.constexpr = False, INTERP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    """Rows ``BLOCK_T·pid…`` of :func:`route_select`; ``LOGITS``: the loaded values are router
+    logits and their sigmoid is taken here, as torch's CUDA kernel computes it (``1 / (1 +
+    expf(-x))``: libdevice's ``expf``, an IEEE division; the interpreter, which has no
+    libdevice, takes ``tl.exp``)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, E_P2)
@@ -95,6 +100,12 @@ def _route_kernel(
         mask=row_ok[:, None] & col_ok[None, :],
         other=0.0,
     )
+    if LOGITS:
+        if INTERP:
+            e = tl.exp(-scores)
+        else:
+            e = libdevice.exp(-scores)
+        scores = tl.math.div_rn(tl.full(scores.shape, 1.0, tl.float32), 1.0 + e)
     choice = scores
     if HAS_BIAS:
         choice = choice + tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
@@ -147,8 +158,11 @@ def route_select(
     topk_group: int,
     norm_topk_prob: bool,
     routed_scaling_factor: float,
+    logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sigmoid ``scores [T, E]`` fp32 → ``(topk_weights [T, k] fp32, topk_ids [T, k] int64)``.
+    """Sigmoid ``scores [T, E]`` fp32 → ``(topk_weights [T, k] fp32, topk_ids [T, k] int64)``;
+    ``logits``: ``scores`` holds the router logits and the kernel takes their sigmoid (the same
+    bits as ``torch.sigmoid`` on CUDA: one launch fewer).
 
     Same contract as :func:`breakgraph.kernels.moe.route_ref` after its sigmoid: the bias is
     added for selection only; with ``topk_group < n_group`` only experts of the best
@@ -175,7 +189,7 @@ def route_select(
         scores, bias, weights, ids, t, e, scores.stride(0), float(routed_scaling_factor),
         TOP_K=top_k, K_P2=_next_pow2(top_k), N_GROUP=n_group, G_P2=_next_pow2(n_group), TOPK_GROUP=topk_group,
         HAS_BIAS=correction_bias is not None, NORM=bool(norm_topk_prob), BLOCK_T=block_t, E_P2=e_p2,
-        num_warps=4, **pdl_launch(scores.device),
+        LOGITS=bool(logits), INTERP=interpreting(), num_warps=4, **pdl_launch(scores.device),
     )  # fmt: skip
     return weights, ids
 

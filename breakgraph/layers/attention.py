@@ -35,7 +35,7 @@ from breakgraph.layers.linear import (
     LinearBase,
     ReplicatedLinear,
     RowParallelLinear,
-    merge_replicated,
+    merge_linears,
 )
 from breakgraph.layers.norm import LayerNorm, RMSNorm
 from breakgraph.models.config import ModelConfig
@@ -92,12 +92,15 @@ class Indexer(nn.Module):
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         k_proj: torch.Tensor | None = None, q_resid_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
+        q_proj: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32.
-        ``k_proj [T, Di]``: ``wk(x)`` where the caller computed it (a merged projection; then
-        ``wk`` is None). ``q_resid_fp8``: ``q_resid`` quantised by its norm, for ``wq_b``."""
+        ``k_proj [T, Di]``, ``q_proj [T, Hi·Di]``: ``wk(x)`` and ``wq_b(q_resid)`` where the caller
+        computed them (merged projections; then ``wk``/``wq_b`` are None; rows may be strided).
+        ``q_resid_fp8``: ``q_resid`` quantised by its norm, for ``wq_b``."""
         t = x.shape[0]
-        q = self.wq_b(q_resid, q_resid_fp8).view(t, self.n_heads, self.head_dim)
+        q = self.wq_b(q_resid, q_resid_fp8) if q_proj is None else q_proj
+        q = q.view(t, self.n_heads, self.head_dim)
         k = self.wk(x) if k_proj is None else k_proj
         # rope(q) and rope(k_norm(k)): one kernel on CUDA
         n = self.k_norm
@@ -131,8 +134,10 @@ class MLAttention(nn.Module):
         )
         self.o_proj = RowParallelLinear(c.num_attention_heads * c.v_head_dim, c.hidden_size, bias=bias, fp8=c.fp8, dtype=dtype)
         self.indexer = Indexer(c, layer_id, dtype) if c.has_indexer(layer_id) else None
-        # q_a ‖ indexer wk ‖ kv_a as one linear of x, made after loading (merge_a_projections)
+        # q_a ‖ indexer wk ‖ kv_a as one linear of x, and q_b ‖ indexer wq_b as one linear of
+        # q_resid, made after loading (merge_a_projections, merge_b_projections)
         self.fused_a_proj: LinearBase | None = None
+        self.fused_b_proj: LinearBase | None = None
         self.register_buffer("w_kc", torch.empty(self.num_heads, self.dn, self.rank, dtype=dtype), persistent=False)
         self.register_buffer("w_vc", torch.empty(self.num_heads, self.dv, self.rank, dtype=dtype), persistent=False)
 
@@ -149,9 +154,9 @@ class MLAttention(nn.Module):
         three linears of the same input — by one (``fused_a_proj``; one GEMM and one activation
         quantisation instead of three). ``kv_a`` goes last, so an FP8 merge needs only ``q_a``
         and ``wk`` to end on block boundaries. The parts are dropped (set to None). Returns
-        whether they were merged (see :func:`~breakgraph.layers.linear.merge_replicated`)."""
+        whether they were merged (see :func:`~breakgraph.layers.linear.merge_linears`)."""
         parts = [self.q_a_proj] + ([self.indexer.wk] if self.indexer is not None else []) + [self.kv_a_proj_with_mqa]
-        merged = merge_replicated(parts)
+        merged = merge_linears(parts)
         if merged is None:
             return False
         self.fused_a_proj = merged
@@ -160,11 +165,38 @@ class MLAttention(nn.Module):
             self.indexer.wk = None
         return True
 
-    def takes_fp8_input(self) -> bool:
-        """Whether the projections of the layer's input are FP8 (the input norm then quantises
-        for them unless ``BREAKGRAPH_NORM_FP8=0``)."""
+    def merge_b_projections(self) -> bool:
+        """After loading: replace ``q_b_proj`` (this rank's heads) and the indexer's ``wq_b`` —
+        two linears of ``q_resid`` — by one (``fused_b_proj``; one GEMM or GEMV instead of two,
+        the activation quantised once). The parts are dropped (set to None). Returns whether
+        they were merged: only a layer with its own indexer has a ``wq_b``, and the layouts must
+        allow it (see :func:`~breakgraph.layers.linear.merge_linears`)."""
+        if self.indexer is None:
+            return False
+        merged = merge_linears([self.q_b_proj, self.indexer.wq_b])
+        if merged is None:
+            return False
+        self.fused_b_proj = merged
+        self.q_b_proj = self.indexer.wq_b = None
+        return True
+
+    def b_projections(
+        self, q_resid: torch.Tensor, q_resid_fp8: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(q_b(q_resid) [T, H·(dn+dr)], wq_b(q_resid) [T, Hi·Di] or None)``: views of the merged
+        linear's output when there is one (rows strided), else ``q_b`` alone (the indexer then
+        projects its own queries)."""
+        if self.fused_b_proj is None:
+            return self.q_b_proj(q_resid, q_resid_fp8), None
+        q, q_idx = self.fused_b_proj(q_resid, q_resid_fp8).split(self.fused_b_proj.output_sizes, dim=-1)
+        return q, q_idx
+
+    def takes_fp8_input(self, x: torch.Tensor) -> bool:
+        """Whether the projections of the layer's input ``x`` read it quantised (FP8, on a path
+        that quantises at ``x``'s row count; the input norm then quantises for them unless
+        ``BREAKGRAPH_NORM_FP8=0``)."""
         first = self.fused_a_proj if self.fused_a_proj is not None else self.q_a_proj
-        return first.quantized
+        return first.takes_fp8_input(x)
 
     def a_projections(
         self, x: torch.Tensor, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -186,15 +218,17 @@ class MLAttention(nn.Module):
         ``x_fp8``: ``x`` quantised by the input norm, for the FP8 projections of ``x``."""
         t = x.shape[0]
         q_a, k_proj, kv_a = self.a_projections(x, x_fp8)
-        q_resid, _, q_resid_fp8 = self.q_a_layernorm.forward_fp8(q_a, quantize=self.q_b_proj.quantized)
-        q = self.q_b_proj(q_resid, q_resid_fp8).view(t, self.num_heads, self.dn + self.dr)
+        b_proj = self.fused_b_proj if self.fused_b_proj is not None else self.q_b_proj
+        q_resid, _, q_resid_fp8 = self.q_a_layernorm.forward_fp8(q_a, quantize=b_proj.takes_fp8_input(q_a))
+        q, q_idx = self.b_projections(q_resid, q_resid_fp8)
+        q = q.view(t, self.num_heads, self.dn + self.dr)
         q_nope = q[..., : self.dn]
         # [· ‖ rope(q_pe)] and the latent entry [norm(c) ‖ rope(k_pe)]: one kernel on CUDA
         q_full, kv = mla_rope_kv(q, kv_a, cos, sin, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps)
         # The plan's buffers are made before the indexer break, so the code between the
         # indexer and attention breaks stays empty (no one-kernel segment).
         plan = _make_mla_bmm_fusion_plan(q_nope, q_full, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
-        topk = self.indexer(x, q_resid, cos, sin, k_proj, q_resid_fp8) if self.indexer is not None else prev_topk
+        topk = self.indexer(x, q_resid, cos, sin, k_proj, q_resid_fp8, q_idx) if self.indexer is not None else prev_topk
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
         if plan is not None:

@@ -28,7 +28,7 @@ from breakgraph.distributed import (
     tp_gather_last_dim,
 )
 from breakgraph.kernels.fp8 import FP8_DTYPE
-from breakgraph.kernels.linear import linear
+from breakgraph.kernels.linear import fp8_input_read, linear
 from breakgraph.models.config import Fp8Config
 
 
@@ -91,6 +91,12 @@ class LinearBase(nn.Module):
         """``x @ W.T (+ b)``; ``x_fp8``: ``x`` already quantised by its producer (see
         :func:`~breakgraph.kernels.linear.linear`)."""
         return linear(x, self.weight, self.weight_scale_inv, self.block, self.bias, x_fp8)
+
+    def takes_fp8_input(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`forward` of ``x`` reads ``x_fp8`` (FP8, and a path for ``x``'s row count
+        that quantises its input: see :func:`~breakgraph.kernels.linear.fp8_input_read`), so that
+        a producer of ``x`` should quantise it."""
+        return self.quantized and fp8_input_read(x, self.weight, self.weight_scale_inv, self.block)
 
     def keep_high_precision(self, dtype: torch.dtype) -> None:
         """Hold this layer in ``dtype`` instead of FP8 (a module the checkpoint's FP8 exclusion
@@ -178,18 +184,20 @@ class RowParallelLinear(LinearBase):
         return y + self.bias if self.bias is not None else y
 
 
-def merge_replicated(parts: list[LinearBase]) -> LinearBase | None:
+def merge_linears(parts: list[LinearBase]) -> LinearBase | None:
     """One linear computing ``parts`` side by side (outputs concatenated in order), for linears
     of the same input: one GEMM (and one activation quantisation) instead of ``len(parts)``.
 
     Call after loading: the merged weight, scales and bias are new tensors, and each part's
     own parameters become views into them (no second copy; the parts still compute what they
-    did). Returns None when the parts cannot be merged: any is sharded, their inputs, dtypes
-    or FP8 blocks differ, or an FP8 part other than the last does not end on a block boundary
-    (its scale rows would straddle two parts)."""
+    did). The merged linear is this rank's: replicated parts and column-parallel ones (this
+    rank's output rows, which need no reduction) can be merged. Returns None when the parts
+    cannot be merged: any is row-parallel (its partial sums need an all-reduce), their inputs,
+    dtypes or FP8 blocks differ, or an FP8 part other than the last does not end on a block
+    boundary (its scale rows would straddle two parts)."""
     first = parts[0]
     same = all(
-        p.shard_dim is None and p.in_features == first.in_features and p.quantized == first.quantized
+        p.shard_dim in (None, 0) and p.in_features == first.in_features and p.quantized == first.quantized
         and p.weight.dtype == first.weight.dtype and p.block == first.block and len(p.output_sizes) == 1
         for p in parts
     )  # fmt: skip

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_all_reduce
-from breakgraph.kernels.dispatch import use_triton_inference
+from breakgraph.kernels.dispatch import use_triton, use_triton_inference
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand, linear_fp32_out
 from breakgraph.kernels.moe import SharedExpert, fused_moe, route, takes_decode_path
@@ -55,9 +55,10 @@ class MLP(nn.Module):
         to the next norm (``out + residual``)."""
         return self(x, x_fp8=x_fp8), residual
 
-    def takes_fp8_input(self) -> bool:
-        """Whether the first linear is FP8 (its input is worth quantising where it is produced)."""
-        return self.gate_up_proj.quantized
+    def takes_fp8_input(self, x: torch.Tensor) -> bool:
+        """Whether the first linear reads ``x`` quantised (FP8 on a path that quantises at ``x``'s
+        row count: the input is worth quantising where it is produced)."""
+        return self.gate_up_proj.takes_fp8_input(x)
 
     def as_shared_expert(self) -> SharedExpert | None:
         """This MLP's weights in a routed expert's layout (gate‖up rows, down), or None when it
@@ -225,10 +226,19 @@ class MoE(nn.Module):
             else None
         )  # fmt: skip
 
-    def takes_fp8_input(self) -> bool:
-        """Whether the shared expert's first linear is FP8 (outside decode batches it quantises
-        ``x``, as the routed experts' W8A8 GEMMs do; their W8A16 kernels take bf16 ``x``)."""
-        return self.shared_experts is not None and self.shared_experts.takes_fp8_input()
+    def takes_fp8_input(self, x: torch.Tensor) -> bool:
+        """Whether the shared expert reads ``x`` quantised: its first linear does (see
+        :meth:`MLP.takes_fp8_input`) and the batch is not one the decode kernels take on CUDA (they
+        run the shared expert inside the routed experts' kernels on bf16 ``x``; should they turn
+        the batch down after all, the shared expert quantises ``x`` itself)."""
+        if self.shared_experts is None or not self.shared_experts.takes_fp8_input(x):
+            return False
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if not use_triton(x) or not isinstance(rows, int) or torch.compiler.is_compiling():
+            return True
+        from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS
+
+        return not 0 < rows <= DECODE_MAX_TOKENS
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None

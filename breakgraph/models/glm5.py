@@ -68,6 +68,7 @@ class DecoderLayer(nn.Module):
         self.self_attn.absorb_kv_b()
         self.self_attn.kv_b_proj = None
         self.self_attn.merge_a_projections()
+        self.self_attn.merge_b_projections()
         if self.self_attn.indexer is not None:
             self.self_attn.indexer.prepare_bf16_gemm()
         if isinstance(self.mlp, MoE):
@@ -80,11 +81,10 @@ class DecoderLayer(nn.Module):
         """``(h, residual, topk)``: the layer's output is ``h + residual`` where ``residual`` is
         returned (the add is left to the next norm, which fuses it), else ``h``; the input is
         ``h (+ residual)`` the same way."""
-        quantize = self.self_attn.takes_fp8_input()
-        normed, h_sum, x_fp8 = self.input_layernorm.forward_fp8(h, residual, quantize=quantize)
+        normed, h_sum, x_fp8 = self.input_layernorm.forward_fp8(h, residual, quantize=self.self_attn.takes_fp8_input(h))
         h = h if residual is None else h_sum
         attn, topk = self.self_attn(normed, cos, sin, prev_topk, x_fp8)
-        normed, h, x_fp8 = self.post_attention_layernorm.forward_fp8(attn, h, quantize=self.mlp.takes_fp8_input())
+        normed, h, x_fp8 = self.post_attention_layernorm.forward_fp8(attn, h, quantize=self.mlp.takes_fp8_input(attn))
         out, residual = self.mlp.forward_deferred(normed, h, x_fp8)
         return out, residual, topk
 
@@ -177,7 +177,8 @@ class DsaForCausalLM(nn.Module):
     def process_weights_after_loading(self) -> None:
         """Derive absorbed-MLA weights and drop ``kv_b_proj`` (its halves now live in w_kc/w_vc);
         merge each layer's three projections of the normed input (q_a, indexer wk, kv_a) into one
-        linear where their layouts allow (:meth:`MLAttention.merge_a_projections`); give the fp32 router and indexer head-weight projections their bf16 tensor-core copies
+        linear, and its two of ``q_resid`` (q_b, indexer wq_b) into another, where their layouts
+        allow (:meth:`MLAttention.merge_a_projections`, :meth:`MLAttention.merge_b_projections`); give the fp32 router and indexer head-weight projections their bf16 tensor-core copies
         where those are exact."""
         for layer in self.model.layers:
             layer.process_weights_after_loading()
