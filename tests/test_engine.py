@@ -134,7 +134,8 @@ def test_stop_string_cuts_text(tmp_path):
 def test_startup_log_names_each_part(glm, caplog):
     """The runner logs how long start-up took and which part took it, graph captures included."""
     with caplog.at_level("INFO", logger="breakgraph.engine.model_runner"):
-        engine = Engine(glm, device="cpu", dtype="float32", page_size=4, cuda_graph_backend_prefill="breakable")
+        engine = Engine(glm, device="cpu", dtype="float32", page_size=4, cuda_graph_backend_prefill="breakable",
+                        cuda_graph_bs_prefill=[8, 16], cuda_graph_max_bs=2)  # fmt: skip
     parts = engine.runner.startup_s
     assert list(parts) == ["load", "prefill graphs", "decode graphs"]  # no FP8 tuning off CUDA
     assert all(seconds >= 0 for seconds in parts.values()) and parts["prefill graphs"] > 0
