@@ -76,7 +76,10 @@ def test_stats_report_the_keys_of_each_phase():
     assert decode.as_dict() == {
         "backend": "full", "batch_sizes": [1, 2], "capture_s": 0.0, "replays": 1, "fallbacks": {}, "warmups": {1: 0, 2: 1}
     }  # fmt: skip
-    assert decode.warmup_text() == "warm-ups 0.0s: 1 of 2 batch sizes"
+    assert decode.warmup_text() == "warm-ups 0.0s: 1 of 2 graphs"
+    # a batch size with a graph per sequence-length bound is reported once, its warm-ups summed
+    decode.buckets.append(BucketInfo(2, 0.0, 1, 0, 0, None, 0.0, 1))
+    assert decode.as_dict()["batch_sizes"] == [1, 2] and decode.as_dict()["warmups"] == {1: 0, 2: 2}
 
 
 def _decode_batch(rows: list[tuple[int, int, list[int]]]) -> ForwardBatch:

@@ -180,6 +180,29 @@ def test_full_decode_graphs_equal_eager(model_type, hf_checkpoints):
     assert decode["replays"] > 0 and decode["fallbacks"].get("batch_above_largest_bucket", 0) > 0
 
 
+def test_decode_graphs_per_length_bound_equal_eager(hf_checkpoints, monkeypatch):
+    """With a length bound below the context (the model's ``host_length_bounds``), each batch size
+    has a graph for sequences up to the bound and one for the full page table; a batch replays the
+    smaller graph its longest sequence fits, and every step equals eager."""
+    from breakgraph.models.glm5 import DsaForCausalLM
+
+    folder = hf_checkpoints["glm_moe_dsa"]
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (10, 20, 30)]
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    common = dict(device="cpu", dtype="float32", page_size=4, context_length=96)
+    want = Engine(folder, **common).generate(prompts, params)
+    monkeypatch.setattr(DsaForCausalLM, "host_length_bounds", lambda self: (24, 500))  # 500: past the context
+    engine = Engine(folder, cuda_graph_backend_decode="full", cuda_graph_max_bs=4, **common)
+    graphs = engine.runner.decode_graphs
+    assert graphs.length_bounds == [24, 96] and set(graphs._graphs) == {(b, n) for b in graphs.buckets for n in (24, 96)}
+    got = engine.generate(prompts, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert graphs.bound_replays[96] > 0 and graphs.bound_replays[24] == 0, "30-token prompts: every batch is long"
+    short = engine.generate(prompts[:1], params)  # 10 + 8 tokens: the short graphs
+    assert short[0].token_ids == want[0].token_ids and graphs.bound_replays[24] > 0
+
+
 def test_chunked_prefill_under_graphs_equals_eager(engines):
     """Prompts longer than the largest bucket are prefilled in bucket-sized chunks, each
     attending to the chunks before it through the paged cache."""

@@ -101,7 +101,8 @@ def capture_decode_graphs(engine, context_length: int, batch_sizes: list[int]) -
     engine.runner.decode_graphs = None
     torch.cuda.empty_cache() if engine.device.type == "cuda" else None
     graphs = DecodeGraphRunner(engine.model, engine.kv_cache, engine.device, batch_sizes,
-                               max_pages=engine.kv_cache.pool.pages_for(context_length))  # fmt: skip
+                               max_pages=engine.kv_cache.pool.pages_for(context_length),
+                               length_bounds=engine.model.host_length_bounds())  # fmt: skip
     graphs.capture(progress=False)
     engine.runner.decode_graphs = graphs
     return graphs.stats.capture_s

@@ -180,7 +180,7 @@ class ModelRunner:
             self.decode_graphs = decode.build(GraphSetup(
                 self.model, spec.device, default_decode_buckets(max_bs, config.cuda_graph_ladder),
                 kv_cache=self.kv_cache, max_pages=self.kv_cache.pool.pages_for(spec.context_length),
-                warmup=self._warmup, prepare=self._prepare,
+                length_bounds=self.model.host_length_bounds(), warmup=self._warmup, prepare=self._prepare,
             ))  # fmt: skip
         self.startup_s["decode graphs"] = time.perf_counter() - t1
         logger.info(

@@ -28,7 +28,9 @@ class GraphSetup:
     (with ``compile_regions()`` for ``torch-compile``); ``buckets``: token counts (prefill) or
     batch sizes (decode) to capture; ``capture_context(n)``: installs a stand-in batch of ``n``
     tokens while a prefill bucket is captured; ``kv_cache`` and ``max_pages``: the paged cache
-    a decode graph's static batch points at, and its page-table width; ``warmup``: ``once`` or
+    a decode graph's static batch points at, and its page-table width; ``length_bounds``:
+    shorter sequence lengths to capture decode graphs for as well (see
+    :class:`~breakgraph.graphs.decode_runner.DecodeGraphRunner`); ``warmup``: ``once`` or
     ``every``, and ``prepare``: what runs before a warm-up (see
     :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner`)."""
 
@@ -39,6 +41,7 @@ class GraphSetup:
     fold_islands: bool = False
     kv_cache: Any = None
     max_pages: int = 0
+    length_bounds: tuple[int, ...] = ()
     warmup: str = "once"
     prepare: Callable[[Callable[[], Any]], None] | None = None
 
@@ -77,7 +80,7 @@ def _regional(setup: GraphSetup) -> regional.RegionalCompileRunner:
 def _full_decode(setup: GraphSetup) -> DecodeGraphRunner:
     runner = DecodeGraphRunner(
         setup.model, setup.kv_cache, setup.device, setup.buckets, max_pages=setup.max_pages, warmup=setup.warmup,
-        prepare=setup.prepare,
+        prepare=setup.prepare, length_bounds=setup.length_bounds,
     )
     runner.capture()
     return runner

@@ -6,6 +6,12 @@ table as wide as the context length), so everything — attention and indexer in
 captured. The per-batch layout lives in a :class:`~breakgraph.graphs.static_batch.StaticBatch`
 whose views the captured breaks read as a static ForwardBatch; a replay copies the real batch
 in, points padded rows at the reserved page 0, and replays.
+
+A step's host-side choices may depend on the longest sequence (a score buffer's width, a kernel
+picked by it), which a graph freezes at its upper bound. ``length_bounds`` (the model's: see
+``host_length_bounds``) adds, per batch size, a graph captured for sequences up to each bound
+below the page table's width; a batch replays the graph of the smallest bound its longest
+sequence fits, so a short conversation in a long-context engine does not pay for the width.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -46,15 +53,18 @@ class DecodeGraphRunner:
 
     ``model`` is the decoder body ``(input_ids [B], positions [B]) -> hidden [B, D]``;
     ``kv_cache`` the paged cache the static batch points at; ``max_pages`` the page-table
-    width captured (the longest context a replayed batch may have); ``warmup`` as for
-    :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner` (``once``: only the largest
-    batch size, and any whose capture would compile a kernel, runs eagerly before its capture)."""
+    width captured (the longest context a replayed batch may have); ``length_bounds``: sequence
+    lengths below that width to capture graphs for as well (see the module docstring);
+    ``warmup`` as for :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner` (``once``:
+    only the first graph, and any whose capture would compile a kernel, runs eagerly before its
+    capture)."""
 
     backend = "full"
 
     def __init__(
         self, model: Body, kv_cache: Any, device: torch.device, buckets: list[int], max_pages: int,
         warmup: str = "once", prepare: Callable[[Callable[[], Any]], None] | None = None,
+        length_bounds: tuple[int, ...] = (),
     ) -> None:  # fmt: skip
         check_warmup(warmup)
         self.warmup = warmup
@@ -63,10 +73,15 @@ class DecodeGraphRunner:
         self.kv_cache = kv_cache
         self.device = torch.device(device)
         self.buckets = sorted(set(buckets))
+        full = max_pages * kv_cache.page_size
+        #: the longest sequence each batch size has a graph for, ascending (the last: a full page table)
+        self.length_bounds = sorted({b for b in length_bounds if 0 < b < full} | {full})
         self.buffers = StaticBatch.allocate(self.buckets[-1], self.device, max_pages=max_pages)
         self.pool = new_graph_pool(self.device)
         self.stats = GraphStats(self.backend, phase="decode")
-        self._graphs: dict[int, tuple[Segment, torch.Tensor, ForwardBatch]] = {}
+        self._graphs: dict[tuple[int, int], tuple[Segment, torch.Tensor, ForwardBatch]] = {}
+        #: replays per length bound (which graphs the batches took)
+        self.bound_replays: Counter[int] = Counter()
 
     def capture(self, progress: bool = True) -> None:
         """Warm up (see ``warmup``) and capture each batch size, largest first, in one shared
@@ -84,16 +99,19 @@ class DecodeGraphRunner:
             self.stats.buckets.clear()
             self.pool = new_graph_pool(self.device)
 
-        capture_ladder(sorted(self.buckets, reverse=True), self._capture_one, restart, warmup=self.warmup,
-                       device=self.device, what="decode batch size", iterate=progress_bar)  # fmt: skip
+        keys = [(bs, bound) for bs in sorted(self.buckets, reverse=True) for bound in reversed(self.length_bounds)]
+        capture_ladder(keys, self._capture_one, restart, warmup=self.warmup, device=self.device,
+                       what="decode graph (batch size, longest sequence)", iterate=progress_bar)  # fmt: skip
         self.stats.buckets.sort(key=lambda b: b.tokens)
         self.stats.capture_s = time.perf_counter() - start
-        logger.info("decode graphs: batch sizes %s captured in %.1fs (%s)", self.buckets, self.stats.capture_s,
+        logger.info("decode graphs: batch sizes %s, for sequences up to %s tokens, captured in %.1fs (%s)",
+                    self.buckets, " and ".join(map(str, self.length_bounds)), self.stats.capture_s,
                     self.stats.warmup_text())  # fmt: skip
 
-    def _capture_one(self, bs: int, warm: bool) -> None:
+    def _capture_one(self, key: tuple[int, int], warm: bool) -> None:
         t0 = time.perf_counter()
-        batch = self.buffers.batch(bs, self.kv_cache)
+        bs, bound = key
+        batch = self.buffers.batch(bs, self.kv_cache, longest=bound)
 
         def warm_up() -> None:
             if self.prepare is not None:
@@ -117,8 +135,8 @@ class DecodeGraphRunner:
                 capturer.close()
 
         with torch.inference_mode(), forward_batch_context(batch):
-            (segment, out), warmup_s, warmups = warm_then_capture(warm, warm_up, capture, f"decode bs {bs}")
-        self._graphs[bs] = (segment, out, batch)
+            (segment, out), warmup_s, warmups = warm_then_capture(warm, warm_up, capture, f"decode bs {bs} (≤ {bound})")
+        self._graphs[key] = (segment, out, batch)
         self.stats.buckets.append(BucketInfo(bs, time.perf_counter() - t0, 1, 0, 0, None, warmup_s, warmups))
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
@@ -128,7 +146,9 @@ class DecodeGraphRunner:
             self.stats.fallbacks["batch_above_largest_bucket"] += 1
             return self.model(batch.input_ids, batch.positions)
         bs = self.buckets[bisect.bisect_left(self.buckets, b)]
-        segment, out, static_batch = self._graphs[bs]
+        bound = self.length_bounds[min(bisect.bisect_left(self.length_bounds, batch.max_seq_len), len(self.length_bounds) - 1)]
+        segment, out, static_batch = self._graphs[(bs, bound)]
+        self.bound_replays[bound] += 1
         self.buffers.load(batch, bs)
         with forward_batch_context(static_batch):
             segment.replay()

@@ -73,15 +73,19 @@ class StaticBatch:
         self.page_table[:b, width:].zero_()
         self.page_table[b:n].zero_()
 
-    def batch(self, n: int, kv_cache: Any) -> ForwardBatch:
+    def batch(self, n: int, kv_cache: Any, longest: int | None = None) -> ForwardBatch:
         """A decode ForwardBatch of views into the first ``n`` rows (what the captured breaks read).
 
-        Its host-side lengths are frozen into the graph, so they are the *upper bounds* (a full
-        page table): a host-side shortcut taken at capture (e.g. skipping the indexer scores for
-        short sequences) must be valid for every batch the graph replays."""
+        Its host-side lengths are frozen into the graph, so they are *upper bounds*: ``longest``
+        tokens per sequence (default: a full page table). A host-side shortcut or shape taken at
+        capture (skipping the indexer scores for short sequences, a score buffer as wide as the
+        longest sequence, a kernel chosen by that width) must be valid for every batch the graph
+        replays, so a graph captured with a smaller ``longest`` may replay only batches whose
+        sequences all fit it."""
         assert self.page_table is not None and self.token_req is not None
         assert self.out_cache_loc is not None and self.seq_lens is not None
-        longest = self.page_table.shape[1] * kv_cache.page_size
+        full = self.page_table.shape[1] * kv_cache.page_size
+        longest = full if longest is None else min(longest, full)
         return ForwardBatch(
             mode=ForwardMode.DECODE, input_ids=self.input_ids[:n], positions=self.positions[:n],
             token_req=self.token_req[:n], out_cache_loc=self.out_cache_loc[:n], page_table=self.page_table[:n],

@@ -53,7 +53,7 @@ class GraphStats:
         """``"warm-ups 3.2s: 2 of 19 buckets"``: the eager warm-up passes the capture ran."""
         warmed = [b for b in self.buckets if b.warmups]
         seconds = sum(b.warmup_s for b in self.buckets)
-        return f"warm-ups {seconds:.1f}s: {len(warmed)} of {len(self.buckets)} {'batch sizes' if self.phase == 'decode' else 'buckets'}"
+        return f"warm-ups {seconds:.1f}s: {len(warmed)} of {len(self.buckets)} {'graphs' if self.phase == 'decode' else 'buckets'}"
 
     def count_replay(self, tokens: int, bucket: int) -> None:
         """One replay of ``bucket`` for a batch of ``tokens``."""
@@ -66,9 +66,12 @@ class GraphStats:
         carries only the capture time, replays and fallbacks."""
         sizes = [b.tokens for b in self.buckets]
         capture_s, fallbacks = round(self.capture_s, 3), dict(self.fallbacks)
-        if self.phase == "decode":
-            return {"backend": self.backend, "batch_sizes": sizes, "capture_s": capture_s, "replays": self.replays,
-                    "fallbacks": fallbacks, "warmups": {b.tokens: b.warmups for b in self.buckets}}  # fmt: skip
+        if self.phase == "decode":  # a batch size may have a graph per sequence-length bound
+            warmups: dict[int, int] = {}
+            for b in self.buckets:
+                warmups[b.tokens] = warmups.get(b.tokens, 0) + b.warmups
+            return {"backend": self.backend, "batch_sizes": sorted(set(sizes)), "capture_s": capture_s,
+                    "replays": self.replays, "fallbacks": fallbacks, "warmups": warmups}  # fmt: skip
         return {
             "backend": self.backend,
             "captured_buckets": sizes,

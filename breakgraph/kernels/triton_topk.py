@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from breakgraph.kernels.indexer import SPLIT_SELECT_MIN_KEYS
 from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 
 
@@ -636,5 +637,6 @@ def default_splits(num_tokens: int, width: int, block: int, num_programs: int = 
 
 def default_method(num_tokens: int, width: int, topk: int) -> str:
     """The select for ``num_tokens`` rows of up to ``width`` keys: ``split`` for fewer rows
-    than about two per SM when rows are long (over 16K keys), else ``range``."""
-    return "split" if num_tokens < 256 and width > 16384 else "range"
+    than about two per SM when rows are long (over ``SPLIT_SELECT_MIN_KEYS`` = 16K keys), else
+    ``range``."""
+    return "split" if num_tokens < 256 and width > SPLIT_SELECT_MIN_KEYS else "range"

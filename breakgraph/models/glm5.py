@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state
+from breakgraph.kernels.indexer import SPLIT_SELECT_MIN_KEYS
 from breakgraph.layers.attention import MLAttention
 from breakgraph.layers.linear import (
     LinearBase,
@@ -164,6 +165,13 @@ class DsaForCausalLM(nn.Module):
         for layer in self.model.layers:
             h, residual, topk = layer(h, cos, sin, topk, residual)
         return self.model.norm(h) if residual is None else self.model.norm.forward_with_residual(h, residual)[0]
+
+    def host_length_bounds(self) -> tuple[int, ...]:
+        """Sequence lengths at which the body's host-side choices change (the DSA indexer's top-k
+        select takes its split kernels past :data:`~breakgraph.kernels.indexer.SPLIT_SELECT_MIN_KEYS`
+        keys): decode graphs are worth capturing per bound (see
+        :class:`~breakgraph.graphs.decode_runner.DecodeGraphRunner`)."""
+        return (SPLIT_SELECT_MIN_KEYS,)
 
     def compile_regions(self) -> list[nn.Module]:
         """The regions regional ``torch.compile`` compiles one by one: the decoder layers."""
