@@ -21,6 +21,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+#: Score rows longer than this many keys take the split top-k select on CUDA (several programs
+#: per row, for few rows: :func:`breakgraph.kernels.triton_topk.default_method`), a choice made
+#: on the host from the score buffer's width, which follows the batch's longest sequence.
+SPLIT_SELECT_MIN_KEYS = 16384
+
 TRITON_ENABLED = (
     importlib.util.find_spec("triton") is not None and env.read("BREAKGRAPH_KERNELS") != "torch"
 )

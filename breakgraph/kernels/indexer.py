@@ -14,11 +14,6 @@ from breakgraph.kernels.dispatch import use_triton
 from breakgraph.kernels.latent_fp8 import dequantize_latent_ref, is_fp8_latent
 from breakgraph.kernels.paging import positions_to_slots
 
-#: Score rows longer than this many keys take the split top-k select on CUDA (several programs
-#: per row, for few rows: :func:`breakgraph.kernels.triton_topk.default_method`), a choice made
-#: on the host from the score buffer's width, which follows the batch's longest sequence.
-SPLIT_SELECT_MIN_KEYS = 16384
-
 # Bound on the elements of the gathered-key temporary per chunk of query tokens.
 _CHUNK_ELEMS = 1 << 25
 

@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from breakgraph.kernels.indexer import SPLIT_SELECT_MIN_KEYS
+from breakgraph.kernels.dispatch import SPLIT_SELECT_MIN_KEYS
 from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state
-from breakgraph.kernels.indexer import SPLIT_SELECT_MIN_KEYS
+from breakgraph.kernels.dispatch import SPLIT_SELECT_MIN_KEYS
 from breakgraph.layers.attention import MLAttention
 from breakgraph.layers.linear import (
     LinearBase,
@@ -168,7 +168,7 @@ class DsaForCausalLM(nn.Module):
 
     def host_length_bounds(self) -> tuple[int, ...]:
         """Sequence lengths at which the body's host-side choices change (the DSA indexer's top-k
-        select takes its split kernels past :data:`~breakgraph.kernels.indexer.SPLIT_SELECT_MIN_KEYS`
+        select takes its split kernels past :data:`~breakgraph.kernels.dispatch.SPLIT_SELECT_MIN_KEYS`
         keys): decode graphs are worth capturing per bound (see
         :class:`~breakgraph.graphs.decode_runner.DecodeGraphRunner`)."""
         return (SPLIT_SELECT_MIN_KEYS,)
