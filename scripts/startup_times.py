@@ -75,6 +75,7 @@ def main() -> int:
             backends.lookup("decode", "full").build(GraphSetup(
                 runner.model, runner.device, [1, 16], kv_cache=runner.kv_cache,
                 max_pages=runner.decode_graphs.buffers.page_table.shape[1], warmup=runner._warmup,
+                length_bounds=runner.model.host_length_bounds(),
             ))  # fmt: skip
         prof.disable()
         t3 = time.perf_counter()

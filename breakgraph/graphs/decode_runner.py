@@ -1,5 +1,5 @@
-"""Decode under full graphs (the ``full`` decode backend): one graph per batch-size bucket,
-the whole decoder body inside.
+"""Decode under full graphs (the ``full`` decode backend): one graph per batch-size bucket (and
+sequence-length bound, below), the whole decoder body inside.
 
 Unlike prefill, a decode step's shapes are known up front (one token per request, a page
 table as wide as the context length), so everything — attention and indexer included — is
@@ -84,15 +84,15 @@ class DecodeGraphRunner:
         self.bound_replays: Counter[int] = Counter()
 
     def capture(self, progress: bool = True) -> None:
-        """Warm up (see ``warmup``) and capture each batch size, largest first, in one shared
-        pool; should a capture without warm-up fail, all are captured again, each after a
-        warm-up, in a new pool (logged)."""
+        """Warm up (see ``warmup``) and capture each (batch size, length bound), largest first,
+        in one shared pool; should a capture without warm-up fail, all are captured again, each
+        after a warm-up, in a new pool (logged)."""
         from tqdm.auto import tqdm
 
         start = time.perf_counter()
 
         def progress_bar(sizes: list[int]) -> Any:  # None: TQDM_DISABLE and non-TTY rules apply
-            return tqdm(sizes, desc="Capturing decode graphs", unit="bs", disable=None if progress else True)
+            return tqdm(sizes, desc="Capturing decode graphs", unit="graph", disable=None if progress else True)
 
         def restart() -> None:
             self._graphs.clear()
@@ -124,7 +124,7 @@ class DecodeGraphRunner:
             capturer = make_capturer(self.device, self.pool)
             capturer.open()
             try:
-                capturer.begin(f"decode graph bs={bs}")
+                capturer.begin(f"decode graph bs={bs} longest={bound}")
                 try:
                     out = self.model(batch.input_ids, batch.positions)
                 except BaseException:
