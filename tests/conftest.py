@@ -13,6 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_collection_modifyitems(config, items):
+    # Files holding a test marked ``slow`` go first (the order is otherwise kept): under
+    # pytest-xdist's ``--dist loadfile`` the long files then start first rather than finish last.
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

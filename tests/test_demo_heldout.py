@@ -76,6 +76,7 @@ def test_the_file_is_what_the_writer_writes(tmp_path):
     assert out.read_text() == HELDOUT_FILE.read_text()
 
 
+@pytest.mark.slow
 def test_no_five_word_run_of_a_heldout_question_occurs_in_training():
     seen: set[tuple[str, ...]] = set()
     for text in training_texts():

@@ -677,6 +677,7 @@ def test_dense_plan_matches_python_plan_interpreted():
     _run_interpreted("_interp_dense_plan")
 
 
+@pytest.mark.slow
 def test_dense_mla_balanced_split_matches_twin_interpreted():
     _run_interpreted("_interp_dense_mla_balanced_split")
 

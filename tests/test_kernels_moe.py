@@ -388,6 +388,7 @@ def check_fused_moe_decode_launches_two_kernels():
 # CPU tests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [

@@ -158,6 +158,7 @@ def _interp_select_variants():
     assert (scores[5, :71] == 0).sum() > topk and (scores[10, :121] == 1).sum() > topk, "tie rows must tie"
 
 
+@pytest.mark.slow
 def test_select_variants_are_exact_interpreted():
     import os
 

@@ -47,6 +47,7 @@ def unlimited(engine: Engine, prompt: str, seed: int | None = None) -> SamplingP
     return SamplingParams(max_new_tokens=n, temperature=0.8, seed=seed) if seed is not None else SamplingParams(max_new_tokens=n)
 
 
+@pytest.mark.slow
 def test_unlimited_requests_run_together_preempt_and_equal_each_alone(small_pool):
     engine = small_pool
     prompts = question_prompts(20)
