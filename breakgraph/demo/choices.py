@@ -17,9 +17,8 @@ import random
 import re
 
 from breakgraph.demo.grammar import StoryDraws
-from breakgraph.demo.phrasebank import PEOPLE
 from breakgraph.demo.problems import Problem, distinct_problems, exact_step, redrawn
-from breakgraph.demo.varied import COUNTABLES, CURRENCIES, FOR_SALE, GROUPS, JOBS, _pl
+from breakgraph.demo.varied import FOR_SALE, JOBS, _pl
 
 MAX_RESULT = 1000
 
@@ -50,13 +49,8 @@ class _C(StoryDraws):
     """Per-problem choices: two people, a noun, a container, a currency and the number style."""
 
     def __init__(self, rng: random.Random):
-        self.rng = rng
-        (self.a, self.sa), (self.b, self.sb) = rng.sample(PEOPLE, 2)
-        self.thing = rng.choice(COUNTABLES)
-        self.group = rng.choice(GROUPS)
-        self.cur = rng.choice(CURRENCIES)
+        super().__init__(rng)
         self.word_p = rng.choice((0.0, 0.25, 0.5))
-        self.used: set[int] = set()
         self.facts: list[str] = []
         self.question = ""
         self.steps: list[tuple[str, int]] = []

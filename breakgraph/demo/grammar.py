@@ -59,13 +59,19 @@ LEFT_Q = ("left", "now", "remaining", "left over", "in the end", "after that", "
 class StoryDraws:
     """The random draws a story writer shares: options, integers, chances, numbers as digits or
     words (``word_p``), counted nouns (``thing``) and money (``cur``); every number written is
-    recorded in ``used``. A subclass sets ``rng``, ``thing``, ``cur``, ``word_p`` and ``used``."""
+    recorded in ``used``. ``__init__`` draws, in this order, two people (``a``/``sa``,
+    ``b``/``sb``), the noun, a group word and the currency; a subclass draws the rest (at least
+    ``word_p``) after it."""
 
-    rng: random.Random
-    thing: tuple[str, str]
-    cur: tuple[str, str, str]
     word_p: float
-    used: set[int]
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        (self.a, self.sa), (self.b, self.sb) = rng.sample(PEOPLE, 2)
+        self.thing: tuple[str, str] = rng.choice(COUNTABLES)
+        self.group = rng.choice(GROUPS)
+        self.cur: tuple[str, str, str] = rng.choice(CURRENCIES)
+        self.used: set[int] = set()
 
     def pick(self, *options):
         return self.rng.choice(options)
@@ -94,14 +100,9 @@ class _G(StoryDraws):
     """Per-problem choices: two people, a noun, a currency, the tense and how numbers are written."""
 
     def __init__(self, rng: random.Random):
-        self.rng = rng
-        (self.a, self.sa), (self.b, self.sb) = rng.sample(PEOPLE, 2)
-        self.thing = rng.choice(COUNTABLES)
-        self.group = rng.choice(GROUPS)
-        self.cur = rng.choice(CURRENCIES)
+        super().__init__(rng)
         self.past = rng.random() < 0.4
         self.word_p = rng.choice((0.0, 0.25, 0.5))
-        self.used: set[int] = set()
 
     def v(self, pair: tuple[str, str]) -> str:
         return pair[1] if self.past else pair[0]
