@@ -214,6 +214,18 @@ def fused_moe(
     return out if residual is None else residual + out
 
 
+def decode_sized(x: torch.Tensor) -> bool:
+    """Whether ``x [T, D]`` is a batch the decode kernels take by its size: CUDA, 1 to
+    ``triton_moe.DECODE_MAX_TOKENS`` tokens (a static shape, so a captured graph keeps one
+    choice). Never while torch.compile traces: a token-count test would specialise a trace with a
+    symbolic count."""
+    if torch.compiler.is_compiling() or not use_triton(x):
+        return False
+    from breakgraph.kernels import triton_moe
+
+    return 0 < x.shape[0] <= triton_moe.DECODE_MAX_TOKENS
+
+
 def takes_decode_path(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -224,19 +236,13 @@ def takes_decode_path(
     block: tuple[int, int],
     shared: SharedExpert | None = None,
 ) -> bool:
-    """Whether :func:`fused_moe` runs these operands through the decode kernels: CUDA, at most
-    ``triton_moe.DECODE_MAX_TOKENS`` tokens (a static shape, so a captured graph keeps one
-    choice), and the layouts both paths take (and ``shared``'s, when given). Never while
-    torch.compile traces: a token-count test would specialise a trace with a symbolic count."""
-    if torch.compiler.is_compiling():
-        return False
-    if not (use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block)):
+    """Whether :func:`fused_moe` runs these operands through the decode kernels: a batch of
+    :func:`decode_sized` and the layouts both paths take (and ``shared``'s, when given)."""
+    if not (decode_sized(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block)):
         return False
     from breakgraph.kernels import triton_moe
 
-    return 0 < x.shape[0] <= triton_moe.DECODE_MAX_TOKENS and triton_moe.decode_supported(
-        x, w13, w2, w13_scale, w2_scale, shared
-    )
+    return triton_moe.decode_supported(x, w13, w2, w13_scale, w2_scale, shared)
 
 
 def _fused_moe_decode_shape(

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_all_reduce
-from breakgraph.kernels.dispatch import use_triton, use_triton_inference
+from breakgraph.kernels.dispatch import use_triton_inference
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand, linear_fp32_out
-from breakgraph.kernels.moe import SharedExpert, fused_moe, route, takes_decode_path
+from breakgraph.kernels.moe import SharedExpert, decode_sized, fused_moe, route, takes_decode_path
 from breakgraph.layers.linear import ColumnParallelLinear, RowParallelLinear, WeightShapeError, check_shape
 from breakgraph.models.config import Fp8Config, ModelConfig
 
@@ -233,12 +233,7 @@ class MoE(nn.Module):
         the batch down after all, the shared expert quantises ``x`` itself)."""
         if self.shared_experts is None or not self.shared_experts.takes_fp8_input(x):
             return False
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if not use_triton(x) or not isinstance(rows, int) or torch.compiler.is_compiling():
-            return True
-        from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS
-
-        return not 0 < rows <= DECODE_MAX_TOKENS
+        return not decode_sized(x)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
