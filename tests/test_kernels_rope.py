@@ -126,13 +126,54 @@ def check_indexer_rope_qk_matches_the_twins():
                 _check_indexer_rope_qk(*_indexer_inputs(t, h, d, r, dtype), interleaved)
 
 
+def _cache_and_slots(rows: torch.Tensor, n: int = 23) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache of ``n`` random rows of ``rows``' width and dtype, and distinct slots, one per row."""
+    cache = torch.randn(n, rows.shape[-1], device=rows.device).to(rows.dtype)
+    slots = torch.randperm(n, device=rows.device)[: rows.shape[0]]
+    return cache, slots
+
+
+def check_rotary_kernels_store_their_rows_in_the_cache():
+    """With ``cache``/``slots`` both fused kernels write each new row to its slot, bit for bit
+    the row they return, and no other cache row changes (the decode step's cache stores)."""
+    from breakgraph.kernels.triton_rope import indexer_rope_qk_triton, mla_rope_kv_triton
+
+    for dtype in (torch.bfloat16, torch.float32):
+        q, kv_a, cos, sin, w = _mla_inputs(5, 8, 24, 16, 64, dtype)
+        q_full, kv = q.new_empty(5, 8, 80), kv_a.new_empty(5, 80)
+        cache, slots = _cache_and_slots(kv)
+        before = cache.clone()
+        mla_rope_kv_triton(q, kv_a, cos, sin, w, 1e-6, q_full, kv, cache=cache, slots=slots)
+        want_kv = kv_a.new_empty(5, 80)
+        mla_rope_kv_triton(q, kv_a, cos, sin, w, 1e-6, q.new_empty(5, 8, 80), want_kv)
+        assert torch.equal(kv, want_kv) and torch.equal(cache[slots], kv), dtype
+        others = torch.ones(cache.shape[0], dtype=torch.bool)
+        others[slots] = False
+        assert torch.equal(cache[others], before[others]), dtype
+
+        q, k, cos, sin, w, b = _indexer_inputs(4, 3, 48, 16, dtype)
+        cache, slots = _cache_and_slots(k)
+        before = cache.clone()
+        gq, gk = indexer_rope_qk_triton(q, k, cos, sin, w, b, 1e-6, True, cache=cache, slots=slots)
+        wq, wk = indexer_rope_qk_triton(q, k, cos, sin, w, b, 1e-6, True)
+        assert torch.equal(gq, wq) and torch.equal(gk, wk) and torch.equal(cache[slots], gk), dtype
+        others = torch.ones(cache.shape[0], dtype=torch.bool)
+        others[slots] = False
+        assert torch.equal(cache[others], before[others]), dtype
+
+
 # --------------------------------------------------------------------------------------------
 # CPU tests
 
 
 @pytest.mark.parametrize(
     "name",
-    ["check_bit_identical_to_the_twin", "check_mla_rope_kv_matches_the_twins", "check_indexer_rope_qk_matches_the_twins"],
+    [
+        "check_bit_identical_to_the_twin",
+        "check_mla_rope_kv_matches_the_twins",
+        "check_indexer_rope_qk_matches_the_twins",
+        "check_rotary_kernels_store_their_rows_in_the_cache",
+    ],
 )
 def test_triton_rope_under_interpreter(interp_results, name):
     _expect(interp_results, name)
@@ -150,6 +191,20 @@ def test_mla_rope_kv_twin_is_the_separate_steps():
     assert torch.equal(kv, want)
 
 
+def test_rotary_twins_store_their_rows_in_the_cache():
+    """On CPU the dispatchers' ``store`` writes the rows they return into ``cache[slots]``."""
+    from breakgraph.kernels.rope import indexer_rope_qk, mla_rope_kv
+
+    q, kv_a, cos, sin, w = _mla_inputs(4, 2, 24, 16, 96, torch.float32)
+    cache, slots = _cache_and_slots(kv_a)
+    _, kv = mla_rope_kv(q, kv_a, cos, sin, w, 1e-6, store=(cache, slots))
+    assert torch.equal(cache[slots], kv)
+    q, k, cos, sin, w, b = _indexer_inputs(3, 2, 48, 16, torch.float32)
+    cache, slots = _cache_and_slots(k)
+    _, gk = indexer_rope_qk(q, k, cos, sin, w, b, 1e-6, False, 16, store=(cache, slots))
+    assert torch.equal(cache[slots], gk)
+
+
 def test_indexer_rope_qk_twin_is_the_separate_steps():
     """On CPU ``indexer_rope_qk`` is the rotation of ``q`` and the LayerNorm + rotation of ``k``."""
     from breakgraph.kernels.rope import indexer_rope_qk
@@ -160,26 +215,28 @@ def test_indexer_rope_qk_twin_is_the_separate_steps():
     assert torch.equal(gk, rope_ref(torch.nn.functional.layer_norm(k, (48,), w, b, 1e-6), cos, sin, False, 16))
 
 
-def test_indexer_rope_qk_compiles_for_sm90_without_spills():
+@pytest.mark.parametrize("store", [False, True])
+def test_indexer_rope_qk_compiles_for_sm90_without_spills(store):
     pytest.importorskip("triton")
     from breakgraph.kernels import triton_rope
 
-    types = {p: "*bf16" for p in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "w_ptr", "b_ptr", "q_out_ptr", "k_out_ptr")}
-    types |= {"inv_d": "fp32", "eps": "fp32"}
-    constexprs = {"INTERLEAVED": True, "BLOCK_H": 32, "BLOCK_D": 128, "BLOCK_HALF": 32, "INTERP": False}
+    ptrs = ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "w_ptr", "b_ptr", "q_out_ptr", "k_out_ptr", "cache_ptr")
+    types = {p: "*bf16" for p in ptrs} | {"slots_ptr": "*i64", "inv_d": "fp32", "eps": "fp32"}
+    constexprs = {"INTERLEAVED": True, "BLOCK_H": 32, "BLOCK_D": 128, "BLOCK_HALF": 32, "INTERP": False, "STORE": store}
     info = compile_for_sm90(triton_rope._indexer_rope_qk_kernel, types, constexprs, 4, 1)
     print(f"indexer_rope_qk: {info}")
     assert info["stack"] == 0 and info["local_insts"] == 0, info
 
 
+@pytest.mark.parametrize("store", [False, True])
 @pytest.mark.parametrize("heads", [8, 1])
-def test_mla_rope_kv_compiles_for_sm90_without_spills(heads):
+def test_mla_rope_kv_compiles_for_sm90_without_spills(heads, store):
     pytest.importorskip("triton")
     from breakgraph.kernels import triton_rope
 
-    types = {p: "*bf16" for p in ("q_ptr", "kva_ptr", "cos_ptr", "sin_ptr", "w_ptr", "q_out_ptr", "kv_ptr")}
-    types |= {"inv_r": "fp32", "eps": "fp32"}
-    constexprs = {"INTERLEAVED": True, "BLOCK_R": 512, "BLOCK_H": heads, "BLOCK_HALF": 32, "INTERP": False}
+    ptrs = ("q_ptr", "kva_ptr", "cos_ptr", "sin_ptr", "w_ptr", "q_out_ptr", "kv_ptr", "cache_ptr")
+    types = {p: "*bf16" for p in ptrs} | {"slots_ptr": "*i64", "inv_r": "fp32", "eps": "fp32"}
+    constexprs = {"INTERLEAVED": True, "BLOCK_R": 512, "BLOCK_H": heads, "BLOCK_HALF": 32, "INTERP": False, "STORE": store}
     info = compile_for_sm90(triton_rope._mla_rope_kv_kernel, types, constexprs, 4, 1)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
 

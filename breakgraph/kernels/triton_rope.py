@@ -112,19 +112,22 @@ def _rotate_pairs(x1, x2, c, s, dtype: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def _mla_rope_kv_kernel(
-    q_ptr, kva_ptr, cos_ptr, sin_ptr, w_ptr, q_out_ptr, kv_ptr,
+    q_ptr, kva_ptr, cos_ptr, sin_ptr, w_ptr, q_out_ptr, kv_ptr, cache_ptr, slots_ptr,
     H, R, NOPE, HALF, stride_qt, stride_qh, stride_kvat, stride_ct, stride_st, stride_qot, stride_qoh, stride_kvt,
-    inv_r, eps,
+    stride_cache, inv_r, eps,
     INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, STORE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Token ``pid``: ``kv[t] = [rms_norm(kv_a[t, :R]) ‖ rope(kv_a[t, R:])]`` and
     ``q_out[t, h, R:] = rope(q[t, h, NOPE:])`` for every head ``h``; the norm is
-    ``_rms_norm_kernel``'s arithmetic, the rotations ``_rope_kernel``'s."""
+    ``_rms_norm_kernel``'s arithmetic, the rotations ``_rope_kernel``'s. ``STORE``: the same
+    ``kv`` row also goes to cache row ``slots[t]`` (int64)."""
     pdl_wait(PDL)
     dtype: tl.constexpr = kv_ptr.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)
+    if STORE:
+        cache_row = cache_ptr + tl.load(slots_ptr + t) * stride_cache
     # the latent part: RMSNorm of c
     cols = tl.arange(0, BLOCK_R)
     c_ok = cols < R
@@ -134,7 +137,10 @@ def _mla_rope_kv_kernel(
     rstd = tl.math.rsqrt(_mul_rn(tl.sum(_mul_rn(h, h, INTERP), axis=0), inv_r, INTERP) + eps)
     h = _round_to(h * rstd, dtype, INTERP).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
-    tl.store(kv_ptr + t * stride_kvt + cols, _round_to(w * h, dtype, INTERP), mask=c_ok)
+    c = _round_to(w * h, dtype, INTERP)
+    tl.store(kv_ptr + t * stride_kvt + cols, c, mask=c_ok)
+    if STORE:
+        tl.store(cache_row + cols, c, mask=c_ok)
     # the rotary parts: k_pe (one row) and q_pe (H rows)
     j = tl.arange(0, BLOCK_HALF)
     j_ok = j < HALF
@@ -150,6 +156,9 @@ def _mla_rope_kv_kernel(
     o1, o2 = _rotate_pairs(x1, x2, cs, sn, dtype, INTERP)
     tl.store(kv_ptr + t * stride_kvt + R + j, o1, mask=j_ok)
     tl.store(kv_ptr + t * stride_kvt + R + HALF + j, o2, mask=j_ok)
+    if STORE:
+        tl.store(cache_row + R + j, o1, mask=j_ok)
+        tl.store(cache_row + R + HALF + j, o2, mask=j_ok)
     heads = tl.arange(0, BLOCK_H)
     m = (heads < H)[:, None] & j_ok[None, :]
     q_rows = q_ptr + t * stride_qt + heads[:, None].to(tl.int64) * stride_qh + NOPE
@@ -171,25 +180,39 @@ def mla_rope_kv_supports(q: torch.Tensor, kv_a: torch.Tensor, cos: torch.Tensor,
     )  # fmt: skip
 
 
+def cache_store_supports(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> bool:
+    """Whether the rotary kernels can write ``rows [T, W]`` into ``cache[slots]`` themselves:
+    a plain cache ``[N, W]`` of the rows' dtype with a unit last stride, ``slots [T]`` int64."""
+    return (
+        cache.dim() == 2 and cache.dtype == rows.dtype and cache.shape[1] == rows.shape[-1] and cache.stride(1) == 1
+        and slots.dtype == torch.int64 and slots.shape == (rows.shape[0],) and slots.is_contiguous()
+        and cache.device == rows.device
+    )  # fmt: skip
+
+
 def mla_rope_kv_triton(
     q: torch.Tensor, kv_a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor, eps: float,
     q_out: torch.Tensor, kv: torch.Tensor, interleaved: bool = True,
+    cache: torch.Tensor | None = None, slots: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """One kernel for :func:`~breakgraph.kernels.rope.mla_rope_kv` (see there): writes ``kv
-    [T, r + dr]`` and ``q_out[..., r:]`` (``q_out [T, H, r + dr]``, unit last stride). Needs
-    :func:`mla_rope_kv_supports`. Graph-safe."""
+    [T, r + dr]`` and ``q_out[..., r:]`` (``q_out [T, H, r + dr]``, unit last stride), and with
+    ``cache``/``slots`` (:func:`cache_store_supports`) the ``kv`` rows into ``cache[slots]`` too.
+    Needs :func:`mla_rope_kv_supports`. Graph-safe."""
     t, h, _ = q.shape
     r = weight.shape[0]
     half = cos.shape[1]
     if t == 0:
         return
+    store = cache is not None
     block_r = triton.next_power_of_2(r)
     _mla_rope_kv_kernel[(t,)](
-        q, kv_a, cos, sin, weight, q_out, kv,
+        q, kv_a, cos, sin, weight, q_out, kv, cache if store else kv, slots if store else kv,
         h, r, q.shape[2] - 2 * half, half, q.stride(0), q.stride(1), kv_a.stride(0), cos.stride(0), sin.stride(0),
-        q_out.stride(0), q_out.stride(1), kv.stride(0), 1.0 / r, eps,
+        q_out.stride(0), q_out.stride(1), kv.stride(0), cache.stride(0) if store else 0, 1.0 / r, eps,
         INTERLEAVED=interleaved, BLOCK_R=block_r, BLOCK_H=triton.next_power_of_2(h),
-        BLOCK_HALF=triton.next_power_of_2(half), INTERP=interpreting(), num_warps=4, **pdl_launch(q.device),
+        BLOCK_HALF=triton.next_power_of_2(half), INTERP=interpreting(), STORE=store, num_warps=4,
+        **pdl_launch(q.device),
     )  # fmt: skip
 
 
@@ -199,17 +222,20 @@ def mla_rope_kv_triton(
 
 @triton.jit
 def _indexer_rope_qk_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, w_ptr, b_ptr, q_out_ptr, k_out_ptr,
-    H, D, HALF, stride_qt, stride_qh, stride_kt, stride_ct, stride_st, inv_d, eps,
+    q_ptr, k_ptr, cos_ptr, sin_ptr, w_ptr, b_ptr, q_out_ptr, k_out_ptr, cache_ptr, slots_ptr,
+    H, D, HALF, stride_qt, stride_qh, stride_kt, stride_ct, stride_st, stride_cache, inv_d, eps,
     INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, STORE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Token ``pid``: ``q_out[t] = rope(q[t])`` (``H`` heads of ``D``, the first ``2·HALF``
-    columns rotated, the rest copied) and ``k_out[t] = rope(layer_norm(k[t]))``."""
+    columns rotated, the rest copied) and ``k_out[t] = rope(layer_norm(k[t]))``. ``STORE``: the
+    same key row also goes to cache row ``slots[t]`` (int64)."""
     pdl_wait(PDL)
     dtype: tl.constexpr = k_out_ptr.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)
+    if STORE:
+        cache_row = cache_ptr + tl.load(slots_ptr + t) * stride_cache
     j = tl.arange(0, BLOCK_HALF)
     j_ok = j < HALF
     cs = tl.load(cos_ptr + t * stride_ct + j, mask=j_ok, other=0.0).to(tl.float32)
@@ -244,6 +270,8 @@ def _indexer_rope_qk_kernel(
     kn = _round_to(xc * rstd * w + b, dtype, INTERP)
     k_row = k_out_ptr + t * D
     tl.store(k_row + d, kn, mask=d_ok & (d >= 2 * HALF))
+    if STORE:
+        tl.store(cache_row + d, kn, mask=d_ok & (d >= 2 * HALF))
     # the rotation reads the normed pairs back from registers: gather them by column
     kn32 = kn.to(tl.float32)
     x1 = tl.sum(tl.where(d[None, :] == i1[:, None], kn32[None, :], 0.0), axis=1)
@@ -251,6 +279,9 @@ def _indexer_rope_qk_kernel(
     o1, o2 = _rotate_pairs(x1, x2, cs, sn, dtype, INTERP)
     tl.store(k_row + j, o1, mask=j_ok)
     tl.store(k_row + HALF + j, o2, mask=j_ok)
+    if STORE:
+        tl.store(cache_row + j, o1, mask=j_ok)
+        tl.store(cache_row + HALF + j, o2, mask=j_ok)
 
 
 def indexer_rope_qk_supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -268,18 +299,24 @@ def indexer_rope_qk_supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor
 def indexer_rope_qk_triton(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor,
     bias: torch.Tensor, eps: float, interleaved: bool,
+    cache: torch.Tensor | None = None, slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """One kernel for :func:`~breakgraph.kernels.rope.indexer_rope_qk`: new contiguous ``(q_out,
-    k_out)``. Needs :func:`indexer_rope_qk_supports` (and ``bias`` like ``weight``). Graph-safe."""
+    k_out)``, and with ``cache``/``slots`` (:func:`cache_store_supports`) the ``k_out`` rows
+    written into ``cache[slots]`` too. Needs :func:`indexer_rope_qk_supports` (and ``bias`` like
+    ``weight``). Graph-safe."""
     t, h, d = q.shape
     q_out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
     k_out = torch.empty(t, d, dtype=k.dtype, device=k.device)
+    store = cache is not None
     if t:
         half = cos.shape[1]
         _indexer_rope_qk_kernel[(t,)](
-            q, k, cos, sin, weight, bias, q_out, k_out,
-            h, d, half, q.stride(0), q.stride(1), k.stride(0), cos.stride(0), sin.stride(0), 1.0 / d, eps,
+            q, k, cos, sin, weight, bias, q_out, k_out, cache if store else k_out, slots if store else k_out,
+            h, d, half, q.stride(0), q.stride(1), k.stride(0), cos.stride(0), sin.stride(0),
+            cache.stride(0) if store else 0, 1.0 / d, eps,
             INTERLEAVED=interleaved, BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d),
-            BLOCK_HALF=triton.next_power_of_2(half), INTERP=interpreting(), num_warps=4, **pdl_launch(q.device),
+            BLOCK_HALF=triton.next_power_of_2(half), INTERP=interpreting(), STORE=store, num_warps=4,
+            **pdl_launch(q.device),
         )  # fmt: skip
     return q_out, k_out

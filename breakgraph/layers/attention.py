@@ -10,7 +10,8 @@ its latent output is mapped back per head by ``w_vc`` and then ``o_proj``.
 The two dynamic steps — the indexer's cache store + causal top-k, and the sparse attention
 over the paged cache — are split ops (graph breaks) from :mod:`breakgraph.layers.dsa`: they
 read the batch layout from the forward batch at call time and write into buffers the layer
-allocates.
+allocates. In a decode batch the rotary kernels write the new cache rows themselves
+(:func:`~breakgraph.layers.dsa.rotary_cache_store`) and the split ops skip their stores.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from breakgraph.layers.dsa import (
     is_graph_dsa_split_op_surface,
     logits_head_gate,
     mla_bmm_then_unified_attention,
+    rotary_cache_store,
     sparse_mla_attention,
 )
 from breakgraph.layers.linear import (
@@ -104,11 +106,12 @@ class Indexer(nn.Module):
         k = self.wk(x) if k_proj is None else k_proj
         # rope(q) and rope(k_norm(k)): one kernel on CUDA
         n = self.k_norm
-        q, k = indexer_rope_qk(q, k, cos, sin, n.weight, n.bias, n.eps, self.interleaved, self.rope_dim)
+        store = rotary_cache_store("indexer_k", self.layer_id, k.dtype)
+        q, k = indexer_rope_qk(q, k, cos, sin, n.weight, n.bias, n.eps, self.interleaved, self.rope_dim, store)
         w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
         weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
-        dsa_indexer_graph_dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5)
+        dsa_indexer_graph_dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5, store is not None)
         return topk
 
 
@@ -224,7 +227,9 @@ class MLAttention(nn.Module):
         q = q.view(t, self.num_heads, self.dn + self.dr)
         q_nope = q[..., : self.dn]
         # [· ‖ rope(q_pe)] and the latent entry [norm(c) ‖ rope(k_pe)]: one kernel on CUDA
-        q_full, kv = mla_rope_kv(q, kv_a, cos, sin, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps)
+        # (at decode it also writes the cache entry: rotary_cache_store)
+        store = rotary_cache_store("latent", self.layer_id, kv_a.dtype)
+        q_full, kv = mla_rope_kv(q, kv_a, cos, sin, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps, store)
         # The plan's buffers are made before the indexer break, so the code between the
         # indexer and attention breaks stays empty (no one-kernel segment).
         plan = _make_mla_bmm_fusion_plan(q_nope, q_full, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
@@ -233,13 +238,14 @@ class MLAttention(nn.Module):
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
         if plan is not None:
             mla_bmm_then_unified_attention(
-                plan.q_nope_t, self.w_kc, plan.q_nope_out_buf, kv, topk, plan.attn_output_buf, self.layer_id, self.scale
-            )
+                plan.q_nope_t, self.w_kc, plan.q_nope_out_buf, kv, topk, plan.attn_output_buf, self.layer_id, self.scale,
+                store is not None,
+            )  # fmt: skip
             attn = plan.attn_output_buf
         else:
             bmm_into(q_nope.transpose(0, 1), self.w_kc, q_full[..., : self.rank].transpose(0, 1))  # q_latent
             attn = torch.empty(t, self.num_heads, self.rank, dtype=x.dtype, device=x.device)
-            sparse_mla_attention(q_full, kv, topk, attn, self.layer_id, self.scale)
+            sparse_mla_attention(q_full, kv, topk, attn, self.layer_id, self.scale, store is not None)
         out = x.new_empty(t, self.num_heads, self.dv)
         bmm_into(attn.transpose(0, 1), self.w_vc.transpose(1, 2), out.transpose(0, 1))
         return self.o_proj(out.view(t, self.num_heads * self.dv)), topk

@@ -27,7 +27,7 @@ from breakgraph.forward_context import ForwardBatch, ForwardMode, get_forward_ba
 from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
 from breakgraph.kernels.causal_topk import causal_topk
 from breakgraph.kernels.indexer import indexer_topk
-from breakgraph.kernels.latent_fp8 import store_latent
+from breakgraph.kernels.latent_fp8 import is_fp8_latent, store_latent
 from breakgraph.kernels.linear import bmm_into, linear_fp32_out
 from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
 
@@ -63,15 +63,41 @@ def _should_skip_logits_computation(fb: ForwardBatch, index_topk: int) -> bool:
     return fb.max_seq_len <= index_topk
 
 
+def rotary_cache_store(
+    cache_name: str, layer_id: int, rows_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Where the rotary step that makes a batch's new rows for layer ``layer_id``'s cache
+    ``cache_name`` (``"latent"`` or ``"indexer_k"`` of the forward batch's KV cache) writes them
+    itself (the ``store`` of :func:`~breakgraph.kernels.rope.mla_rope_kv` and
+    :func:`~breakgraph.kernels.rope.indexer_rope_qk`): ``(cache, out_cache_loc)`` in a decode
+    batch when the cache is plain and of ``rows_dtype``, else None. Prefill and extend batches
+    store at the split op instead (under breakable graphs the slots are per-batch host data,
+    handled at the breaks), so does a forward traced by ``torch.compile`` (this returns None
+    there), and an FP8 cache quantises in its own store kernel. The layer tells the split op
+    whether the rows were stored (its ``k_stored``/``kv_stored``), so each row is written once."""
+    if torch.compiler.is_compiling():
+        return None
+    fb = get_forward_batch()
+    if fb.mode is not ForwardMode.DECODE:
+        return None
+    cache = getattr(fb.kv_cache, cache_name)[layer_id]
+    if is_fp8_latent(cache) or cache.dtype != rows_dtype:
+        return None
+    return cache, fb.out_cache_loc
+
+
 def k_cache_and_topk_result(
-    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_result: torch.Tensor, layer_id: int, scale: float
-) -> None:
+    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_result: torch.Tensor, layer_id: int, scale: float,
+    k_stored: bool = False,
+) -> None:  # fmt: skip
     """Core of the indexer split op for the first ``n`` (real) rows: store ``k [n, Di]`` in the
-    layer's key cache, then fill ``topk_result [n, K]`` (int32 positions, ``-1`` unused)."""
+    layer's key cache (unless ``k_stored``: the rotary kernel wrote them, see
+    :func:`rotary_cache_store`), then fill ``topk_result [n, K]`` (int32 positions, ``-1`` unused)."""
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.indexer_k[layer_id]
-    store_latent(cache, fb.out_cache_loc, k[:n], k.shape[-1])  # FP8 key rows: codes + scale, no RoPE part
+    if not k_stored:
+        store_latent(cache, fb.out_cache_loc, k[:n], k.shape[-1])  # FP8 key rows: codes + scale, no RoPE part
     top = topk_result[:n]
     if _should_skip_logits_computation(fb, topk_result.shape[1]):
         causal_topk(fb.positions, top)
@@ -84,23 +110,27 @@ def k_cache_and_topk_result(
 
 @graph_break_op(mutates_args=("topk_result",))
 def dsa_indexer_graph_dispatch(
-    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_result: torch.Tensor, layer_id: int, scale: float
-) -> None:
+    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_result: torch.Tensor, layer_id: int, scale: float,
+    k_stored: bool = False,
+) -> None:  # fmt: skip
     """Split op: the DSA indexer of layer ``layer_id``. ``q_fp8 [T, Hi, Di]`` (queries; FP8 when
     the indexer kernel quantises them), ``k [T, Di]``, ``weights [T, Hi]`` fp32; writes
     ``topk_result [T, K]`` (rows past the real tokens set to ``-1``). ``T`` may be a padded
-    bucket: queries and head weights are sliced to the same real length."""
+    bucket: queries and head weights are sliced to the same real length. ``k_stored``: the keys
+    are in the cache already (:func:`rotary_cache_store`)."""
     if q_fp8.shape[0] != weights.shape[0]:
         raise ValueError(f"indexer queries ({q_fp8.shape[0]} rows) and head weights ({weights.shape[0]} rows) differ")
-    k_cache_and_topk_result(q_fp8, k, weights, topk_result, layer_id, scale)
+    k_cache_and_topk_result(q_fp8, k, weights, topk_result, layer_id, scale, k_stored)
     topk_result[get_forward_batch().num_tokens :] = -1
 
 
 bcg_dsa_indexer_graph_dispatch = dsa_indexer_graph_dispatch.bcg
 
 
-def _attend(q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float) -> None:
-    """Store the new latent entries, then attend. ``topk`` comes from the DSA indexer (this
+def _attend(
+    q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float, kv_stored: bool
+) -> None:
+    """Store the new latent entries (unless ``kv_stored``: the rotary kernel wrote them), then attend. ``topk`` comes from the DSA indexer (this
     layer's, or the previous layer's for shared-indexer layers: same batch, same tokens),
     whose row for a token at ``pos < K`` is every causal position ``0…pos`` (both the score
     skip and ``torch.topk`` over ``pos + 1 ≤ K`` finite scores pick them all), so the kernel
@@ -109,7 +139,8 @@ def _attend(q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Te
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.latent[layer_id]
-    store_latent(cache, fb.out_cache_loc, kv[:n], out.shape[-1])  # quantises into an FP8 cache
+    if not kv_stored:
+        store_latent(cache, fb.out_cache_loc, kv[:n], out.shape[-1])  # quantises into an FP8 cache
     sparse_mla_kernel(
         q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n],
         positions=fb.positions[:n], dense_below=0 if fb.mode is ForwardMode.DECODE else topk.shape[1],
@@ -119,12 +150,14 @@ def _attend(q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Te
 
 @graph_break_op(mutates_args=("out",))
 def sparse_mla_attention(
-    q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float
-) -> None:
+    q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float,
+    kv_stored: bool = False,
+) -> None:  # fmt: skip
     """Split op: store the new latent entries ``kv [T, r+dr]`` in layer ``layer_id``'s cache
-    (quantised when it is the FP8 cache), then attend ``q [T, H, r+dr]`` to each token's top-k positions ``topk [T, K]``, writing
-    the latent output into ``out [T, H, r]`` (rows past the real tokens are zeroed)."""
-    _attend(q, kv, topk, out, layer_id, scale)
+    (quantised when it is the FP8 cache; not when ``kv_stored``: :func:`rotary_cache_store`), then
+    attend ``q [T, H, r+dr]`` to each token's top-k positions ``topk [T, K]``, writing the latent
+    output into ``out [T, H, r]`` (rows past the real tokens are zeroed)."""
+    _attend(q, kv, topk, out, layer_id, scale, kv_stored)
 
 
 @dataclass(frozen=True)
@@ -152,12 +185,14 @@ def mla_bmm_then_unified_attention(
     attn_output_buf: torch.Tensor,
     layer_id: int,
     scale: float,
+    kv_stored: bool = False,
 ) -> None:
     """Split op: ``q_nope_t · w_kc`` (``[H, T, dn] × [H, dn, r]``) into the first ``r`` columns of
     the latent query ``q_nope_out_buf [T, H, r+dr]`` (the plan's ``q_nope_out_view``), then the
     sparse attention of that query into ``attn_output_buf [T, H, r]`` — one op, so no graph
-    segment holds the BMM alone. Only the real rows are computed."""
+    segment holds the BMM alone. Only the real rows are computed; ``kv`` is stored as by
+    :func:`sparse_mla_attention`."""
     n = get_forward_batch().num_tokens
     rank = attn_output_buf.shape[-1]
     bmm_into(q_nope_t[:, :n], w_kc, q_nope_out_buf[:n, :, :rank].transpose(0, 1))
-    _attend(q_nope_out_buf, kv, topk, attn_output_buf, layer_id, scale)
+    _attend(q_nope_out_buf, kv, topk, attn_output_buf, layer_id, scale, kv_stored)
