@@ -14,10 +14,34 @@ _GLOBAL_WRITES = ("STG", "ATOMG", "RED", "ST.", "ATOM.")
 
 
 def test_pdl_is_off_off_cuda_whatever_the_switch(monkeypatch):
-    for value in ("0", "1"):
+    for value in ("0", "1", "auto"):
         monkeypatch.setenv("BREAKGRAPH_PDL", value)
         assert not pdl_enabled(torch.device("cpu"))
         assert pdl_launch(torch.device("cpu")) == {"PDL": False}
+
+
+def test_pdl_auto_launches_with_pdl_only_inside_a_scope_that_asks(monkeypatch):
+    """``auto``: PDL inside ``pdl_scope(True)`` only — which the engine opens for the decode graphs
+    of at most ``PDL_AUTO_MAX_ROWS`` rows; ``1`` and ``0`` ignore the scope."""
+    from breakgraph.engine.model_runner import decode_capture_context
+    from breakgraph.kernels import pdl
+
+    monkeypatch.setattr(pdl, "_capable", lambda index: True)
+    cuda = torch.device("cuda", 0)
+    cases = {"auto": (False, True, False), "1": (True, True, True), "0": (False, False, False)}
+    for value, (outside, small, large) in cases.items():
+        monkeypatch.setenv("BREAKGRAPH_PDL", value)
+        assert pdl_enabled(cuda) == outside, value
+        with decode_capture_context(1):
+            assert pdl_enabled(cuda) == small, value
+            with decode_capture_context(pdl.PDL_AUTO_MAX_ROWS + 1):
+                assert pdl_enabled(cuda) == large, value
+            assert pdl_enabled(cuda) == small, value
+        assert pdl_enabled(cuda) == outside, value
+    monkeypatch.setenv("BREAKGRAPH_PDL", "auto")
+    assert pdl_launch(cuda) == {"PDL": False}
+    with decode_capture_context(pdl.PDL_AUTO_MAX_ROWS):
+        assert pdl_launch(cuda) == {"PDL": True, "launch_pdl": True}
 
 
 def test_pdl_switch_rejects_unknown_values(monkeypatch):

@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="times the context lengths are alternated")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="activation dtype (auto = bf16 on CUDA)")
-    parser.add_argument("--pdl", nargs="+", choices=["0", "1"], default=None,
+    parser.add_argument("--pdl", nargs="+", choices=["0", "1", "auto"], default=None,
                         help="BREAKGRAPH_PDL values to compare (e.g. 1 0): each round captures and times the decode "
                              "graphs once per value, alternated, so drift shows as spread (default: the environment's)")
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
@@ -96,13 +96,15 @@ def step_bytes(engine, batch_size: int, seq_len: int) -> int:
 def capture_decode_graphs(engine, context_length: int, batch_sizes: list[int]) -> float:
     """Replace the engine's decode graphs by ones for ``batch_sizes`` whose page table holds
     ``context_length`` tokens; returns the capture time in seconds."""
+    from breakgraph.engine.model_runner import decode_capture_context
     from breakgraph.graphs.decode_runner import DecodeGraphRunner
 
     engine.runner.decode_graphs = None
     torch.cuda.empty_cache() if engine.device.type == "cuda" else None
     graphs = DecodeGraphRunner(engine.model, engine.kv_cache, engine.device, batch_sizes,
                                max_pages=engine.kv_cache.pool.pages_for(context_length),
-                               length_bounds=engine.model.host_length_bounds())  # fmt: skip
+                               length_bounds=engine.model.host_length_bounds(),
+                               capture_context=decode_capture_context)  # fmt: skip
     graphs.capture(progress=False)
     engine.runner.decode_graphs = graphs
     return graphs.stats.capture_s

@@ -28,6 +28,7 @@ from breakgraph.graphs.backends import GraphSetup
 from breakgraph.graphs.decode_runner import default_decode_buckets
 from breakgraph.graphs.prefill_runner import default_prefill_buckets
 from breakgraph.graphs.stats import disabled_stats
+from breakgraph.kernels.pdl import PDL_AUTO_MAX_ROWS, pdl_scope
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.loader import load_model
 
@@ -79,6 +80,12 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str | None, dtype: torch.dtype) -> to
     if kv_cache_dtype not in named:
         raise ValueError(f"--kv-cache-dtype must be one of {['auto', *named]}, got {kv_cache_dtype!r}")
     return named[kv_cache_dtype]
+
+
+def decode_capture_context(rows: int) -> contextlib.AbstractContextManager:
+    """What a decode graph of ``rows`` rows is captured under: programmatic dependent launch for
+    the batch sizes where it measured faster, under ``BREAKGRAPH_PDL=auto`` (kernels/pdl.py)."""
+    return pdl_scope(rows <= PDL_AUTO_MAX_ROWS)
 
 
 @dataclass(frozen=True)
@@ -181,6 +188,7 @@ class ModelRunner:
                 self.model, spec.device, default_decode_buckets(max_bs, config.cuda_graph_ladder),
                 kv_cache=self.kv_cache, max_pages=self.kv_cache.pool.pages_for(spec.context_length),
                 length_bounds=self.model.host_length_bounds(), warmup=self._warmup, prepare=self._prepare,
+                capture_context=decode_capture_context,
             ))  # fmt: skip
         self.startup_s["decode graphs"] = time.perf_counter() - t1
         logger.info(

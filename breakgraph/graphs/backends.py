@@ -27,7 +27,8 @@ class GraphSetup:
     """What a builder is given. ``model``: the decoder body ``(input_ids, positions) -> hidden``
     (with ``compile_regions()`` for ``torch-compile``); ``buckets``: token counts (prefill) or
     batch sizes (decode) to capture; ``capture_context(n)``: installs a stand-in batch of ``n``
-    tokens while a prefill bucket is captured; ``kv_cache`` and ``max_pages``: the paged cache
+    tokens while a prefill bucket is captured (decode: optional, entered while the graphs of
+    ``n`` rows are captured); ``kv_cache`` and ``max_pages``: the paged cache
     a decode graph's static batch points at, and its page-table width; ``length_bounds``:
     shorter sequence lengths to capture decode graphs for as well (see
     :class:`~breakgraph.graphs.decode_runner.DecodeGraphRunner`); ``warmup``: ``once`` or
@@ -80,7 +81,7 @@ def _regional(setup: GraphSetup) -> regional.RegionalCompileRunner:
 def _full_decode(setup: GraphSetup) -> DecodeGraphRunner:
     runner = DecodeGraphRunner(
         setup.model, setup.kv_cache, setup.device, setup.buckets, max_pages=setup.max_pages, warmup=setup.warmup,
-        prepare=setup.prepare, length_bounds=setup.length_bounds,
+        prepare=setup.prepare, length_bounds=setup.length_bounds, capture_context=setup.capture_context,
     )
     runner.capture()
     return runner

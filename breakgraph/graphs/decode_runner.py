@@ -17,10 +17,12 @@ sequence fits, so a short conversation in a long-context engine does not pay for
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -57,7 +59,8 @@ class DecodeGraphRunner:
     lengths below that width to capture graphs for as well (see the module docstring);
     ``warmup`` as for :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner` (``once``:
     only the first graph, and any whose capture would compile a kernel, runs eagerly before its
-    capture)."""
+    capture); ``capture_context(bs)``: a context manager entered while the graphs of ``bs`` rows
+    warm up and are captured (what the model's kernels read at launch, such as a launch mode)."""
 
     backend = "full"
 
@@ -65,8 +68,10 @@ class DecodeGraphRunner:
         self, model: Body, kv_cache: Any, device: torch.device, buckets: list[int], max_pages: int,
         warmup: str = "once", prepare: Callable[[Callable[[], Any]], None] | None = None,
         length_bounds: tuple[int, ...] = (),
+        capture_context: Callable[[int], AbstractContextManager[Any]] | None = None,
     ) -> None:  # fmt: skip
         check_warmup(warmup)
+        self.capture_context = capture_context
         self.warmup = warmup
         self.prepare = prepare
         self.model = model
@@ -134,7 +139,8 @@ class DecodeGraphRunner:
             finally:
                 capturer.close()
 
-        with torch.inference_mode(), forward_batch_context(batch):
+        context = self.capture_context(bs) if self.capture_context is not None else contextlib.nullcontext()
+        with torch.inference_mode(), forward_batch_context(batch), context:
             (segment, out), warmup_s, warmups = warm_then_capture(warm, warm_up, capture, f"decode bs {bs} (≤ {bound})")
         self._graphs[key] = (segment, out, batch)
         self.stats.buckets.append(BucketInfo(bs, time.perf_counter() - t0, 1, 0, 0, None, warmup_s, warmups))

@@ -15,12 +15,17 @@ still waits for it to finish, so mixing both is safe. CUDA graphs keep the depen
 programmatic edge.
 
 ``BREAKGRAPH_PDL``: ``1`` on CUDA devices of compute capability 9.0 or more (older GPUs cannot
-launch this way), ``0`` never.
+launch this way), ``0`` never, ``auto`` only inside :func:`pdl_scope` ``(True)`` — which the
+engine opens while it captures a decode graph of at most :data:`PDL_AUTO_MAX_ROWS` rows, the
+batch sizes where PDL measured faster (a graph keeps the launch mode it was captured with).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import triton
@@ -40,12 +45,31 @@ def pdl_wait(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+#: ``BREAKGRAPH_PDL=auto``: decode graphs of up to this many rows launch with PDL (H200,
+#: glm5-tp8-rank, ``bench decode --pdl``: faster at batch 1 and 16, slower at 64).
+PDL_AUTO_MAX_ROWS = 16
+
+_scope: ContextVar[bool] = ContextVar("breakgraph_pdl_scope", default=False)
+
+
+@contextmanager
+def pdl_scope(on: bool) -> Iterator[None]:
+    """Within: kernels launch with PDL under ``BREAKGRAPH_PDL=auto`` when ``on`` (``0`` and ``1``
+    ignore it)."""
+    token = _scope.set(on)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels on ``device`` launch with PDL (``BREAKGRAPH_PDL``; CUDA, compute
-    capability ≥ 9.0; never under Triton's interpreter)."""
+    """Whether kernels on ``device`` launch with PDL (``BREAKGRAPH_PDL``: ``1``, or ``auto``
+    inside ``pdl_scope(True)``; CUDA, compute capability ≥ 9.0; never under Triton's interpreter)."""
     from breakgraph.kernels.dispatch import interpreting
 
-    if device.type != "cuda" or interpreting() or env.read("BREAKGRAPH_PDL") != "1":
+    mode = env.read("BREAKGRAPH_PDL")
+    if device.type != "cuda" or interpreting() or mode == "0" or (mode == "auto" and not _scope.get()):
         return False
     return _capable(device_index(device))
 
