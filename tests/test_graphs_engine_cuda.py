@@ -52,6 +52,33 @@ def test_decode_graphs_and_breakable_prefill_generate_like_eager(hf_checkpoints)
     assert stats["replays"] > 0 and stats["decode"]["replays"] > 0
 
 
+def test_short_sequence_in_long_context_pool_replays_the_short_decode_graph(hf_checkpoints, tmp_path):
+    """A page table wider than the top-k select's split threshold (a 20480-token context): the
+    decode graphs of each batch size come at the threshold and at the full width. A batch of
+    short sequences replays the short graph (the one-program select), a batch holding a sequence
+    past the threshold the full one (the split select over its 17K keys); both equal eager."""
+    import json
+    import shutil
+
+    from breakgraph.kernels.dispatch import SPLIT_SELECT_MIN_KEYS
+
+    folder = tmp_path / "long"
+    shutil.copytree(hf_checkpoints["glm_moe_dsa"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 32768}))
+    long_batch = prompts((SPLIT_SELECT_MIN_KEYS + 700, 40), 128, seed=8)
+    short_batch = prompts((50, 9), 128, seed=9)
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    common = dict(device="cuda", dtype="float32", page_size=64, num_pages=400, context_length=20480)
+    want = Engine(folder, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled", **common)
+    got = Engine(folder, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="full", cuda_graph_max_bs=2, **common)  # fmt: skip
+    graphs = got.runner.decode_graphs
+    assert graphs.length_bounds == [SPLIT_SELECT_MIN_KEYS, 20480]
+    for batch in (short_batch, long_batch):
+        assert [c.token_ids for c in got.generate(batch, params)] == [c.token_ids for c in want.generate(batch, params)]
+    assert graphs.bound_replays[SPLIT_SELECT_MIN_KEYS] >= 5 and graphs.bound_replays[20480] >= 5
+
+
 def test_mid_size_model_graph_backends_agree(tmp_path):
     """GLM-5 per-rank dims, 4 layers, bf16, dummy weights: breakable and piecewise match eager."""
     folder = preset_folder("glm5-tp8-rank-4l-bf16", tmp_path)
@@ -131,3 +158,32 @@ def test_pdl_decode_graphs_and_prefill_equal_plain_launches(tmp_path, monkeypatc
     assert t1 == t0
     for a, b in zip(l1, l0):
         assert torch.equal(a, b)
+
+
+def test_decode_cache_stores_in_the_rotary_kernels_equal_the_split_op_stores(tmp_path, monkeypatch):
+    """GLM-5 per-rank FP8 dims, 3 dense + 1 MoE layer, dummy weights, decode graphs: the decode
+    step's latent and indexer-key rows written by the rotary kernels (``rotary_cache_store``)
+    leave the caches bit for bit as the split ops' stores do, and the greedy tokens equal."""
+    import json
+
+    from breakgraph.bench.presets import GLM5_TP8_RANK, _variant
+    from breakgraph.layers import attention
+
+    (tmp_path / "config.json").write_text(json.dumps(_variant(GLM5_TP8_RANK, num_hidden_layers=4)))
+    batch = prompts((300, 40, 7), 1000, seed=12)
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    results = {}
+    for fused in (True, False):
+        if not fused:  # the layers store at the split ops
+            monkeypatch.setattr(attention, "rotary_cache_store", lambda name, layer_id, dtype: None)
+        eng = Engine(tmp_path, device="cuda", load_format="dummy", page_size=64, num_pages=40, context_length=1024,
+                     cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="full", cuda_graph_max_bs=4)  # fmt: skip
+        tokens = [c.token_ids for c in eng.generate(batch, params)]
+        assert eng.graph_stats()["decode"]["replays"] > 0
+        caches = [c.clone() for c in eng.kv_cache.latent] + [c.clone() for c in eng.kv_cache.indexer_k if c is not None]
+        results[fused] = (tokens, caches)
+        del eng
+        torch.cuda.empty_cache()
+    (t1, c1), (t0, c0) = results[True], results[False]
+    assert t1 == t0
+    assert len(c1) == len(c0) and all(torch.equal(a, b) for a, b in zip(c1, c0))
