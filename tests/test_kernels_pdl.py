@@ -44,6 +44,23 @@ def test_pdl_auto_launches_with_pdl_only_inside_a_scope_that_asks(monkeypatch):
         assert pdl_launch(cuda) == {"PDL": True, "launch_pdl": True}
 
 
+def test_pdl_launch_traces_under_torch_compile(monkeypatch):
+    """The piecewise backend traces the prefill forward, kernel launches included: the launch
+    options must trace in one graph under every setting (``auto``: off there, outside any scope)."""
+    from breakgraph.kernels import pdl
+
+    monkeypatch.setattr(pdl, "_capable", lambda index: True)
+    cuda = torch.device("cuda", 0)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x + len(pdl_launch(cuda))
+
+    for value, launch_options in (("auto", 1), ("0", 1), ("1", 2)):
+        monkeypatch.setenv("BREAKGRAPH_PDL", value)
+        torch._dynamo.reset()
+        assert torch.compile(forward, fullgraph=True, backend="eager")(torch.zeros(2)).tolist() == [launch_options] * 2
+
+
 def test_pdl_switch_rejects_unknown_values(monkeypatch):
     monkeypatch.setenv("BREAKGRAPH_PDL", "yes")
     with pytest.raises(ValueError, match="BREAKGRAPH_PDL"):

@@ -69,7 +69,11 @@ def pdl_enabled(device: torch.device) -> bool:
     from breakgraph.kernels.dispatch import interpreting
 
     mode = env.read("BREAKGRAPH_PDL")
-    if device.type != "cuda" or interpreting() or mode == "0" or (mode == "auto" and not _scope.get()):
+    if device.type != "cuda" or interpreting() or mode == "0":
+        return False
+    # a forward traced by torch.compile (the piecewise prefill) is outside every scope, and
+    # Dynamo cannot trace a ContextVar read
+    if mode == "auto" and (torch.compiler.is_compiling() or not _scope.get()):
         return False
     return _capable(device_index(device))
 
