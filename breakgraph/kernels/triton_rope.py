@@ -260,7 +260,8 @@ def _indexer_rope_qk_kernel(
     tl.store(o_rows + d[None, :], tl.load(q_rows + d[None, :], mask=rest, other=0.0), mask=rest)
     # the key: LayerNorm in fp32 (rounded once, as torch's kernel does), then the same rotation
     d_ok = d < D
-    x = tl.load(k_ptr + t * stride_kt + d, mask=d_ok, other=0.0).to(tl.float32)
+    k_in = k_ptr + t * stride_kt
+    x = tl.load(k_in + d, mask=d_ok, other=0.0).to(tl.float32)
     inv_d = tl.cast(inv_d, tl.float32)
     mean = tl.sum(x, axis=0) * inv_d
     xc = tl.where(d_ok, x - mean, 0.0)
@@ -272,10 +273,14 @@ def _indexer_rope_qk_kernel(
     tl.store(k_row + d, kn, mask=d_ok & (d >= 2 * HALF))
     if STORE:
         tl.store(cache_row + d, kn, mask=d_ok & (d >= 2 * HALF))
-    # the rotation reads the normed pairs back from registers: gather them by column
-    kn32 = kn.to(tl.float32)
-    x1 = tl.sum(tl.where(d[None, :] == i1[:, None], kn32[None, :], 0.0), axis=1)
-    x2 = tl.sum(tl.where(d[None, :] == i2[:, None], kn32[None, :], 0.0), axis=1)
+    # the rotated pairs: their inputs and weights loaded again in pair order (cache hits) and
+    # normed by the same expression, so the same bits as kn's without gathering registers
+    x1 = _round_to((tl.load(k_in + i1, mask=j_ok, other=0.0).to(tl.float32) - mean) * rstd
+                   * tl.load(w_ptr + i1, mask=j_ok, other=0.0).to(tl.float32)
+                   + tl.load(b_ptr + i1, mask=j_ok, other=0.0).to(tl.float32), dtype, INTERP).to(tl.float32)  # fmt: skip
+    x2 = _round_to((tl.load(k_in + i2, mask=j_ok, other=0.0).to(tl.float32) - mean) * rstd
+                   * tl.load(w_ptr + i2, mask=j_ok, other=0.0).to(tl.float32)
+                   + tl.load(b_ptr + i2, mask=j_ok, other=0.0).to(tl.float32), dtype, INTERP).to(tl.float32)  # fmt: skip
     o1, o2 = _rotate_pairs(x1, x2, cs, sn, dtype, INTERP)
     tl.store(k_row + j, o1, mask=j_ok)
     tl.store(k_row + HALF + j, o2, mask=j_ok)
