@@ -76,8 +76,8 @@ def check_route_select_matches_route_ref():
         (40, 3, 4, 2, False, 1.0, False),
         (64, 6, 8, 3, True, 1.0, True),
     ]
-    for e, k, ng, tg, norm, scale, has_bias in cases:
-        logits = torch.randn(45, e) * 3
+    for (e, k, ng, tg, norm, scale, has_bias), t in zip(cases, (45, 70, 45, 70)):  # one warp a row up to 64
+        logits = torch.randn(t, e) * 3
         bias = torch.randn(e) * 0.3 if has_bias else None
         w_ref, ids_ref = route_ref(logits, bias, k, ng, tg, norm, scale)
         # the sigmoid given, or taken in the kernel from the logits
@@ -579,6 +579,11 @@ def test_moe_small_kernels_compile_for_sm90():
     for fn, types, constexprs in cases:
         info = compile_for_sm90(fn, types, constexprs)
         assert info["stack"] == 0, (fn.__name__, info)
+    # GLM-5 at decode: one single-warp program a row, its reductions inside the warp (no barrier
+    # but the one after the loads)
+    route_types, glm5 = cases[1][1], cases[1][2]
+    info = compile_for_sm90(tm._route_kernel, route_types, glm5 | {"BLOCK_T": 1}, num_warps=1)
+    assert info["stack"] == 0 and info["ops"].get("BAR.SYNC.DEFER_BLOCKING", 0) <= 1, info
 
 
 def test_moe_decode_dequant_knob(monkeypatch):

@@ -150,6 +150,10 @@ def _route_kernel(
     tl.store(id_out_ptr + out_off, ids.to(tl.int64), mask=out_ok)
 
 
+#: Up to this many rows :func:`route_select` runs one single-warp program per row.
+ROUTE_ONE_WARP_ROWS = 64
+
+
 def route_select(
     scores: torch.Tensor,
     correction_bias: torch.Tensor | None,
@@ -183,13 +187,15 @@ def route_select(
     if t == 0:
         return weights, ids
     e_p2 = _next_pow2(e)
-    block_t = max(1, min(16, 2048 // e_p2))
+    # few rows (decode): one warp per row, so the top-k loop's reductions stay inside the warp
+    # (sm_90a at 256 experts: 1 barrier instead of 77 and 1224 instructions instead of 2864)
+    block_t, warps = (1, 1) if t <= ROUTE_ONE_WARP_ROWS else (max(1, min(16, 2048 // e_p2)), 4)
     bias = correction_bias.float().contiguous() if correction_bias is not None else scores
     _route_kernel[(triton.cdiv(t, block_t),)](
         scores, bias, weights, ids, t, e, scores.stride(0), float(routed_scaling_factor),
         TOP_K=top_k, K_P2=_next_pow2(top_k), N_GROUP=n_group, G_P2=_next_pow2(n_group), TOPK_GROUP=topk_group,
         HAS_BIAS=correction_bias is not None, NORM=bool(norm_topk_prob), BLOCK_T=block_t, E_P2=e_p2,
-        LOGITS=bool(logits), INTERP=interpreting(), num_warps=4, **pdl_launch(scores.device),
+        LOGITS=bool(logits), INTERP=interpreting(), num_warps=warps, **pdl_launch(scores.device),
     )  # fmt: skip
     return weights, ids
 
