@@ -167,12 +167,16 @@ def test_decode_cache_stores_in_the_rotary_kernels_equal_the_split_op_stores(tmp
     import json
 
     from breakgraph.bench.presets import GLM5_TP8_RANK, _variant
+    from breakgraph.kernels import rope
     from breakgraph.layers import attention
 
     (tmp_path / "config.json").write_text(json.dumps(_variant(GLM5_TP8_RANK, num_hidden_layers=4)))
     batch = prompts((300, 40, 7), 1000, seed=12)
     params = SamplingParams(max_new_tokens=10, ignore_eos=True)
     results = {}
+    unfused_stores = []  # a store the kernels could not take (rope._store_rows with rows to write)
+    store_rows = rope._store_rows
+    monkeypatch.setattr(rope, "_store_rows", lambda store, rows: (unfused_stores.append(store is not None), store_rows(store, rows)))
     for fused in (True, False):
         if not fused:  # the layers store at the split ops
             monkeypatch.setattr(attention, "rotary_cache_store", lambda name, layer_id, dtype: None)
@@ -180,6 +184,7 @@ def test_decode_cache_stores_in_the_rotary_kernels_equal_the_split_op_stores(tmp
                      cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="full", cuda_graph_max_bs=4)  # fmt: skip
         tokens = [c.token_ids for c in eng.generate(batch, params)]
         assert eng.graph_stats()["decode"]["replays"] > 0
+        assert not any(unfused_stores), "a decode store fell back from the rotary kernels to index_put_"
         caches = [c.clone() for c in eng.kv_cache.latent] + [c.clone() for c in eng.kv_cache.indexer_k if c is not None]
         results[fused] = (tokens, caches)
         del eng

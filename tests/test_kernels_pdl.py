@@ -25,6 +25,7 @@ def test_pdl_auto_launches_with_pdl_only_inside_a_scope_that_asks(monkeypatch):
     of at most ``PDL_AUTO_MAX_ROWS`` rows; ``1`` and ``0`` ignore the scope."""
     from breakgraph.engine.model_runner import decode_capture_context
     from breakgraph.kernels import pdl
+    from breakgraph.kernels.pdl_scope import PDL_AUTO_MAX_ROWS
 
     monkeypatch.setattr(pdl, "_capable", lambda index: True)
     cuda = torch.device("cuda", 0)
@@ -34,13 +35,13 @@ def test_pdl_auto_launches_with_pdl_only_inside_a_scope_that_asks(monkeypatch):
         assert pdl_enabled(cuda) == outside, value
         with decode_capture_context(1):
             assert pdl_enabled(cuda) == small, value
-            with decode_capture_context(pdl.PDL_AUTO_MAX_ROWS + 1):
+            with decode_capture_context(PDL_AUTO_MAX_ROWS + 1):
                 assert pdl_enabled(cuda) == large, value
             assert pdl_enabled(cuda) == small, value
         assert pdl_enabled(cuda) == outside, value
     monkeypatch.setenv("BREAKGRAPH_PDL", "auto")
     assert pdl_launch(cuda) == {"PDL": False}
-    with decode_capture_context(pdl.PDL_AUTO_MAX_ROWS):
+    with decode_capture_context(PDL_AUTO_MAX_ROWS):
         assert pdl_launch(cuda) == {"PDL": True, "launch_pdl": True}
 
 
@@ -59,6 +60,22 @@ def test_pdl_launch_traces_under_torch_compile(monkeypatch):
         monkeypatch.setenv("BREAKGRAPH_PDL", value)
         torch._dynamo.reset()
         assert torch.compile(forward, fullgraph=True, backend="eager")(torch.zeros(2)).tolist() == [launch_options] * 2
+
+
+def test_decode_capture_context_needs_no_triton():
+    """A base install has no triton, yet captures CPU decode graphs through the engine's
+    ``decode_capture_context``: neither it nor the engine may import triton."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['triton'] = None\n"  # any import of triton now fails
+        "from breakgraph.engine.model_runner import decode_capture_context\n"
+        "with decode_capture_context(1): pass\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_pdl_switch_rejects_unknown_values(monkeypatch):

@@ -28,6 +28,7 @@ from breakgraph.graphs.backends import GraphSetup
 from breakgraph.graphs.decode_runner import default_decode_buckets
 from breakgraph.graphs.prefill_runner import default_prefill_buckets
 from breakgraph.graphs.stats import disabled_stats
+from breakgraph.kernels.pdl_scope import PDL_AUTO_MAX_ROWS, pdl_scope
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.loader import load_model
 
@@ -84,8 +85,6 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str | None, dtype: torch.dtype) -> to
 def decode_capture_context(rows: int) -> contextlib.AbstractContextManager:
     """What a decode graph of ``rows`` rows is captured under: programmatic dependent launch for
     the batch sizes where it measured faster, under ``BREAKGRAPH_PDL=auto`` (kernels/pdl.py)."""
-    from breakgraph.kernels.pdl import PDL_AUTO_MAX_ROWS, pdl_scope  # imports triton: not in a base install
-
     return pdl_scope(rows <= PDL_AUTO_MAX_ROWS)
 
 

@@ -15,17 +15,15 @@ still waits for it to finish, so mixing both is safe. CUDA graphs keep the depen
 programmatic edge.
 
 ``BREAKGRAPH_PDL``: ``1`` on CUDA devices of compute capability 9.0 or more (older GPUs cannot
-launch this way), ``0`` never, ``auto`` only inside :func:`pdl_scope` ``(True)`` — which the
-engine opens while it captures a decode graph of at most :data:`PDL_AUTO_MAX_ROWS` rows, the
-batch sizes where PDL measured faster (a graph keeps the launch mode it was captured with).
+launch this way), ``0`` never, ``auto`` only inside :func:`~breakgraph.kernels.pdl_scope.pdl_scope`
+``(True)`` — which the engine opens while it captures a decode graph of at most
+``PDL_AUTO_MAX_ROWS`` rows, the batch sizes where PDL measured faster (a graph keeps the launch
+mode it was captured with).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 
 import torch
 import triton
@@ -34,6 +32,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from breakgraph import env
 from breakgraph.graphs.cuda_segment import device_index
+from breakgraph.kernels.pdl_scope import in_pdl_scope
 
 
 @triton.jit
@@ -43,24 +42,6 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-#: ``BREAKGRAPH_PDL=auto``: decode graphs of up to this many rows launch with PDL (H200,
-#: glm5-tp8-rank, ``bench decode --pdl``: faster at batch 1 and 16, slower at 64).
-PDL_AUTO_MAX_ROWS = 16
-
-_scope: ContextVar[bool] = ContextVar("breakgraph_pdl_scope", default=False)
-
-
-@contextmanager
-def pdl_scope(on: bool) -> Iterator[None]:
-    """Within: kernels launch with PDL under ``BREAKGRAPH_PDL=auto`` when ``on`` (``0`` and ``1``
-    ignore it)."""
-    token = _scope.set(on)
-    try:
-        yield
-    finally:
-        _scope.reset(token)
 
 
 def pdl_enabled(device: torch.device) -> bool:
@@ -73,7 +54,7 @@ def pdl_enabled(device: torch.device) -> bool:
         return False
     # a forward traced by torch.compile (the piecewise prefill) is outside every scope, and
     # Dynamo cannot trace a ContextVar read
-    if mode == "auto" and (torch.compiler.is_compiling() or not _scope.get()):
+    if mode == "auto" and (torch.compiler.is_compiling() or not in_pdl_scope()):
         return False
     return _capable(device_index(device))
 

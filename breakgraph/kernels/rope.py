@@ -51,9 +51,10 @@ cache rows (a plain cache of the rows' dtype; see the ``store`` arguments below)
 
 
 def _store_rows(store: CacheStore | None, rows: torch.Tensor) -> None:
+    """The store without the kernel: the first ``len(slots)`` rows into ``cache[slots]``."""
     if store is not None:
         cache, slots = store
-        cache[slots] = rows.to(cache.dtype)
+        cache[slots] = rows[: slots.shape[0]].to(cache.dtype)
 
 
 def _kernel_store(store: CacheStore | None, rows: torch.Tensor) -> tuple[bool, dict]:

@@ -186,7 +186,7 @@ def cache_store_supports(cache: torch.Tensor, slots: torch.Tensor, rows: torch.T
     return (
         cache.dim() == 2 and cache.dtype == rows.dtype and cache.shape[1] == rows.shape[-1] and cache.stride(1) == 1
         and slots.dtype == torch.int64 and slots.shape == (rows.shape[0],) and slots.is_contiguous()
-        and cache.device == rows.device
+        and cache.device == rows.device and slots.device == rows.device
     )  # fmt: skip
 
 

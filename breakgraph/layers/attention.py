@@ -10,8 +10,9 @@ its latent output is mapped back per head by ``w_vc`` and then ``o_proj``.
 The two dynamic steps — the indexer's cache store + causal top-k, and the sparse attention
 over the paged cache — are split ops (graph breaks) from :mod:`breakgraph.layers.dsa`: they
 read the batch layout from the forward batch at call time and write into buffers the layer
-allocates. In a decode batch the rotary kernels write the new cache rows themselves
-(:func:`~breakgraph.layers.dsa.rotary_cache_store`) and the split ops skip their stores.
+allocates. In a decode batch with a plain cache of the activations' dtype the rotary kernels
+write the new cache rows themselves (:func:`~breakgraph.layers.dsa.rotary_cache_store`) and the
+split ops are told to skip their stores.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ piecewise graphs, plain calls when eager) carry everything that depends on per-b
 lengths and pages:
 
 * :func:`dsa_indexer_graph_dispatch` — the whole DSA indexer for a layer: store the new
-  indexer keys, score, write the causal top-k into a preallocated ``topk_result``. Its core
+  indexer keys (unless the rotary kernel did: :func:`rotary_cache_store`), score, write the
+  causal top-k into a preallocated ``topk_result``. Its core
   is :func:`k_cache_and_topk_result`; when every sequence is at most ``index_topk`` long the
   top-k is simply every causal key and the scores are skipped
   (:func:`_should_skip_logits_computation`).
@@ -71,9 +72,9 @@ def rotary_cache_store(
     itself (the ``store`` of :func:`~breakgraph.kernels.rope.mla_rope_kv` and
     :func:`~breakgraph.kernels.rope.indexer_rope_qk`): ``(cache, out_cache_loc)`` in a decode
     batch when the cache is plain and of ``rows_dtype``, else None. Prefill and extend batches
-    store at the split op instead (under breakable graphs the slots are per-batch host data,
-    handled at the breaks), so does a forward traced by ``torch.compile`` (this returns None
-    there), and an FP8 cache quantises in its own store kernel. The layer tells the split op
+    store at the split op instead (a breakable graph's segments hold no per-batch slots: the
+    breaks read them), so does a forward traced by ``torch.compile`` (this returns None there),
+    and an FP8 cache quantises in its own store kernel. The layer tells the split op
     whether the rows were stored (its ``k_stored``/``kv_stored``), so each row is written once."""
     if torch.compiler.is_compiling():
         return None
@@ -130,7 +131,8 @@ bcg_dsa_indexer_graph_dispatch = dsa_indexer_graph_dispatch.bcg
 def _attend(
     q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float, kv_stored: bool
 ) -> None:
-    """Store the new latent entries (unless ``kv_stored``: the rotary kernel wrote them), then attend. ``topk`` comes from the DSA indexer (this
+    """Store the new latent entries (unless ``kv_stored``: the rotary kernel wrote them), then
+    attend. ``topk`` comes from the DSA indexer (this
     layer's, or the previous layer's for shared-indexer layers: same batch, same tokens),
     whose row for a token at ``pos < K`` is every causal position ``0…pos`` (both the score
     skip and ``torch.topk`` over ``pos + 1 ≤ K`` finite scores pick them all), so the kernel

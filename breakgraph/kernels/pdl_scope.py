@@ -1,0 +1,34 @@
+"""Where ``BREAKGRAPH_PDL=auto`` launches with programmatic dependent launch: inside
+:func:`pdl_scope` ``(True)``, which the engine opens while it captures a decode graph of at most
+:data:`PDL_AUTO_MAX_ROWS` rows (:mod:`breakgraph.kernels.pdl` reads it at each launch). Kept
+apart from that module so that the engine can open a scope without importing Triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+#: ``BREAKGRAPH_PDL=auto``: decode graphs of up to this many rows launch with PDL (H200,
+#: glm5-tp8-rank, ``bench decode --pdl auto 0``: faster at batch 1 and 16; slower at 64 with ``1``).
+PDL_AUTO_MAX_ROWS = 16
+
+_scope: ContextVar[bool] = ContextVar("breakgraph_pdl_scope", default=False)
+
+
+@contextmanager
+def pdl_scope(on: bool) -> Iterator[None]:
+    """Within: kernels launch with PDL under ``BREAKGRAPH_PDL=auto`` when ``on`` (``0`` and ``1``
+    ignore it)."""
+    token = _scope.set(on)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def in_pdl_scope() -> bool:
+    """Whether the innermost :func:`pdl_scope` asks for PDL (False outside every scope). Not
+    traceable by Dynamo: callers check ``torch.compiler.is_compiling()`` first."""
+    return _scope.get()
