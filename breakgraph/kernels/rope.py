@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from breakgraph.kernels.dispatch import use_triton_inference
+from breakgraph.kernels.latent_fp8 import store_latent
 from breakgraph.kernels.norm import rms_norm
 
 
@@ -51,10 +52,11 @@ cache rows (a plain cache of the rows' dtype; see the ``store`` arguments below)
 
 
 def _store_rows(store: CacheStore | None, rows: torch.Tensor) -> None:
-    """The store without the kernel: the first ``len(slots)`` rows into ``cache[slots]``."""
+    """The store without the kernel: the first ``len(slots)`` rows into ``cache[slots]``, as the
+    split ops store (:func:`~breakgraph.kernels.latent_fp8.store_latent`)."""
     if store is not None:
         cache, slots = store
-        cache[slots] = rows[: slots.shape[0]].to(cache.dtype)
+        store_latent(cache, slots, rows[: slots.shape[0]], rows.shape[-1])
 
 
 def _kernel_store(store: CacheStore | None, rows: torch.Tensor) -> tuple[bool, dict]:
