@@ -627,17 +627,18 @@ def run_aot():
                 stride_k=IDX_DIM, stride_pt=37, stride_st=4096, num_tokens=num, num_heads=IDX_HEADS,
                 head_dim=IDX_DIM, page_size=PAGE, skip_below=TOPK, scale=0.088,
             )  # fmt: skip
-            consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8,
-                          STACKED=cfg["stacked"])  # fmt: skip
-            r = aot_report(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
-            print(f"  indexer T={num:<5} B={reqs:<3} fp8={fp8!s:<5} {cfg} {r}")
+            for shift in (PAGE.bit_length() - 1, -1):  # as the launch specialises a page of 64; a division
+                consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8,
+                              STACKED=cfg["stacked"], PAGE_SHIFT=shift, ROWS_I32=shift >= 0)  # fmt: skip
+                r = aot_report(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
+                print(f"  indexer T={num:<5} B={reqs:<3} fp8={fp8!s:<5} page_shift={shift:<2} {cfg} {r}")
     a |= dict(num_tokens=4096)
     for keys, variants in (("bf16", INDEXER_VARIANTS), ("fp8 keys", INDEXER_FP8_VARIANTS)):
         fp8_keys = keys == "fp8 keys"
         k = dict(K="*u8", stride_k=IDX_DIM + 16) if fp8_keys else dict(K="*bf16", stride_k=IDX_DIM)
         for v in variants:
             consts = dict(BLOCK_T=v["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=v["block_l"], FP8=2 if fp8_keys else 0,
-                          STACKED=True)  # fmt: skip
+                          STACKED=True, PAGE_SHIFT=PAGE.bit_length() - 1, ROWS_I32=True)  # fmt: skip
             r = aot_report(_indexer_scores_kernel, a | k, consts, v["num_warps"], v["num_stages"], v["maxnreg"])
             print(f"  indexer sweep T=4096 {keys:<8} {_short(v):<34} {r}")
 

@@ -465,7 +465,7 @@ def _interp_indexer_scores():
         (_RAGGED, 4, 8, 32, {}),  # default tiles (bf16 8, FP8 4 tokens): blocks straddle requests
         (_RAGGED, 4, 8, 32, {"block_t": 8, "block_l": 16}),  # blocks spanning three requests
         (_RAGGED, 2, 16, 64, {"block_t": 2, "block_l": 16}),
-        (_RAGGED, 8, 12, 48, {"block_t": 4, "block_l": 32, "key_programs": 3}),  # Hi, Di not powers of two
+        (_RAGGED, 6, 12, 48, {"block_t": 4, "block_l": 32, "key_programs": 3}),  # Hi, Di, page not powers of two
         (_DECODE, 4, 8, 32, {"block_l": 16, "key_programs": 2}),  # T ≤ B: one token per block
     ]
     for i, (layout, ps, heads, dim, opts) in enumerate(cases):
@@ -990,11 +990,13 @@ def test_indexer_scores_compile_for_sm90_without_spills():
              stride_pt=37, stride_st=4096, num_tokens=4096, num_heads=IDX_HEADS, head_dim=IDX_DIM, page_size=PAGE,
              skip_below=TOPK, scale=0.088, segments=1)  # fmt: skip
     consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=IDX_HEADS, BLOCK_D=IDX_DIM, BLOCK_L=cfg["block_l"], FP8=0,
-                  STACKED=cfg["stacked"])  # fmt: skip
+                  STACKED=cfg["stacked"], PAGE_SHIFT=PAGE.bit_length() - 1, ROWS_I32=True)  # fmt: skip
     info = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
     print(f"indexer scores {cfg}: {info}")
     assert cfg["stacked"] and info["mma"] == ["HGMMA"], info
     assert info["regs"] <= cfg["maxnreg"] and info["stack"] == 0 and info["local_insts"] == 0, info
+    # The power-of-two page takes shifts: no emulated division call in the key loop.
+    assert "CALL.REL.NOINC" not in info["loop_ops"], info["loop_ops"]
 
 
 @pytest.mark.parametrize("heads", [8, 64])

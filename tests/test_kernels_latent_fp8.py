@@ -421,7 +421,7 @@ def test_fp8_key_scores_compile_for_sm90_no_worse_than_in_kernel_quantisation(nu
                  stride_st=4096, num_tokens=num, num_heads=32, head_dim=128, page_size=64, skip_below=2048,
                  scale=0.088, segments=1)  # fmt: skip
         consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8,
-                      STACKED=cfg["stacked"])  # fmt: skip
+                      STACKED=cfg["stacked"], PAGE_SHIFT=6, ROWS_I32=True)  # fmt: skip
         info[fp8] = compile_for_sm90(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
     print(f"indexer scores T={num}: in-kernel quantisation {info[1]}, stored FP8 keys {info[2]}")
     assert info[2]["stack"] <= info[1]["stack"] and "QGMMA" in info[2]["mma"], info

@@ -14,7 +14,10 @@ serves every token of the program with the *heads along the dot's columns*, so t
 ReLU-weighted head sum is a reduction inside each thread's registers (plus a few lane shuffles).
 Prefill (stacked): the ``BLOCK_T·Hi`` query rows of the block are the columns of one wgmma per
 key block, ``[BLOCK_L, BLOCK_T·Hi]`` in fp32, summed per token by a reshape; pipeline stages (2 for bf16 keys, 3 for FP8)
-let the page-table and key loads run ahead of the dot. Token blocks whose tokens all sit below
+let the page-table and key loads run ahead of the dot; a power-of-two page turns each key's
+position → page → row walk into shifts and masks (``PAGE_SHIFT``; a runtime division is an
+emulated call per key layout: 543 → 381 sm_90a instructions per key block at the prefill tile,
+1229 → 582 at decode, `scripts/bench_kernels_attention.py --aot`). Token blocks whose tokens all sit below
 ``skip_below`` are not scored (their selection is every causal key).
 
 Tokens of one block usually share a request (prefill lays a request's tokens out
@@ -59,14 +62,27 @@ def _quantize_rows_e4m3(x):
 
 
 @triton.jit
-def _load_keys(K, pages, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8: tl.constexpr):
+def _load_keys(
+    K, pages, offs_j, jmask, offs_d, mask_d, stride_k, page_size,
+    FP8: tl.constexpr, PAGE_SHIFT: tl.constexpr, ROWS_I32: tl.constexpr,
+):  # fmt: skip
     """Key rows ``[BLOCK_L, BLOCK_D]`` of positions ``offs_j`` through one request's pages, as the
     dot operand, and their dequantisation scales (ones in bf16). ``FP8 == 2``: ``K`` is the FP8
     key cache (``uint8`` rows of :mod:`~breakgraph.kernels.latent_fp8` with no RoPE part: e4m3
-    codes, then their fp32 scale in the row's last 16 bytes), read as stored."""
+    codes, then their fp32 scale in the row's last 16 bytes), read as stored. ``PAGE_SHIFT``:
+    log2 of a power-of-two page (a shift and a mask per key), else -1 (a runtime division, an
+    emulated call per key layout); ``ROWS_I32``: the cache's element offsets fit in int32."""
     jpos = tl.where(jmask, offs_j, 0)
-    page = tl.load(pages + jpos // page_size, mask=jmask, other=0).to(tl.int64)
-    rows = K + (page * page_size + jpos % page_size) * stride_k
+    if PAGE_SHIFT >= 0:
+        page = tl.load(pages + (jpos >> PAGE_SHIFT), mask=jmask, other=0)
+        slot = (page << PAGE_SHIFT) + (jpos & ((1 << PAGE_SHIFT) - 1))
+    else:
+        page = tl.load(pages + jpos // page_size, mask=jmask, other=0)
+        slot = page * page_size + jpos % page_size
+    if ROWS_I32:
+        rows = K + slot.to(tl.int32) * stride_k
+    else:
+        rows = K + slot.to(tl.int64) * stride_k
     if FP8 == 2:  # read as e4m3 (no bitcast between the load and the dot: it stays pipelineable)
         k_op = tl.load(rows.to(tl.pointer_type(tl.float8e4nv))[:, None] + offs_d[None, :],
                        mask=jmask[:, None] & mask_d[None, :], other=0.0)  # fmt: skip
@@ -105,6 +121,7 @@ def _stacked_scores(
     Q, W, K, SCORES, TOKEN_REQ, pages, req_s, t0, pid_l, key_programs, pos, max_pos, offs_d, mask_d,
     stride_qt, stride_qh, stride_wt, stride_k, stride_st, num_tokens, num_heads, page_size, scale,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr, FP8: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr, ROWS_I32: tl.constexpr,
 ):
     """Scores of the block's tokens (``t0…t0 + BLOCK_T - 1``) of request ``req_s`` (``pos``:
     their positions, ``-1`` for the others): their ``BLOCK_T·Hi`` query rows stacked on the columns of
@@ -127,7 +144,9 @@ def _stacked_scores(
     out_rows = SCORES + (t0 + cols).to(tl.int64)[None, :] * stride_st
     for kb in range(pid_l, tl.cdiv(max_pos + 1, BLOCK_L), key_programs):
         offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
-        k_op, k_scale = _load_keys(K, pages, offs_j, offs_j <= max_pos, offs_d, mask_d, stride_k, page_size, FP8)
+        k_op, k_scale = _load_keys(
+            K, pages, offs_j, offs_j <= max_pos, offs_d, mask_d, stride_k, page_size, FP8, PAGE_SHIFT, ROWS_I32
+        )
         logits = tl.dot(k_op, tl.trans(q))  # [BLOCK_L, BLOCK_T·Hi]
         terms = tl.maximum(logits, 0.0) * qw[None, :]
         s = tl.sum(tl.reshape(terms, [BLOCK_L, BLOCK_T, BLOCK_H]), 2)  # [BLOCK_L, BLOCK_T]
@@ -162,6 +181,8 @@ def _indexer_scores_kernel(
     BLOCK_L: tl.constexpr,
     FP8: tl.constexpr,
     STACKED: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr = -1,  # log2(page_size) for a power-of-two page, else -1
+    ROWS_I32: tl.constexpr = False,  # the key cache's element offsets fit in int32
     PDL: tl.constexpr = False,
 ):
     # Later token blocks have longer causal ranges: start them first.
@@ -196,7 +217,7 @@ def _indexer_scores_kernel(
                 Q, W, K, SCORES, TOKEN_REQ, PAGE_TABLE + req_s.to(tl.int64) * stride_pt, req_s, t0, pid_l,
                 key_programs, pos_s, tl.max(pos_s, 0), offs_d, mask_d, stride_qt, stride_qh, stride_wt,
                 stride_k, stride_st, num_tokens, num_heads, page_size, scale,
-                BLOCK_T, BLOCK_H, BLOCK_L, FP8,
+                BLOCK_T, BLOCK_H, BLOCK_L, FP8, PAGE_SHIFT, ROWS_I32,
             )  # fmt: skip
     else:
         req0 = tl.load(TOKEN_REQ + t0)
@@ -206,7 +227,9 @@ def _indexer_scores_kernel(
             offs_j = kb * BLOCK_L + tl.arange(0, BLOCK_L)
             # The keys of the block's request (none loaded when the block straddles requests).
             jmask = (offs_j <= max_pos) & one_request
-            k_op, k_scale = _load_keys(K, pages0, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8)
+            k_op, k_scale = _load_keys(
+                K, pages0, offs_j, jmask, offs_d, mask_d, stride_k, page_size, FP8, PAGE_SHIFT, ROWS_I32
+            )
             for i in tl.static_range(BLOCK_T):
                 t_i = t0 + i
                 if t_i < num_tokens:
@@ -215,8 +238,9 @@ def _indexer_scores_kernel(
                         if not one_request:  # the block straddles requests: this token's own keys
                             pages = PAGE_TABLE + tl.load(TOKEN_REQ + t_i).to(tl.int64) * stride_pt
                             k_op, k_scale = _load_keys(
-                                K, pages, offs_j, offs_j <= pos_i, offs_d, mask_d, stride_k, page_size, FP8
-                            )
+                                K, pages, offs_j, offs_j <= pos_i, offs_d, mask_d, stride_k, page_size,
+                                FP8, PAGE_SHIFT, ROWS_I32,
+                            )  # fmt: skip
                         s = _token_scores(
                             Q, W, t_i.to(tl.int64), k_op, k_scale, offs_h, mask_h, offs_d, mask_d,
                             stride_qt, stride_qh, stride_wt, scale, FP8,
@@ -336,6 +360,8 @@ def indexer_scores_triton(
         BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"],
         FP8=fp8_mode,
         STACKED=use_stacked,
+        PAGE_SHIFT=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1,
+        ROWS_I32=k_cache.numel() < 2**31,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"], **pdl_launch(q.device),
     )  # fmt: skip
