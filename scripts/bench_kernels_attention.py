@@ -334,12 +334,15 @@ INDEXER_VARIANTS = [
     dict(block_t=8, block_l=64, num_warps=8, num_stages=3, maxnreg=None),
     dict(block_t=8, block_l=64, num_warps=8, num_stages=3, maxnreg=128),
     dict(block_t=4, block_l=128, num_warps=8, num_stages=3, maxnreg=168),
+    dict(block_t=8, block_l=128, num_warps=8, num_stages=2, maxnreg=None),
 ]
 # The same on the FP8 key cache (e4m3 rows stored once, read as stored).
 INDEXER_FP8_VARIANTS = [
     dict(block_t=4, block_l=64, num_warps=4, num_stages=3, maxnreg=None),
     dict(block_t=8, block_l=64, num_warps=8, num_stages=3, maxnreg=None),
     dict(block_t=4, block_l=128, num_warps=8, num_stages=3, maxnreg=None),
+    dict(block_t=8, block_l=64, num_warps=8, num_stages=2, maxnreg=168),
+    dict(block_t=8, block_l=64, num_warps=8, num_stages=3, maxnreg=168),
 ]
 
 
