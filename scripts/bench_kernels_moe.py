@@ -206,6 +206,8 @@ def _sweep_twin(weights, gemm: int, t: int) -> torch.Tensor:
 
 
 DECODE_SWEEP_TOKENS = (1, 8, 16, 32, 64)
+#: Rows per expert on average from which the sweep tries the wide prefill tiles (and no stream kernel).
+LARGE_SWEEP_ROWS = 128
 
 
 def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
@@ -229,6 +231,14 @@ def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
                        "num_warps": 8 if bm >= 128 else 4}  # fmt: skip
                 if cfg not in grid:
                     grid.append(cfg)
+    if t * TOP_K >= LARGE_SWEEP_ROWS * E:  # long prompts: wider tiles (the FLOPs, not the weights, bound them)
+        for bm, bn, warps in ((128, 128, 8), (256, 64, 8), (64, 128, 4), (128, 64, 4)):
+            for stages in (3, 4):
+                cfg = {"BLOCK_M": bm, "SWAP_AB": False, "num_warps": warps, "BLOCK_N": bn, "BLOCK_K": 128,
+                       "num_stages": stages}  # fmt: skip
+                if cfg not in grid:
+                    grid.append(cfg)
+        return grid  # the stream kernel is for few rows per expert
     tiles = [(32, 1), (64, 1), (128, 1)] if gemm == 1 else [(64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (128, 8)]
     for bm in (16,) if decode else (16, 32, 64):
         for bn, tn in tiles:
@@ -248,10 +258,10 @@ def _short(cfg: dict) -> str:
             f"s{cfg['num_stages']} w{cfg['num_warps']}{swap}")  # fmt: skip
 
 
-def _sweep_tasks(tokens: list[int]) -> list[tuple]:
+def _sweep_tasks(tokens: list[int], kinds: tuple[str, ...] = ("W8A16", "W8A8")) -> list[tuple]:
     tasks = []
     for t in tokens:
-        for kind in ("W8A16", "W8A8"):
+        for kind in kinds:
             for gemm in (1, 2):
                 tasks += [(kind, gemm, t, cfg) for cfg in _sweep_grid(t, gemm, kind)]
     return tasks
@@ -301,7 +311,7 @@ def _compile_in_workers(tasks: list, jobs: int, what: str, chunksize: int) -> di
     return failed
 
 
-def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
+def sweep_moe(tokens: list[int], jobs: int, budget_s: float, kinds: tuple[str, ...] = ("W8A16", "W8A8")) -> list[dict]:
     """Time GEMM 1 (gate/up + SiLU) and GEMM 2 (down) alone over :func:`_sweep_grid` at uniform
     random routing: µs per call (median of CUDA-event timings, L2 flushed before each), the
     touched experts' weight bytes per second, and the relative error against the twin
@@ -309,7 +319,7 @@ def sweep_moe(tokens: list[int], jobs: int, budget_s: float) -> list[dict]:
     first by ``jobs`` worker processes; timing stops at ``budget_s``."""
     import time
 
-    tasks = _sweep_tasks(tokens)
+    tasks = _sweep_tasks(tokens, kinds)
     t0 = time.time()  # the budget counts the compiles too
     failed = _compile_in_workers(tasks, jobs, "Grouped-GEMM sweep", chunksize=2)
     weights = _sweep_weights()
@@ -521,6 +531,8 @@ def main() -> None:
     ap.add_argument("--sweep-jobs", type=int, default=8, help="processes compiling the sweep's kernels")
     ap.add_argument("--sweep-tokens", type=int, nargs="+", default=[*DECODE_SWEEP_TOKENS, 128, 1024, 4096])
     ap.add_argument("--sweep-budget-s", type=float, default=600.0, help="stop timing sweep rows after this")
+    ap.add_argument("--sweep-kinds", nargs="+", default=["W8A16", "W8A8"], choices=["W8A16", "W8A8"],
+                    help="activation kinds the sweep times (W8A8: FP8 activations, the default path)")
     ap.add_argument("--no-ref", action="store_true", help="skip timing the plain-PyTorch twins")
     ap.add_argument("--json", default=None, help="write all rows and ceilings here")
     args = ap.parse_args()
@@ -546,7 +558,7 @@ def main() -> None:
         bench_moe(args.tokens, ceil, rows, with_ref=not args.no_ref)
         torch.cuda.empty_cache()
     if args.only == "sweep" or (args.sweep and args.only in (None, "moe")):
-        sweep_rows = sweep_moe(args.sweep_tokens, args.sweep_jobs, args.sweep_budget_s)
+        sweep_rows = sweep_moe(args.sweep_tokens, args.sweep_jobs, args.sweep_budget_s, tuple(args.sweep_kinds))
         layer_moe(args.sweep_tokens, sweep_rows)
         rows += sweep_rows
         torch.cuda.empty_cache()
