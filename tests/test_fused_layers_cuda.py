@@ -44,17 +44,20 @@ def unfused(monkeypatch: pytest.MonkeyPatch) -> None:
             return norm.rms_norm(x, weight, eps), None, None
         return (*norm.fused_add_rms_norm(x, residual, weight, eps), None)
 
-    def mla_rope_kv(q, kv_a, cos, sin, weight, eps):
+    def mla_rope_kv(q, kv_a, cos, sin, weight, eps, store=None):
         r = weight.shape[0]
         dr = kv_a.shape[-1] - r
         q_full = q.new_empty(q.shape[0], q.shape[1], r + dr)
         q_full[..., r:] = rope.rope(q[..., q.shape[-1] - dr :], cos, sin, True)
         kv = torch.cat([norm.rms_norm(kv_a[:, :r], weight, eps), rope.rope(kv_a[:, r:], cos, sin, True)], dim=-1)
+        rope._store_rows(store, kv)  # a decode step's cache store, as the split op writes it
         return q_full, kv
 
-    def indexer_rope_qk(q, k, cos, sin, weight, bias, eps, interleaved, rope_dim):
+    def indexer_rope_qk(q, k, cos, sin, weight, bias, eps, interleaved, rope_dim, store=None):
         k = F.layer_norm(k, (k.shape[-1],), weight, bias, eps)
-        return rope.rope(q, cos, sin, interleaved, rope_dim), rope.rope(k, cos, sin, interleaved, rope_dim)
+        k = rope.rope(k, cos, sin, interleaved, rope_dim)
+        rope._store_rows(store, k)
+        return rope.rope(q, cos, sin, interleaved, rope_dim), k
 
     def bmm_into(a, b, out):
         out.copy_(torch.bmm(a, b))

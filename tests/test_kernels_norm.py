@@ -213,23 +213,25 @@ def test_rms_norm_gpu_glm5_widths(n, rows):
 def test_rms_norm_quant_gpu_glm5_shapes(n, rows):
     """glm5-tp8-rank widths (6144 hidden before the q_a ‖ wk ‖ kv_a projection, 2048 q_lora
     before q_b and wq_b), decode and prefill rows: the fused norm + quantisation is the norm
-    kernel then ``act_quant`` bit for bit, with and without the residual add."""
+    kernel (at the quantising launch's warp count: another count sums the squares in another
+    order, which may move a row's ``rstd`` by an ulp) then ``act_quant``, bit for bit, with and
+    without the residual add; and within rounding of the plain launch."""
     from breakgraph.kernels.triton_fp8 import act_quant
-    from breakgraph.kernels.triton_norm import (
-        fused_add_rms_norm_triton,
-        rms_norm_quant_triton,
-        rms_norm_triton,
-    )
+    from breakgraph.kernels.triton_norm import _launch, default_warps, rms_norm_quant_triton, rms_norm_triton
 
     x = (torch.randn(rows, n, device="cuda") * 3).bfloat16()
     residual = torch.randn_like(x)
     w = _weight(n, torch.bfloat16, "cuda")
+    warps = default_warps(n, quant=True)  # the quantising launch's
     for res in (None, residual):
         normed, res_out, q, s = rms_norm_quant_triton(x, w, EPS, res, 16)
-        want = rms_norm_triton(x, w, EPS) if res is None else fused_add_rms_norm_triton(x, res, w, EPS)[0]
+        want, want_res, _, _ = _launch(x, res, w, EPS, num_warps=warps)
         wq, ws = act_quant(want, column_major_scale=True, pad_rows=16)
         assert torch.equal(normed, want) and torch.equal(s, ws)
         assert torch.equal(q.view(torch.uint8), wq.view(torch.uint8))
+        assert res is None or torch.equal(res_out, want_res)
+        if res is None:  # the plain launch (its own warp count): equal within one bf16 rounding
+            torch.testing.assert_close(normed, rms_norm_triton(x, w, EPS), rtol=8e-3, atol=1e-6)
 
 
 @pytest.mark.cuda

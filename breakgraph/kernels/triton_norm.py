@@ -125,6 +125,13 @@ def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | Non
     )
 
 
+def default_warps(n: int, quant: bool) -> int:
+    """Warps of the row kernel for rows of ``n``: one per 512 columns of the power-of-two block,
+    at most 16, or 8 when it also quantises. The warp count sets the order in which a row's
+    squares are summed: launches with different counts may differ by an ulp of ``rstd``."""
+    return max(1, min(8 if quant else 16, triton.next_power_of_2(n) // 512))
+
+
 def _launch(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, quant_pad_rows: int = 0,
     num_warps: int | None = None,
@@ -149,7 +156,7 @@ def _launch(
             m, n, x2.stride(0), 0 if res is None else res.stride(0), *(scale.stride() if quant_pad_rows else (0, 0)),
             1.0 / n, eps,
             HAS_RESIDUAL=res is not None, QUANT=bool(quant_pad_rows), GROUP=QUANT_GROUP, BLOCK=block,
-            INTERP=interpreting(), num_warps=num_warps or max(1, min(8 if quant_pad_rows else 16, block // 512)),
+            INTERP=interpreting(), num_warps=num_warps or default_warps(n, bool(quant_pad_rows)),
             **pdl_launch(x.device),
         )  # fmt: skip
     return out, res_out, q, scale
