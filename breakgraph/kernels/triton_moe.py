@@ -510,10 +510,11 @@ def _moe_stream_kernel(
             _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n_first, N, stride_cm, SILU, BLOCK_N)
 
 
-#: FP8 weights keep 64-row blocks up to this many rows per expert on average: at 256 (an 8192-token
+#: W8A8 experts keep 64-row blocks up to this many rows per expert on average: at 256 (an 8192-token
 #: prompt in one forward) GEMM 1 in 3 stages and GEMM 2 took 661.6 and 773.1 µs against 684.5 and
 #: 906.2 in 128-row blocks (``scripts/bench_kernels_moe.py --only sweep --sweep-tokens 8192 4096
-#: --sweep-kinds W8A8``, one H200); past it (16384-token forwards and longer) untimed.
+#: --sweep-kinds W8A8``, one H200); 257-384 rows extrapolated; W8A16 and more rows (16384-token
+#: forwards and longer) keep 128-row blocks past 160, untimed.
 LONG_PROMPT_ROWS = 384
 
 
@@ -522,7 +523,7 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: 
     ``BLOCK_M``; narrow row blocks use the swapped product. FP8 tiles from the tile sweep
     (``scripts/bench_kernels_moe.py --sweep``, GLM-5 TP8 rank): 4 rows per expert (128 tokens)
     keep 16-row swapped blocks; 32 rows per expert (1024 tokens) run fastest in 64-row blocks;
-    GEMM 2 (K = I, two k-blocks) in 3 stages; up to ``LONG_PROMPT_ROWS`` rows per expert FP8 keeps
+    GEMM 2 (K = I, two k-blocks) in 3 stages; up to ``LONG_PROMPT_ROWS`` rows per expert W8A8 keeps
     64-row blocks (GEMM 1 in 3 stages past 160). W8A16's GEMM 2 (``a_fp8`` false) with 16-row
     blocks takes the stream kernel, four 128-column tiles per program (decode batches 8…64:
     8–17% faster than the grouped kernel, ``scripts/gpu_check_moe2.sh`` on the H200); its
@@ -535,7 +536,7 @@ def gemm_config(num_pairs: int, num_experts: int, silu: bool, fp8: bool, a_fp8: 
         cfg = {"BLOCK_M": 16, "SWAP_AB": True, "num_warps": 4}
     elif avg <= 48 and not fp8:
         cfg = {"BLOCK_M": 32, "SWAP_AB": True, "num_warps": 4}
-    elif avg <= (LONG_PROMPT_ROWS if fp8 else 160):
+    elif avg <= (LONG_PROMPT_ROWS if fp8 and a_fp8 else 160):
         cfg = {"BLOCK_M": 64, "SWAP_AB": False, "num_warps": 4}
     else:
         cfg = {"BLOCK_M": 128, "SWAP_AB": False, "num_warps": 8}

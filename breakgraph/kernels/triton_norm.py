@@ -186,9 +186,11 @@ def rms_norm_quant_triton(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, pad_rows: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """RMSNorm (with the residual add when ``residual`` is given) and the FP8 quantisation of its
-    output in one kernel: returns ``(normed, x + residual or None, q, scale)`` where ``normed``
-    (and the sum) are what :func:`rms_norm_triton` (:func:`fused_add_rms_norm_triton`) return
-    and ``(q [Mp, N] e4m3, scale [Mp, N/128] fp32, column-major)`` is
+    output in one kernel: returns ``(normed, x + residual or None, q, scale)`` where the sum is
+    :func:`fused_add_rms_norm_triton`'s and ``normed`` is :func:`rms_norm_triton`'s
+    (:func:`fused_add_rms_norm_triton`'s) up to the order in which a row's squares are summed
+    (bit for bit where :func:`default_warps` gives both launches one count: ``N ≤ 4096``), and
+    ``(q [Mp, N] e4m3, scale [Mp, N/128] fp32, column-major)`` is
     :func:`~breakgraph.kernels.triton_fp8.act_quant` of ``normed`` (2-D view ``[M, N]``) with
     ``column_major_scale=True`` and ``pad_rows``, bit for bit. Needs :func:`supports_quant`.
     Graph-safe."""
