@@ -240,26 +240,65 @@ def test_a_failed_capture_without_warmup_captures_every_bucket_again_warmed(capl
         assert torch.equal(runner.run(ids, pos), body(ids, pos))
 
 
-def test_prepare_runs_before_each_warmup_only():
-    """``prepare`` (the model runner's compile-ahead dry run) is handed the body at a bucket
-    before each warm-up, and the buckets captured without one never see it."""
+def test_prepare_gets_every_bucket_once_before_the_first_capture():
+    """``prepare`` (the model runner's compile-ahead dry run) is called once, before any
+    capture, with one thunk per bucket, largest first, each running the body on that bucket's
+    static inputs inside its capture context; warm-ups do not call it again."""
     table = torch.randn(32, 8)
-    prepared = []
+    calls, seen, contexts = [], [], []
 
     def body(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        seen.append(ids.shape[0])
         return (table[ids] * 3 - pos[:, None].float()).tanh()
 
-    def prepare(thunk):
-        prepared.append(thunk().shape[0])  # the thunk runs the body at that bucket
+    @contextlib.contextmanager
+    def capture_context(n):
+        contexts.append(n)
+        yield
 
-    runner = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[8, 16, 64],
-                                capture_context=lambda n: contextlib.nullcontext(), prepare=prepare)  # fmt: skip
-    runner.capture(progress=False)
-    assert prepared == [64]
-    every = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[8, 16, 64],
-                               capture_context=lambda n: contextlib.nullcontext(), prepare=prepare, warmup="every")  # fmt: skip
-    every.capture(progress=False)
-    assert prepared == [64, 64, 16, 8]
-    ids, pos = torch.randint(0, 32, (11,)), torch.arange(11)
-    with torch.inference_mode():
-        assert torch.equal(every.run(ids, pos), body(ids, pos))
+    built = {}
+
+    def prepare(*thunks):
+        assert not built["runner"]._graphs, "prepare runs before the first capture"
+        seen.clear(), contexts.clear()
+        calls.append([thunk().shape[0] for thunk in thunks])  # each thunk runs the body at its bucket
+        assert seen == contexts == [64, 16, 8]
+
+    for warmup in ("once", "every"):
+        calls.clear()
+        runner = PrefillGraphRunner(body, backend="breakable", device=torch.device("cpu"), buckets=[8, 16, 64],
+                                    capture_context=capture_context, prepare=prepare, warmup=warmup)  # fmt: skip
+        built["runner"] = runner
+        runner.capture(progress=False)
+        assert calls == [[64, 16, 8]], (warmup, calls)
+        ids, pos = torch.randint(0, 32, (11,)), torch.arange(11)
+        with torch.inference_mode():
+            assert torch.equal(runner.run(ids, pos), body(ids, pos))
+
+
+def test_decode_prepare_gets_every_graph_once_before_the_first_capture(hf_checkpoints, monkeypatch):
+    """The decode runner hands ``prepare`` one thunk per (batch size, length bound), largest
+    first, before any capture; each runs the model on that graph's static batch (a decode batch
+    of its rows), and the graphs captured after it still equal eager."""
+    from breakgraph.engine import model_runner
+    from breakgraph.forward_context import get_forward_batch
+    from breakgraph.models.glm5 import DsaForCausalLM
+
+    folder = hf_checkpoints["glm_moe_dsa"]
+    calls = []
+
+    def prepare(*thunks):
+        calls.append([thunk().shape[0] for thunk in thunks])  # hidden rows: the graph's batch size
+
+    monkeypatch.setattr(model_runner.ModelRunner, "_prepare", property(lambda self: prepare))  # no prefill graphs here
+    monkeypatch.setattr(DsaForCausalLM, "host_length_bounds", lambda self: (24, 500))
+    common = dict(device="cpu", dtype="float32", page_size=4, context_length=96)
+    engine = Engine(folder, cuda_graph_backend_decode="full", cuda_graph_max_bs=4, **common)
+    assert calls == [[4, 4, 2, 2, 1, 1]], calls  # (4, 96), (4, 24), (2, 96), ...
+    with pytest.raises(RuntimeError):
+        get_forward_batch()  # the thunks leave no batch installed
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (10, 30)]
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    want = Engine(folder, **common).generate(prompts, params)
+    assert [c.token_ids for c in engine.generate(prompts, params)] == [c.token_ids for c in want]

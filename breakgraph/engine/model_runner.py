@@ -284,7 +284,7 @@ class ModelRunner:
 
     @property
     def _prepare(self) -> Any:
-        # before a graph warm-up: its kernels compiled ahead, in parallel (during start-up only)
+        # before a ladder's captures: every bucket's kernels compiled ahead, in parallel, in one batch
         from breakgraph import env
 
         ahead = getattr(self, "_ahead", None)

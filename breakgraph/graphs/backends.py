@@ -32,7 +32,8 @@ class GraphSetup:
     a decode graph's static batch points at, and its page-table width; ``length_bounds``:
     shorter sequence lengths to capture decode graphs for as well (see
     :class:`~breakgraph.graphs.decode_runner.DecodeGraphRunner`); ``warmup``: ``once`` or
-    ``every``, and ``prepare``: what runs before a warm-up (see
+    ``every``, and ``prepare``: what runs once before the captures, handed one thunk per
+    bucket (see
     :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner`)."""
 
     model: Any
@@ -44,7 +45,7 @@ class GraphSetup:
     max_pages: int = 0
     length_bounds: tuple[int, ...] = ()
     warmup: str = "once"
-    prepare: Callable[[Callable[[], Any]], None] | None = None
+    prepare: Callable[..., None] | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
@@ -60,13 +61,15 @@ class DecodeGraphRunner:
     ``warmup`` as for :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner` (``once``:
     only the first graph, and any whose capture would compile a kernel, runs eagerly before its
     capture); ``capture_context(bs)``: a context manager entered while the graphs of ``bs`` rows
-    warm up and are captured (what the model's kernels read at launch, such as a launch mode)."""
+    warm up and are captured (what the model's kernels read at launch, such as a launch mode);
+    ``prepare`` as for the prefill runner: called once before the first capture with one thunk
+    per graph, each running the model on that graph's static batch."""
 
     backend = "full"
 
     def __init__(
         self, model: Body, kv_cache: Any, device: torch.device, buckets: list[int], max_pages: int,
-        warmup: str = "once", prepare: Callable[[Callable[[], Any]], None] | None = None,
+        warmup: str = "once", prepare: Callable[..., None] | None = None,
         length_bounds: tuple[int, ...] = (),
         capture_context: Callable[[int], AbstractContextManager[Any]] | None = None,
     ) -> None:  # fmt: skip
@@ -105,6 +108,8 @@ class DecodeGraphRunner:
             self.pool = new_graph_pool(self.device)
 
         keys = [(bs, bound) for bs in sorted(self.buckets, reverse=True) for bound in reversed(self.length_bounds)]
+        if self.prepare is not None:
+            self.prepare(*(functools.partial(self._run_one, key) for key in keys))
         capture_ladder(keys, self._capture_one, restart, warmup=self.warmup, device=self.device,
                        what="decode graph (batch size, longest sequence)", iterate=progress_bar)  # fmt: skip
         self.stats.buckets.sort(key=lambda b: b.tokens)
@@ -113,14 +118,20 @@ class DecodeGraphRunner:
                     self.buckets, " and ".join(map(str, self.length_bounds)), self.stats.capture_s,
                     self.stats.warmup_text())  # fmt: skip
 
+    def _run_one(self, key: tuple[int, int]) -> torch.Tensor:
+        """The model, eagerly, on the static batch of ``key`` (as its capture runs it)."""
+        bs, bound = key
+        batch = self.buffers.batch(bs, self.kv_cache, longest=bound)
+        context = self.capture_context(bs) if self.capture_context is not None else contextlib.nullcontext()
+        with torch.inference_mode(), forward_batch_context(batch), context:
+            return self.model(batch.input_ids, batch.positions)
+
     def _capture_one(self, key: tuple[int, int], warm: bool) -> None:
         t0 = time.perf_counter()
         bs, bound = key
         batch = self.buffers.batch(bs, self.kv_cache, longest=bound)
 
         def warm_up() -> None:
-            if self.prepare is not None:
-                self.prepare(lambda: self.model(batch.input_ids, batch.positions))
             self.model(batch.input_ids, batch.positions)  # kernel compiles cannot happen inside a capture
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)

@@ -14,6 +14,7 @@ every replay and every fallback (with its reason) is counted in its
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import time
 from collections import Counter
@@ -81,9 +82,10 @@ class PrefillGraphRunner:
             compile inside its capture (:mod:`breakgraph.graphs.jit_guard`). ``every``: each
             bucket is warmed up first. Without the guard (no Triton hook) ``once`` acts as ``every``
             on CUDA.
-        prepare: called before each warm-up with a thunk that runs the body at that bucket; may
-            run it once to learn the kernels it launches and compile them ahead, in parallel
-            (the model runner's :meth:`~breakgraph.kernels.precompile.AheadCompiler.run_dry`).
+        prepare: BCG only; called once before the first capture with one thunk per bucket
+            (largest first), each running the body at its bucket; may run them to learn the
+            kernels they launch and compile them all ahead, in parallel (the model runner's
+            :meth:`~breakgraph.kernels.precompile.AheadCompiler.run_dry`).
     The hidden tensor :meth:`run` returns is graph-owned memory, valid until the next run.
     """
 
@@ -98,7 +100,7 @@ class PrefillGraphRunner:
         fold_islands: bool = False,
         max_padding_ratio: float = 2.0,
         warmup: str = "once",
-        prepare: Callable[[Callable[[], Any]], None] | None = None,
+        prepare: Callable[..., None] | None = None,
     ) -> None:
         if backend not in MODES:
             raise ValueError(f"prefill graph backend must be one of {MODES}, got {backend!r}")
@@ -155,6 +157,8 @@ class PrefillGraphRunner:
             self.stats.buckets.clear()
             self.pool = new_graph_pool(self.device)
 
+        if self.prepare is not None and self.backend == "breakable":
+            self.prepare(*(functools.partial(self._run_bucket, n) for n in sorted(self.buckets, reverse=True)))
         capture_ladder(sorted(self.buckets, reverse=True), self._capture_bucket, restart, warmup=self.warmup,
                        device=self.device, what="prefill bucket", iterate=progress_bar,
                        retry=self.backend == "breakable")  # fmt: skip
@@ -187,6 +191,13 @@ class PrefillGraphRunner:
             logger.info("runs eagerly at each replay (breaks: per-batch lengths and pages): %s",
                         "; ".join(f"{name} ×{n}" for name, n in eager.items()))  # fmt: skip
 
+    def _run_bucket(self, n: int) -> torch.Tensor:
+        """The body, eagerly, on bucket ``n``'s static inputs (as its capture runs it)."""
+        ids, pos = self.inputs.tokens(n)
+        self.inputs.load_tokens(ids[:0], pos[:0], n)
+        with torch.inference_mode(), self.capture_context(n):
+            return self.body(ids, pos)
+
     def _capture_bucket(self, n: int, warm: bool) -> None:
         ids, pos = self.inputs.tokens(n)
         self.inputs.load_tokens(ids[:0], pos[:0], n)
@@ -196,8 +207,6 @@ class PrefillGraphRunner:
             if self.backend == "breakable":
 
                 def warm_up() -> None:
-                    if self.prepare is not None:
-                        self.prepare(lambda: self.body(ids, pos))
                     self.body(ids, pos)  # lazy initialisation (kernel compiles) cannot happen inside a capture
                     _sync(self.device)
 

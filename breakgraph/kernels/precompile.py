@@ -207,22 +207,24 @@ class AheadCompiler:
         self.seconds += time.perf_counter() - t0
         return done
 
-    def run_dry(self, thunk: Callable[[], Any]) -> None:
-        """Run ``thunk`` once with every Triton launch that would compile recorded and skipped
-        (:func:`recording`) and new tensors zeroed (:func:`zero_fill`), then compile what it
-        recorded in the workers. ``thunk`` must need no kernel's results on the host (graph-safe
-        code: what it launches depends on shapes and host metadata only). An error in it is
-        logged, and what was recorded before is compiled."""
+    def run_dry(self, *thunks: Callable[[], Any]) -> None:
+        """Run each of ``thunks`` once with every Triton launch that would compile recorded and
+        skipped (:func:`recording`) and new tensors zeroed (:func:`zero_fill`), then compile
+        what they recorded in the workers, in one batch (one wait for the slowest compile, not
+        one per thunk). A thunk must need no kernel's results on the host (graph-safe code:
+        what it launches depends on shapes and host metadata only). An error in one is logged;
+        the others still run, and what was recorded is compiled."""
         if self._pool is None:
             return
         with recording() as records:
             if records is None:
                 return
-            try:
-                with zero_fill():
-                    thunk()
-            except Exception as exc:  # only a head start: the real run that follows decides
-                logger.warning("the dry run for compiling ahead stopped (%s)", exc)
+            for thunk in thunks:
+                try:
+                    with zero_fill():
+                        thunk()
+                except Exception as exc:  # only a head start: the real run that follows decides
+                    logger.warning("a dry run for compiling ahead stopped (%s)", exc)
         self.compile(records)
 
     def close(self) -> None:
