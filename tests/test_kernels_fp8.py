@@ -46,6 +46,60 @@ def interp_setup() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
     interp._patch_lang_tensor = patched
+    faster_interpreter()
+
+
+def faster_interpreter() -> None:
+    """Two shortcuts in Triton 3.6's interpreter that leave what it computes unchanged (run in
+    the subprocess before any kernel launches; a Triton without these internals runs as it is):
+
+    - a ``@triton.jit`` helper's call re-patches ``triton.language`` (``inspect.getmembers``
+      over it, ~2 ms a call, most of some checks' time) although the launch running it has
+      patched the same modules already; the helpers now run on the launch's patches, and a
+      helper seeing a module the launch has not patched (``tl.core`` in ``tl.sort``) patches it;
+    - ``xor_sum`` (``tl.sort``'s compare-and-swap) is reduced one element at a time in Python;
+      it is reduced with ``np.bitwise_xor`` like ``tl.sum`` with ``np.sum`` (XOR of integers:
+      the same bits in any order)."""
+    import inspect
+
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    needed = ("_patch_lang", "_LangPatchScope", "GridExecutor", "ReduceOps")
+    if not all(hasattr(it, name) for name in needed) or getattr(it._patch_lang, "_per_launch", False):
+        return
+    patch_lang, launch, reduce = it._patch_lang, it.GridExecutor.__call__, it.ReduceOps.apply_impl
+    launched: list[set[int]] = []  # per running launch: the language modules it has patched
+
+    def langs(fn) -> set[int]:  # the modules _patch_lang patches for fn
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def patch_once(fn):
+        mine = langs(fn)
+        if launched and mine and mine <= launched[-1]:
+            return it._LangPatchScope()  # nothing to patch, nothing to restore
+        scope = patch_lang(fn)
+        if launched:
+            launched[-1] |= mine
+        return scope
+
+    def run_launch(self, *args, **kwargs):
+        launched.append(set())
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            launched.pop()
+
+    def reduce_xor_in_numpy(self, input):
+        if self.combine_fn == tl.standard._xor_combine:
+            xor = np.bitwise_xor.reduce(input[0].handle.data, axis=self.axis, keepdims=self.keep_dims)
+            return self.to_tensor(xor, input[0].dtype)
+        return reduce(self, input)
+
+    patch_once._per_launch = True
+    it._patch_lang, it.GridExecutor.__call__ = patch_once, run_launch
+    it.ReduceOps.apply_impl = reduce_xor_in_numpy
 
 
 def run_checks(module_name: str) -> dict[str, str]:
