@@ -327,17 +327,19 @@ def check_fused_moe_decode_matches_twin():
 
 def check_fused_moe_decode_tile_variants():
     """Split-K (fp32 split sums, SiLU in the down kernel), wide and narrow tiles, FP8 scales on
-    every weight (the default) or on the activations (``SCALE_X``): one function."""
+    every weight (``SCALE_X`` off: ``BREAKGRAPH_MOE_DEQUANT=scaled``) or on the activations
+    (``SCALE_X``, the default): one function."""
     from breakgraph.kernels.triton_moe import fused_moe_decode
 
     ops = _decode_operands(2, 4, 12, 256, 128, 8, "fp8", True, True)
     want = _decode_twin(*ops)
     x, w13, w2, tw, ids, s13, s2, shared, res = ops
+    w = {"SCALE_X": False}  # the scales on every weight
     for cfg in (  # down BLOCK_K below, at and above I = 128: a step spans part of a slot or several
-        {"up": {"SPLIT_K": 1, "BLOCK_K": 128, "UNROLL": False}},
-        {"up": {"SPLIT_K": 3, "BLOCK_K": 64, "UNROLL": True}, "down": {"BLOCK_K": 64}},
-        {"up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64, "UNROLL": False}, "down": {"BLOCK_N": 128, "BLOCK_K": 128}},
-        {"up": {"BLOCK_N": 8, "BLOCK_K": 1024}, "down": {"BLOCK_N": 64, "BLOCK_K": 1024}},
+        {"up": {"SPLIT_K": 1, "BLOCK_K": 128, "UNROLL": False, **w}, "down": w},
+        {"up": {"SPLIT_K": 3, "BLOCK_N": 32, "BLOCK_K": 64, "UNROLL": True, **w}, "down": {"BLOCK_N": 64, "BLOCK_K": 64, **w}},
+        {"up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64, "UNROLL": False, **w}, "down": {"BLOCK_N": 128, "BLOCK_K": 128, **w}},
+        {"up": {"BLOCK_N": 8, "BLOCK_K": 1024, **w}, "down": {"BLOCK_N": 64, "BLOCK_K": 1024, **w}},
         {"up": {"SCALE_X": True}, "down": {"SCALE_X": True, "BLOCK_K": 1024}},
         {"up": {"SCALE_X": True, "SPLIT_K": 2}, "down": {"SCALE_X": True, "BLOCK_K": 128}},
     ):
