@@ -337,8 +337,14 @@ def check_fused_moe_decode_tile_variants():
     w = {"SCALE_X": False}  # the scales on every weight
     for cfg in (  # down BLOCK_K below, at and above I = 128: a step spans part of a slot or several
         {"up": {"SPLIT_K": 1, "BLOCK_K": 128, "UNROLL": False, **w}, "down": w},
-        {"up": {"SPLIT_K": 3, "BLOCK_N": 32, "BLOCK_K": 64, "UNROLL": True, **w}, "down": {"BLOCK_N": 64, "BLOCK_K": 64, **w}},
-        {"up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64, "UNROLL": False, **w}, "down": {"BLOCK_N": 128, "BLOCK_K": 128, **w}},
+        {
+            "up": {"SPLIT_K": 3, "BLOCK_N": 32, "BLOCK_K": 64, "UNROLL": True, **w},
+            "down": {"BLOCK_N": 64, "BLOCK_K": 64, **w},
+        },
+        {
+            "up": {"SPLIT_K": 2, "BLOCK_N": 128, "BLOCK_K": 64, "UNROLL": False, **w},
+            "down": {"BLOCK_N": 128, "BLOCK_K": 128, **w},
+        },
         {"up": {"BLOCK_N": 8, "BLOCK_K": 1024, **w}, "down": {"BLOCK_N": 64, "BLOCK_K": 1024, **w}},
         {"up": {"SCALE_X": True}, "down": {"SCALE_X": True, "BLOCK_K": 1024}},
         {"up": {"SCALE_X": True, "SPLIT_K": 2}, "down": {"SCALE_X": True, "BLOCK_K": 128}},
