@@ -62,6 +62,7 @@ import triton.language as tl
 from breakgraph import env
 from breakgraph.kernels.dispatch import num_sms
 from breakgraph.kernels.latent_fp8 import is_fp8_latent
+from breakgraph.kernels.paging import rows_fit_int32
 from breakgraph.kernels.triton_latent_fp8 import load_latent_rows
 
 _LOG2E = 1.4426950408889634
@@ -647,7 +648,7 @@ def _balanced(q, kv_cache, page_table, token_req, positions, page_size, softmax_
         q.stride(0), q.stride(1), kv_cache.stride(0), page_table.stride(0), *common,
         dim - rank, page_size, page_size.bit_length() - 1, softmax_scale * _LOG2E,
         BLOCK_T=block_t, HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=_pow2(dim - rank),
-        POW2_PAGE=pow2_page, ROW32=kv_cache.shape[0] * kv_cache.stride(0) < 2**31, KV_FP8=is_fp8_latent(kv_cache),
+        POW2_PAGE=pow2_page, ROW32=rows_fit_int32(kv_cache), KV_FP8=is_fp8_latent(kv_cache),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )  # fmt: skip
     merge_cols = min(_MERGE_COLS, block_r)

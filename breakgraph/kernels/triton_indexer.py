@@ -16,8 +16,8 @@ Prefill (stacked): the ``BLOCK_T·Hi`` query rows of the block are the columns o
 key block, ``[BLOCK_L, BLOCK_T·Hi]`` in fp32, summed per token by a reshape; pipeline stages (2 for bf16 keys, 3 for FP8)
 let the page-table and key loads run ahead of the dot; a power-of-two page turns each key's
 position → page → row walk into shifts and masks (``PAGE_SHIFT``; a runtime division is an
-emulated call per key layout; with int32 row offsets where the cache allows, 543 → 381 sm_90a
-instructions per key block at the prefill tile and 1229 → 582 at decode, the shifts alone 398 and
+emulated call per key layout; with int32 row offsets where the cache allows, 544 → 383 sm_90a
+instructions per key block at the prefill tile and 1228 → 577 at decode, the shifts alone 400 and
 650, `scripts/bench_kernels_attention.py --aot`; the prefill time did not move
 on the H200 — 2.054 / 2.056 ms at 16K tokens, 527 TFLOP/s of causal work: the tensor cores bound
 it there). Token blocks whose tokens all sit below
@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from breakgraph.kernels.dispatch import num_sms
+from breakgraph.kernels.paging import page_shift, rows_fit_int32
 from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.triton_topk import topk_select_triton
 
@@ -363,8 +364,8 @@ def indexer_scores_triton(
         BLOCK_D=max(32, triton.next_power_of_2(head_dim)), BLOCK_L=block_l or cfg["block_l"],
         FP8=fp8_mode,
         STACKED=use_stacked,
-        PAGE_SHIFT=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1,
-        ROWS_I32=k_cache.shape[0] * k_cache.stride(0) < 2**31,
+        PAGE_SHIFT=page_shift(page_size),
+        ROWS_I32=rows_fit_int32(k_cache),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
         maxnreg=maxnreg or cfg["maxnreg"], **pdl_launch(q.device),
     )  # fmt: skip

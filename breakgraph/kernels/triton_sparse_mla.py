@@ -64,6 +64,7 @@ import triton.language as tl
 from breakgraph.kernels.dispatch import interpreting, num_sms
 from breakgraph.kernels.latent_fp8 import GROUP as LATENT_GROUP
 from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
+from breakgraph.kernels.paging import page_shift, rows_fit_int32
 from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.triton_dense_mla import dense_block as _dense_block
 from breakgraph.kernels.triton_dense_mla import dense_mla_attention_triton
@@ -551,7 +552,7 @@ def lean_supported(kv_cache: torch.Tensor, topk: int, rank: int, dim: int, block
     widths (no column padding), ``topk`` a multiple of the key block and element offsets of the
     cache that fit 32 bits."""
     pow2 = rank == _pow2(rank) and dim - rank == _pow2(dim - rank)
-    return pow2 and topk % block_n == 0 and kv_cache.shape[0] * kv_cache.stride(0) < 2**31
+    return pow2 and topk % block_n == 0 and rows_fit_int32(kv_cache)
 
 
 def supports(
@@ -695,7 +696,7 @@ def sparse_mla_attention_triton(
             topk_pos, page_table, token_req, rows, topk_pos.stride(0), page_table.stride(0), topk, page_size,
             BLOCK=slot_block, FILL=use_lean, num_warps=4, **pdl_launch(q.device),
         )  # fmt: skip
-    shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
+    shift = page_shift(page_size)
     args = (
         q, kv_cache, rows, page_table, token_req, positions if dense_t else token_req, out, ws_o, ws_lse,
         q.stride(0), q.stride(1), kv_cache.stride(0), stride_rows, page_table.stride(0),
