@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -118,40 +118,45 @@ class DecodeGraphRunner:
                     self.buckets, " and ".join(map(str, self.length_bounds)), self.stats.capture_s,
                     self.stats.warmup_text())  # fmt: skip
 
-    def _run_one(self, key: tuple[int, int]) -> torch.Tensor:
-        """The model, eagerly, on the static batch of ``key`` (as its capture runs it)."""
+    @contextlib.contextmanager
+    def _at_graph(self, key: tuple[int, int]) -> Iterator[ForwardBatch]:
+        """The static batch of ``key = (batch size, length bound)``, installed, under inference
+        mode and the capture context of its rows: where its dry run, warm-up and capture run."""
         bs, bound = key
         batch = self.buffers.batch(bs, self.kv_cache, longest=bound)
         context = self.capture_context(bs) if self.capture_context is not None else contextlib.nullcontext()
         with torch.inference_mode(), forward_batch_context(batch), context:
+            yield batch
+
+    def _run_one(self, key: tuple[int, int]) -> torch.Tensor:
+        """The model, eagerly, on the static batch of ``key`` (as its capture runs it)."""
+        with self._at_graph(key) as batch:
             return self.model(batch.input_ids, batch.positions)
 
     def _capture_one(self, key: tuple[int, int], warm: bool) -> None:
         t0 = time.perf_counter()
         bs, bound = key
-        batch = self.buffers.batch(bs, self.kv_cache, longest=bound)
+        with self._at_graph(key) as batch:
 
-        def warm_up() -> None:
-            self.model(batch.input_ids, batch.positions)  # kernel compiles cannot happen inside a capture
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            def warm_up() -> None:
+                self.model(batch.input_ids, batch.positions)  # kernel compiles cannot happen inside a capture
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
 
-        def capture() -> tuple[Segment, torch.Tensor]:
-            capturer = make_capturer(self.device, self.pool)
-            capturer.open()
-            try:
-                capturer.begin(f"decode graph bs={bs} longest={bound}")
+            def capture() -> tuple[Segment, torch.Tensor]:
+                capturer = make_capturer(self.device, self.pool)
+                capturer.open()
                 try:
-                    out = self.model(batch.input_ids, batch.positions)
-                except BaseException:
-                    capturer.abort()
-                    raise
-                return capturer.end("end of capture"), out
-            finally:
-                capturer.close()
+                    capturer.begin(f"decode graph bs={bs} longest={bound}")
+                    try:
+                        out = self.model(batch.input_ids, batch.positions)
+                    except BaseException:
+                        capturer.abort()
+                        raise
+                    return capturer.end("end of capture"), out
+                finally:
+                    capturer.close()
 
-        context = self.capture_context(bs) if self.capture_context is not None else contextlib.nullcontext()
-        with torch.inference_mode(), forward_batch_context(batch), context:
             (segment, out), warmup_s, warmups = warm_then_capture(warm, warm_up, capture, f"decode bs {bs} (≤ {bound})")
         self._graphs[key] = (segment, out, batch)
         self.stats.buckets.append(BucketInfo(bs, time.perf_counter() - t0, 1, 0, 0, None, warmup_s, warmups))

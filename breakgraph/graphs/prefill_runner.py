@@ -14,11 +14,12 @@ every replay and every fallback (with its reason) is counted in its
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -191,19 +192,24 @@ class PrefillGraphRunner:
             logger.info("runs eagerly at each replay (breaks: per-batch lengths and pages): %s",
                         "; ".join(f"{name} ×{n}" for name, n in eager.items()))  # fmt: skip
 
-    def _run_bucket(self, n: int) -> torch.Tensor:
-        """The body, eagerly, on bucket ``n``'s static inputs (as its capture runs it)."""
+    @contextlib.contextmanager
+    def _at_bucket(self, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Bucket ``n``'s static inputs ``(ids, pos)``, loaded, under inference mode and the
+        bucket's capture context: where its dry run, warm-up and capture run the body."""
         ids, pos = self.inputs.tokens(n)
         self.inputs.load_tokens(ids[:0], pos[:0], n)
         with torch.inference_mode(), self.capture_context(n):
+            yield ids, pos
+
+    def _run_bucket(self, n: int) -> torch.Tensor:
+        """The body, eagerly, on bucket ``n``'s static inputs (as its capture runs it)."""
+        with self._at_bucket(n) as (ids, pos):
             return self.body(ids, pos)
 
     def _capture_bucket(self, n: int, warm: bool) -> None:
-        ids, pos = self.inputs.tokens(n)
-        self.inputs.load_tokens(ids[:0], pos[:0], n)
         t0 = time.perf_counter()
         warmup_s, warmups = 0.0, 0
-        with torch.inference_mode(), self.capture_context(n):
+        with self._at_bucket(n) as (ids, pos):
             if self.backend == "breakable":
 
                 def warm_up() -> None:
