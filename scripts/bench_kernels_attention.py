@@ -535,6 +535,7 @@ def run_aot_fp8(a: dict, dense: dict) -> None:
     tiles."""
     from breakgraph.kernels.aot import compile_for_sm90 as aot_report
     from breakgraph.kernels.latent_fp8 import LatentLayout
+    from breakgraph.kernels.paging import page_shift
     from breakgraph.kernels.triton_sparse_mla import (
         COLUMNS_MAXNREG,
         _sparse_mla_fwd_kernel,
@@ -550,7 +551,7 @@ def run_aot_fp8(a: dict, dense: dict) -> None:
         w = mla_cfg(4096, 8, TOPK, cpu, dense=True, kv_fp8=True) | v
         if not w["lean"]:  # the masked gather loop, dequantising the tile
             f = dict(BLOCK_H=16, BLOCK_N=w["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=False,
-                     DENSE_T=dense["block_t"], KV_FP8=True, PAGE_SHIFT=PAGE.bit_length() - 1, LAZY=w["lazy"])  # fmt: skip
+                     DENSE_T=dense["block_t"], KV_FP8=True, PAGE_SHIFT=page_shift(PAGE), LAZY=w["lazy"])  # fmt: skip
             r = aot_report(_sparse_mla_fwd_kernel, a, f, w["num_warps"], w["num_stages"], w["maxnreg"])
             print(f"    fp8 cache {name} {r}")
             continue
@@ -564,6 +565,7 @@ def run_aot_fp8(a: dict, dense: dict) -> None:
 
 def run_aot():
     from breakgraph.kernels.aot import compile_for_sm90 as aot_report
+    from breakgraph.kernels.paging import page_shift
     from breakgraph.kernels.triton_dense_mla import dense_config
     from breakgraph.kernels.triton_indexer import _indexer_scores_kernel
     from breakgraph.kernels.triton_indexer import default_config as idx_cfg
@@ -588,7 +590,7 @@ def run_aot():
         split = cfg["num_splits"] > 1
         consts = dict(BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], BLOCK_R=512, BLOCK_PE=64, SPLIT=split,
                       DENSE_T=0 if split else dense["block_t"], SLOTS=cfg["slots"],
-                      PAGE_SHIFT=PAGE.bit_length() - 1)  # fmt: skip
+                      PAGE_SHIFT=page_shift(PAGE))  # fmt: skip
         if cfg["groups"] == 4:  # the column-group kernel (no register cap)
             g = {k: consts[k] for k in ("BLOCK_H", "BLOCK_N", "BLOCK_R", "BLOCK_PE", "SPLIT", "DENSE_T")}
             g |= dict(LAZY=cfg["lazy"])
@@ -614,7 +616,7 @@ def run_aot():
                     fn, cap = _sparse_mla_groups_kernel, v.get("maxnreg")
                 else:
                     fn, cap = _sparse_mla_fwd_kernel, w["maxnreg"]
-                    lean |= dict(BLOCK_H=16, SLOTS=True, LEAN=w["lean"], PAGE_SHIFT=PAGE.bit_length() - 1)
+                    lean |= dict(BLOCK_H=16, SLOTS=True, LEAN=w["lean"], PAGE_SHIFT=page_shift(PAGE))
                 r = aot_report(fn, a, lean, w["num_warps"], w["num_stages"], cap or None)
                 print(f"    variant {v} {r}")
             run_aot_fp8(a, dense)
@@ -630,18 +632,19 @@ def run_aot():
                 stride_k=IDX_DIM, stride_pt=37, stride_st=4096, num_tokens=num, num_heads=IDX_HEADS,
                 head_dim=IDX_DIM, page_size=PAGE, skip_below=TOPK, scale=0.088,
             )  # fmt: skip
-            for shift in (PAGE.bit_length() - 1, -1):  # as the launch specialises a page of 64; a division
+            # as the launch specialises a page of 64; the shift with 64-bit row offsets; a division
+            for shift, i32 in ((page_shift(PAGE), True), (page_shift(PAGE), False), (-1, False)):
                 consts = dict(BLOCK_T=cfg["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=cfg["block_l"], FP8=fp8,
-                              STACKED=cfg["stacked"], PAGE_SHIFT=shift, ROWS_I32=shift >= 0)  # fmt: skip
+                              STACKED=cfg["stacked"], PAGE_SHIFT=shift, ROWS_I32=i32)  # fmt: skip
                 r = aot_report(_indexer_scores_kernel, a, consts, cfg["num_warps"], cfg["num_stages"], cfg["maxnreg"])
-                print(f"  indexer T={num:<5} B={reqs:<3} fp8={fp8!s:<5} page_shift={shift:<2} {cfg} {r}")
+                print(f"  indexer T={num:<5} B={reqs:<3} fp8={fp8!s:<5} page_shift={shift:<2} rows_i32={i32!s:<5} {cfg} {r}")
     a |= dict(num_tokens=4096)
     for keys, variants in (("bf16", INDEXER_VARIANTS), ("fp8 keys", INDEXER_FP8_VARIANTS)):
         fp8_keys = keys == "fp8 keys"
         k = dict(K="*u8", stride_k=IDX_DIM + 16) if fp8_keys else dict(K="*bf16", stride_k=IDX_DIM)
         for v in variants:
             consts = dict(BLOCK_T=v["block_t"], BLOCK_H=32, BLOCK_D=128, BLOCK_L=v["block_l"], FP8=2 if fp8_keys else 0,
-                          STACKED=True, PAGE_SHIFT=PAGE.bit_length() - 1, ROWS_I32=True)  # fmt: skip
+                          STACKED=True, PAGE_SHIFT=page_shift(PAGE), ROWS_I32=True)  # fmt: skip
             r = aot_report(_indexer_scores_kernel, a | k, consts, v["num_warps"], v["num_stages"], v["maxnreg"])
             print(f"  indexer sweep T=4096 {keys:<8} {_short(v):<34} {r}")
 
