@@ -135,3 +135,64 @@ def test_the_model_runner_compiles_ahead_unless_told_not_to(monkeypatch):
     assert model_runner._ahead_compiler(EngineConfig()) == "pool" and runner._prepare is None, "fp8: no graph dry runs"
     monkeypatch.setattr(precompile, "triton_runtime_knobs", lambda: None)
     assert model_runner._ahead_compiler(EngineConfig()) is None, "no Triton hook: nothing to compile ahead"
+
+
+def test_a_loaded_record_launches_without_a_cache_miss(tmp_path, monkeypatch):
+    """After a dry run's record is compiled and loaded, launching the same specialisation finds
+    it in the process's own kernel cache: the hook a graph capture's guard uses does not fire
+    (before loading it fires, although the kernel is on disk)."""
+    pytest.importorskip("triton")
+    import torch
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    from breakgraph.kernels import aot, triton_norm
+
+    if not aot.tools_available():
+        pytest.skip("this triton has no bundled ptxas")
+    if precompile.triton_runtime_knobs() is None:
+        pytest.skip("this triton has no jit_cache_hook")
+
+    class Sm90:  # stands in for the H200's driver: compiles need no GPU
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(driver, "_active", Sm90())
+    fn = triton_norm._rms_norm_kernel
+    fn.device_caches.clear()
+    m, n = 48, 512
+    x = torch.zeros(m, n, dtype=torch.bfloat16)
+    w = torch.zeros(n, dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+
+    def launch():  # compile (from the caches) without running, as a warm-up does
+        fn.run(x, None, w, out, None, None, None, m, n, n, 0, 0, 0, 1.0 / n, 1e-6, HAS_RESIDUAL=False,
+               QUANT=False, GROUP=128, BLOCK=512, INTERP=False, num_warps=4, PDL=False, grid=(m,), warmup=True)  # fmt: skip
+
+    misses: list[str] = []
+    try:
+        with precompile.recording() as records:
+            launch()
+        assert len(records) == 1
+        precompile.compile_record(records[0], ("cuda", 90, 32))
+        with monkeypatch.context() as patch:
+            patch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: misses.append(kw["fn"].name))
+            launch()
+        assert misses == ["_rms_norm_kernel"], "compiled to disk only: the process's cache still misses"
+        fn.device_caches.clear()
+        misses.clear()
+        assert precompile.load_record(records[0])
+        with monkeypatch.context() as patch:
+            patch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: misses.append(kw["fn"].name))
+            launch()
+        assert misses == [], "loaded: the launch must find it in the process's cache"
+    finally:
+        fn.device_caches.clear()

@@ -12,7 +12,9 @@ graph runner's warm-up before a capture — can instead
    its buffers;
 2. compile the records in parallel processes (:class:`AheadCompiler`) into Triton's on-disk
    cache (the workers inherit ``TRITON_CACHE_DIR`` and the rest of the environment);
-3. run for real: each compile is now a read of that cache.
+3. load them into the process (:func:`load_record`, after a dry run): the real run's launches
+   then find them in the process's own kernel cache, so a graph capture that follows needs no
+   warm-up for them (otherwise each is a read of the disk cache at its first launch).
 
 A record a worker fails on, or compiles under another cache key, costs only its compile at the
 launch, as without this module.
@@ -85,6 +87,32 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
+def _jit_function(module: str, name: str) -> Any:
+    """The ``@triton.jit`` function a record names."""
+    fn: Any = importlib.import_module(module)
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
+def load_record(record: Record) -> bool:
+    """Put one compiled record into this process's kernel cache (Triton's ``preload``: a read
+    of the on-disk cache, or a compile where it misses) and load its module on the current GPU,
+    as its first launch would. Without this a launch finds the kernel on disk only after a
+    miss in the process's own cache — which a graph capture's guard takes for a compile.
+    Returns whether it loaded; a failure leaves the kernel to its first launch."""
+    try:
+        kernel = _jit_function(record[0], record[1]).preload(record[2])
+    except Exception as exc:  # a record this Triton cannot load: only a head start
+        logger.debug("Triton kernel %s not loaded ahead (%s)", record[1], exc)
+        return False
+    try:
+        kernel._init_handles()  # the module on the GPU and its launcher now, not at the first launch
+    except Exception as exc:  # private API; the first launch does it then
+        logger.debug("Triton kernel %s cached but its module not loaded ahead (%s)", record[1], exc)
+    return True
+
+
 def compile_record(record: Record, target: tuple) -> None:
     """Compile one record for ``target`` (``(backend, arch, warp_size)``, the GPU's
     ``triton.backends.compiler.GPUTarget``) into Triton's on-disk cache, as the launch in the
@@ -96,9 +124,7 @@ def compile_record(record: Record, target: tuple) -> None:
     from triton.compiler import ASTSource
 
     module, name, data = record
-    fn: Any = importlib.import_module(module)
-    for part in name.split("."):
-        fn = getattr(fn, part)
+    fn = _jit_function(module, name)
     spec = json.loads(data)
 
     def constant(value: Any) -> Any:
@@ -175,7 +201,7 @@ class AheadCompiler:
     def __init__(self, workers: int, target: tuple | None = None) -> None:
         self.workers = workers
         self.target = target  # (backend, arch, warp size); None: this process's GPU
-        self.recorded = self.compiled = 0
+        self.recorded = self.compiled = self.loaded = 0
         self.seconds = 0.0
         self._pool: ProcessPoolExecutor | None = None
         try:
@@ -226,6 +252,9 @@ class AheadCompiler:
                 except Exception as exc:  # only a head start: the real run that follows decides
                     logger.warning("a dry run for compiling ahead stopped (%s)", exc)
         self.compile(records)
+        t0 = time.perf_counter()
+        self.loaded += sum(load_record(r) for r in records)
+        self.seconds += time.perf_counter() - t0
 
     def close(self) -> None:
         """Stop the workers and log what they compiled."""
@@ -233,8 +262,8 @@ class AheadCompiler:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
         if self.recorded:
-            logger.info("Triton: %d of %d kernel specialisations compiled ahead in %d processes (%.1fs waited for them)",
-                        self.compiled, self.recorded, self.workers, self.seconds)  # fmt: skip
+            logger.info("Triton: %d of %d kernel specialisations compiled ahead in %d processes, %d loaded (%.1fs "
+                        "waited for them)", self.compiled, self.recorded, self.workers, self.loaded, self.seconds)  # fmt: skip
 
 
 def default_workers(share: int = 1) -> int:
