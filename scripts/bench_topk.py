@@ -1,7 +1,7 @@
 """Sweep of the DSA top-k select (``breakgraph/kernels/triton_topk.py``, K = 2048) on one GPU.
 
 Every variant runs on every shape, is checked against the exact top-k set (ties to the lower
-position, ascending positions, ``-1`` after short rows) and timed with CUDA-graph replay:
+position, each position once, ``-1`` after short rows) and timed with CUDA-graph replay:
 
 * ``prefill 8k`` / ``prefill 16k``: all rows of one prefill (row ``t`` has ``t + 1`` keys),
   scored by the indexer kernel on random GLM-5-shaped queries and keys (rows below K unscored,

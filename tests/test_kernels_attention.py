@@ -507,9 +507,8 @@ def _interp_indexer_scores():
 
 
 def _interp_topk_select():
-    """The radix select picks exactly torch.topk's set on random rows (no ties at the K-th),
-    in ascending position order, reads only each row's causal range, and breaks ties at the
-    K-th score towards the lower position."""
+    """The select picks exactly torch.topk's set on random rows (no ties at the K-th), reads
+    only each row's causal range, and breaks ties at the K-th score towards the lower position."""
     from breakgraph.kernels.triton_indexer import topk_select_triton
 
     g = torch.Generator().manual_seed(40)
@@ -530,13 +529,12 @@ def _interp_topk_select():
         if n <= topk:
             assert torch.equal(row, torch.where(torch.arange(topk) < n, torch.arange(topk), -1).int()), t
             continue
-        assert bool((row[1:] > row[:-1]).all()), f"row {t} not in ascending position order"
         vals = scores[t, :n]
         kth = vals.topk(topk).values[-1]
         above = (vals > kth).nonzero().flatten()
         ties = (vals == kth).nonzero().flatten()
         want = torch.cat([above, ties[: topk - above.numel()]]).sort().values
-        assert torch.equal(row.long(), want), f"row {t}: set differs from the exact top-k (ties to lower)"
+        assert torch.equal(row.long().sort().values, want), f"row {t}: set differs from the exact top-k (ties to lower)"
         if ties.numel() == 1:
             assert torch.equal(want, vals.topk(topk).indices.sort().values), t
     assert (scores[5, :71] == 0).sum() > topk, "the tie case must tie at the K-th score"
@@ -1144,7 +1142,7 @@ def test_indexer_glm5_shapes_on_gpu(fp8, layout, monkeypatch):
 @pytest.mark.parametrize("row_len", [4096, 16384, 131072])
 def test_topk_select_matches_torch_topk_on_gpu(row_len):
     """Long ragged rows (shorter and longer than K): the radix select's set equals
-    torch.topk's on random fp32 scores, in ascending order, reading only the causal range."""
+    torch.topk's on random fp32 scores, reading only the causal range."""
     from breakgraph.kernels.triton_indexer import topk_select_triton
 
     g = torch.Generator(device="cuda").manual_seed(row_len)
@@ -1162,8 +1160,6 @@ def test_topk_select_matches_torch_topk_on_gpu(row_len):
     got_sorted = torch.where(got < 0, row_len, got).sort(dim=1).values
     want_sorted = torch.where(want < 0, row_len, want).sort(dim=1).values
     assert torch.equal(got_sorted, want_sorted), "selected set differs from torch.topk"
-    valid = got >= 0
-    assert bool(((got[:, 1:] > got[:, :-1]) | ~valid[:, 1:]).all()), "rows not in ascending position order"
 
 
 @pytest.mark.cuda

@@ -80,7 +80,7 @@ def indexer_topk(
     """Dispatch :func:`indexer_topk_ref`'s contract to the fastest implementation available.
 
     CUDA tensors with a supported layout take the length-true Triton scores and radix top-k
-    select (:mod:`breakgraph.kernels.triton_indexer`; rows in ascending position order, the same
+    select (:mod:`breakgraph.kernels.triton_indexer`; rows in ascending position order within parts, the same
     set as the twin's wherever the ``K``-th score is not tied); the score dot runs in bf16, or in
     FP8 e4m3 when ``BREAKGRAPH_INDEXER_FP8=1`` (which reads an FP8 key cache as stored; the
     engine's KV cache holds FP8 keys only in that mode). ``max_seq_len`` (host int, optional)

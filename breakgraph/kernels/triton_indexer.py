@@ -30,7 +30,7 @@ against that request's keys (the others return at once), so a straddling block c
 separate code path. Decode-like batches use ``BLOCK_T = 1``.
 
 Selection: :func:`~breakgraph.kernels.triton_topk.topk_select_triton` (exact select over each
-row's causal range, ties to the lower position, positions in ascending order; its method by the
+row's causal range, ties to the lower position, positions ascending within parts; its method by the
 chunk's shape: one program per row, or several per row for few long rows).
 
 Numerics. bf16 path (default): bf16 operands, fp32 accumulate — the products are exact, so
@@ -388,21 +388,24 @@ def indexer_topk_triton(
     *,
     max_seq_len: int | None = None,
     fp8: bool = False,
+    score_buffer_elems: int = 0,
     **kernel_opts,
 ) -> None:
-    """:func:`~breakgraph.kernels.indexer.indexer_topk_ref`'s contract (set-wise: rows come in
-    ascending position order) with the length-true kernels of this module.
+    """:func:`~breakgraph.kernels.indexer.indexer_topk_ref`'s contract (set-wise: a row's
+    positions come in ascending order within the select's parts, not the twin's order) with
+    the length-true kernels of this module.
 
     ``max_seq_len`` (host int, default the page table's width) bounds every token's
     ``position + 1``: the score buffer is that wide, and query tokens go in chunks so it stays
-    under ``SCORE_BUFFER_ELEMS``. Static shapes only, no host syncs.
+    under ``score_buffer_elems`` fp32 values (default ``SCORE_BUFFER_ELEMS``). Static shapes
+    only, no host syncs.
     """
     num_tokens, topk = topk_out.shape
     width = page_table.shape[1] * page_size
     row_len = min(max_seq_len or width, width)
     if num_tokens == 0:
         return
-    chunk = max(1, min(num_tokens, SCORE_BUFFER_ELEMS // max(1, row_len)))
+    chunk = max(1, min(num_tokens, (score_buffer_elems or SCORE_BUFFER_ELEMS) // max(1, row_len)))
     scores = torch.empty(chunk, row_len, dtype=torch.float32, device=q.device)
     for start in range(0, num_tokens, chunk):
         end = min(start + chunk, num_tokens)

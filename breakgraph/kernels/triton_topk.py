@@ -3,12 +3,13 @@ twin: ``torch.topk`` over each row's causal range, ties to the lower position).
 
 Every method uses only the row's causal range ``0…pos`` (rows whose width is a multiple of 4
 are read in 16-byte vectors, up to 3 keys past ``pos``, which are masked). A row with ``n = pos
-+ 1 ≤ K`` keys selects ``0…pos`` then ``-1``. A longer row gets the exact ``K``-th largest
-order key (fp32 → uint32, order-preserving, ``-0.0`` as ``+0.0``), then one write pass stores,
-in ascending position order, every position with a larger key and the lowest-positioned ones
-equal to it (ties go to the lower position: deterministic). The set equals ``torch.topk``'s
-wherever the ``K``-th score is not tied; the order is by position, not by score (attention does
-not care). Graph-safe: grids and scratch come from shapes, no host syncs.
++ 1 ≤ K`` keys selects ``0…pos`` then ``-1``. A longer row selects every position whose score
+is above the exact ``K``-th largest order key (fp32 → uint32, order-preserving, ``-0.0`` as
+``+0.0``) and the lowest-positioned ones equal to it (ties go to the lower position:
+deterministic). The set equals ``torch.topk``'s wherever the ``K``-th score is not tied. The
+order is by position within parts, not by score (attention does not care): ascending, except
+that the range select writes the keys above its threshold bin first and the bin's selected keys
+after them, each part ascending. Graph-safe: grids and scratch come from shapes, no host syncs.
 
 Methods (:func:`topk_select_triton`):
 
@@ -16,12 +17,13 @@ Methods (:func:`topk_select_triton`):
   the value-range bins ``⌊(x − min) · BINS / (max − min)⌋`` (monotone in ``x``); the bin holding
   the ``K``-th key is the *threshold bin*, every key above it is selected. A threshold bin of
   more than ``K`` keys is split again by a second value-range histogram of its keys. If it
-  then holds at most ``K`` keys (usually a few hundred), a pass lists their positions in the
-  output row, and the exact threshold comes from the list alone: one sort of its keys in
-  registers (lists up to ``list_sort`` keys), else a radix select over it. Otherwise (a
-  constant row, a range past fp32's, outliers that squeeze the rest into one bin twice) a
-  radix select over the whole row does. Four passes over the row instead of the radix
-  method's five, one of them a histogram.
+  then holds at most ``K`` keys (usually a few hundred), one pass writes the positions above
+  it to the output row and lists the bin's positions in a scratch row (``[T, K]`` int32), the
+  exact threshold comes from the list alone (one sort of its keys in registers for lists up to
+  ``list_sort`` keys, else a radix select over it), and the list's selected positions are
+  appended. Otherwise (a constant row, a range past fp32's, outliers that squeeze the rest
+  into one bin twice) a radix select over the whole row and a write pass do. Three passes over
+  the row instead of the radix method's five, one of them a histogram.
 * ``split`` (few long rows; decode, extend): the same steps with the passes over the row split
   across ``splits`` programs per row (min/max, histograms summed with integer atomics, list);
   one program per row then finishes from the list and writes.
@@ -326,6 +328,72 @@ def _sort_threshold(row, idx, n, need, SIZE: tl.constexpr, PART: tl.constexpr):
 
 
 @triton.jit
+def _list_threshold(row, idx, num_cand, need, VEC: tl.constexpr, LIST_SORT: tl.constexpr):
+    """:func:`_radix_threshold`'s result for the ``num_cand`` scores ``row[idx[0…num_cand)]``
+    (``need`` of them taken): one sort in registers for lists up to ``LIST_SORT`` keys, else the
+    radix select over the list."""
+    if num_cand <= LIST_SORT // 4:
+        key, take_eq, num_eq = _sort_threshold(row, idx, num_cand, need, LIST_SORT, 4)
+    elif num_cand <= LIST_SORT // 2:
+        key, take_eq, num_eq = _sort_threshold(row, idx, num_cand, need, LIST_SORT, 2)
+    elif num_cand <= LIST_SORT:
+        key, take_eq, num_eq = _sort_threshold(row, idx, num_cand, need, LIST_SORT, 1)
+    else:
+        kmin, kmax = _list_bounds(row, idx, num_cand, LIST_BLOCK)
+        key, take_eq, num_eq = _radix_threshold(row, idx, num_cand, need, kmin, kmax, True, LIST_BLOCK, VEC, True)
+    return key, take_eq, num_eq
+
+
+@triton.jit
+def _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, BINS: tl.constexpr,
+                          BLOCK: tl.constexpr, VEC: tl.constexpr, TWO: tl.constexpr):  # fmt: skip
+    """One pass over ``row[0…n)``: the positions above the threshold bin (:func:`_in_cut`'s bin;
+    every one of them is selected) to ``out`` and those in it (the candidates) to ``cand``,
+    each in ascending position order."""
+    written = 0
+    listed = 0
+    for b in range(0, n, BLOCK):
+        offs = _block(b, BLOCK, 4)
+        x = _load_row(row, offs, n, VEC)
+        valid = offs < n
+        bin1 = _range_bin(x, lo, scale, BINS)
+        if TWO:
+            bin2 = _range_bin(x, lo2, scale2, BINS)
+            above = valid & ((bin1 > cut) | ((bin1 == cut) & (bin2 > cut2)))
+            inside = valid & (bin1 == cut) & (bin2 == cut2)
+        else:
+            above = valid & (bin1 > cut)
+            inside = valid & (bin1 == cut)
+        slot, count = _rank(above.to(tl.int32), 4)
+        tl.store(out + written + slot, offs, mask=above)
+        written += count
+        slot, count = _rank(inside.to(tl.int32), 4)
+        tl.store(cand + listed + slot, offs, mask=inside)
+        listed += count
+
+
+@triton.jit
+def _write_listed(row, cand, num_cand, out, key, take_eq, num_eq):
+    """Append to ``out``, in the list's (ascending position) order, the candidates
+    ``cand[0…num_cand)`` whose order key is above ``key`` and the first ``take_eq`` of the
+    ``num_eq`` equal to it."""
+    written = 0
+    equal_seen = 0
+    for b in range(0, num_cand, LIST_BLOCK):
+        offs = b + tl.arange(0, LIST_BLOCK)
+        valid = offs < num_cand
+        pos = tl.load(cand + offs, mask=valid, other=0)
+        u = _order_key(tl.load(row + pos, mask=valid, other=0.0))
+        eq = (valid & (u == key)).to(tl.int32)
+        eq_rank, eq_count = _rank(eq, 1)
+        take = (valid & (u > key)) | ((eq == 1) & (equal_seen + eq_rank < take_eq))
+        slot, count = _rank(take.to(tl.int32), 1)
+        tl.store(out + written + slot, pos, mask=take)
+        written += count
+        equal_seen += eq_count
+
+
+@triton.jit
 def _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK: tl.constexpr, VEC: tl.constexpr,
             LIST_SORT: tl.constexpr):  # fmt: skip
     """The select's last steps for a row of ``n > topk`` keys with scores in ``[lo, hi]``: the
@@ -334,16 +402,7 @@ def _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK: tl.constex
     else from the whole row; then the write pass."""
     if listed:
         tl.debug_barrier()  # the list was written by other threads
-        if num_cand <= LIST_SORT // 4:
-            key, take_eq, num_eq = _sort_threshold(row, out, num_cand, need, LIST_SORT, 4)
-        elif num_cand <= LIST_SORT // 2:
-            key, take_eq, num_eq = _sort_threshold(row, out, num_cand, need, LIST_SORT, 2)
-        elif num_cand <= LIST_SORT:
-            key, take_eq, num_eq = _sort_threshold(row, out, num_cand, need, LIST_SORT, 1)
-        else:
-            kmin, kmax = _list_bounds(row, out, num_cand, LIST_BLOCK)
-            key, take_eq, num_eq = _radix_threshold(row, out, num_cand, need, kmin, kmax, True, LIST_BLOCK, VEC,
-                                                    True)  # fmt: skip
+        key, take_eq, num_eq = _list_threshold(row, out, num_cand, need, VEC, LIST_SORT)
         tl.debug_barrier()  # read before the write pass overwrites it
     else:
         kmin = _order_key(lo)
@@ -365,8 +424,10 @@ def _range_select_kernel(
     SCORES,
     POSITIONS,
     OUT,
+    CAND,
     stride_st,
     stride_ot,
+    stride_ct,
     topk,
     BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -376,8 +437,10 @@ def _range_select_kernel(
     PDL: tl.constexpr = False,
 ):
     """The range select, one program per row: min/max pass, histogram pass (and a second one
-    over a crowded threshold bin), candidate list pass, the threshold from the list, write pass.
-    Programs take the rows last to first: a prefill's longest rows start first."""
+    over a crowded threshold bin), one pass writing the keys above the threshold bin to ``OUT``
+    and listing the bin's keys in ``CAND`` (scratch ``[T, K]``), the threshold from the list,
+    the list's selected keys appended. Programs take the rows last to first: a prefill's longest
+    rows start first."""
     pdl_wait(PDL)
     t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -396,17 +459,17 @@ def _range_select_kernel(
             cut2, need, num_cand = _cut(hist2, need, BINS)
         else:
             scale2 = 0.0
-        listed = ranged & (num_cand <= topk)
-        if listed:
+        if ranged & (num_cand <= topk):  # the keys above the threshold bin, and the bin's listed
+            cand = CAND + t * stride_ct
             if scale2 == 0.0:
-                _list_candidates(
-                    row, out, 0, n, lo, scale, cut, lo2, scale2, cut2, 0, topk, BINS, BLOCK, VEC, False
-                )
+                _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, BINS, BLOCK, VEC, False)
             else:
-                _list_candidates(
-                    row, out, 0, n, lo, scale, cut, lo2, scale2, cut2, 0, topk, BINS, BLOCK, VEC, True
-                )
-        _finish(row, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
+                _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, BINS, BLOCK, VEC, True)
+            tl.debug_barrier()  # the list was written by other threads
+            key, take_eq, num_eq = _list_threshold(row, cand, num_cand, need, VEC, LIST_SORT)
+            _write_listed(row, cand, num_cand, out + (topk - need), key, take_eq, num_eq)
+        else:
+            _finish(row, out, n, topk, False, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
 
 
 # The split select: SPLITS programs per row for the passes over the row, one for the rest.
@@ -565,8 +628,9 @@ def topk_select_triton(
     num_warps: int = 4,
 ) -> None:
     """Causal top-k of each row: ``topk_out[t]`` (int32 ``[T, K]``) gets the ``K`` positions
-    ``j ≤ positions[t]`` with the largest ``scores[t, j]`` in ascending position order (ties to
-    the lower position), or ``0…positions[t]`` then ``-1`` when the row has at most ``K`` keys.
+    ``j ≤ positions[t]`` with the largest ``scores[t, j]`` (ties to the lower position; in
+    ascending position order within the parts of the module docstring), or ``0…positions[t]``
+    then ``-1`` when the row has at most ``K`` keys.
     Reads ``scores[t, :positions[t] + 1]`` only. Graph-safe (the choice below and the grid
     depend on shapes only).
 
@@ -600,9 +664,10 @@ def topk_select_triton(
             **pdl,
         )
     elif method == "range":
+        cand = torch.empty(num_tokens, topk, dtype=torch.int32, device=scores.device)
         _range_select_kernel[(num_tokens,)](
-            scores, positions, topk_out, *strides, topk, BLOCK=block or 1024, BLOCK_K=block_k, BINS=bins, VEC=vec,
-            LIST_SORT=list_sort, num_warps=num_warps, **pdl,
+            scores, positions, topk_out, cand, *strides, cand.stride(0), topk, BLOCK=block or 1024, BLOCK_K=block_k,
+            BINS=bins, VEC=vec, LIST_SORT=list_sort, num_warps=num_warps, **pdl,
         )  # fmt: skip
     else:
         block = block or 2048
