@@ -318,7 +318,9 @@ def test_select_on_indexer_scores_with_cached_prefixes_on_gpu(name):
     assert torch.equal(canonical(got), exact_topk(scores, pos, TOPK)), "select differs from the exact top-k"
     engine = torch.full_like(got, -7)
     indexer_topk_triton(q, w, kc, *args, engine)
-    assert torch.equal(engine, got), (
+    # as sets: the engine's call goes in chunks of the score buffer, and a short last chunk of
+    # long rows takes the split select, whose rows are in plain ascending order
+    assert torch.equal(canonical(engine), canonical(got)), (
         "the engine's call selects differently from the select on the same scores"
     )
 

@@ -117,7 +117,9 @@ def compile_record(record: Record, target: tuple) -> None:
     """Compile one record for ``target`` (``(backend, arch, warp_size)``, the GPU's
     ``triton.backends.compiler.GPUTarget``) into Triton's on-disk cache, as the launch in the
     recording process would have (the same source, signature, constants, attributes and
-    options, hence the same cache key). Needs no GPU."""
+    options, hence the same cache key), and, where this process has the GPU's driver, build the
+    kernel's launcher into that cache as well (:func:`load_record` then only loads it). The
+    compile needs no GPU."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -138,7 +140,11 @@ def compile_record(record: Record, target: tuple) -> None:
     attrs = {tuple(k): v for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])}
     signature = {k: _tuples(v) for k, v in spec["signature"].items()}
     options = {k: _tuples(v) for k, v in spec["options"].items()}
-    triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(*target), options=options)
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(*target), options=options)
+    try:  # its launcher too (a C module built per signature, cached on disk like the kernel)
+        triton.runtime.driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # no GPU driver here: the process that loads the kernel builds it
+        pass
 
 
 def _compile_in_worker(record: Record, target: tuple) -> bool:
