@@ -98,6 +98,7 @@ def _variants() -> list[dict]:
         dict(method="range"), dict(method="range", block=64, bins=16, list_sort=8), dict(method="range", block=32,
         bins=64, num_warps=2), dict(method="split"), dict(method="split", block=32, bins=16, splits=4, list_sort=8),
         dict(method="split", block=16, bins=64, splits=16), dict(method="radix"), dict(method="radix", block=64),
+        dict(method="sample", sample=16), dict(method="sample", sample=16, block=32, bins=16, list_sort=8),
     ]  # fmt: skip
 
 
@@ -139,6 +140,44 @@ def select_ways(scores: torch.Tensor, positions: torch.Tensor, topk: int, bins: 
     return ways
 
 
+def sample_ways(scores: torch.Tensor, positions: torch.Tensor, topk: int, sample: int) -> list[tuple[int, str, int]]:
+    """Per row longer than ``topk``: (row, ``"bracket"`` where the sampled select's bracket
+    holds, else ``"range"``, the bracket's upper order key), computed as the kernel computes it
+    (fp32)."""
+
+    def key(x):  # the kernel's order key, as int64
+        b = x.float().where(x != 0, torch.zeros_like(x)).view(torch.int32).long() & 0xFFFFFFFF
+        return torch.where(b >> 31 == 1, b ^ 0xFFFFFFFF, b | 0x80000000)
+
+    ways = []
+    run = sample // 8
+    for t, p in enumerate(positions.tolist()):
+        n = p + 1
+        if n <= topk:
+            continue
+        starts = [i * (n - run) // 7 for i in range(8)]
+        srt = key(torch.cat([scores[t, s : s + run] for s in starts])).sort().values
+        frac = torch.tensor(topk, dtype=torch.float32) / torch.tensor(n, dtype=torch.float32)
+        expect = sample * frac
+        spread = 3.0 * torch.sqrt(expect * (1.0 - frac)) + 2.0
+        k_hi, k_lo = int(torch.floor(expect - spread)), int(torch.ceil(expect + spread))
+        hi = int(srt[sample - 1 - k_hi]) if k_hi >= 0 else 0xFFFFFFFF
+        lo = int(srt[sample - 1 - k_lo]) if k_lo <= sample - 1 else 0
+        u = key(scores[t, :n])
+        num_hi, num_lo = int((u > hi).sum()), int((u > lo).sum())
+        ways.append((t, "bracket" if num_hi < topk <= num_lo and num_lo - num_hi <= topk else "range", hi))
+    return ways
+
+
+def bracket_layout(row: torch.Tensor, scores: torch.Tensor, hi: int) -> torch.Tensor:
+    """The sampled select's row when its bracket holds: the positions with an order key above
+    ``hi`` ascending, then the rest of the selection ascending (``row``: the selection)."""
+    b = scores[row.long()].float()
+    b = b.where(b != 0, torch.zeros_like(b)).view(torch.int32).long() & 0xFFFFFFFF
+    u = torch.where(b >> 31 == 1, b ^ 0xFFFFFFFF, b | 0x80000000)
+    return torch.cat([row[u > hi].sort().values, row[u <= hi].sort().values])
+
+
 def _interp_select_variants():
     from test_kernels_attention import _install_interpreter_fixes
 
@@ -156,11 +195,17 @@ def _interp_select_variants():
         assert {"list", "list2", "radix"} <= {w for w, _ in ways}, (
             f"{bins} bins: rows must take every way: {ways}"
         )
+    ways = sample_ways(scores, pos, topk, 16)
+    assert {"bracket", "range"} <= {w for _, w, _ in ways}, f"rows must take both sampled ways: {ways}"
     listed = [num for w, num in select_ways(scores, pos, topk, 16) if w != "radix"]
     assert min(listed) <= 2 and max(listed) > 8, f"lists must span the sorts and the radix finish: {listed}"
     for opts in _variants():
         got = torch.full((pos.shape[0], topk), -7, dtype=torch.int32)
         topk_select_triton(poisoned, pos, got, **opts)
+        if opts["method"] == "sample":  # the bracket rows in the bracket's layout: that way was taken
+            for t, way, hi in ways:
+                if way == "bracket":
+                    assert torch.equal(got[t], bracket_layout(want[t], scores[t], hi)), (opts, t)
         got = canonical(got)
         bad = [t for t in range(pos.shape[0]) if not torch.equal(got[t], want[t])]
         assert not bad, f"{opts}: rows {bad} differ from the exact top-k (ties to the lower position)"
@@ -189,6 +234,8 @@ def _sm90_compiles() -> dict:
         "radix": (tk._topk_select_kernel, dict(row, OUT="*i32", stride_ot=TOPK), dict(BLOCK=512, BLOCK_K=1024)),
         "range": (tk._range_select_kernel, dict(row, OUT="*i32", CAND="*i32", stride_ot=TOPK, stride_ct=TOPK),
                   dict(BLOCK=1024, BLOCK_K=1024, BINS=128, VEC=4, LIST_SORT=1024)),
+        "sample": (tk._sample_select_kernel, dict(row, OUT="*i32", CAND="*i32", stride_ot=TOPK, stride_ct=TOPK),
+                   dict(BLOCK=1024, BLOCK_K=1024, BINS=128, VEC=4, LIST_SORT=1024, SAMPLE=1024, SEGMENTS=8)),
         "split span": (tk._split_span_kernel, dict(row, SPAN="*fp32"), part),
         "split hist": (tk._split_hist_kernel, dict(row, SPAN="*fp32", HIST="*i32"), dict(part, BINS=128)),
         "split refine": (tk._split_refine_kernel, dict(row, SPAN="*fp32", HIST="*i32"), dict(part, BINS=128)),
@@ -225,6 +272,8 @@ GPU_VARIANTS = {
     "split": dict(method="split"),
     "split 64 parts": dict(method="split", splits=64),
     "radix": dict(method="radix"),
+    "sample": dict(method="sample"),
+    "sample 512": dict(method="sample", sample=512),
 }
 
 

@@ -39,10 +39,10 @@ def _specialise(name: str, value: Any, constexprs: dict) -> tuple[str, bool]:
     return value, value.startswith("*") or (value == "i32" and (aligned or name in ("K", "N", "UP_OFF")))
 
 
-def _largest_loop(sass: str) -> list[str]:
-    """The instructions (``OPCODE.MODIFIERS operands``) of the largest backward-branch range of a
-    SASS listing: a kernel's main loop body (empty without a loop)."""
-    insts, best = [], (0, 0)
+def _loops(sass: str) -> tuple[list[tuple[str, ...]], list[str]]:
+    """(every backward-branch range of a SASS listing as the tuple of its instructions
+    (``OPCODE.MODIFIERS operands``), in program order; all the instructions)."""
+    insts, loops = [], []
     for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass):
         addr = int(m.group(1), 16)
         insts.append((addr, m.group(2).strip()))
@@ -50,9 +50,14 @@ def _largest_loop(sass: str) -> list[str]:
         if target and int(target.group(1), 16) < addr:
             lo = int(target.group(1), 16)
             first = next(i for i, (a, _) in enumerate(insts) if a >= lo)
-            if len(insts) - first > best[1] - best[0]:
-                best = (first, len(insts))
-    return [text for _, text in insts[best[0] : best[1]]]
+            loops.append(tuple(text for _, text in insts[first:]))
+    return loops, [text for _, text in insts]
+
+
+def _largest_loop(sass: str) -> list[str]:
+    """The instructions of the largest backward-branch range of a SASS listing: a kernel's main
+    loop body (empty without a loop)."""
+    return list(max(_loops(sass)[0], key=len, default=()))
 
 
 # Shared-memory instructions of sm_90 SASS: loads (``LDSM``: ldmatrix), stores, the asynchronous
@@ -99,11 +104,12 @@ def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
     """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
-    "async_copies", "async_copies_16B", "loop_insts", "loop_ops", "loop_shared", "ops", "narrow_stores",
+    "async_copies", "async_copies_16B", "loop_insts", "loop_sizes", "loop_ops", "loop_shared", "ops", "narrow_stores",
     "vector_loads", "mma_loop_insts", "mma_loop_spills", "before_gdc_wait"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
     ``async_copies_16B`` those of them that move 16 bytes per thread;
-    ``loop_insts``: the instructions per trip of its largest loop, per warp, ``loop_ops`` their
+    ``loop_insts``: the instructions per trip of its largest loop, per warp (``loop_sizes``: of
+    every loop, in program order), ``loop_ops`` their
     opcodes with counts (``{"HGMMA.64x16x16.F32.BF16": 16, ...}``), ``ops`` those of the whole
     kernel; ``loop_shared``: the loop's shared-memory instructions by opcode (``LDS``, ``LDSM``,
     ``STS``, ``LDGSTS``); ``narrow_stores``:
@@ -163,6 +169,7 @@ def compile_for_sm90(
         "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
         "async_copies_16B": len(re.findall(r"\bLDGSTS(?:\.\w+)*\.128\b", sass)),
         "loop_insts": len(loop),
+        "loop_sizes": [len(body) for body in _loops(sass)[0]],
         "loop_ops": dict(Counter(re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for i in loop)),
         "loop_shared": {op: sum(_opcode(i) == op for i in loop) for op in _SHARED_OPS},
         "ops": dict(Counter(_opcodes(sass))),

@@ -24,6 +24,21 @@ Methods (:func:`topk_select_triton`):
   appended. Otherwise (a constant row, a range past fp32's, outliers that squeeze the rest
   into one bin twice) a radix select over the whole row and a write pass do. Three passes over
   the row instead of the radix method's five, one of them a histogram.
+* ``sample`` (one program per row; not a default yet, untimed): the range select's histogram
+  costs about 55 sm_90a instructions per key and thread (``tl.histogram``'s warp votes, bit
+  operations, population counts and shared atomics), so this method guesses a bracket ``lo < K-th ≤ hi`` from a
+  sorted sample of the row (8 runs of consecutive positions spread over it; ``hi`` and ``lo``
+  three standard deviations of the sample's count above and below ``K · sample / n``), counts the
+  keys above each in one pass (compares and sums), and where the bracket holds (fewer than ``K``
+  above ``hi``, at least ``K`` above ``lo``, at most ``K`` between) writes the keys above ``hi``
+  and lists those between in a second pass, as the range select does with its threshold bin.
+  Exact either way: a bracket that misses (a constant row, a row the sample misjudges, a row
+  longer than about ``K · sample / 36`` keys, whose bracket holds more than ``K``: 58K keys at
+  ``K`` = 2048 and a sample of 1024) falls back to the range select's passes. Per step of 1024
+  keys on sm_90a (``aot.compile_for_sm90``'s ``loop_sizes``, ``pytest -s
+  tests/test_kernels_topk.py -k "sm90 and (range or sample)"``): the range select's min/max 63,
+  histogram 443 and write-and-list pass 322–386 instructions; the sampled select's count 135 and
+  write-and-list 334, plus one sort of the sample per row.
 * ``split`` (few long rows; decode, extend): the same steps with the passes over the row split
   across ``splits`` programs per row (min/max, histograms summed with integer atomics, list);
   one program per row then finishes from the list and writes.
@@ -346,30 +361,37 @@ def _list_threshold(row, idx, num_cand, need, VEC: tl.constexpr, LIST_SORT: tl.c
 
 @triton.jit
 def _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, BINS: tl.constexpr,
-                          BLOCK: tl.constexpr, VEC: tl.constexpr, TWO: tl.constexpr):  # fmt: skip
-    """One pass over ``row[0…n)``: the positions above the threshold bin (:func:`_in_cut`'s bin;
-    every one of them is selected) to ``out`` and those in it (the candidates) to ``cand``,
-    each in ascending position order."""
+                          BLOCK: tl.constexpr, VEC: tl.constexpr, MODE: tl.constexpr):  # fmt: skip
+    """One pass over ``row[0…n)``: the positions above the threshold (every one of them is
+    selected) to ``out`` and those at it (the candidates) to ``cand``, each in ascending position
+    order. ``MODE`` 1: the threshold is :func:`_in_cut`'s level-1 bin ``cut``, 2: its level-2 bin
+    ``cut2`` within it, 0: the order keys ``lo < u ≤ hi`` with ``hi = cut``, ``lo = cut2``."""
     written = 0
     listed = 0
     for b in range(0, n, BLOCK):
         offs = _block(b, BLOCK, 4)
         x = _load_row(row, offs, n, VEC)
         valid = offs < n
-        bin1 = _range_bin(x, lo, scale, BINS)
-        if TWO:
-            bin2 = _range_bin(x, lo2, scale2, BINS)
-            above = valid & ((bin1 > cut) | ((bin1 == cut) & (bin2 > cut2)))
-            inside = valid & (bin1 == cut) & (bin2 == cut2)
+        if MODE == 0:
+            u = _order_key(x)
+            above = valid & (u > cut)
+            inside = valid & (u > cut2) & (u <= cut)
         else:
-            above = valid & (bin1 > cut)
-            inside = valid & (bin1 == cut)
-        slot, count = _rank(above.to(tl.int32), 4)
-        tl.store(out + written + slot, offs, mask=above)
-        written += count
-        slot, count = _rank(inside.to(tl.int32), 4)
-        tl.store(cand + listed + slot, offs, mask=inside)
-        listed += count
+            bin1 = _range_bin(x, lo, scale, BINS)
+            if MODE == 2:
+                bin2 = _range_bin(x, lo2, scale2, BINS)
+                above = valid & ((bin1 > cut) | ((bin1 == cut) & (bin2 > cut2)))
+                inside = valid & (bin1 == cut) & (bin2 == cut2)
+            else:
+                above = valid & (bin1 > cut)
+                inside = valid & (bin1 == cut)
+        # both prefix counts from one scan: above in the low 16 bits, inside in the high ones
+        # (a block holds at most 2^15 keys)
+        slots, counts = _rank(above.to(tl.int32) + (inside.to(tl.int32) << 16), 4)
+        tl.store(out + written + (slots & 0xFFFF), offs, mask=above)
+        tl.store(cand + listed + (slots >> 16), offs, mask=inside)
+        written += counts & 0xFFFF
+        listed += counts >> 16
 
 
 @triton.jit
@@ -444,32 +466,125 @@ def _range_select_kernel(
     pdl_wait(PDL)
     t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
-    row = SCORES + t * stride_st
     out = OUT + t * stride_ot
     if n <= topk:
         _short_row(out, n, topk, BLOCK_K)
     else:
-        lo, hi = _span(row, 0, n, BLOCK, VEC)
-        scale, ranged = _range_scale(lo, hi, BINS)
-        cut, need, num_cand = _cut(_range_hist(row, 0, n, lo, scale, BINS, BLOCK, VEC), topk, BINS)
-        lo2, scale2, refinable = _refine(lo, scale, cut, BINS)
-        cut2 = 0
-        if ranged & (num_cand > topk) & refinable:  # a crowded threshold bin: split it again
-            hist2 = _range_hist2(row, 0, n, lo, scale, cut, lo2, scale2, BINS, BLOCK, VEC)
-            cut2, need, num_cand = _cut(hist2, need, BINS)
+        _range_row(SCORES + t * stride_st, out, CAND + t * stride_ct, n, topk, BLOCK, BINS, VEC, LIST_SORT)
+
+
+@triton.jit
+def _range_row(row, out, cand, n, topk, BLOCK: tl.constexpr, BINS: tl.constexpr, VEC: tl.constexpr,
+               LIST_SORT: tl.constexpr):  # fmt: skip
+    """The range select of one row of ``n > topk`` keys (:func:`_range_select_kernel`)."""
+    lo, hi = _span(row, 0, n, BLOCK, VEC)
+    scale, ranged = _range_scale(lo, hi, BINS)
+    cut, need, num_cand = _cut(_range_hist(row, 0, n, lo, scale, BINS, BLOCK, VEC), topk, BINS)
+    lo2, scale2, refinable = _refine(lo, scale, cut, BINS)
+    cut2 = 0
+    if ranged & (num_cand > topk) & refinable:  # a crowded threshold bin: split it again
+        hist2 = _range_hist2(row, 0, n, lo, scale, cut, lo2, scale2, BINS, BLOCK, VEC)
+        cut2, need, num_cand = _cut(hist2, need, BINS)
+    else:
+        scale2 = 0.0
+    if ranged & (num_cand <= topk):  # the keys above the threshold bin, and the bin's listed
+        if scale2 == 0.0:
+            _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, BINS, BLOCK, VEC, 1)
         else:
-            scale2 = 0.0
-        if ranged & (num_cand <= topk):  # the keys above the threshold bin, and the bin's listed
-            cand = CAND + t * stride_ct
-            if scale2 == 0.0:
-                _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, BINS, BLOCK, VEC, False)
-            else:
-                _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, BINS, BLOCK, VEC, True)
+            _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, BINS, BLOCK, VEC, 2)
+        tl.debug_barrier()  # the list was written by other threads
+        key, take_eq, num_eq = _list_threshold(row, cand, num_cand, need, VEC, LIST_SORT)
+        _write_listed(row, cand, num_cand, out + (topk - need), key, take_eq, num_eq)
+    else:
+        _finish(row, out, n, topk, False, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
+
+
+@triton.jit
+def _sample_bracket(row, n, topk, SAMPLE: tl.constexpr, SEGMENTS: tl.constexpr):
+    """(``hi``, ``lo``): two order keys that probably bracket the row's ``topk``-th largest,
+    read off a sorted sample of ``SAMPLE`` keys in ``SEGMENTS`` runs of consecutive positions
+    spread evenly over ``0…n`` (``n ≥ SAMPLE``): about ``topk · SAMPLE / n`` sample keys lie
+    above the ``topk``-th, give or take three standard deviations (and two keys). ``hi`` is
+    ``0xFFFFFFFF`` (nothing above) or ``lo`` 0 (everything above) where that reaches past the
+    sample's ends. Only a guess: the caller counts the row against both."""
+    RUN: tl.constexpr = SAMPLE // SEGMENTS
+    seg = tl.arange(0, SEGMENTS)
+    starts = (seg.to(tl.int64) * (n - RUN) // (SEGMENTS - 1)).to(tl.int32)
+    offs = starts[:, None] + tl.arange(0, RUN)[None, :]
+    u = _order_key(tl.load(row + offs))
+    srt = tl.sort(tl.reshape(u, [SAMPLE], can_reorder=True))
+    p = topk / n.to(tl.float32)
+    expect = SAMPLE * p
+    spread = 3.0 * tl.sqrt(expect * (1.0 - p)) + 2.0
+    k_hi = tl.floor(expect - spread).to(tl.int32)  # sample keys strictly above hi: k_hi
+    k_lo = tl.ceil(expect + spread).to(tl.int32)  # sample keys at or above lo: k_lo + 1
+    idx = tl.arange(0, SAMPLE)
+    hi = tl.sum(tl.where(idx == SAMPLE - 1 - k_hi, srt, 0), 0)
+    lo = tl.sum(tl.where(idx == SAMPLE - 1 - k_lo, srt, 0), 0)
+    hi = tl.where(k_hi < 0, 0xFFFFFFFF, hi)
+    lo = tl.where(k_lo > SAMPLE - 1, 0, lo)
+    return hi, lo
+
+
+@triton.jit
+def _count_above(row, n, hi, lo, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """(keys of ``row[0…n)`` whose order key is above ``hi``, those above ``lo``)."""
+    above_hi = tl.zeros([BLOCK], tl.int32)
+    above_lo = tl.zeros([BLOCK], tl.int32)
+    for b in range(0, n, BLOCK):
+        offs = b + tl.arange(0, BLOCK)
+        valid = offs < n
+        u = _order_key(_load_row(row, offs, n, VEC))
+        above_hi += (valid & (u > hi)).to(tl.int32)
+        above_lo += (valid & (u > lo)).to(tl.int32)
+    return tl.sum(above_hi, 0), tl.sum(above_lo, 0)
+
+
+@triton.jit
+def _sample_select_kernel(
+    SCORES,
+    POSITIONS,
+    OUT,
+    CAND,
+    stride_st,
+    stride_ot,
+    stride_ct,
+    topk,
+    BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BINS: tl.constexpr,
+    VEC: tl.constexpr,
+    LIST_SORT: tl.constexpr,
+    SAMPLE: tl.constexpr,
+    SEGMENTS: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """The sampled select, one program per row: a bracket ``lo < K-th ≤ hi`` guessed from a
+    sorted sample (:func:`_sample_bracket`), one pass counting the keys above each, and where the
+    bracket holds (fewer than ``K`` keys above ``hi``, at least ``K`` above ``lo``, at most ``K``
+    between) one pass writing the keys above ``hi`` to ``OUT`` and listing those between in
+    ``CAND``, the threshold from the list, the list's selected keys appended — two passes over
+    the row, no histogram. Where it does not hold, the range select's passes
+    (:func:`_range_row`). Rows last to first, as the range select."""
+    pdl_wait(PDL)
+    t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
+    n = tl.load(POSITIONS + t).to(tl.int32) + 1
+    row = SCORES + t * stride_st
+    out = OUT + t * stride_ot
+    cand = CAND + t * stride_ct
+    if n <= topk:
+        _short_row(out, n, topk, BLOCK_K)
+    else:
+        hi, lo = _sample_bracket(row, n, topk, SAMPLE, SEGMENTS)
+        num_hi, num_lo = _count_above(row, n, hi, lo, BLOCK, VEC)
+        if (num_hi < topk) & (num_lo >= topk) & (num_lo - num_hi <= topk):
+            _write_above_and_list(row, out, cand, n, 0.0, 0.0, hi, 0.0, 0.0, lo, BINS, BLOCK, VEC, 0)
             tl.debug_barrier()  # the list was written by other threads
-            key, take_eq, num_eq = _list_threshold(row, cand, num_cand, need, VEC, LIST_SORT)
-            _write_listed(row, cand, num_cand, out + (topk - need), key, take_eq, num_eq)
+            need = topk - num_hi
+            key, take_eq, num_eq = _list_threshold(row, cand, num_lo - num_hi, need, VEC, LIST_SORT)
+            _write_listed(row, cand, num_lo - num_hi, out + num_hi, key, take_eq, num_eq)
         else:
-            _finish(row, out, n, topk, False, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
+            _range_row(row, out, cand, n, topk, BLOCK, BINS, VEC, LIST_SORT)
 
 
 # The split select: SPLITS programs per row for the passes over the row, one for the rest.
@@ -612,7 +727,7 @@ def _split_finish_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_o
         _finish(SCORES + t * stride_st, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
 
 
-METHODS = ("range", "radix", "split")
+METHODS = ("range", "sample", "radix", "split")
 
 
 def topk_select_triton(
@@ -625,6 +740,7 @@ def topk_select_triton(
     bins: int = 128,
     splits: int | None = None,
     list_sort: int = 1024,
+    sample: int = 1024,
     num_warps: int = 4,
 ) -> None:
     """Causal top-k of each row: ``topk_out[t]`` (int32 ``[T, K]``) gets the ``K`` positions
@@ -634,12 +750,14 @@ def topk_select_triton(
     Reads ``scores[t, :positions[t] + 1]`` only. Graph-safe (the choice below and the grid
     depend on shapes only).
 
-    ``method``: ``"range"`` (one program per row), ``"split"`` (``splits`` programs per row for
-    the passes over the row; for few long rows) or ``"radix"`` (the four-pass radix select);
-    default :func:`default_method`. ``block``: keys per loop step (default 1024 for range, 2048
-    for split, 512 for radix); ``bins``: the value-range histogram's bins; ``list_sort`` (a power of
-    two ≥ 4): the longest candidate list finished by a sort in registers (longer ones by the
-    radix select)."""
+    ``method``: ``"range"`` (one program per row), ``"sample"`` (one program per row, a bracket
+    from a sample first; the range select where it misses), ``"split"`` (``splits`` programs per
+    row for the passes over the row; for few long rows) or ``"radix"`` (the four-pass radix
+    select); default :func:`default_method`. ``block``: keys per loop step (default 1024 for
+    range and sample, 2048 for split, 512 for radix); ``bins``: the value-range histogram's bins;
+    ``list_sort`` (a power of two ≥ 4): the longest candidate list finished by a sort in
+    registers (longer ones by the radix select); ``sample``: the sampled select's sample size (a
+    power of two, 16 ≤ ``sample`` ≤ ``K``, in 8 runs of positions)."""
     num_tokens, topk = topk_out.shape
     method = method or default_method(num_tokens, scores.shape[1], topk)
     if method not in METHODS:
@@ -663,11 +781,19 @@ def topk_select_triton(
             num_warps=num_warps,
             **pdl,
         )
-    elif method == "range":
+    elif method in ("range", "sample"):
         cand = torch.empty(num_tokens, topk, dtype=torch.int32, device=scores.device)
-        _range_select_kernel[(num_tokens,)](
-            scores, positions, topk_out, cand, *strides, cand.stride(0), topk, BLOCK=block or 1024, BLOCK_K=block_k,
-            BINS=bins, VEC=vec, LIST_SORT=list_sort, num_warps=num_warps, **pdl,
+        if (block or 1024) > 1 << 15:
+            raise ValueError(f"block: at most 32768 keys a step for the {method} select, got {block}")
+        opts = dict(BLOCK=block or 1024, BLOCK_K=block_k, BINS=bins, VEC=vec, LIST_SORT=list_sort, num_warps=num_warps)
+        if method == "sample":
+            if sample & (sample - 1) or not 16 <= sample <= topk:
+                raise ValueError(f"sample: expected a power of two in [16, K={topk}], got {sample}")
+            kernel, opts = _sample_select_kernel, dict(opts, SAMPLE=sample, SEGMENTS=8)
+        else:
+            kernel = _range_select_kernel
+        kernel[(num_tokens,)](
+            scores, positions, topk_out, cand, *strides, cand.stride(0), topk, **opts, **pdl
         )  # fmt: skip
     else:
         block = block or 2048
