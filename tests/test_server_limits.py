@@ -105,6 +105,27 @@ def test_full_waiting_queue_answers_503_and_loses_nothing(engine, monkeypatch):
         wait_for(lambda: pages_released(engine), what="all pages back")
 
 
+def test_an_admitted_request_leaves_the_queue_count_before_its_first_token(engine, monkeypatch):
+    """Once a client has seen a token, its request no longer holds a place in the waiting queue:
+    otherwise a request sent right then is refused as if the queue were full (seen under load)."""
+    with running(engine, max_queued_requests=1) as (client, app):
+        loop = app.state.engine_loop
+        queued_at_emit = []
+        real_emit = loop._emit
+
+        def emit(h):
+            queued_at_emit.append(loop.num_queued)
+            return real_emit(h)
+
+        monkeypatch.setattr(loop, "_emit", emit)
+        with client.stream("POST", "/v1/completions", json=LONG) as long_stream:
+            assert next(line for line in long_stream.iter_lines() if line.startswith("data: "))
+            assert queued_at_emit and queued_at_emit[0] == 0, queued_at_emit[:3]
+            ok = client.post("/v1/completions", json=SHORT)  # waits in the queue's one place
+            assert ok.status_code == 200, ok.text
+        wait_for(lambda: pages_released(engine), what="all pages back")
+
+
 def test_engine_failure_fails_in_flight_requests_with_500_and_keeps_serving(engine, monkeypatch):
     boom = threading.Event()
     real_step = engine.step

@@ -366,6 +366,15 @@ class EngineLoop:
             return
         self.step_failures = 0
         self._beat = time.monotonic()
+        # Requests the step admitted leave the queue's count before any client sees their
+        # tokens: a client that saw one may count on its slot in the queue being free.
+        if self._waiting:
+            still = [
+                h for h in self._waiting if h.req.status is RequestStatus.WAITING and h.req in self._live
+            ]
+            if len(still) != len(self._waiting):
+                self._unqueue(len(self._waiting) - len(still))
+                self._waiting = still
         for req in progressed:
             h = self._live.get(req)
             if h is not None:
@@ -376,13 +385,6 @@ class EngineLoop:
             for req, h in list(self._live.items()):
                 if req.finished:
                     self._emit(h)
-        if self._waiting:
-            still = [
-                h for h in self._waiting if h.req.status is RequestStatus.WAITING and h.req in self._live
-            ]
-            if len(still) != len(self._waiting):
-                self._unqueue(len(self._waiting) - len(still))
-                self._waiting = still
 
     def _token_text(self, token_id: int) -> str:
         return self._pieces.piece(token_id)[0]
