@@ -213,6 +213,46 @@ def _interp_select_variants():
     assert (scores[5, :71] == 0).sum() > topk and (scores[10, :121] == 1).sum() > topk, "tie rows must tie"
 
 
+def _interp_sample_select():
+    """The sampled select where its bracket holds on most rows (K and the sample 256, rows of 257
+    to 1800 keys): exact, the bracket rows in the bracket's layout, with ties at the threshold
+    and lists finished by a sort and by the radix select."""
+    from test_kernels_attention import _install_interpreter_fixes
+
+    _install_interpreter_fixes()
+    from breakgraph.kernels.triton_topk import topk_select_triton
+
+    topk, width = 256, 1800
+    g = torch.Generator().manual_seed(41)
+    lens = [257, 258, 300, 400, 512, 600, 777, 900, 1024, 1100, 1300, 1500, 1700, 1800, 1000, 1200]
+    pos = torch.tensor(lens) - 1
+    scores = torch.randn(len(lens), width, generator=g)
+    scores[-2] = torch.randint(0, 40, (width,), generator=g).float()  # ties at the K-th score
+    scores[-1] = torch.randint(0, 400, (width,), generator=g).float() / 8
+    want = exact_topk(scores, pos, topk)
+    ways = sample_ways(scores, pos, topk, topk)
+    bracket = [t for t, way, _ in ways if way == "bracket"]
+    assert len(bracket) >= len(lens) // 2 and {len(lens) - 2, len(lens) - 1} <= set(bracket), ways
+    for list_sort in (1024, 16):  # lists sorted in registers, or (longer than 16) radix-selected
+        got = torch.full((len(lens), topk), -7, dtype=torch.int32)
+        topk_select_triton(scores, pos, got, method="sample", sample=topk, list_sort=list_sort)
+        for t, way, hi in ways:
+            if way == "bracket":
+                assert torch.equal(got[t], bracket_layout(want[t], scores[t], hi)), (list_sort, t)
+        assert torch.equal(canonical(got), want), f"list_sort={list_sort}: a row differs from the exact top-k"
+        print(f"sample select, list_sort={list_sort}: {len(bracket)} of {len(lens)} rows in the bracket: ok")
+
+
+@pytest.mark.slow
+def test_sample_select_brackets_most_rows_interpreted():
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, __file__, "_interp_sample_select"], env=env, capture_output=True,
+                       text=True, timeout=900, check=False)  # fmt: skip
+    assert r.returncode == 0, f"failed under the Triton interpreter:\n{r.stdout}\n{r.stderr[-6000:]}"
+
+
 @pytest.mark.slow
 def test_select_variants_are_exact_interpreted():
     import os

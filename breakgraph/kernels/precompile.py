@@ -106,6 +106,8 @@ def load_record(record: Record) -> bool:
     except Exception as exc:  # a record this Triton cannot load: only a head start
         logger.debug("Triton kernel %s not loaded ahead (%s)", record[1], exc)
         return False
+    if kernel is None:  # a jit_cache_hook (a recording, a capture's guard) took the compile
+        return False
     try:
         kernel._init_handles()  # the module on the GPU and its launcher now, not at the first launch
     except Exception as exc:  # private API; the first launch does it then
@@ -222,8 +224,12 @@ class AheadCompiler:
 
     def compile(self, records: list[Record]) -> int:
         """Compile ``records`` in the workers for this process's GPU (waits); returns how many compiled."""
+        return len(self._compile_each(records))
+
+    def _compile_each(self, records: list[Record]) -> list[Record]:
+        """:meth:`compile`, returning the records that compiled."""
         if self._pool is None or not records:
-            return 0
+            return []
         if self.target is None:
             import triton
 
@@ -231,11 +237,12 @@ class AheadCompiler:
             self.target = (t.backend, t.arch, t.warp_size)
         t0 = time.perf_counter()
         try:
-            done = sum(self._pool.map(_compile_in_worker, records, [self.target] * len(records), timeout=COMPILE_TIMEOUT_S))
+            ok = list(self._pool.map(_compile_in_worker, records, [self.target] * len(records), timeout=COMPILE_TIMEOUT_S))
+            done = [r for r, compiled in zip(records, ok) if compiled]
         except (OSError, RuntimeError, FuturesTimeout) as exc:  # a broken pool is a RuntimeError
             logger.warning("Triton kernels no longer compiled ahead (%s)", exc)
-            self._pool, done = None, 0
-        self.recorded, self.compiled = self.recorded + len(records), self.compiled + done
+            self._pool, done = None, []
+        self.recorded, self.compiled = self.recorded + len(records), self.compiled + len(done)
         self.seconds += time.perf_counter() - t0
         return done
 
@@ -257,9 +264,9 @@ class AheadCompiler:
                         thunk()
                 except Exception as exc:  # only a head start: the real run that follows decides
                     logger.warning("a dry run for compiling ahead stopped (%s)", exc)
-        self.compile(records)
+        compiled = self._compile_each(records)  # only these: loading another would compile it here
         t0 = time.perf_counter()
-        self.loaded += sum(load_record(r) for r in records)
+        self.loaded += sum(load_record(r) for r in compiled)
         self.seconds += time.perf_counter() - t0
 
     def close(self) -> None:

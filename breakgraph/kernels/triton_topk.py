@@ -7,9 +7,12 @@ are read in 16-byte vectors, up to 3 keys past ``pos``, which are masked). A row
 is above the exact ``K``-th largest order key (fp32 → uint32, order-preserving, ``-0.0`` as
 ``+0.0``) and the lowest-positioned ones equal to it (ties go to the lower position:
 deterministic). The set equals ``torch.topk``'s wherever the ``K``-th score is not tied. The
-order is by position within parts, not by score (attention does not care): ascending, except
-that the range select writes the keys above its threshold bin first and the bin's selected keys
-after them, each part ascending. Graph-safe: grids and scratch come from shapes, no host syncs.
+order is by position within parts, not by score: ascending, except that the range and sampled
+selects write the keys above their threshold (bin, or the bracket's top) first and the rest of
+the selection after them, each part ascending. Attention does not care up to rounding: the
+sparse kernel sums a row's keys in its order, so the last bits of a token's attention output can
+depend on which method its chunk of rows took. Graph-safe: grids and scratch come from shapes,
+no host syncs.
 
 Methods (:func:`topk_select_triton`):
 
@@ -36,8 +39,8 @@ Methods (:func:`topk_select_triton`):
   longer than about ``K · sample / 36`` keys, whose bracket holds more than ``K``: 58K keys at
   ``K`` = 2048 and a sample of 1024) falls back to the range select's passes. Per step of 1024
   keys on sm_90a (``aot.compile_for_sm90``'s ``loop_sizes``, ``pytest -s
-  tests/test_kernels_topk.py -k "sm90 and (range or sample)"``): the range select's min/max 63,
-  histogram 443 and write-and-list pass 322–386 instructions; the sampled select's count 135 and
+  tests/test_kernels_topk.py -k "sm90 and (range or sample)"``): the range select's min/max 64,
+  histogram 444 and write-and-list pass 322–386 instructions; the sampled select's count 135 and
   write-and-list 334, plus one sort of the sample per row.
 * ``split`` (few long rows; decode, extend): the same steps with the passes over the row split
   across ``splits`` programs per row (min/max, histograms summed with integer atomics, list);
@@ -386,7 +389,7 @@ def _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, 
                 above = valid & (bin1 > cut)
                 inside = valid & (bin1 == cut)
         # both prefix counts from one scan: above in the low 16 bits, inside in the high ones
-        # (a block holds at most 2^15 keys)
+        # (each count is at most the block's keys, fewer than 2^15: the sum stays below 2^31)
         slots, counts = _rank(above.to(tl.int32) + (inside.to(tl.int32) << 16), 4)
         tl.store(out + written + (slots & 0xFFFF), offs, mask=above)
         tl.store(cand + listed + (slots >> 16), offs, mask=inside)
@@ -395,10 +398,10 @@ def _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, 
 
 
 @triton.jit
-def _write_listed(row, cand, num_cand, out, key, take_eq, num_eq):
+def _write_listed(row, cand, num_cand, out, key, take_eq):
     """Append to ``out``, in the list's (ascending position) order, the candidates
-    ``cand[0…num_cand)`` whose order key is above ``key`` and the first ``take_eq`` of the
-    ``num_eq`` equal to it."""
+    ``cand[0…num_cand)`` whose order key is above ``key`` and the first ``take_eq`` of those
+    equal to it."""
     written = 0
     equal_seen = 0
     for b in range(0, num_cand, LIST_BLOCK):
@@ -493,8 +496,8 @@ def _range_row(row, out, cand, n, topk, BLOCK: tl.constexpr, BINS: tl.constexpr,
         else:
             _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, BINS, BLOCK, VEC, 2)
         tl.debug_barrier()  # the list was written by other threads
-        key, take_eq, num_eq = _list_threshold(row, cand, num_cand, need, VEC, LIST_SORT)
-        _write_listed(row, cand, num_cand, out + (topk - need), key, take_eq, num_eq)
+        key, take_eq, _ = _list_threshold(row, cand, num_cand, need, VEC, LIST_SORT)
+        _write_listed(row, cand, num_cand, out + (topk - need), key, take_eq)
     else:
         _finish(row, out, n, topk, False, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
 
@@ -581,8 +584,8 @@ def _sample_select_kernel(
             _write_above_and_list(row, out, cand, n, 0.0, 0.0, hi, 0.0, 0.0, lo, BINS, BLOCK, VEC, 0)
             tl.debug_barrier()  # the list was written by other threads
             need = topk - num_hi
-            key, take_eq, num_eq = _list_threshold(row, cand, num_lo - num_hi, need, VEC, LIST_SORT)
-            _write_listed(row, cand, num_lo - num_hi, out + num_hi, key, take_eq, num_eq)
+            key, take_eq, _ = _list_threshold(row, cand, num_lo - num_hi, need, VEC, LIST_SORT)
+            _write_listed(row, cand, num_lo - num_hi, out + num_hi, key, take_eq)
         else:
             _range_row(row, out, cand, n, topk, BLOCK, BINS, VEC, LIST_SORT)
 
@@ -782,9 +785,10 @@ def topk_select_triton(
             **pdl,
         )
     elif method in ("range", "sample"):
-        cand = torch.empty(num_tokens, topk, dtype=torch.int32, device=scores.device)
-        if (block or 1024) > 1 << 15:
-            raise ValueError(f"block: at most 32768 keys a step for the {method} select, got {block}")
+        # scratch for the threshold's candidates, [T, K] int32; none where no row can pass K keys
+        cand = torch.empty(num_tokens, topk, dtype=torch.int32, device=scores.device) if scores.shape[1] > topk else topk_out
+        if (block or 1024) >= 1 << 15:
+            raise ValueError(f"block: fewer than 32768 keys a step for the {method} select, got {block}")
         opts = dict(BLOCK=block or 1024, BLOCK_K=block_k, BINS=bins, VEC=vec, LIST_SORT=list_sort, num_warps=num_warps)
         if method == "sample":
             if sample & (sample - 1) or not 16 <= sample <= topk:
