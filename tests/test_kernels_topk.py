@@ -243,24 +243,24 @@ def _interp_sample_select():
         print(f"sample select, list_sort={list_sort}: {len(bracket)} of {len(lens)} rows in the bracket: ok")
 
 
-@pytest.mark.slow
-def test_sample_select_brackets_most_rows_interpreted():
+def _run_interpreted(check: str) -> None:
+    """Run this module's ``check`` function in a child process under Triton's interpreter."""
     import os
 
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, __file__, "_interp_sample_select"], env=env, capture_output=True,
-                       text=True, timeout=900, check=False)  # fmt: skip
+    r = subprocess.run([sys.executable, __file__, check], env=env, capture_output=True, text=True, timeout=900,
+                       check=False)  # fmt: skip
     assert r.returncode == 0, f"failed under the Triton interpreter:\n{r.stdout}\n{r.stderr[-6000:]}"
+
+
+@pytest.mark.slow
+def test_sample_select_brackets_most_rows_interpreted():
+    _run_interpreted("_interp_sample_select")
 
 
 @pytest.mark.slow
 def test_select_variants_are_exact_interpreted():
-    import os
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, __file__, "_interp_select_variants"], env=env, capture_output=True,
-                       text=True, timeout=900, check=False)  # fmt: skip
-    assert r.returncode == 0, f"failed under the Triton interpreter:\n{r.stdout}\n{r.stderr[-6000:]}"
+    _run_interpreted("_interp_select_variants")
 
 
 def _sm90_compiles() -> dict:
