@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU check of the DSA top-k select (breakgraph/kernels/triton_topk.py): the CUDA tests of the
 # select and of the indexer paths that go through it, then the sweep (scripts/bench_topk.py):
-# every variant (range / split / the old radix select) at all rows of an 8192- and a
+# every variant (range / sampled / split / the old radix select) at all rows of an 8192- and a
 # 16384-token prefill and at 1-64 long rows of 32K and 128K keys, each checked exact, in µs per
 # call and ms per 78 layers. Logs under $OUT; the sweep's table comes last. About 3 min on one
-# H200; with --quick (the select's own tests, the defaults' neighbours on five shapes) under 2.
+# H200 (untimed since the sampled select was added); with --quick (the select's own tests, the
+# defaults' neighbours and both sample sizes on five shapes) under 2.
 set -u
 OUT=${OUT:-/tmp/gpu_check_topk}
 mkdir -p "$OUT"
