@@ -274,7 +274,7 @@ def _sm90_compiles() -> dict:
         "radix": (tk._topk_select_kernel, dict(row, OUT="*i32", stride_ot=TOPK), dict(BLOCK=512, BLOCK_K=1024)),
         "range": (tk._range_select_kernel, dict(row, OUT="*i32", CAND="*i32", stride_ot=TOPK, stride_ct=TOPK),
                   dict(BLOCK=1024, BLOCK_K=1024, BINS=128, VEC=4, LIST_SORT=1024)),
-        "sample": (tk._sample_select_kernel, dict(row, OUT="*i32", CAND="*i32", stride_ot=TOPK, stride_ct=TOPK),
+        "sample": (tk._range_select_kernel, dict(row, OUT="*i32", CAND="*i32", stride_ot=TOPK, stride_ct=TOPK),
                    dict(BLOCK=1024, BLOCK_K=1024, BINS=128, VEC=4, LIST_SORT=1024, SAMPLE=1024, SEGMENTS=8)),
         "split span": (tk._split_span_kernel, dict(row, SPAN="*fp32"), part),
         "split hist": (tk._split_hist_kernel, dict(row, SPAN="*fp32", HIST="*i32"), dict(part, BINS=128)),

@@ -39,9 +39,9 @@ def _specialise(name: str, value: Any, constexprs: dict) -> tuple[str, bool]:
     return value, value.startswith("*") or (value == "i32" and (aligned or name in ("K", "N", "UP_OFF")))
 
 
-def _loops(sass: str) -> tuple[list[tuple[str, ...]], list[str]]:
-    """(every backward-branch range of a SASS listing as the tuple of its instructions
-    (``OPCODE.MODIFIERS operands``), in program order; all the instructions)."""
+def _loops(sass: str) -> list[tuple[str, ...]]:
+    """Every backward-branch range of a SASS listing as the tuple of its instructions
+    (``OPCODE.MODIFIERS operands``), in program order: a kernel's loop bodies."""
     insts, loops = [], []
     for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass):
         addr = int(m.group(1), 16)
@@ -51,13 +51,7 @@ def _loops(sass: str) -> tuple[list[tuple[str, ...]], list[str]]:
             lo = int(target.group(1), 16)
             first = next(i for i, (a, _) in enumerate(insts) if a >= lo)
             loops.append(tuple(text for _, text in insts[first:]))
-    return loops, [text for _, text in insts]
-
-
-def _largest_loop(sass: str) -> list[str]:
-    """The instructions of the largest backward-branch range of a SASS listing: a kernel's main
-    loop body (empty without a loop)."""
-    return list(max(_loops(sass)[0], key=len, default=()))
+    return loops
 
 
 # Shared-memory instructions of sm_90 SASS: loads (``LDSM``: ldmatrix), stores, the asynchronous
@@ -158,7 +152,8 @@ def compile_for_sm90(
             return subprocess.run([tools / "cuobjdump", flag, cubin], capture_output=True, text=True, check=True).stdout
 
         sass, res = dump("-sass"), dump("-res-usage")
-    loop = _largest_loop(sass)
+    loops = _loops(sass)
+    loop = max(loops, key=len, default=())  # the main loop body (empty without a loop)
     mma_insts, mma_spills = _mma_loop(sass)
     return {
         "regs": int(re.search(r"REG:(\d+)", res).group(1)),
@@ -169,7 +164,7 @@ def compile_for_sm90(
         "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
         "async_copies_16B": len(re.findall(r"\bLDGSTS(?:\.\w+)*\.128\b", sass)),
         "loop_insts": len(loop),
-        "loop_sizes": [len(body) for body in _loops(sass)[0]],
+        "loop_sizes": [len(body) for body in loops],
         "loop_ops": dict(Counter(re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for i in loop)),
         "loop_shared": {op: sum(_opcode(i) == op for i in loop) for op in _SHARED_OPS},
         "ops": dict(Counter(_opcodes(sass))),

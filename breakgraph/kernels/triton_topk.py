@@ -39,8 +39,8 @@ Methods (:func:`topk_select_triton`):
   longer than about ``K · sample / 36`` keys, whose bracket holds more than ``K``: 58K keys at
   ``K`` = 2048 and a sample of 1024) falls back to the range select's passes. Per step of 1024
   keys on sm_90a (``aot.compile_for_sm90``'s ``loop_sizes``, ``pytest -s
-  tests/test_kernels_topk.py -k "sm90 and (range or sample)"``): the range select's min/max 64,
-  histogram 444 and write-and-list pass 322–386 instructions; the sampled select's count 135 and
+  tests/test_kernels_topk.py -k "sm90 and (range or sample)"``): the range select's min/max 63,
+  histogram 443 and write-and-list pass 328–404 instructions; the sampled select's count 135 and
   write-and-list 334, plus one sort of the sample per row.
 * ``split`` (few long rows; decode, extend): the same steps with the passes over the row split
   across ``splits`` programs per row (min/max, histograms summed with integer atomics, list);
@@ -459,21 +459,42 @@ def _range_select_kernel(
     BINS: tl.constexpr,
     VEC: tl.constexpr,
     LIST_SORT: tl.constexpr,
+    SAMPLE: tl.constexpr = 0,
+    SEGMENTS: tl.constexpr = 8,
     PDL: tl.constexpr = False,
 ):
     """The range select, one program per row: min/max pass, histogram pass (and a second one
     over a crowded threshold bin), one pass writing the keys above the threshold bin to ``OUT``
     and listing the bin's keys in ``CAND`` (scratch ``[T, K]``), the threshold from the list,
     the list's selected keys appended. Programs take the rows last to first: a prefill's longest
-    rows start first."""
+    rows start first.
+
+    ``SAMPLE > 0``: the sampled select — a bracket ``lo < K-th ≤ hi`` guessed from a sorted
+    sample of ``SAMPLE`` keys (:func:`_sample_bracket`), one pass counting the keys above each,
+    and where the bracket holds (fewer than ``K`` keys above ``hi``, at least ``K`` above ``lo``,
+    at most ``K`` between) one pass writing the keys above ``hi`` and listing those between, the
+    threshold from the list, the list's selected keys appended — two passes over the row, no
+    histogram; where it does not hold, the range select's passes."""
     pdl_wait(PDL)
     t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
+    row = SCORES + t * stride_st
     out = OUT + t * stride_ot
+    cand = CAND + t * stride_ct
     if n <= topk:
         _short_row(out, n, topk, BLOCK_K)
+    elif SAMPLE > 0:
+        hi, lo = _sample_bracket(row, n, topk, SAMPLE, SEGMENTS)
+        num_hi, num_lo = _count_above(row, n, hi, lo, BLOCK, VEC)
+        if (num_hi < topk) & (num_lo >= topk) & (num_lo - num_hi <= topk):
+            _write_above_and_list(row, out, cand, n, 0.0, 0.0, hi, 0.0, 0.0, lo, BINS, BLOCK, VEC, 0)
+            tl.debug_barrier()  # the list was written by other threads
+            key, take_eq, _ = _list_threshold(row, cand, num_lo - num_hi, topk - num_hi, VEC, LIST_SORT)
+            _write_listed(row, cand, num_lo - num_hi, out + num_hi, key, take_eq)
+        else:
+            _range_row(row, out, cand, n, topk, BLOCK, BINS, VEC, LIST_SORT)
     else:
-        _range_row(SCORES + t * stride_st, out, CAND + t * stride_ct, n, topk, BLOCK, BINS, VEC, LIST_SORT)
+        _range_row(row, out, cand, n, topk, BLOCK, BINS, VEC, LIST_SORT)
 
 
 @triton.jit
@@ -541,53 +562,6 @@ def _count_above(row, n, hi, lo, BLOCK: tl.constexpr, VEC: tl.constexpr):
         above_hi += (valid & (u > hi)).to(tl.int32)
         above_lo += (valid & (u > lo)).to(tl.int32)
     return tl.sum(above_hi, 0), tl.sum(above_lo, 0)
-
-
-@triton.jit
-def _sample_select_kernel(
-    SCORES,
-    POSITIONS,
-    OUT,
-    CAND,
-    stride_st,
-    stride_ot,
-    stride_ct,
-    topk,
-    BLOCK: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BINS: tl.constexpr,
-    VEC: tl.constexpr,
-    LIST_SORT: tl.constexpr,
-    SAMPLE: tl.constexpr,
-    SEGMENTS: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    """The sampled select, one program per row: a bracket ``lo < K-th ≤ hi`` guessed from a
-    sorted sample (:func:`_sample_bracket`), one pass counting the keys above each, and where the
-    bracket holds (fewer than ``K`` keys above ``hi``, at least ``K`` above ``lo``, at most ``K``
-    between) one pass writing the keys above ``hi`` to ``OUT`` and listing those between in
-    ``CAND``, the threshold from the list, the list's selected keys appended — two passes over
-    the row, no histogram. Where it does not hold, the range select's passes
-    (:func:`_range_row`). Rows last to first, as the range select."""
-    pdl_wait(PDL)
-    t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
-    n = tl.load(POSITIONS + t).to(tl.int32) + 1
-    row = SCORES + t * stride_st
-    out = OUT + t * stride_ot
-    cand = CAND + t * stride_ct
-    if n <= topk:
-        _short_row(out, n, topk, BLOCK_K)
-    else:
-        hi, lo = _sample_bracket(row, n, topk, SAMPLE, SEGMENTS)
-        num_hi, num_lo = _count_above(row, n, hi, lo, BLOCK, VEC)
-        if (num_hi < topk) & (num_lo >= topk) & (num_lo - num_hi <= topk):
-            _write_above_and_list(row, out, cand, n, 0.0, 0.0, hi, 0.0, 0.0, lo, BINS, BLOCK, VEC, 0)
-            tl.debug_barrier()  # the list was written by other threads
-            need = topk - num_hi
-            key, take_eq, _ = _list_threshold(row, cand, num_lo - num_hi, need, VEC, LIST_SORT)
-            _write_listed(row, cand, num_lo - num_hi, out + num_hi, key, take_eq)
-        else:
-            _range_row(row, out, cand, n, topk, BLOCK, BINS, VEC, LIST_SORT)
 
 
 # The split select: SPLITS programs per row for the passes over the row, one for the rest.
@@ -793,12 +767,8 @@ def topk_select_triton(
         if method == "sample":
             if sample & (sample - 1) or not 16 <= sample <= topk:
                 raise ValueError(f"sample: expected a power of two in [16, K={topk}], got {sample}")
-            kernel, opts = _sample_select_kernel, dict(opts, SAMPLE=sample, SEGMENTS=8)
-        else:
-            kernel = _range_select_kernel
-        kernel[(num_tokens,)](
-            scores, positions, topk_out, cand, *strides, cand.stride(0), topk, **opts, **pdl
-        )  # fmt: skip
+            opts["SAMPLE"] = sample
+        _range_select_kernel[(num_tokens,)](scores, positions, topk_out, cand, *strides, cand.stride(0), topk, **opts, **pdl)
     else:
         block = block or 2048
         splits = splits or default_splits(num_tokens, scores.shape[1], block)
