@@ -1,6 +1,7 @@
 """Count the kernels one decoder layer of ``glm5-tp8-rank`` launches, by name, on the CPU.
 
     TRITON_INTERPRET=1 python scripts/count_layer_launches.py --tokens 1 1024
+    TRITON_INTERPRET=1 python scripts/count_layer_launches.py --tokens 1 --decode-batch 1 16 64
 
 The layer runs on meta tensors (shapes and dtypes, no data) that say they are CUDA tensors, so
 every dispatcher takes the branch it takes on the H200: Triton launches are recorded and not
@@ -8,8 +9,8 @@ run (``TRITON_INTERPRET=1``), PyTorch ops that launch a kernel on a GPU are coun
 dispatch mode (views, allocation and metadata ops launch nothing and are not counted). FP8
 linears take the path the H200's start-up timing chose for their shape and row count (the
 table in docs/benchmarks.md, "Short prompts and decode"; ``_scaled_mm`` as one cuBLAS kernel).
-One token is a bs-1 decode step (full CUDA graph: no breaks); more tokens are one prefill
-request of that length (breakable graphs: the fused BMM + attention break). The context is
+One token is a decode step (full CUDA graph: no breaks) of ``--decode-batch`` requests (1 by
+default); more tokens are one prefill request of that length (breakable graphs: the fused BMM + attention break). The context is
 ``--context`` tokens before the step (decode) or the prompt itself (prefill).
 
 Counted per layer kind: a dense layer (layers below ``first_k_dense_replace``) and a MoE layer
@@ -104,9 +105,10 @@ def patches(stack: ExitStack, prefill: bool) -> None:
     stack.callback(fp8_gemm_choice.clear_tables)
 
 
-def build_layers(tokens: int, context: int):
+def build_layers(tokens: int, context: int, batch_size: int = 1):
     """The dense layer 0 and MoE layer 3 of the preset (meta tensors), cos/sin rows,
-    a KV cache and the forward batch of one request."""
+    a KV cache and the forward batch: one prefill request of ``tokens``, or (``tokens == 1``) a
+    decode step of ``batch_size`` requests of ``context`` cached tokens each."""
     from breakgraph.engine.kv_cache import KVCache
     from breakgraph.forward_context import ForwardBatch, ForwardMode
     from breakgraph.layers import attention, mlp
@@ -126,28 +128,32 @@ def build_layers(tokens: int, context: int):
                 layer.process_weights_after_loading()
         seq = context + tokens if tokens == 1 else tokens
         page = 64
-        cache = KVCache(cfg, -(-seq // page) + 2, page, dtype, DEVICE)
-        positions = torch.arange(seq - tokens, seq)
+        pages = -(-seq // page)
+        rows = batch_size if tokens == 1 else 1
+        n = tokens * rows  # tokens in the batch
+        cache = KVCache(cfg, rows * pages + 2, page, dtype, DEVICE)
+        positions = torch.arange(seq - tokens, seq).repeat(rows)
+        page_table = torch.arange(1, rows * pages + 1, dtype=torch.int32).view(rows, pages)
         batch = ForwardBatch(
             mode=ForwardMode.DECODE if tokens == 1 else ForwardMode.EXTEND,
-            input_ids=torch.zeros(tokens, dtype=torch.int64), positions=positions,
-            token_req=torch.zeros(tokens, dtype=torch.int64), out_cache_loc=positions + page,
-            page_table=torch.arange(1, -(-seq // page) + 1, dtype=torch.int32).unsqueeze(0),
-            seq_lens=torch.full((1,), seq, dtype=torch.int32), seq_lens_cpu=[seq], prefix_lens_cpu=[seq - tokens],
-            extend_lens_cpu=[tokens], kv_cache=cache,
+            input_ids=torch.zeros(n, dtype=torch.int64), positions=positions,
+            token_req=torch.arange(rows).repeat_interleave(tokens), out_cache_loc=positions + page,
+            page_table=page_table, seq_lens=torch.full((rows,), seq, dtype=torch.int32), seq_lens_cpu=[seq] * rows,
+            prefix_lens_cpu=[seq - tokens] * rows, extend_lens_cpu=[tokens] * rows, kv_cache=cache,
         )  # fmt: skip
+        tokens = n
         cos, sin = (torch.empty(tokens, cfg.qk_rope_head_dim // 2, dtype=dtype) for _ in range(2))
         h = torch.randn(tokens, cfg.hidden_size, dtype=dtype)
     return cfg, layers, batch, h, cos, sin
 
 
-def count(tokens: int, context: int) -> dict[str, Counter]:
+def count(tokens: int, context: int, batch_size: int = 1) -> dict[str, Counter]:
     """``{"dense": Counter(name -> launches), "moe": ...}`` for one layer of each kind."""
     from breakgraph.forward_context import forward_batch_context
 
     with ExitStack() as stack:
         patches(stack, prefill=tokens > 1)
-        cfg, layers, batch, h, cos, sin = build_layers(tokens, context)
+        cfg, layers, batch, h, cos, sin = build_layers(tokens, context, batch_size)
         stack.enter_context(forward_batch_context(batch))
         stack.enter_context(torch.inference_mode())
         out = {}
@@ -168,15 +174,23 @@ def main() -> None:
         "--tokens", type=int, nargs="+", default=[1, 1024], help="1 = decode step; more = prefill"
     )
     ap.add_argument("--context", type=int, default=1024, help="tokens cached before a decode step")
+    ap.add_argument(
+        "--decode-batch",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="requests in a decode step (with --tokens 1), each with --context cached tokens",
+    )
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run with TRITON_INTERPRET=1 (kernels are recorded, not run)")
     cfg = PRESETS["glm5-tp8-rank"]
     n_dense, n_layers = cfg["first_k_dense_replace"], cfg["num_hidden_layers"]
     summary = []
-    for t in args.tokens:
-        label = f"decode bs 1, context {args.context}" if t == 1 else f"prefill {t} tokens"
-        counts = count(t, args.context)
+    runs = [(t, b) for t in args.tokens for b in (args.decode_batch if t == 1 else [1])]
+    for t, b in runs:
+        label = f"decode bs {b}, context {args.context}" if t == 1 else f"prefill {t} tokens"
+        counts = count(t, args.context, b)
         print(f"== {label}")
         for kind, c in counts.items():
             print(f"  {kind} layer: {sum(c.values())} launches")
