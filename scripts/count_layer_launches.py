@@ -10,8 +10,9 @@ dispatch mode (views, allocation and metadata ops launch nothing and are not cou
 linears take the path the H200's start-up timing chose for their shape and row count (the
 table in docs/benchmarks.md, "Short prompts and decode"; ``_scaled_mm`` as one cuBLAS kernel).
 One token is a decode step (full CUDA graph: no breaks) of ``--decode-batch`` requests (1 by
-default); more tokens are one prefill request of that length (breakable graphs: the fused BMM + attention break). The context is
-``--context`` tokens before the step (decode) or the prompt itself (prefill).
+default); more tokens are one prefill request of that length (breakable graphs: the fused BMM +
+attention break). The context is ``--context`` tokens before the step (decode) or the prompt
+itself (prefill).
 
 Counted per layer kind: a dense layer (layers below ``first_k_dense_replace``) and a MoE layer
 (with its own indexer); "per layer" is their mean over the preset's 78 layers.
