@@ -460,7 +460,7 @@ def topk_variants() -> dict:
     (the method :func:`~breakgraph.kernels.triton_topk.default_method` picks for the shape) and
     each method forced (``scripts/bench_topk.py`` sweeps their blocks and bins)."""
     return {"default": {}, "range": dict(method="range"), "split": dict(method="split"),
-            "radix": dict(method="radix"), "sample": dict(method="sample")}  # fmt: skip
+            "radix": dict(method="radix")}  # fmt: skip
 
 
 def topk_rows(layout: str, g) -> tuple[torch.Tensor, torch.Tensor]:

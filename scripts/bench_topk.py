@@ -36,9 +36,8 @@ from breakgraph.kernels.triton_topk import default_method, topk_select_triton  #
 
 LAYERS = 78
 QUICK_SHAPES = ["prefill 8k", "prefill 16k", "prefill 16k +sink", "L=128k B=1", "L=128k B=64"]
-QUICK = ["default", "radix (old)", "range b2048 bins128", "range b1024 bins64", "range b512 bins128",
-         "range b1024 bins128 ls2048", "sample s512", "sample s1024", "split b2048 bins64",
-         "split b2048 bins128"]  # fmt: skip
+QUICK = ["default", "radix (old)", "range b1024 bins128", "range b256 bins128", "range b512 bins64",
+         "range b512 bins128 ls2048", "split b2048 bins64", "split b2048 bins128"]  # fmt: skip
 
 
 def variants() -> dict:
@@ -49,11 +48,11 @@ def variants() -> dict:
         out[f"range b2048 bins{bins}"] = dict(method="range", block=2048, bins=bins)
     out["range b1024 bins64"] = dict(method="range", block=1024, bins=64)
     out["range b1024 bins128"] = dict(method="range", block=1024, bins=128)
+    out["range b512 bins64"] = dict(method="range", block=512, bins=64)
     out["range b512 bins128"] = dict(method="range", block=512, bins=128)
-    out["range b1024 bins128 ls2048"] = dict(method="range", block=1024, bins=128, list_sort=2048)
+    out["range b256 bins128"] = dict(method="range", block=256, bins=128)
+    out["range b512 bins128 ls2048"] = dict(method="range", block=512, bins=128, list_sort=2048)
     out["range b2048 bins64 w8"] = dict(method="range", block=2048, bins=64, num_warps=8)
-    for sample in (512, 1024):
-        out[f"sample s{sample}"] = dict(method="sample", sample=sample)
     for bins in (64, 128, 256):
         out[f"split b2048 bins{bins}"] = dict(method="split", block=2048, bins=bins)
     for splits in (8, 64):

@@ -97,11 +97,12 @@ def _before_gdc_wait(ops: list[str]) -> dict[str, int] | None:
 def compile_for_sm90(
     fn, args: dict[str, Any], constexprs: dict, num_warps: int = 4, num_stages: int = 3, maxnreg: int | None = None
 ) -> dict:
-    """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "mma", "smem_B",
+    """Compile ``fn`` for sm_90a and return ``{"regs", "stack", "local_insts", "loop_local_insts", "mma", "smem_B",
     "async_copies", "async_copies_16B", "loop_insts", "loop_sizes", "loop_ops", "loop_shared", "ops", "narrow_stores",
     "vector_loads", "mma_loop_insts", "mma_loop_spills", "before_gdc_wait"}`` (``mma``: the matrix instructions in the SASS, e.g. ``["HGMMA"]`` for wgmma;
     ``async_copies``: its ``LDGSTS`` instructions, the cp.async loads software pipelining issues,
-    ``async_copies_16B`` those of them that move 16 bytes per thread;
+    ``async_copies_16B`` those of them that move 16 bytes per thread; ``loop_local_insts``: the
+    local-memory (spill) loads and stores inside its loops (``local_insts``: in all of it);
     ``loop_insts``: the instructions per trip of its largest loop, per warp (``loop_sizes``: of
     every loop, in program order), ``loop_ops`` their
     opcodes with counts (``{"HGMMA.64x16x16.F32.BF16": 16, ...}``), ``ops`` those of the whole
@@ -159,6 +160,7 @@ def compile_for_sm90(
         "regs": int(re.search(r"REG:(\d+)", res).group(1)),
         "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
         "local_insts": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+        "loop_local_insts": sum(bool(re.search(r"\b(?:LDL|STL)\b", i)) for body in loops for i in body),
         "mma": sorted(set(re.findall(r"\b(HGMMA|QGMMA|HMMA)\b", sass))),
         "smem_B": kernel.metadata.shared,
         "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),

@@ -7,9 +7,9 @@ are read in 16-byte vectors, up to 3 keys past ``pos``, which are masked). A row
 is above the exact ``K``-th largest order key (fp32 → uint32, order-preserving, ``-0.0`` as
 ``+0.0``) and the lowest-positioned ones equal to it (ties go to the lower position:
 deterministic). The set equals ``torch.topk``'s wherever the ``K``-th score is not tied. The
-order is by position within parts, not by score: ascending, except that the range and sampled
-selects write the keys above their threshold (bin, or the bracket's top) first and the rest of
-the selection after them, each part ascending. Attention does not care up to rounding: the
+order is by position within parts, not by score: ascending, except that the range select
+writes the keys above its threshold bin first and the rest of the selection after them, each
+part ascending. Attention does not care up to rounding: the
 sparse kernel sums a row's keys in its order, so the last bits of a token's attention output can
 depend on which method its chunk of rows took. Graph-safe: grids and scratch come from shapes,
 no host syncs.
@@ -27,21 +27,6 @@ Methods (:func:`topk_select_triton`):
   appended. Otherwise (a constant row, a range past fp32's, outliers that squeeze the rest
   into one bin twice) a radix select over the whole row and a write pass do. Three passes over
   the row instead of the radix method's five, one of them a histogram.
-* ``sample`` (one program per row; not a default yet, untimed): the range select's histogram
-  costs about 55 sm_90a instructions per key and thread (``tl.histogram``'s warp votes, bit
-  operations, population counts and shared atomics), so this method guesses a bracket ``lo < K-th ≤ hi`` from a
-  sorted sample of the row (8 runs of consecutive positions spread over it; ``hi`` and ``lo``
-  three standard deviations of the sample's count above and below ``K · sample / n``), counts the
-  keys above each in one pass (compares and sums), and where the bracket holds (fewer than ``K``
-  above ``hi``, at least ``K`` above ``lo``, at most ``K`` between) writes the keys above ``hi``
-  and lists those between in a second pass, as the range select does with its threshold bin.
-  Exact either way: a bracket that misses (a constant row, a row the sample misjudges, a row
-  longer than about ``K · sample / 36`` keys, whose bracket holds more than ``K``: 58K keys at
-  ``K`` = 2048 and a sample of 1024) falls back to the range select's passes. Per step of 1024
-  keys on sm_90a (``aot.compile_for_sm90``'s ``loop_sizes``, ``pytest -s
-  tests/test_kernels_topk.py -k "sm90 and (range or sample)"``): the range select's min/max 63,
-  histogram 443 and write-and-list pass 328–404 instructions; the sampled select's count 135 and
-  write-and-list 334, plus one sort of the sample per row.
 * ``split`` (few long rows; decode, extend): the same steps with the passes over the row split
   across ``splits`` programs per row (min/max, histograms summed with integer atomics, list);
   one program per row then finishes from the list and writes.
@@ -56,7 +41,18 @@ prefill 712.6 radix → 402.4 range (blocks of 2048 keys, 128 bins; 341.5 with b
 and 64 bins); 16384 tokens 2815.1 → 1239.6 (1086.2); the same 16K rows with a sink outlier
 2817.5 → 1554.2 with 128 bins (3161.0 with 64, 1373.6 with 256); 1 / 64 rows of ~128K keys
 920.7 / 926.1 radix → 78.8 / 131.1 split (225 / 229 range, one program per row). The defaults
-come from these: blocks of 1024, 128 bins, split below 256 rows wider than 16K keys.
+come from these: 128 bins, split below 256 rows wider than 16K keys; since the write-and-list
+pass, blocks of 512 keys (``RANGE_BLOCK``; before, 1024).
+
+A sampled select was measured slower and removed: a bracket around the ``K``-th key read off a
+sorted sample of 512 or 1024 keys of the row, one pass counting the keys above its ends and the
+write-and-list pass, the range select where the bracket missed — half the instructions per key
+of the range select's min/max and histogram passes (135 against 63 + 443 per step of 1024 keys
+in the sm_90a compile), but the sort of the sample in registers costs more than it saves: on one
+H100 (``python scripts/bench_topk.py --quick`` at commit e234fa5, µs per call) 378.5 / 525.1
+with samples of 512 / 1024 against 217.5 for the range select at all rows of an 8192-token
+prefill, 1271.3 / 1533.7 against 818.6 at 16384 tokens, 246.7 / 251.1 against 71.9 (split) for
+one row of 128K keys.
 
 A variant whose first two digits were value-range slices of the row's ``[min, max]``, with rows
 of up to 16K keys held in registers, was measured slower in the engine on one H200 (72.2 vs
@@ -368,26 +364,21 @@ def _write_above_and_list(row, out, cand, n, lo, scale, cut, lo2, scale2, cut2, 
     """One pass over ``row[0…n)``: the positions above the threshold (every one of them is
     selected) to ``out`` and those at it (the candidates) to ``cand``, each in ascending position
     order. ``MODE`` 1: the threshold is :func:`_in_cut`'s level-1 bin ``cut``, 2: its level-2 bin
-    ``cut2`` within it, 0: the order keys ``lo < u ≤ hi`` with ``hi = cut``, ``lo = cut2``."""
+    ``cut2`` within it."""
     written = 0
     listed = 0
     for b in range(0, n, BLOCK):
         offs = _block(b, BLOCK, 4)
         x = _load_row(row, offs, n, VEC)
         valid = offs < n
-        if MODE == 0:
-            u = _order_key(x)
-            above = valid & (u > cut)
-            inside = valid & (u > cut2) & (u <= cut)
+        bin1 = _range_bin(x, lo, scale, BINS)
+        if MODE == 2:
+            bin2 = _range_bin(x, lo2, scale2, BINS)
+            above = valid & ((bin1 > cut) | ((bin1 == cut) & (bin2 > cut2)))
+            inside = valid & (bin1 == cut) & (bin2 == cut2)
         else:
-            bin1 = _range_bin(x, lo, scale, BINS)
-            if MODE == 2:
-                bin2 = _range_bin(x, lo2, scale2, BINS)
-                above = valid & ((bin1 > cut) | ((bin1 == cut) & (bin2 > cut2)))
-                inside = valid & (bin1 == cut) & (bin2 == cut2)
-            else:
-                above = valid & (bin1 > cut)
-                inside = valid & (bin1 == cut)
+            above = valid & (bin1 > cut)
+            inside = valid & (bin1 == cut)
         # both prefix counts from one scan: above in the low 16 bits, inside in the high ones
         # (each count is at most the block's keys, fewer than 2^15: the sum stays below 2^31)
         slots, counts = _rank(above.to(tl.int32) + (inside.to(tl.int32) << 16), 4)
@@ -459,22 +450,13 @@ def _range_select_kernel(
     BINS: tl.constexpr,
     VEC: tl.constexpr,
     LIST_SORT: tl.constexpr,
-    SAMPLE: tl.constexpr = 0,
-    SEGMENTS: tl.constexpr = 8,
     PDL: tl.constexpr = False,
 ):
     """The range select, one program per row: min/max pass, histogram pass (and a second one
     over a crowded threshold bin), one pass writing the keys above the threshold bin to ``OUT``
     and listing the bin's keys in ``CAND`` (scratch ``[T, K]``), the threshold from the list,
     the list's selected keys appended. Programs take the rows last to first: a prefill's longest
-    rows start first.
-
-    ``SAMPLE > 0``: the sampled select — a bracket ``lo < K-th ≤ hi`` guessed from a sorted
-    sample of ``SAMPLE`` keys (:func:`_sample_bracket`), one pass counting the keys above each,
-    and where the bracket holds (fewer than ``K`` keys above ``hi``, at least ``K`` above ``lo``,
-    at most ``K`` between) one pass writing the keys above ``hi`` and listing those between, the
-    threshold from the list, the list's selected keys appended — two passes over the row, no
-    histogram; where it does not hold, the range select's passes."""
+    rows start first."""
     pdl_wait(PDL)
     t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
     n = tl.load(POSITIONS + t).to(tl.int32) + 1
@@ -483,16 +465,6 @@ def _range_select_kernel(
     cand = CAND + t * stride_ct
     if n <= topk:
         _short_row(out, n, topk, BLOCK_K)
-    elif SAMPLE > 0:
-        hi, lo = _sample_bracket(row, n, topk, SAMPLE, SEGMENTS)
-        num_hi, num_lo = _count_above(row, n, hi, lo, BLOCK, VEC)
-        if (num_hi < topk) & (num_lo >= topk) & (num_lo - num_hi <= topk):
-            _write_above_and_list(row, out, cand, n, 0.0, 0.0, hi, 0.0, 0.0, lo, BINS, BLOCK, VEC, 0)
-            tl.debug_barrier()  # the list was written by other threads
-            key, take_eq, _ = _list_threshold(row, cand, num_lo - num_hi, topk - num_hi, VEC, LIST_SORT)
-            _write_listed(row, cand, num_lo - num_hi, out + num_hi, key, take_eq)
-        else:
-            _range_row(row, out, cand, n, topk, BLOCK, BINS, VEC, LIST_SORT)
     else:
         _range_row(row, out, cand, n, topk, BLOCK, BINS, VEC, LIST_SORT)
 
@@ -521,47 +493,6 @@ def _range_row(row, out, cand, n, topk, BLOCK: tl.constexpr, BINS: tl.constexpr,
         _write_listed(row, cand, num_cand, out + (topk - need), key, take_eq)
     else:
         _finish(row, out, n, topk, False, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
-
-
-@triton.jit
-def _sample_bracket(row, n, topk, SAMPLE: tl.constexpr, SEGMENTS: tl.constexpr):
-    """(``hi``, ``lo``): two order keys that probably bracket the row's ``topk``-th largest,
-    read off a sorted sample of ``SAMPLE`` keys in ``SEGMENTS`` runs of consecutive positions
-    spread evenly over ``0…n`` (``n ≥ SAMPLE``): about ``topk · SAMPLE / n`` sample keys lie
-    above the ``topk``-th, give or take three standard deviations (and two keys). ``hi`` is
-    ``0xFFFFFFFF`` (nothing above) or ``lo`` 0 (everything above) where that reaches past the
-    sample's ends. Only a guess: the caller counts the row against both."""
-    RUN: tl.constexpr = SAMPLE // SEGMENTS
-    seg = tl.arange(0, SEGMENTS)
-    starts = (seg.to(tl.int64) * (n - RUN) // (SEGMENTS - 1)).to(tl.int32)
-    offs = starts[:, None] + tl.arange(0, RUN)[None, :]
-    u = _order_key(tl.load(row + offs))
-    srt = tl.sort(tl.reshape(u, [SAMPLE], can_reorder=True))
-    p = topk / n.to(tl.float32)
-    expect = SAMPLE * p
-    spread = 3.0 * tl.sqrt(expect * (1.0 - p)) + 2.0
-    k_hi = tl.floor(expect - spread).to(tl.int32)  # sample keys strictly above hi: k_hi
-    k_lo = tl.ceil(expect + spread).to(tl.int32)  # sample keys at or above lo: k_lo + 1
-    idx = tl.arange(0, SAMPLE)
-    hi = tl.sum(tl.where(idx == SAMPLE - 1 - k_hi, srt, 0), 0)
-    lo = tl.sum(tl.where(idx == SAMPLE - 1 - k_lo, srt, 0), 0)
-    hi = tl.where(k_hi < 0, 0xFFFFFFFF, hi)
-    lo = tl.where(k_lo > SAMPLE - 1, 0, lo)
-    return hi, lo
-
-
-@triton.jit
-def _count_above(row, n, hi, lo, BLOCK: tl.constexpr, VEC: tl.constexpr):
-    """(keys of ``row[0…n)`` whose order key is above ``hi``, those above ``lo``)."""
-    above_hi = tl.zeros([BLOCK], tl.int32)
-    above_lo = tl.zeros([BLOCK], tl.int32)
-    for b in range(0, n, BLOCK):
-        offs = b + tl.arange(0, BLOCK)
-        valid = offs < n
-        u = _order_key(_load_row(row, offs, n, VEC))
-        above_hi += (valid & (u > hi)).to(tl.int32)
-        above_lo += (valid & (u > lo)).to(tl.int32)
-    return tl.sum(above_hi, 0), tl.sum(above_lo, 0)
 
 
 # The split select: SPLITS programs per row for the passes over the row, one for the rest.
@@ -704,7 +635,10 @@ def _split_finish_kernel(SCORES, POSITIONS, SPAN, HIST, OUT, stride_st, stride_o
         _finish(SCORES + t * stride_st, out, n, topk, listed, num_cand, need, lo, hi, BLOCK, VEC, LIST_SORT)
 
 
-METHODS = ("range", "sample", "radix", "split")
+METHODS = ("range", "radix", "split")
+# Keys per step of the range select: 512 took 4.5% less than 1024 at all rows of an 8192-token
+# prefill, 4.7% at 16384 and 1.6% with a sink (one H100, scripts/bench_topk.py --quick).
+RANGE_BLOCK = 512
 
 
 def topk_select_triton(
@@ -717,7 +651,6 @@ def topk_select_triton(
     bins: int = 128,
     splits: int | None = None,
     list_sort: int = 1024,
-    sample: int = 1024,
     num_warps: int = 4,
 ) -> None:
     """Causal top-k of each row: ``topk_out[t]`` (int32 ``[T, K]``) gets the ``K`` positions
@@ -727,14 +660,12 @@ def topk_select_triton(
     Reads ``scores[t, :positions[t] + 1]`` only. Graph-safe (the choice below and the grid
     depend on shapes only).
 
-    ``method``: ``"range"`` (one program per row), ``"sample"`` (one program per row, a bracket
-    from a sample first; the range select where it misses), ``"split"`` (``splits`` programs per
+    ``method``: ``"range"`` (one program per row), ``"split"`` (``splits`` programs per
     row for the passes over the row; for few long rows) or ``"radix"`` (the four-pass radix
-    select); default :func:`default_method`. ``block``: keys per loop step (default 1024 for
-    range and sample, 2048 for split, 512 for radix); ``bins``: the value-range histogram's bins;
+    select); default :func:`default_method`. ``block``: keys per loop step (default 512 for
+    range and radix, 2048 for split); ``bins``: the value-range histogram's bins;
     ``list_sort`` (a power of two ≥ 4): the longest candidate list finished by a sort in
-    registers (longer ones by the radix select); ``sample``: the sampled select's sample size (a
-    power of two, 16 ≤ ``sample`` ≤ ``K``, in 8 runs of positions)."""
+    registers (longer ones by the radix select)."""
     num_tokens, topk = topk_out.shape
     method = method or default_method(num_tokens, scores.shape[1], topk)
     if method not in METHODS:
@@ -758,16 +689,12 @@ def topk_select_triton(
             num_warps=num_warps,
             **pdl,
         )
-    elif method in ("range", "sample"):
+    elif method == "range":
         # scratch for the threshold's candidates, [T, K] int32; none where no row can pass K keys
         cand = torch.empty(num_tokens, topk, dtype=torch.int32, device=scores.device) if scores.shape[1] > topk else topk_out
-        if (block or 1024) >= 1 << 15:
-            raise ValueError(f"block: fewer than 32768 keys a step for the {method} select, got {block}")
-        opts = dict(BLOCK=block or 1024, BLOCK_K=block_k, BINS=bins, VEC=vec, LIST_SORT=list_sort, num_warps=num_warps)
-        if method == "sample":
-            if sample & (sample - 1) or not 16 <= sample <= topk:
-                raise ValueError(f"sample: expected a power of two in [16, K={topk}], got {sample}")
-            opts["SAMPLE"] = sample
+        if (block or RANGE_BLOCK) >= 1 << 15:
+            raise ValueError(f"block: fewer than 32768 keys a step for the range select, got {block}")
+        opts = dict(BLOCK=block or RANGE_BLOCK, BLOCK_K=block_k, BINS=bins, VEC=vec, LIST_SORT=list_sort, num_warps=num_warps)
         _range_select_kernel[(num_tokens,)](scores, positions, topk_out, cand, *strides, cand.stride(0), topk, **opts, **pdl)
     else:
         block = block or 2048
