@@ -11,7 +11,7 @@ position, each position once, ``-1`` after short rows) and timed with CUDA-graph
   under ``L``.
 
     python scripts/bench_topk.py                 # the whole sweep, table last
-    python scripts/bench_topk.py --quick         # the defaults' neighbours on five shapes (≈ 1 min)
+    python scripts/bench_topk.py --quick         # the defaults' neighbours on five shapes (≈ 2 min)
     python scripts/bench_topk.py --shapes "prefill 8k" --variants "radix (old)" "range b2048 bins128"
 
 Columns: µs per call, speed-up over ``radix (old)`` (the select before the range variants),
