@@ -22,6 +22,7 @@ from breakgraph.demo.train import (
     save_checkpoint,
     train_demo,
     train_forward,
+    training_losses,
 )
 from breakgraph.layers.mlp import MoE
 from breakgraph.models.config import ModelConfig
@@ -159,6 +160,30 @@ def test_moe_dense_and_loop_paths_agree_and_gradients_stay_where_they_belong(mic
     b.index_kl.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert set(grads) <= indexer_params and grads, "the index KL trains the indexer only"
+    model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.slow
+def test_the_compiled_training_step_equals_the_eager_one(micro, tok):
+    """``--compile``: ``torch.compile`` of :func:`training_losses` (dynamic sequence length) gives
+    the eager losses, expert loads and gradients (fp32, CPU) with sparse attention over the
+    indexer's top-k, the stage of most steps, at two batch lengths without a recompile."""
+    _, model, data = micro
+    compiled = torch.compile(training_losses, dynamic=True)
+    more = encode_problems(tok, train_split(5, seed=9))
+    for batch in (data.batch(torch.arange(len(data))), more.batch(torch.arange(len(more)))):
+        runs = []
+        for fn in (training_losses, compiled):
+            model.zero_grad(set_to_none=True)
+            loss, lm, kl, load = fn(model, *batch, sparse=True, moe_impl="dense", index_kl_weight=0.5)
+            loss.backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            runs.append((torch.stack([loss, lm, kl]).detach(), load, grads))
+        (want, want_load, want_grads), (got, got_load, got_grads) = runs
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got, want)
+        assert torch.equal(got_load, want_load) and set(got_grads) == set(want_grads)
+        for n, g in want_grads.items():
+            assert torch.allclose(got_grads[n], g, rtol=1e-4, atol=1e-6), n
     model.zero_grad(set_to_none=True)
 
 

@@ -187,9 +187,11 @@ def _mla(
     else:  # a loaded inference model keeps only the absorbed halves
         w_kc, w_vc = attn.w_kc, attn.w_vc
     q_latent = torch.einsum("bshn,hnr->bshr", q_nope, w_kc)
-    q_full = torch.cat([q_latent, q_pe.to(q_latent.dtype)], dim=-1)
-    kv = torch.cat([c, k_pe.to(c.dtype)], dim=-1)
-    scores = torch.einsum("bshd,btd->bhst", q_full, kv.to(q_full.dtype)).float() * attn.scale
+    # the latent and rope parts of [q_latent ‖ q_pe]·[c ‖ k_pe] as two products (no concatenation:
+    # torch.compile's backward mis-strides a slice of a concatenated buffer when the length is dynamic)
+    dt = q_latent.dtype
+    scores = torch.einsum("bshr,btr->bhst", q_latent, c.to(dt)) + torch.einsum("bshd,btd->bhst", q_pe.to(dt), k_pe.to(dt))
+    scores = scores.float() * attn.scale
     scores = scores.masked_fill(~group.allowed[:, None], float("-inf"))
     probs = scores.softmax(dim=-1)
     target = probs.detach().sum(dim=1)
@@ -316,6 +318,25 @@ def index_kl(group: _IndexGroup, valid: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # Data
+
+
+def training_losses(
+    model: DsaForCausalLM,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    sparse: bool,
+    moe_impl: str,
+    index_kl_weight: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One training step's forward: ``(loss, lm, index_kl, expert_load)`` for right-padded
+    ``input_ids [B, S]``, ``labels [B, S]`` (``-100``: no loss) and ``valid [B, S]``, where
+    ``loss = lm + index_kl_weight · index_kl`` (:func:`train_forward` says what each is). The
+    function ``--compile`` hands to ``torch.compile``."""
+    out = train_forward(model, input_ids, sparse=sparse, valid=valid, moe_impl=moe_impl)
+    lm = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    return lm + index_kl_weight * out.index_kl, lm, out.index_kl, out.expert_load
 
 
 @dataclass
@@ -483,6 +504,7 @@ class TrainArgs:
     data_workers: int = 1
     moe_impl: str | None = None  # default: "dense" on CUDA, "loop" on CPU
     amp: bool | None = None  # default: bf16 autocast on CUDA
+    compile: bool = False  # the step's forward and loss through torch.compile
     log_every: int = 50
     eval_every: int = 0
     eval_device: str | None = None
@@ -613,7 +635,8 @@ def train_demo(
     _log(
         f"recipe: {a.steps} steps{budget} (first {a.dense_frac:.0%} dense, then sparse), batch {a.batch_size}, "
         f"lr {a.lr} warmup {a.warmup_steps} cosine, wd {a.weight_decay}, device {dev}, "
-        f"{'bf16 autocast' if amp else 'fp32'}, moe {moe_impl}, threads {torch.get_num_threads()}"
+        f"{'bf16 autocast' if amp else 'fp32'}, moe {moe_impl}, {'compiled' if a.compile else 'eager'}, "
+        f"threads {torch.get_num_threads()}"
     )
 
     opt = torch.optim.AdamW(
@@ -623,6 +646,9 @@ def train_demo(
         eps=1e-8,
         fused=True if cuda else None,
     )
+    # torch.compile traces the forward and the loss at the first step, with a dynamic sequence
+    # length, and again at the switch to sparse attention
+    step_losses = torch.compile(training_losses, dynamic=True) if a.compile else training_losses
     gen = torch.Generator().manual_seed(seed)
     biases = [
         layer.mlp.gate.e_score_correction_bias for layer in model.model.layers if isinstance(layer.mlp, MoE)
@@ -676,18 +702,18 @@ def train_demo(
         for group in opt.param_groups:
             group["lr"] = a.lr * _lr_factor(step, progress, a)
         with torch.autocast(dev.type, dtype=torch.bfloat16) if amp else nullcontext():
-            out = train_forward(model, ids, sparse=sparse, valid=valid, moe_impl=moe_impl)
-        lm = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-        loss = lm + a.index_kl_weight * out.index_kl
+            loss, lm, index_kl, expert_load = step_losses(
+                model, ids, labels, valid, sparse=sparse, moe_impl=moe_impl, index_kl_weight=a.index_kl_weight
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         opt.step()
         with torch.no_grad():
-            if out.expert_load is not None and a.bias_update_rate:
-                for bias, load in zip(biases, out.expert_load.float()):
+            if expert_load is not None and a.bias_update_rate:
+                for bias, load in zip(biases, expert_load.float()):
                     bias.add_(torch.sign(load.mean() - load) * a.bias_update_rate)
-            d_lm, d_kl = lm.detach(), out.index_kl.detach()
+            d_lm, d_kl = lm.detach(), index_kl.detach()
             run_loss = d_lm if run_loss is None else 0.95 * run_loss + 0.05 * d_lm
             run_kl = d_kl if run_kl is None else 0.95 * run_kl + 0.05 * d_kl
         step += 1
@@ -695,8 +721,8 @@ def train_demo(
         progress = _progress(step, elapsed + eval_s, a)
         if step % a.log_every == 0 or progress >= 1.0:
             share = ""
-            if out.expert_load is not None:
-                frac = out.expert_load.float() / out.expert_load.float().sum(-1, keepdim=True)
+            if expert_load is not None:
+                frac = expert_load.float() / expert_load.float().sum(-1, keepdim=True)
                 share = f" | max expert share {frac.max().item():.2f}"
             rec = {"step": step, "stage": "sparse" if sparse else "dense", "lm_loss": round(run_loss.item(), 5),
                    "index_kl": round(run_kl.item(), 5), "lr": opt.param_groups[0]["lr"], "train_s": round(elapsed, 1)}  # fmt: skip
@@ -847,6 +873,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--amp", choices=["auto", "on", "off"], default="auto", help="bf16 autocast (auto: on for CUDA)"
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run each step's forward and loss through torch.compile (its backward follows): fewer, fused "
+        "kernels after a compile at the first step (again at the switch to sparse attention)",
+    )
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines")
     p.add_argument(
         "--eval-every",
@@ -893,7 +925,8 @@ def main(argv: list[str] | None = None) -> dict:
         mixture=ns.mixture,
         val_problems=ns.val_problems, vocab_size=ns.vocab_size, tokenizer_problems=ns.tokenizer_problems,
         tokenizer_gsm8k=not ns.no_tokenizer_gsm8k, data_workers=ns.data_workers,
-        moe_impl=ns.moe_impl, amp={"auto": None, "on": True, "off": False}[ns.amp], log_every=ns.log_every,
+        moe_impl=ns.moe_impl, amp={"auto": None, "on": True, "off": False}[ns.amp], compile=ns.compile,
+        log_every=ns.log_every,
         eval_every=ns.eval_every, eval_device=ns.eval_device, final_eval_device=ns.final_eval_device,
         test_problems=ns.test_problems, threads=ns.threads, save_dtype=ns.save_dtype,
         save_every=ns.save_every,
