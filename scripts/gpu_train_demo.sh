@@ -21,8 +21,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_train_demo}
 # Shorter runs (a lease with less device time left): DEADLINE (s from the start, default 400);
 # QUICK=1 skips the training run's own final report and the GPU evaluation (evaluate on the CPU).
+# COMPILE=1 passes --compile (the step through torch.compile; untimed on a GPU so far): compare
+# the steps it reaches by the deadline with a run without it.
 DEADLINE=${DEADLINE:-400}
 QUICK=${QUICK:-0}
+COMPILE=${COMPILE:-0}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
@@ -37,7 +40,7 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 stamp "1. training (log: $OUT/train.log)"
 timeout 520 python -m breakgraph.demo.train --out "$OUT/glm5-tiny-arith" --device cuda --steps 100000 \
   --batch-size 512 --lr 3e-3 --time-budget 360 --deadline "$DEADLINE" --train-problems 800000 --data-workers 16 \
-  --final-eval-device cuda --log-every 200 $([ "$QUICK" = 1 ] && echo --no-final-eval) \
+  --final-eval-device cuda --log-every 200 $([ "$QUICK" = 1 ] && echo --no-final-eval) $([ "$COMPILE" = 1 ] && echo --compile) \
   --mixture '{"templates": 0.06, "wordings": 0.06, "phrases": 0.12, "varied": 0.18, "grammar": 0.18, "choices": 0.1, "fillers": 0.3}' \
   --shape '{"moe_intermediate_size": 192}' >>"$OUT/train.log" 2>&1
 echo "train rc=$?"
