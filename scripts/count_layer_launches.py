@@ -142,9 +142,8 @@ def build_layers(tokens: int, context: int, batch_size: int = 1):
             page_table=page_table, seq_lens=torch.full((rows,), seq, dtype=torch.int32), seq_lens_cpu=[seq] * rows,
             prefix_lens_cpu=[seq - tokens] * rows, extend_lens_cpu=[tokens] * rows, kv_cache=cache,
         )  # fmt: skip
-        tokens = n
-        cos, sin = (torch.empty(tokens, cfg.qk_rope_head_dim // 2, dtype=dtype) for _ in range(2))
-        h = torch.randn(tokens, cfg.hidden_size, dtype=dtype)
+        cos, sin = (torch.empty(n, cfg.qk_rope_head_dim // 2, dtype=dtype) for _ in range(2))
+        h = torch.randn(n, cfg.hidden_size, dtype=dtype)
     return cfg, layers, batch, h, cos, sin
 
 

@@ -189,7 +189,7 @@ def _sm90_compiles() -> dict:
     return {
         "radix": (tk._topk_select_kernel, dict(row, OUT="*i32", stride_ot=TOPK), dict(BLOCK=512, BLOCK_K=1024)),
         "range": (tk._range_select_kernel, dict(row, OUT="*i32", CAND="*i32", stride_ot=TOPK, stride_ct=TOPK),
-                  dict(BLOCK=512, BLOCK_K=1024, BINS=128, VEC=4, LIST_SORT=1024)),
+                  dict(BLOCK=tk.RANGE_BLOCK, BLOCK_K=1024, BINS=128, VEC=4, LIST_SORT=1024)),
         "split span": (tk._split_span_kernel, dict(row, SPAN="*fp32"), part),
         "split hist": (tk._split_hist_kernel, dict(row, SPAN="*fp32", HIST="*i32"), dict(part, BINS=128)),
         "split refine": (tk._split_refine_kernel, dict(row, SPAN="*fp32", HIST="*i32"), dict(part, BINS=128)),

@@ -190,8 +190,8 @@ def _mla(
     # the latent and rope parts of [q_latent ‖ q_pe]·[c ‖ k_pe] as two products (no concatenation:
     # torch.compile's backward mis-strides a slice of a concatenated buffer when the length is dynamic)
     dt = q_latent.dtype
-    scores = torch.einsum("bshr,btr->bhst", q_latent, c.to(dt)) + torch.einsum("bshd,btd->bhst", q_pe.to(dt), k_pe.to(dt))
-    scores = scores.float() * attn.scale
+    scores = torch.einsum("bshr,btr->bhst", q_latent, c.to(dt))
+    scores = (scores + torch.einsum("bshd,btd->bhst", q_pe.to(dt), k_pe.to(dt))).float() * attn.scale
     scores = scores.masked_fill(~group.allowed[:, None], float("-inf"))
     probs = scores.softmax(dim=-1)
     target = probs.detach().sum(dim=1)
