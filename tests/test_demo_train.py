@@ -246,3 +246,55 @@ def test_deadline_shortens_the_time_budget_to_what_is_left_after_the_data(tmp_pa
     )  # fmt: skip
     assert summary["args"]["time_budget"] == 1.0  # the least a deadline leaves
     assert summary["steps"] < 100000 and summary["train_seconds"] < 30
+
+
+def _cli_args(out, shape: str | None, *extra: str) -> list[str]:
+    args = ["--out", str(out), "--device", "cpu", "--batch-size", "4", "--train-problems", "64",
+            "--val-problems", "4", "--vocab-size", "400", "--no-tokenizer-gsm8k", "--tokenizer-problems", "500",
+            "--warmup-steps", "1", "--log-every", "1", "--no-final-eval"]  # fmt: skip
+    return args + (["--shape", shape] if shape else []) + list(extra)
+
+
+def _weights(folder) -> dict[str, torch.Tensor]:
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def test_init_from_continues_a_checkpoint_with_its_tokenizer_shape_and_weights(tmp_path):
+    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
+    first = main(_cli_args(tmp_path / "a", shape, "--steps", "8", "--lr", "1e-2", "--save-dtype", "float32"))
+    # lr 0 and no balance update: the continuation must save exactly the weights it started from
+    still = main(_cli_args(tmp_path / "b", None, "--steps", "2", "--lr", "0", "--bias-update-rate", "0",
+                           "--init-from", str(tmp_path / "a"), "--seed", "1", "--save-dtype", "float32"))  # fmt: skip
+    assert (tmp_path / "b" / "tokenizer.json").read_bytes() == (tmp_path / "a" / "tokenizer.json").read_bytes()
+    a_cfg, b_cfg = (json.loads((tmp_path / d / "config.json").read_text()) for d in "ab")
+    assert a_cfg == b_cfg
+    a_w, b_w = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert a_w.keys() == b_w.keys() and all(torch.equal(a_w[k], b_w[k]) for k in a_w)
+    # sparse from the first step (the indexer is trained already), and it starts where the first run ended
+    assert all(h["stage"] == "sparse" for h in still["history"] if "stage" in h)
+    assert still["history"][0]["lm_loss"] < 0.9 * first["history"][0]["lm_loss"]
+
+
+def test_init_from_refuses_a_shape_and_names_a_missing_file(tmp_path):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json there"):
+        main(_cli_args(tmp_path / "b", None, "--steps", "1", "--init-from", str(tmp_path / "half")))
+    with pytest.raises(ValueError, match="--shape"):
+        main(_cli_args(tmp_path / "b", '{"hidden_size": 64}', "--steps", "1", "--init-from", str(tmp_path / "half")))
+
+
+def test_a_failed_compile_falls_back_to_the_eager_step(monkeypatch, tmp_path, capsys):
+    from breakgraph.demo import train as T
+
+    def failing_compile(fn, **kwargs):
+        def compiled(*args, **kw):
+            raise RuntimeError("backend exploded")
+
+        return compiled
+
+    monkeypatch.setattr(T.torch, "compile", failing_compile)
+    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
+    summary = main(_cli_args(tmp_path / "c", shape, "--steps", "3", "--compile"))
+    assert summary["steps"] == 3 and "torch.compile failed (RuntimeError: backend exploded); eager" in capsys.readouterr().out

@@ -23,6 +23,11 @@ Recipe (DSA-style indexer training):
   (DeepSeek-V3's auxiliary-loss-free balancing). Gradients reach the router through the
   (unbiased) routing weights of the chosen experts.
 
+A further stage of training (``--init-from FOLDER``) starts from a saved checkpoint's weights,
+tokenizer and shape with a fresh optimizer and lr schedule, in stage 2 from its first step; with
+another ``--seed`` it trains on problems the earlier stage did not generate. Chained stages keep
+each run short (a GPU lease) while the model trains for their sum.
+
 Run (prints progress lines and ends with the accuracy on the held-out template and phrasing
 splits, the example prompts, and the annotation accuracy; see :mod:`breakgraph.demo.evaluate`)::
 
@@ -41,6 +46,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 
 from breakgraph.demo.evaluate import evaluate, evaluate_splits
 from breakgraph.demo.mixture import DEFAULT_SHARES, GSM8K_TRAIN, make_mixture
@@ -52,6 +58,7 @@ from breakgraph.layers.linear import LinearBase
 from breakgraph.layers.mlp import Experts, MoE
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.glm5 import DsaForCausalLM
+from breakgraph.models.loader import load_checkpoint
 
 # The shipped model's shape (HF config.json fields); vocab and special ids come from the tokenizer.
 DEMO_SHAPE: dict = {
@@ -515,6 +522,7 @@ class TrainArgs:
     save_every: int = 0
     resume: bool = False
     shape: dict = field(default_factory=dict)
+    init_from: str | None = None  # a checkpoint folder: start from its tokenizer, shape and weights
 
 
 def tokenizer_shares(mixture: dict[str, float]) -> dict[str, float]:
@@ -574,6 +582,27 @@ def _final_eval(out_dir: Path, val_set: list[Problem], a: TrainArgs) -> tuple[di
     return _eval_on(out_dir, val_set, a, "cpu", "float32")
 
 
+def _start_checkpoint(folder: Path, shape: dict) -> tuple[Tokenizer, dict]:
+    """The tokenizer and complete ``config.json`` of the checkpoint ``--init-from`` names; its
+    shape is fixed, so ``shape`` overrides are refused."""
+    if shape:
+        raise ValueError(
+            f"--shape {shape} cannot be combined with --init-from {folder}: the shape is the checkpoint's"
+        )
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"--init-from {folder}: no {name} there")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    cfg_dict = json.loads((folder / "config.json").read_text())
+    vocab, eos = cfg_dict.get("vocab_size"), cfg_dict.get("eos_token_id")
+    if tok.token_to_id(EOS) != eos or tok.get_vocab_size() != vocab:
+        raise ValueError(
+            f"--init-from {folder}: tokenizer.json (vocab {tok.get_vocab_size()}, {EOS} {tok.token_to_id(EOS)}) does "
+            f"not match config.json (vocab_size {vocab}, eos_token_id {eos})"
+        )
+    return tok, cfg_dict
+
+
 def train_demo(
     out_dir: str | Path,
     seed: int = 0,
@@ -604,20 +633,26 @@ def train_demo(
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
 
+    if a.init_from:  # checked before the data stage, which takes minutes at full size
+        tok, cfg_dict = _start_checkpoint(Path(a.init_from), a.shape)
     problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture, workers=a.data_workers)
     val_set = problems[a.train_problems :]
-    corpus = build_corpus(
-        a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
-        **tokenizer_shares(a.mixture),
-    )
-    tok = train_tokenizer(corpus, vocab_size=a.vocab_size)
+    if not a.init_from:
+        corpus = build_corpus(
+            a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
+            **tokenizer_shares(a.mixture),
+        )
+        tok = train_tokenizer(corpus, vocab_size=a.vocab_size)
+        cfg_dict = model_config_dict(
+            tok.get_vocab_size(), tok.token_to_id(EOS), tok.token_to_id(PAD), a.save_dtype, **a.shape
+        )
     data = encode_problems(tok, problems[: a.train_problems])
     del problems  # the token tensor is all training needs
-    cfg_dict = model_config_dict(
-        tok.get_vocab_size(), tok.token_to_id(EOS), tok.token_to_id(PAD), a.save_dtype, **a.shape
-    )
     config = ModelConfig.from_dict(cfg_dict)
     model = new_model(config, seed, dev)
+    if a.init_from:
+        load_checkpoint(model, Path(a.init_from))
+        _log(f"weights, tokenizer and shape from {a.init_from} (the optimizer starts afresh)")
     n_params = sum(p.numel() for p in model.parameters())
     if a.deadline:
         left = max(a.deadline - (time.perf_counter() - t_start), 1.0)
@@ -687,6 +722,17 @@ def train_demo(
         )  # fmt: skip
         tmp.replace(state_file)
 
+    def forward_backward(losses_fn, ids, labels, valid, sparse: bool):
+        """One step's forward (under autocast when asked) and backward: the gradients, and
+        ``losses_fn``'s ``(loss, lm, index_kl, expert_load)``."""
+        with torch.autocast(dev.type, dtype=torch.bfloat16) if amp else nullcontext():
+            out = losses_fn(
+                model, ids, labels, valid, sparse=sparse, moe_impl=moe_impl, index_kl_weight=a.index_kl_weight
+            )
+        opt.zero_grad(set_to_none=True)
+        out[0].backward()
+        return out
+
     while progress < 1.0:
         if cursor + a.batch_size > len(data):
             order, cursor = length_grouped_order(data.lengths, a.batch_size, gen), 0
@@ -701,12 +747,16 @@ def train_demo(
             _log(f"step {step}: stage 2, sparse attention over the indexer's top-{config.index_topk}")
         for group in opt.param_groups:
             group["lr"] = a.lr * _lr_factor(step, progress, a)
-        with torch.autocast(dev.type, dtype=torch.bfloat16) if amp else nullcontext():
-            loss, lm, index_kl, expert_load = step_losses(
-                model, ids, labels, valid, sparse=sparse, moe_impl=moe_impl, index_kl_weight=a.index_kl_weight
-            )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if step_losses is training_losses:
+            loss, lm, index_kl, expert_load = forward_backward(training_losses, ids, labels, valid, sparse)
+        else:
+            try:  # a compile happens inside the first steps of each stage (forward, then backward)
+                loss, lm, index_kl, expert_load = forward_backward(step_losses, ids, labels, valid, sparse)
+            except Exception as exc:  # noqa: BLE001 - a failed compile must not cost the run
+                why = f"{type(exc).__name__}: {str(exc)[:300]}"
+                _log(f"step {step}: torch.compile failed ({why}); eager from here")
+                step_losses = training_losses
+                loss, lm, index_kl, expert_load = forward_backward(training_losses, ids, labels, valid, sparse)
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         opt.step()
         with torch.no_grad():
@@ -811,8 +861,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--dense-frac",
         type=float,
-        default=d.dense_frac,
-        help="fraction of the run in stage 1 (dense attention)",
+        default=None,
+        help=f"fraction of the run in stage 1 (dense attention); default {d.dense_frac}, 0 with --init-from",
     )
     p.add_argument(
         "--time-budget",
@@ -916,10 +966,19 @@ def main(argv: list[str] | None = None) -> dict:
         default={},
         help="JSON overrides of the model shape, e.g. '{\"hidden_size\": 128}'",
     )
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from this checkpoint folder's weights, tokenizer and shape (a further stage of training: "
+        "fresh optimizer and lr schedule, sparse attention from the first step unless --dense-frac says "
+        "otherwise; --seed then picks new problems and their order)",
+    )
     ns = p.parse_args(argv)
+    dense_frac = ns.dense_frac if ns.dense_frac is not None else (0.0 if ns.init_from else d.dense_frac)
     args = TrainArgs(
         batch_size=ns.batch_size, lr=ns.lr, min_lr_ratio=ns.min_lr_ratio, warmup_steps=ns.warmup_steps,
-        weight_decay=ns.weight_decay, grad_clip=ns.grad_clip, dense_frac=ns.dense_frac, time_budget=ns.time_budget,
+        weight_decay=ns.weight_decay, grad_clip=ns.grad_clip, dense_frac=dense_frac, time_budget=ns.time_budget,
         deadline=ns.deadline,
         index_kl_weight=ns.index_kl_weight, bias_update_rate=ns.bias_update_rate, train_problems=ns.train_problems,
         mixture=ns.mixture,
@@ -930,7 +989,7 @@ def main(argv: list[str] | None = None) -> dict:
         eval_every=ns.eval_every, eval_device=ns.eval_device, final_eval_device=ns.final_eval_device,
         test_problems=ns.test_problems, threads=ns.threads, save_dtype=ns.save_dtype,
         save_every=ns.save_every,
-        resume=ns.resume, shape=ns.shape,
+        resume=ns.resume, shape=ns.shape, init_from=str(ns.init_from) if ns.init_from else None,
     )  # fmt: skip
     return train_demo(ns.out, ns.seed, ns.steps, ns.device, args=args, final_eval=not ns.no_final_eval)
 
