@@ -377,7 +377,8 @@ def encode_problems(tok, problems: list[Problem], check: int = 2000, chunk: int 
     confirm its tokens are a prefix of the example's (training sees exactly the tokens the
     zero-shot prompt gives). Works in chunks so the tokenizer's per-text objects stay few."""
     eos, pad = tok.token_to_id(EOS), tok.token_to_id(PAD)
-    rows: list[torch.Tensor] = []
+    flat: list[int] = []  # every example's ids and its end-of-text, one after another
+    lengths: list[int] = []
     starts: list[int] = []
     for c0 in range(0, len(problems), chunk):
         part = problems[c0 : c0 + chunk]
@@ -387,15 +388,18 @@ def encode_problems(tok, problems: list[Problem], check: int = 2000, chunk: int 
         for i, (p, f) in enumerate(zip(part, full)):
             n_prompt = len(format_prompt(p.question))
             start = next(j for j, (a, _) in enumerate(f.offsets) if a >= n_prompt)
-            if i < n_check and f.ids[:start] != prompts[i].ids:
+            ids = f.ids
+            if i < n_check and ids[:start] != prompts[i].ids:
                 raise ValueError(f"the prompt of {p.question!r} does not tokenise as a prefix of its example")
-            rows.append(torch.tensor(f.ids + [eos], dtype=torch.int32))
+            flat += ids
+            flat.append(eos)
+            lengths.append(len(ids) + 1)
             starts.append(start)
         del full, prompts
-    lengths = torch.tensor([len(r) for r in rows])
-    tokens = torch.full((len(rows), int(lengths.max())), pad, dtype=torch.int32)
-    for i, r in enumerate(rows):
-        tokens[i, : len(r)] = r
+    lens = torch.tensor(lengths)
+    tokens = torch.full((len(lengths), int(lens.max())), pad, dtype=torch.int32)
+    tokens[torch.arange(tokens.shape[1]) < lens[:, None]] = torch.tensor(flat, dtype=torch.int32)  # row-major fill
+    lengths = lens
     return EncodedProblems(tokens, lengths, torch.tensor(starts))
 
 
@@ -637,6 +641,7 @@ def train_demo(
         tok, cfg_dict = _start_checkpoint(Path(a.init_from), a.shape)
     problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture, workers=a.data_workers)
     val_set = problems[a.train_problems :]
+    t_problems = time.perf_counter()
     if not a.init_from:
         corpus = build_corpus(
             a.tokenizer_problems, seed, GSM8K_TRAIN if a.tokenizer_gsm8k and GSM8K_TRAIN.is_file() else None,
@@ -646,8 +651,10 @@ def train_demo(
         cfg_dict = model_config_dict(
             tok.get_vocab_size(), tok.token_to_id(EOS), tok.token_to_id(PAD), a.save_dtype, **a.shape
         )
+    t_tokenizer = time.perf_counter()
     data = encode_problems(tok, problems[: a.train_problems])
     del problems  # the token tensor is all training needs
+    t_encoded = time.perf_counter()
     config = ModelConfig.from_dict(cfg_dict)
     model = new_model(config, seed, dev)
     if a.init_from:
@@ -660,7 +667,8 @@ def train_demo(
     budget = f" or {a.time_budget:.0f}s of training, whichever comes first" if a.time_budget else ""
     _log(
         f"data: {len(data)} train / {len(val_set)} val problems, {int(data.lengths.sum())} tokens, "
-        f"max len {data.tokens.shape[1]}, vocab {tok.get_vocab_size()} ({time.perf_counter() - t_start:.1f}s)"
+        f"max len {data.tokens.shape[1]}, vocab {tok.get_vocab_size()} ({t_encoded - t_start:.1f}s: problems "
+        f"{t_problems - t_start:.1f}, tokenizer {t_tokenizer - t_problems:.1f}, encoding {t_encoded - t_tokenizer:.1f})"
     )
     _log(
         f"model: glm_moe_dsa {n_params / 1e6:.2f}M params, {config.num_hidden_layers} layers "
