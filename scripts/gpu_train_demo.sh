@@ -29,6 +29,9 @@ DEADLINE=${DEADLINE:-400}
 TIME_BUDGET=${TIME_BUDGET:-360}  # seconds of training steps at most (--time-budget)
 QUICK=${QUICK:-0}
 COMPILE=${COMPILE:-0}
+# GRAPHS=1 passes --graphs (each step replayed from a CUDA graph per padded length and stage; an
+# eager step waits on the host launching its ~2,200 small kernels). Untimed on a GPU so far.
+GRAPHS=${GRAPHS:-0}
 # A further stage of training: INIT_FROM=checkpoint-folder starts from its weights, tokenizer and shape
 # (the train command's --init-from: fresh optimizer, sparse attention from the first step) on the
 # problems of SEED (use a seed no earlier stage used, so the stage sees new problems); LR sets the peak lr.
@@ -51,6 +54,7 @@ stamp "1. training (log: $OUT/train.log)"
 timeout 520 python -m breakgraph.demo.train --out "$OUT/glm5-tiny-arith" --device cuda --steps 100000 \
   --seed "$SEED" --batch-size 512 --lr "$LR" --time-budget "$TIME_BUDGET" --deadline "$DEADLINE" --train-problems 800000 --data-workers 16 \
   --final-eval-device cuda --log-every 200 $([ "$QUICK" = 1 ] && echo --no-final-eval) $([ "$COMPILE" = 1 ] && echo --compile) \
+  $([ "$GRAPHS" = 1 ] && echo --graphs) \
   --mixture '{"templates": 0.06, "wordings": 0.06, "phrases": 0.12, "varied": 0.18, "grammar": 0.18, "choices": 0.1, "fillers": 0.3}' \
   "${START[@]}" >>"$OUT/train.log" 2>&1
 echo "train rc=$?"

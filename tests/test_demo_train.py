@@ -298,3 +298,88 @@ def test_a_failed_compile_falls_back_to_the_eager_step(monkeypatch, tmp_path, ca
     shape = json.dumps({**MICRO, "num_hidden_layers": 2})
     summary = main(_cli_args(tmp_path / "c", shape, "--steps", "3", "--compile"))
     assert summary["steps"] == 3 and "torch.compile failed (RuntimeError: backend exploded); eager" in capsys.readouterr().out
+
+
+def _micro_steps(tok, seed: int = 0, bias_update_rate: float = 1e-3, device: str = "cpu"):
+    """A micro model, its AdamW and its TrainStep (fp32, dense MoE: the graphable step)."""
+    from functools import partial
+
+    from breakgraph.demo.train_step import TrainStep
+
+    cfg = model_config_dict(tok.get_vocab_size(), 0, 1, "float32", **{**MICRO, "num_hidden_layers": 3})
+    model = new_model(ModelConfig.from_dict(cfg), seed=seed, device=device, std=0.05)
+    biases = [layer.mlp.gate.e_score_correction_bias for layer in model.model.layers if isinstance(layer.mlp, MoE)]
+    losses = partial(training_losses, moe_impl="dense", index_kl_weight=1.0)
+    step = TrainStep(model, losses, amp=False, biases=biases, bias_update_rate=bias_update_rate)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    return model, opt, step
+
+
+def test_padding_a_batch_changes_no_loss_load_or_gradient(tok):
+    """Dense stage: in the sparse one a random model's index scores tie (ReLU zeros), and which of
+    the tied keys ``topk`` keeps may change with the row's width — another valid top-k."""
+    from breakgraph.demo.train_step import pad_batch
+
+    model, _, step = _micro_steps(tok, bias_update_rate=0.0)  # the same routing for both batches
+    data = encode_problems(tok, train_split(6, seed=4))
+    ids, labels, valid = data.batch(torch.arange(6))
+    results, grads = [], []
+    for batch in ((ids, labels, valid), pad_batch(ids, labels, valid, ids.shape[1] + 13, pad_id=1)):
+        results.append(step(*batch, sparse=False))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    (a, b), (ga, gb) = results, grads
+    assert torch.allclose(a.lm, b.lm, rtol=1e-6) and torch.allclose(a.index_kl, b.index_kl, rtol=0, atol=2e-6)  # a difference of near-equal sums
+    assert torch.equal(a.expert_load, b.expert_load) and a.expert_load.sum() == 2 * 2 * valid.sum()
+    assert ga.keys() == gb.keys() and len(ga) > 20
+    for n in ga:
+        assert torch.allclose(ga[n], gb[n], rtol=1e-5, atol=1e-7), n
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_graphed_steps_replay_the_eager_steps(tok, device):
+    """Steps through GraphedSteps (CPU stand-in graphs: captured, replayed with new batches, one
+    graph replayed after another was captured, both stages) leave the same weights, biases and
+    losses as eager steps of a twin model on the same batches padded alike."""
+    from breakgraph.demo.train_step import GraphedSteps, pad_batch
+
+    eager_model, eager_opt, eager_step = _micro_steps(tok, device=device)
+    graph_model, graph_opt, graph_step = _micro_steps(tok, device=device)
+    graphed = GraphedSteps(graph_step, pad_id=1, length_step=16)
+    data = encode_problems(tok, train_split(60, seed=5))
+    by_key: dict[int, list[int]] = {}
+    for i, n in enumerate(data.lengths.tolist()):
+        by_key.setdefault(graphed.padded_length(n), []).append(i)
+    short, long = sorted((k for k, rows in by_key.items() if len(rows) >= 12), key=lambda k: -len(by_key[k]))[:2]
+    a, b = by_key[short], by_key[long]
+    # dense: capture A, replay A, capture B, replay A after B's capture; sparse: capture A, replay A
+    batches = [a[0:4], a[4:8], b[0:4], a[8:12], b[4:8], b[8:12]]
+    stages = [False, False, False, False, True, True]
+    for idx, sparse in zip(batches, stages):
+        ids, labels, valid = (t.to(device) for t in data.batch(idx))
+        # the twin: a plain step (gradients set to None, then one backward), not TrainStep
+        eager_opt.zero_grad(set_to_none=True)
+        padded = pad_batch(ids, labels, valid, graphed.padded_length(ids.shape[1]), 1)
+        loss, lm, _, load = eager_step.losses_fn(eager_model, *padded, sparse=sparse)
+        loss.backward()
+        with torch.no_grad():
+            for bias, layer_load in zip(eager_step.biases, load):
+                bias.add_(torch.sign(layer_load.mean() - layer_load) * 1e-3)
+        got = graphed(ids, labels, valid, sparse)
+        for model, opt in ((eager_model, eager_opt), (graph_model, graph_opt)):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        assert torch.allclose(got.lm, lm, rtol=1e-5) and torch.equal(got.expert_load, load)
+    assert sorted(graphed.graphs) == sorted([(short, False), (long, False), (long, True)])  # 3 of 6 replayed
+    want_state, got_state = eager_model.state_dict(), graph_model.state_dict()
+    for name, w in want_state.items():
+        assert torch.allclose(got_state[name], w, rtol=1e-4, atol=1e-6), name
+
+
+def test_train_cli_with_graphs_trains_and_logs_its_captures(tmp_path, capsys):
+    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
+    summary = main(_cli_args(tmp_path / "g", shape, "--steps", "6", "--graphs", "--moe-impl", "dense"))
+    out = capsys.readouterr().out
+    assert summary["steps"] == 6 and "graphs per length" in out
+    assert "captured the training step at" in out and "dense attention (1 graphs" in out
+    with pytest.raises(ValueError, match="--graphs"):
+        main(_cli_args(tmp_path / "h", shape, "--steps", "1", "--graphs", "--compile", "--moe-impl", "dense"))

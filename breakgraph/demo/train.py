@@ -40,8 +40,8 @@ import argparse
 import json
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -52,6 +52,7 @@ from breakgraph.demo.evaluate import evaluate, evaluate_splits
 from breakgraph.demo.mixture import DEFAULT_SHARES, GSM8K_TRAIN, make_mixture
 from breakgraph.demo.problems import Problem, format_example, format_prompt
 from breakgraph.demo.tokenizer import EOS, PAD, build_corpus, save_tokenizer, train_tokenizer
+from breakgraph.demo.train_step import GraphedSteps, TrainStep
 from breakgraph.kernels.moe import route_ref
 from breakgraph.kernels.rope import rope
 from breakgraph.layers.linear import LinearBase
@@ -250,8 +251,11 @@ def _moe(moe: MoE, x: torch.Tensor, valid: torch.Tensor, impl: str) -> tuple[tor
     )
     if moe.shared_experts is not None:
         routed = routed + moe.shared_experts(flat)
-    hits = F.one_hot(ids, c.n_routed_experts).sum(dim=1) * valid.reshape(-1, 1)
-    return routed.reshape(b, s, -1), hits.sum(dim=0)
+    # tokens per expert over the real tokens, counted by a scatter (one_hot checks its ids on the host)
+    hits = valid.reshape(-1, 1).expand_as(ids).to(torch.float32)
+    load = torch.zeros(c.n_routed_experts, dtype=torch.float32, device=x.device)
+    load.index_add_(0, ids.reshape(-1), hits.reshape(-1))
+    return routed.reshape(b, s, -1), load
 
 
 def train_forward(
@@ -516,6 +520,7 @@ class TrainArgs:
     moe_impl: str | None = None  # default: "dense" on CUDA, "loop" on CPU
     amp: bool | None = None  # default: bf16 autocast on CUDA
     compile: bool = False  # the step's forward and loss through torch.compile
+    graphs: bool = False  # the step replayed from a graph per (padded length, stage)
     log_every: int = 50
     eval_every: int = 0
     eval_device: str | None = None
@@ -630,6 +635,9 @@ def train_demo(
     if a.threads:
         torch.set_num_threads(a.threads)
     moe_impl = a.moe_impl or ("dense" if cuda else "loop")
+    if a.graphs and (a.compile or moe_impl != "dense"):
+        raise ValueError("--graphs takes the eager, dense-MoE step: not with --compile or --moe-impl loop "
+                         f"(got compile={a.compile}, moe_impl={moe_impl!r})")  # fmt: skip
     amp = cuda if a.amp is None else a.amp
     eval_every = a.eval_every
     if cuda:
@@ -678,7 +686,8 @@ def train_demo(
     _log(
         f"recipe: {a.steps} steps{budget} (first {a.dense_frac:.0%} dense, then sparse), batch {a.batch_size}, "
         f"lr {a.lr} warmup {a.warmup_steps} cosine, wd {a.weight_decay}, device {dev}, "
-        f"{'bf16 autocast' if amp else 'fp32'}, moe {moe_impl}, {'compiled' if a.compile else 'eager'}, "
+        f"{'bf16 autocast' if amp else 'fp32'}, moe {moe_impl}, "
+        f"{'compiled' if a.compile else 'graphs per length' if a.graphs else 'eager'}, "
         f"threads {torch.get_num_threads()}"
     )
 
@@ -691,11 +700,16 @@ def train_demo(
     )
     # torch.compile traces the forward and the loss at the first step, with a dynamic sequence
     # length, and again at the switch to sparse attention
-    step_losses = torch.compile(training_losses, dynamic=True) if a.compile else training_losses
-    gen = torch.Generator().manual_seed(seed)
+    losses = partial(training_losses, moe_impl=moe_impl, index_kl_weight=a.index_kl_weight)
     biases = [
         layer.mlp.gate.e_score_correction_bias for layer in model.model.layers if isinstance(layer.mlp, MoE)
     ]
+    train_step = TrainStep(
+        model, torch.compile(losses, dynamic=True) if a.compile else losses, amp=amp, biases=biases,
+        bias_update_rate=a.bias_update_rate,
+    )  # fmt: skip
+    run_step = GraphedSteps(train_step, tok.token_to_id(PAD), log=_log) if a.graphs else train_step
+    gen = torch.Generator().manual_seed(seed)
     order, cursor = length_grouped_order(data.lengths, a.batch_size, gen), 0
     history: list[dict] = []
     run_loss = run_kl = None
@@ -730,17 +744,6 @@ def train_demo(
         )  # fmt: skip
         tmp.replace(state_file)
 
-    def forward_backward(losses_fn, ids, labels, valid, sparse: bool):
-        """One step's forward (under autocast when asked) and backward: the gradients, and
-        ``losses_fn``'s ``(loss, lm, index_kl, expert_load)``."""
-        with torch.autocast(dev.type, dtype=torch.bfloat16) if amp else nullcontext():
-            out = losses_fn(
-                model, ids, labels, valid, sparse=sparse, moe_impl=moe_impl, index_kl_weight=a.index_kl_weight
-            )
-        opt.zero_grad(set_to_none=True)
-        out[0].backward()
-        return out
-
     while progress < 1.0:
         if cursor + a.batch_size > len(data):
             order, cursor = length_grouped_order(data.lengths, a.batch_size, gen), 0
@@ -753,37 +756,35 @@ def train_demo(
         if sparse and sparse_from is None:
             sparse_from = step
             _log(f"step {step}: stage 2, sparse attention over the indexer's top-{config.index_topk}")
+        lr = a.lr * _lr_factor(step, progress, a)
         for group in opt.param_groups:
-            group["lr"] = a.lr * _lr_factor(step, progress, a)
-        if step_losses is training_losses:
-            loss, lm, index_kl, expert_load = forward_backward(training_losses, ids, labels, valid, sparse)
-        else:
-            try:  # a compile happens inside the first steps of each stage (forward, then backward)
-                loss, lm, index_kl, expert_load = forward_backward(step_losses, ids, labels, valid, sparse)
-            except Exception as exc:  # noqa: BLE001 - a failed compile must not cost the run
-                why = f"{type(exc).__name__}: {str(exc)[:300]}"
-                _log(f"step {step}: torch.compile failed ({why}); eager from here")
-                step_losses = training_losses
-                loss, lm, index_kl, expert_load = forward_backward(training_losses, ids, labels, valid, sparse)
+            group["lr"] = lr
+        try:  # a compile or a capture happens inside the first steps of each stage and length
+            res = run_step(ids, labels, valid, sparse)
+        except Exception as exc:  # noqa: BLE001 - a failed compile or capture must not cost the run
+            if run_step is train_step and not a.compile:
+                raise
+            why = f"{type(exc).__name__}: {str(exc)[:300]}"
+            _log(f"step {step}: {'the graph capture' if run_step is not train_step else 'torch.compile'} failed "
+                 f"({why}); eager steps from here")  # fmt: skip
+            train_step.losses_fn, run_step = losses, train_step
+            res = run_step(ids, labels, valid, sparse)
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         opt.step()
         with torch.no_grad():
-            if expert_load is not None and a.bias_update_rate:
-                for bias, load in zip(biases, expert_load.float()):
-                    bias.add_(torch.sign(load.mean() - load) * a.bias_update_rate)
-            d_lm, d_kl = lm.detach(), index_kl.detach()
-            run_loss = d_lm if run_loss is None else 0.95 * run_loss + 0.05 * d_lm
-            run_kl = d_kl if run_kl is None else 0.95 * run_kl + 0.05 * d_kl
+            run_loss = res.lm.clone() if run_loss is None else 0.95 * run_loss + 0.05 * res.lm
+            run_kl = res.index_kl.clone() if run_kl is None else 0.95 * run_kl + 0.05 * res.index_kl
         step += 1
         elapsed = time.perf_counter() - t_train - eval_s
         progress = _progress(step, elapsed + eval_s, a)
         if step % a.log_every == 0 or progress >= 1.0:
             share = ""
-            if expert_load is not None:
-                frac = expert_load.float() / expert_load.float().sum(-1, keepdim=True)
+            if res.expert_load is not None:
+                load = res.expert_load.float()
+                frac = load / load.sum(-1, keepdim=True)
                 share = f" | max expert share {frac.max().item():.2f}"
             rec = {"step": step, "stage": "sparse" if sparse else "dense", "lm_loss": round(run_loss.item(), 5),
-                   "index_kl": round(run_kl.item(), 5), "lr": opt.param_groups[0]["lr"], "train_s": round(elapsed, 1)}  # fmt: skip
+                   "index_kl": round(run_kl.item(), 5), "lr": lr, "train_s": round(elapsed, 1)}  # fmt: skip
             history.append(rec)
             _log(
                 f"step {step} ({progress:.0%}) | {rec['stage']} | loss {rec['lm_loss']:.4f} | index_kl "
@@ -794,15 +795,15 @@ def train_demo(
             t_eval = time.perf_counter()
             try:
                 save_checkpoint(model, cfg_dict, tok, out_dir, a.save_dtype)
-                res = evaluate(out_dir, val_set, a.eval_device or device)
+                val = evaluate(out_dir, val_set, a.eval_device or device)
             except Exception as exc:  # noqa: BLE001 - a monitoring failure must not cost the run
                 _log(f"eval step {step} failed ({type(exc).__name__}: {exc}); periodic evaluation is now off")
                 eval_every = 0
             else:
-                history.append({"step": step, "val_accuracy": res.accuracy, "train_s": round(elapsed, 1)})
+                history.append({"step": step, "val_accuracy": val.accuracy, "train_s": round(elapsed, 1)})
                 _log(
-                    f"eval step {step} | val accuracy {res.accuracy:.3f} ({res.correct}/{res.total}) "
-                    f"| {res.seconds:.0f}s"
+                    f"eval step {step} | val accuracy {val.accuracy:.3f} ({val.correct}/{val.total}) "
+                    f"| {val.seconds:.0f}s"
                 )
             eval_s += time.perf_counter() - t_eval
         if a.save_every and step % a.save_every == 0 and progress < 1.0:
@@ -937,6 +938,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="run each step's forward and loss through torch.compile (its backward follows): fewer, fused "
         "kernels after a compile at the first step (again at the switch to sparse attention)",
     )
+    p.add_argument(
+        "--graphs",
+        action="store_true",
+        help="replay each step's forward, backward and balance update from a graph per padded length "
+        "(a multiple of 32 tokens) and stage: CUDA graphs on a GPU, where an eager step waits on the host "
+        "launching ~2,200 small kernels; on the CPU a recording stand-in (slower, for tests)",
+    )
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines")
     p.add_argument(
         "--eval-every",
@@ -992,7 +1000,7 @@ def main(argv: list[str] | None = None) -> dict:
         mixture=ns.mixture,
         val_problems=ns.val_problems, vocab_size=ns.vocab_size, tokenizer_problems=ns.tokenizer_problems,
         tokenizer_gsm8k=not ns.no_tokenizer_gsm8k, data_workers=ns.data_workers,
-        moe_impl=ns.moe_impl, amp={"auto": None, "on": True, "off": False}[ns.amp], compile=ns.compile,
+        moe_impl=ns.moe_impl, amp={"auto": None, "on": True, "off": False}[ns.amp], compile=ns.compile, graphs=ns.graphs,
         log_every=ns.log_every,
         eval_every=ns.eval_every, eval_device=ns.eval_device, final_eval_device=ns.final_eval_device,
         test_problems=ns.test_problems, threads=ns.threads, save_dtype=ns.save_dtype,

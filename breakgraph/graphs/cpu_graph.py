@@ -314,8 +314,9 @@ class CpuGraph:
         """Re-execute the recorded ops in order, writing into the recorded tensors."""
         if self._capturing:
             raise RuntimeError("CpuGraph.replay: capture still in progress")
-        for op in self.recorder.ops:
-            op.replay()
+        with torch.no_grad():  # recorded kernels, backward ones included: nothing for autograd to track
+            for op in self.recorder.ops:
+                op.replay()
 
 
 @contextlib.contextmanager

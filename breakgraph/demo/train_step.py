@@ -1,0 +1,171 @@
+"""The demo trainer's step — forward and losses, backward, the router-bias balance update — run
+eagerly or replayed from graphs; the gradient clip and the AdamW update always run eagerly after it.
+
+The demo model is small: at batch 512 one forward and backward launch about 2,200 kernels of a few
+microseconds each, so an eager step on a GPU waits on the host launching them. :class:`GraphedSteps`
+captures the step once per (padded length, attention stage) and replays it:
+
+* batches are padded at the end to a multiple of ``length_step`` tokens (padding is masked out of
+  every loss and of the expert loads, so the gradients are those of the unpadded batch);
+* the inputs are static buffers of the key's graph, copied into before a replay; the gradients
+  are the parameters' own ``.grad`` tensors, made before the first capture and shared by every
+  graph (each replay zeroes them and the backward accumulates into them), so the eager clip and
+  optimizer read whichever graph ran last;
+* on CUDA the graphs share one memory pool (only one runs at a time, in stream order), and a new
+  key first runs its step eagerly on the capture stream (a real step: its gradients are the
+  batch's) before the capture, which records without running. On the CPU the stand-in
+  :class:`~breakgraph.graphs.cpu_graph.CpuGraph` runs the step while it records it, and refuses
+  host syncs, which is how the tests prove the step graph-safe without a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from breakgraph.graphs.cpu_graph import CpuGraph, cpu_graph
+
+
+@dataclass
+class StepResult:
+    """What a step leaves besides the gradients: ``lm`` and ``index_kl`` (detached scalars) and
+    ``expert_load [moe_layers, E]`` (or None). For a replayed graph these are the graph's output
+    tensors, valid until the next step."""
+
+    lm: torch.Tensor
+    index_kl: torch.Tensor
+    expert_load: torch.Tensor | None
+
+
+class TrainStep:
+    """Forward, backward and bias update of one batch: ``losses_fn(model, ids, labels, valid,
+    sparse=...)`` returns ``(loss, lm, index_kl, expert_load)`` (the signature of
+    :func:`breakgraph.demo.train.training_losses` with its keyword options bound). Gradients
+    accumulate into the parameters' ``.grad`` after a zeroing that keeps the tensors
+    (``set_to_none=False``), so a graph captured around the step keeps writing the same ones.
+    Each MoE router's ``e_score_correction_bias`` moves ``±bias_update_rate`` towards equal load."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        losses_fn: Callable,
+        *,
+        amp: bool,
+        biases: list[torch.Tensor],
+        bias_update_rate: float,
+    ) -> None:
+        self.model = model
+        self.losses_fn = losses_fn
+        self.amp = amp
+        self.biases = biases
+        self.bias_update_rate = bias_update_rate
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def make_grads(self) -> None:
+        """Give every trainable parameter a zero ``.grad`` where it has none (graphs write into them)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    def __call__(self, ids: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, sparse: bool) -> StepResult:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            torch._foreach_zero_(grads)
+        device_type = ids.device.type
+        # the autocast cache would keep casts of the weights from one step to the next outside a graph
+        amp = torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=False) if self.amp else nullcontext()
+        with amp:
+            loss, lm, index_kl, expert_load = self.losses_fn(self.model, ids, labels, valid, sparse=sparse)
+        loss.backward()
+        with torch.no_grad():
+            if expert_load is not None and self.bias_update_rate:
+                for bias, load in zip(self.biases, expert_load.float()):
+                    bias.add_(torch.sign(load.mean() - load) * self.bias_update_rate)
+        return StepResult(lm.detach(), index_kl.detach(), expert_load)
+
+
+def pad_batch(
+    ids: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, length: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ids``/``labels``/``valid [B, S]`` right-padded to ``[B, length]``: ``pad_id``, ``-100`` (no
+    loss) and False (not a token)."""
+    extra = length - ids.shape[1]
+    if extra < 0:
+        raise ValueError(f"pad_batch: the batch has {ids.shape[1]} tokens a row, more than {length}")
+    if extra == 0:
+        return ids, labels, valid
+    pad = torch.nn.functional.pad
+    return pad(ids, (0, extra), value=pad_id), pad(labels, (0, extra), value=-100), pad(valid, (0, extra), value=False)
+
+
+@dataclass
+class _Captured:
+    graph: object
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    result: StepResult
+
+
+class GraphedSteps:
+    """:class:`TrainStep` replayed from one graph per (padded length, stage); see the module doc.
+    ``length_step``: the padded lengths' multiple. ``log``: told each capture."""
+
+    def __init__(
+        self, step: TrainStep, pad_id: int, length_step: int = 32, log: Callable[[str], None] | None = None
+    ) -> None:
+        self.step = step
+        self.pad_id = pad_id
+        self.length_step = length_step
+        self.log = log or (lambda msg: None)
+        self.graphs: dict[tuple[int, bool], _Captured] = {}
+        self.capture_seconds = 0.0
+        self._pool = None
+        self._stream = None
+
+    def padded_length(self, tokens: int) -> int:
+        return -(-tokens // self.length_step) * self.length_step
+
+    def __call__(self, ids: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, sparse: bool) -> StepResult:
+        """One step on ``ids``/``labels``/``valid [B, S]`` (on the model's device): a replay, or
+        for a new (length, stage) its first run and capture. Same contract as :class:`TrainStep`."""
+        key = (self.padded_length(ids.shape[1]), sparse)
+        ids, labels, valid = pad_batch(ids, labels, valid, key[0], self.pad_id)
+        captured = self.graphs.get(key)
+        if captured is None:
+            return self._capture(key, ids, labels, valid)
+        for static, new in zip(captured.inputs, (ids, labels, valid)):
+            static.copy_(new, non_blocking=True)
+        captured.graph.replay()
+        return captured.result
+
+    def _capture(self, key: tuple[int, bool], ids, labels, valid) -> StepResult:
+        t0 = time.perf_counter()
+        self.step.make_grads()
+        inputs = (ids.clone(), labels.clone(), valid.clone())
+        cuda = ids.device.type == "cuda"
+        if cuda:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+                self._stream = torch.cuda.Stream(ids.device)
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                ran = self.step(*inputs, key[1])  # the batch's real step; the capture below only records
+            torch.cuda.current_stream().wait_stream(self._stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                result = self.step(*inputs, key[1])
+        else:
+            graph = CpuGraph()
+            with cpu_graph(graph, f"the training step at {key[0]} tokens ({'sparse' if key[1] else 'dense'})"):
+                ran = result = self.step(*inputs, key[1])  # the CPU stand-in runs while it records
+        self.graphs[key] = _Captured(graph, inputs, result)
+        seconds = time.perf_counter() - t0
+        self.capture_seconds += seconds
+        self.log(
+            f"captured the training step at {key[0]} tokens a row, {'sparse' if key[1] else 'dense'} attention "
+            f"({len(self.graphs)} graphs, {seconds:.1f}s)"
+        )
+        return ran
