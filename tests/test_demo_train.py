@@ -344,14 +344,14 @@ def test_graphed_steps_replay_the_eager_steps(tok, device):
 
     eager_model, eager_opt, eager_step = _micro_steps(tok, device=device)
     graph_model, graph_opt, graph_step = _micro_steps(tok, device=device)
-    graphed = GraphedSteps(graph_step, pad_id=1, length_step=16)
+    graphed = GraphedSteps(graph_step, pad_id=1, max_length=MICRO["max_position_embeddings"], length_step=16)
     data = encode_problems(tok, train_split(60, seed=5))
     by_key: dict[int, list[int]] = {}
     for i, n in enumerate(data.lengths.tolist()):
         by_key.setdefault(graphed.padded_length(n), []).append(i)
-    short, long = sorted((k for k, rows in by_key.items() if len(rows) >= 12), key=lambda k: -len(by_key[k]))[:2]
-    a, b = by_key[short], by_key[long]
-    # dense: capture A, replay A, capture B, replay A after B's capture; sparse: capture A, replay A
+    first, second = sorted((k for k, rows in by_key.items() if len(rows) >= 12), key=lambda k: -len(by_key[k]))[:2]
+    a, b = by_key[first], by_key[second]
+    # dense: capture A, replay A, capture B, replay A after B's capture; sparse: capture B, replay B
     batches = [a[0:4], a[4:8], b[0:4], a[8:12], b[4:8], b[8:12]]
     stages = [False, False, False, False, True, True]
     for idx, sparse in zip(batches, stages):
@@ -369,7 +369,8 @@ def test_graphed_steps_replay_the_eager_steps(tok, device):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         assert torch.allclose(got.lm, lm, rtol=1e-5) and torch.equal(got.expert_load, load)
-    assert sorted(graphed.graphs) == sorted([(short, False), (long, False), (long, True)])  # 3 of 6 replayed
+    assert sorted(graphed.graphs) == sorted([(4, first, False), (4, second, False), (4, second, True)])  # 3 replays
+    assert not graphed.off
     want_state, got_state = eager_model.state_dict(), graph_model.state_dict()
     for name, w in want_state.items():
         assert torch.allclose(got_state[name], w, rtol=1e-4, atol=1e-6), name
@@ -383,3 +384,38 @@ def test_train_cli_with_graphs_trains_and_logs_its_captures(tmp_path, capsys):
     assert "captured the training step at" in out and "dense attention (1 graphs" in out
     with pytest.raises(ValueError, match="--graphs"):
         main(_cli_args(tmp_path / "h", shape, "--steps", "1", "--graphs", "--compile", "--moe-impl", "dense"))
+
+
+def test_a_failed_capture_turns_the_graphs_off_and_the_steps_run_eagerly(tok, monkeypatch):
+    from breakgraph.demo import train_step as TS
+
+    model, _, step = _micro_steps(tok, bias_update_rate=0.0)
+    logs: list[str] = []
+    graphed = TS.GraphedSteps(step, pad_id=1, max_length=MICRO["max_position_embeddings"], log=logs.append)
+
+    def refusing_capture(graph, label):
+        raise RuntimeError(f"no graph for {label}")
+
+    monkeypatch.setattr(TS, "cpu_graph", refusing_capture)
+    data = encode_problems(tok, train_split(8, seed=6))
+    batch = data.batch(torch.arange(4))
+    got = graphed(*batch, sparse=False)
+    want = step(*TS.pad_batch(*batch, graphed.padded_length(batch[0].shape[1]), 1), sparse=False)
+    assert graphed.off and not graphed.graphs and torch.allclose(got.lm, want.lm, rtol=1e-6)
+    assert "eager steps from here" in logs[-1] and "no graph for the training step at 4" in logs[-1]
+    again = graphed(*data.batch(torch.arange(4, 8)), sparse=False)  # eager now: unpadded, no capture
+    assert again.lm.isfinite() and not graphed.graphs
+
+
+def test_init_from_refuses_its_own_output_folder_and_a_mismatched_tokenizer(tmp_path, monkeypatch):
+    from breakgraph.demo import train as T
+
+    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
+    main(_cli_args(tmp_path / "a", shape, "--steps", "1"))
+    monkeypatch.setattr(T, "make_mixture", lambda *a, **k: pytest.fail("the data stage ran before the checks"))
+    with pytest.raises(ValueError, match="would overwrite the checkpoint it starts from"):
+        main(_cli_args(tmp_path / "a", None, "--steps", "1", "--init-from", str(tmp_path / "a")))
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    (tmp_path / "a" / "config.json").write_text(json.dumps({**cfg, "pad_token_id": cfg["pad_token_id"] + 1}))
+    with pytest.raises(ValueError, match="does not match config.json"):
+        main(_cli_args(tmp_path / "b", None, "--steps", "1", "--init-from", str(tmp_path / "a")))

@@ -61,6 +61,9 @@ from breakgraph.models.config import ModelConfig
 from breakgraph.models.glm5 import DsaForCausalLM
 from breakgraph.models.loader import load_checkpoint
 
+#: Share of a run from scratch in stage 1 (dense attention, the indexer fitted to it).
+DENSE_FRAC = 0.2
+
 # The shipped model's shape (HF config.json fields); vocab and special ids come from the tokenizer.
 DEMO_SHAPE: dict = {
     "hidden_size": 320, "intermediate_size": 640, "moe_intermediate_size": 192, "num_hidden_layers": 6,
@@ -505,7 +508,7 @@ class TrainArgs:
     warmup_steps: int = 200
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    dense_frac: float = 0.2
+    dense_frac: float | None = None  # None: DENSE_FRAC, or 0 with init_from (the indexer is trained)
     time_budget: float | None = None
     deadline: float | None = None  # seconds from the start by which the loop ends (shortens time_budget)
     index_kl_weight: float = 1.0
@@ -603,11 +606,12 @@ def _start_checkpoint(folder: Path, shape: dict) -> tuple[Tokenizer, dict]:
             raise FileNotFoundError(f"--init-from {folder}: no {name} there")
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     cfg_dict = json.loads((folder / "config.json").read_text())
-    vocab, eos = cfg_dict.get("vocab_size"), cfg_dict.get("eos_token_id")
-    if tok.token_to_id(EOS) != eos or tok.get_vocab_size() != vocab:
+    want = (cfg_dict.get("vocab_size"), cfg_dict.get("eos_token_id"), cfg_dict.get("pad_token_id"))
+    got = (tok.get_vocab_size(), tok.token_to_id(EOS), tok.token_to_id(PAD))
+    if got != want:
         raise ValueError(
-            f"--init-from {folder}: tokenizer.json (vocab {tok.get_vocab_size()}, {EOS} {tok.token_to_id(EOS)}) does "
-            f"not match config.json (vocab_size {vocab}, eos_token_id {eos})"
+            f"--init-from {folder}: tokenizer.json (vocab, {EOS}, {PAD}) = {got} does not match config.json's "
+            f"(vocab_size, eos_token_id, pad_token_id) = {want}"
         )
     return tok, cfg_dict
 
@@ -639,14 +643,22 @@ def train_demo(
         raise ValueError("--graphs takes the eager, dense-MoE step: not with --compile or --moe-impl loop "
                          f"(got compile={a.compile}, moe_impl={moe_impl!r})")  # fmt: skip
     amp = cuda if a.amp is None else a.amp
+    if a.dense_frac is None:
+        a.dense_frac = 0.0 if a.init_from else DENSE_FRAC
     eval_every = a.eval_every
     if cuda:
         torch.set_float32_matmul_precision("high")
     out_dir = Path(out_dir)
     t_start = time.perf_counter()
 
-    if a.init_from:  # checked before the data stage, which takes minutes at full size
+    model = None
+    if a.init_from:  # loaded before the data stage, which takes minutes at full size
+        if Path(a.init_from).resolve() == out_dir.resolve():
+            raise ValueError(f"--init-from {a.init_from} is --out: the run would overwrite the checkpoint it starts from")
         tok, cfg_dict = _start_checkpoint(Path(a.init_from), a.shape)
+        model = new_model(ModelConfig.from_dict(cfg_dict), seed, dev)
+        load_checkpoint(model, Path(a.init_from))
+        _log(f"weights ({cfg_dict.get('torch_dtype')}), tokenizer and shape from {a.init_from}; a fresh optimizer")
     problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture, workers=a.data_workers)
     val_set = problems[a.train_problems :]
     t_problems = time.perf_counter()
@@ -664,10 +676,8 @@ def train_demo(
     del problems  # the token tensor is all training needs
     t_encoded = time.perf_counter()
     config = ModelConfig.from_dict(cfg_dict)
-    model = new_model(config, seed, dev)
-    if a.init_from:
-        load_checkpoint(model, Path(a.init_from))
-        _log(f"weights, tokenizer and shape from {a.init_from} (the optimizer starts afresh)")
+    if model is None:
+        model = new_model(config, seed, dev)
     n_params = sum(p.numel() for p in model.parameters())
     if a.deadline:
         left = max(a.deadline - (time.perf_counter() - t_start), 1.0)
@@ -708,7 +718,9 @@ def train_demo(
         model, torch.compile(losses, dynamic=True) if a.compile else losses, amp=amp, biases=biases,
         bias_update_rate=a.bias_update_rate,
     )  # fmt: skip
-    run_step = GraphedSteps(train_step, tok.token_to_id(PAD), log=_log) if a.graphs else train_step
+    run_step = train_step
+    if a.graphs:
+        run_step = GraphedSteps(train_step, tok.token_to_id(PAD), max_length=config.max_position_embeddings, log=_log)
     gen = torch.Generator().manual_seed(seed)
     order, cursor = length_grouped_order(data.lengths, a.batch_size, gen), 0
     history: list[dict] = []
@@ -759,15 +771,14 @@ def train_demo(
         lr = a.lr * _lr_factor(step, progress, a)
         for group in opt.param_groups:
             group["lr"] = lr
-        try:  # a compile or a capture happens inside the first steps of each stage and length
+        try:  # a compile happens inside the first steps of each stage
             res = run_step(ids, labels, valid, sparse)
-        except Exception as exc:  # noqa: BLE001 - a failed compile or capture must not cost the run
-            if run_step is train_step and not a.compile:
+        except Exception as exc:  # noqa: BLE001 - a failed compile must not cost the run
+            if not a.compile or train_step.losses_fn is losses:
                 raise
             why = f"{type(exc).__name__}: {str(exc)[:300]}"
-            _log(f"step {step}: {'the graph capture' if run_step is not train_step else 'torch.compile'} failed "
-                 f"({why}); eager steps from here")  # fmt: skip
-            train_step.losses_fn, run_step = losses, train_step
+            _log(f"step {step}: torch.compile failed ({why}); eager steps from here")
+            train_step.losses_fn = losses
             res = run_step(ids, labels, valid, sparse)
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         opt.step()
@@ -810,6 +821,9 @@ def train_demo(
             save_state()
 
     train_s = time.perf_counter() - t_train - eval_s
+    if isinstance(run_step, GraphedSteps):
+        _log(f"graphs: {len(run_step.graphs)} captured in {run_step.capture_seconds:.1f}s"
+             f"{'; turned off after a failed capture' if run_step.off else ''}")  # fmt: skip
     save_checkpoint(model, cfg_dict, tok, out_dir, a.save_dtype)
     state_file.unlink(missing_ok=True)
     size_mb = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file()) / 1e6
@@ -852,7 +866,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="training device")
-    p.add_argument("--seed", type=int, default=0, help="seed for data, tokenizer, weights and batch order")
+    p.add_argument(
+        "--seed", type=int, default=0,
+        help="seed for the problems, tokenizer, initial weights and batch order (with --init-from: the problems "
+        "and their order)",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per step")
     p.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
@@ -871,7 +889,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--dense-frac",
         type=float,
         default=None,
-        help=f"fraction of the run in stage 1 (dense attention); default {d.dense_frac}, 0 with --init-from",
+        help=f"fraction of the run in stage 1 (dense attention); default {DENSE_FRAC}, 0 with --init-from",
     )
     p.add_argument(
         "--time-budget",
@@ -941,9 +959,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--graphs",
         action="store_true",
-        help="replay each step's forward, backward and balance update from a graph per padded length "
-        "(a multiple of 32 tokens) and stage: CUDA graphs on a GPU, where an eager step waits on the host "
-        "launching ~2,200 small kernels; on the CPU a recording stand-in (slower, for tests)",
+        help="replay each step's forward, backward and balance update from a graph per batch size, padded "
+        "length (a multiple of 32 tokens) and stage: CUDA graphs on a GPU, where an eager step waits on the host "
+        "launching ~2,200 small kernels; on the CPU a recording stand-in (slower, for tests). Takes the dense "
+        "MoE (--moe-impl dense on the CPU), not --compile",
     )
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines")
     p.add_argument(
@@ -986,15 +1005,15 @@ def main(argv: list[str] | None = None) -> dict:
         "--init-from",
         type=Path,
         default=None,
-        help="start from this checkpoint folder's weights, tokenizer and shape (a further stage of training: "
-        "fresh optimizer and lr schedule, sparse attention from the first step unless --dense-frac says "
-        "otherwise; --seed then picks new problems and their order)",
+        help="start from this checkpoint folder's weights (as saved: bf16 for the shipped model), tokenizer and "
+        "shape: a further stage of training with a fresh optimizer and lr schedule, sparse attention from the "
+        "first step unless --dense-frac says otherwise; the tokenizer and --shape options do not apply; give "
+        "a --seed the earlier stage did not use for problems drawn anew (the generators may repeat some)",
     )
     ns = p.parse_args(argv)
-    dense_frac = ns.dense_frac if ns.dense_frac is not None else (0.0 if ns.init_from else d.dense_frac)
     args = TrainArgs(
         batch_size=ns.batch_size, lr=ns.lr, min_lr_ratio=ns.min_lr_ratio, warmup_steps=ns.warmup_steps,
-        weight_decay=ns.weight_decay, grad_clip=ns.grad_clip, dense_frac=dense_frac, time_budget=ns.time_budget,
+        weight_decay=ns.weight_decay, grad_clip=ns.grad_clip, dense_frac=ns.dense_frac, time_budget=ns.time_budget,
         deadline=ns.deadline,
         index_kl_weight=ns.index_kl_weight, bias_update_rate=ns.bias_update_rate, train_problems=ns.train_problems,
         mixture=ns.mixture,

@@ -11,9 +11,11 @@ captures the step once per (padded length, attention stage) and replays it:
   are the parameters' own ``.grad`` tensors, made before the first capture and shared by every
   graph (each replay zeroes them and the backward accumulates into them), so the eager clip and
   optimizer read whichever graph ran last;
-* on CUDA the graphs share one memory pool (only one runs at a time, in stream order), and a new
-  key first runs its step eagerly on the capture stream (a real step: its gradients are the
-  batch's) before the capture, which records without running. On the CPU the stand-in
+* on CUDA the graphs share one memory pool: a replay writes every pool tensor it reads, the
+  inputs and gradients live outside the pool, and a step's result is read before the next step —
+  so graphs may replay in any order. A new key first runs its step eagerly on the capture stream
+  (a real step: its gradients are the batch's) before the capture, which records without
+  running. On the CPU the stand-in
   :class:`~breakgraph.graphs.cpu_graph.CpuGraph` runs the step while it records it, and refuses
   host syncs, which is how the tests prove the step graph-safe without a GPU.
 """
@@ -76,7 +78,7 @@ class TrainStep:
         if grads:
             torch._foreach_zero_(grads)
         device_type = ids.device.type
-        # the autocast cache would keep casts of the weights from one step to the next outside a graph
+        # no autocast cache: graph capture needs each cast to be a recorded kernel of the step
         amp = torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=False) if self.amp else nullcontext()
         with amp:
             loss, lm, index_kl, expert_load = self.losses_fn(self.model, ids, labels, valid, sparse=sparse)
@@ -110,29 +112,42 @@ class _Captured:
 
 
 class GraphedSteps:
-    """:class:`TrainStep` replayed from one graph per (padded length, stage); see the module doc.
-    ``length_step``: the padded lengths' multiple. ``log``: told each capture."""
+    """:class:`TrainStep` replayed from one graph per (batch size, padded length, stage); see the
+    module doc. ``length_step``: the padded lengths' multiple, capped at ``max_length`` (the
+    model's positions). ``log``: told each capture. A capture that fails turns the graphs off:
+    that step's result is its eager run's, and every later step runs eagerly."""
 
     def __init__(
-        self, step: TrainStep, pad_id: int, length_step: int = 32, log: Callable[[str], None] | None = None
+        self,
+        step: TrainStep,
+        pad_id: int,
+        max_length: int,
+        length_step: int = 32,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.step = step
         self.pad_id = pad_id
+        self.max_length = max_length
         self.length_step = length_step
         self.log = log or (lambda msg: None)
-        self.graphs: dict[tuple[int, bool], _Captured] = {}
+        self.graphs: dict[tuple[int, int, bool], _Captured] = {}
         self.capture_seconds = 0.0
+        self.off = False
         self._pool = None
         self._stream = None
 
     def padded_length(self, tokens: int) -> int:
-        return -(-tokens // self.length_step) * self.length_step
+        return max(tokens, min(-(-tokens // self.length_step) * self.length_step, self.max_length))
 
     def __call__(self, ids: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, sparse: bool) -> StepResult:
         """One step on ``ids``/``labels``/``valid [B, S]`` (on the model's device): a replay, or
-        for a new (length, stage) its first run and capture. Same contract as :class:`TrainStep`."""
-        key = (self.padded_length(ids.shape[1]), sparse)
-        ids, labels, valid = pad_batch(ids, labels, valid, key[0], self.pad_id)
+        for a new key its first run and capture. Same contract as :class:`TrainStep`, except that
+        the result's tensors are the graph's outputs: read them before the next step (a replay of
+        another graph may overwrite them — the graphs share one memory pool)."""
+        if self.off:
+            return self.step(ids, labels, valid, sparse)
+        key = (ids.shape[0], self.padded_length(ids.shape[1]), sparse)
+        ids, labels, valid = pad_batch(ids, labels, valid, key[1], self.pad_id)
         captured = self.graphs.get(key)
         if captured is None:
             return self._capture(key, ids, labels, valid)
@@ -141,31 +156,46 @@ class GraphedSteps:
         captured.graph.replay()
         return captured.result
 
-    def _capture(self, key: tuple[int, bool], ids, labels, valid) -> StepResult:
+    def _capture(self, key: tuple[int, int, bool], ids, labels, valid) -> StepResult:
         t0 = time.perf_counter()
+        what = f"the training step at {key[0]} × {key[1]} tokens, {'sparse' if key[2] else 'dense'} attention"
         self.step.make_grads()
         inputs = (ids.clone(), labels.clone(), valid.clone())
-        cuda = ids.device.type == "cuda"
-        if cuda:
+        if ids.device.type == "cuda":
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
                 self._stream = torch.cuda.Stream(ids.device)
-            self._stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._stream):
-                ran = self.step(*inputs, key[1])  # the batch's real step; the capture below only records
-            torch.cuda.current_stream().wait_stream(self._stream)
+            main = torch.cuda.current_stream()
+            self._stream.wait_stream(main)
+            try:
+                with torch.cuda.stream(self._stream):
+                    ran = self.step(*inputs, key[2])  # the batch's real step; the capture below only records
+            finally:
+                main.wait_stream(self._stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-                result = self.step(*inputs, key[1])
+            try:
+                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                    result = self.step(*inputs, key[2])
+            except Exception as exc:  # noqa: BLE001 - the step already ran; go on without graphs
+                torch.cuda.set_stream(main)  # a failed capture_end leaves the capture stream current
+                torch.cuda.synchronize(ids.device)
+                return self._turn_off(what, exc, ran)
         else:
             graph = CpuGraph()
-            with cpu_graph(graph, f"the training step at {key[0]} tokens ({'sparse' if key[1] else 'dense'})"):
-                ran = result = self.step(*inputs, key[1])  # the CPU stand-in runs while it records
+            try:
+                with cpu_graph(graph, what):
+                    ran = result = self.step(*inputs, key[2])  # the CPU stand-in runs while it records
+            except Exception as exc:  # noqa: BLE001 - a host sync or other refusal: this step runs eagerly
+                return self._turn_off(what, exc, self.step(*inputs, key[2]))
         self.graphs[key] = _Captured(graph, inputs, result)
         seconds = time.perf_counter() - t0
         self.capture_seconds += seconds
-        self.log(
-            f"captured the training step at {key[0]} tokens a row, {'sparse' if key[1] else 'dense'} attention "
-            f"({len(self.graphs)} graphs, {seconds:.1f}s)"
-        )
+        self.log(f"captured {what} ({len(self.graphs)} graphs, {seconds:.1f}s)")
         return ran
+
+    def _turn_off(self, what: str, exc: BaseException, result: StepResult) -> StepResult:
+        cause = f" (after {type(exc.__context__).__name__}: {exc.__context__})" if exc.__context__ else ""
+        self.log(f"capturing {what} failed ({type(exc).__name__}: {str(exc)[:300]}{cause}); eager steps from here")
+        self.off = True
+        self.graphs.clear()
+        return result
