@@ -335,15 +335,17 @@ def test_padding_a_batch_changes_no_loss_load_or_gradient(tok):
         assert torch.allclose(ga[n], gb[n], rtol=1e-5, atol=1e-7), n
 
 
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_graphed_steps_replay_the_eager_steps(tok, device):
-    """Steps through GraphedSteps (CPU stand-in graphs: captured, replayed with new batches, one
-    graph replayed after another was captured, both stages) leave the same weights, biases and
-    losses as eager steps of a twin model on the same batches padded alike."""
+def test_graphed_steps_replay_the_eager_steps(tok, device, amp):
+    """Steps through GraphedSteps (captured, replayed with new batches, one graph replayed after
+    another was captured, both stages; CUDA graphs or the CPU stand-in) leave the same weights,
+    biases and losses as plain eager steps of a twin model on the same batches padded alike."""
     from breakgraph.demo.train_step import GraphedSteps, pad_batch
 
     eager_model, eager_opt, eager_step = _micro_steps(tok, device=device)
     graph_model, graph_opt, graph_step = _micro_steps(tok, device=device)
+    graph_step.amp = amp
     graphed = GraphedSteps(graph_step, pad_id=1, max_length=MICRO["max_position_embeddings"], length_step=16)
     data = encode_problems(tok, train_split(60, seed=5))
     by_key: dict[int, list[int]] = {}
@@ -359,7 +361,8 @@ def test_graphed_steps_replay_the_eager_steps(tok, device):
         # the twin: a plain step (gradients set to None, then one backward), not TrainStep
         eager_opt.zero_grad(set_to_none=True)
         padded = pad_batch(ids, labels, valid, graphed.padded_length(ids.shape[1]), 1)
-        loss, lm, _, load = eager_step.losses_fn(eager_model, *padded, sparse=sparse)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+            loss, lm, _, load = eager_step.losses_fn(eager_model, *padded, sparse=sparse)
         loss.backward()
         with torch.no_grad():
             for bias, layer_load in zip(eager_step.biases, load):
