@@ -213,7 +213,8 @@ LARGE_SWEEP_ROWS = 128
 def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
     """Default first (:func:`gemm_config`), then the grouped kernel around it (at decode sizes
     its swapped 16-row tiles in 3 and 4 stages) and the stream kernel over column tiles, tiles
-    per program and pipeline depth."""
+    per program and pipeline depth; for long prompts wider grouped tiles, and for GEMM 2 the
+    stream kernel with 64- and 128-pair blocks walking 4-16 column tiles."""
     default = gemm_config(t * TOP_K, E, gemm == 1, True, kind == "W8A8")
     grid = [default]
     decode = t <= max(DECODE_SWEEP_TOKENS)
@@ -238,7 +239,11 @@ def _sweep_grid(t: int, gemm: int, kind: str) -> list[dict]:
                        "num_stages": stages}  # fmt: skip
                 if cfg not in grid:
                     grid.append(cfg)
-        return grid  # the stream kernel is for few rows per expert
+        if gemm == 2:  # K = I is two k-blocks: a program per tile is mostly start-up; walk several tiles
+            for bm, tn, stages in ((64, 8, 3), (64, 16, 4), (128, 4, 4), (128, 8, 3)):
+                grid.append({"KERNEL": "stream", "BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 128, "TILES_N": tn,
+                             "num_warps": 8, "num_stages": stages})  # fmt: skip
+        return grid  # below: the stream kernel for few rows per expert
     tiles = [(32, 1), (64, 1), (128, 1)] if gemm == 1 else [(64, 4), (64, 8), (128, 1), (128, 2), (128, 4), (128, 8)]
     for bm in (16,) if decode else (16, 32, 64):
         for bn, tn in tiles:

@@ -226,6 +226,10 @@ def check_moe_stream_kernel_matches_twin():
     got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=c2)
     want_q = _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)
     assert _rel(got, want_q) < 2e-2, (c2, _rel(got, want_q))
+    # long prompts: GEMM 1 on 64-row blocks, GEMM 2 streaming 64-pair blocks over two column tiles
+    long_prompt = ({"BLOCK_M": 64, "SWAP_AB": False}, {"KERNEL": "stream", "BLOCK_N": 128, "TILES_N": 2})
+    got = fused_moe_triton(x, w13, w2, tw, ids, s13, s2, fp8_activations=True, configs=long_prompt)
+    assert _rel(got, want_q) < 2e-2, (long_prompt, _rel(got, want_q))
 
 
 def check_moe_stream_kernel_writes_every_pair_row_and_nothing_else():
@@ -469,6 +473,8 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
         ("fp8", True, 128, 1, 64, 8, 4, True),
         ("fp8", False, 128, 4, 16, 4, 4, False),
         ("fp8", False, 128, 8, 64, 8, 4, True),
+        ("fp8", False, 128, 8, 64, 8, 3, True),  # GEMM 2 of long prompts (bench_kernels_moe's sweep)
+        ("fp8", False, 128, 4, 128, 8, 4, True),
     ],
 )
 def test_moe_stream_kernel_compiles_for_sm90_without_spills(variant):
