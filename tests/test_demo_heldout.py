@@ -147,3 +147,22 @@ def test_the_dev_file_has_distinct_problems_with_whole_answers():
     assert len(dev) >= 60 and len({p.question for p in dev}) == len(dev)
     assert all(1 <= p.final <= 1000 and p.template == "dev" for p in dev)
     assert not {p.question for p in dev} & {p.question for p in heldout_phrasings()}
+
+
+def test_the_phrasing_report_counts_phrasings_right_in_every_instance_and_in_none(heldout):
+    from breakgraph.demo.evaluate import by_kind, by_phrasing, score
+
+    # answer every instance of the first phrasing, none of the second, one instance of the third
+    names = [p.template.split("/")[2] for p in heldout]
+    first, second, third = list(dict.fromkeys(names))[:3]
+    texts = []
+    seen_third = False
+    for p, name in zip(heldout, names):
+        right = name == first or (name == third and not seen_third)
+        seen_third |= name == third
+        texts.append(f"#### {p.final if right else p.final + 1}")
+    result = score(heldout, texts)
+    phrasings = len(set(names))
+    assert by_phrasing(result) == (1, phrasings - 2, phrasings)
+    assert sum(n for _, n in by_kind(result).values()) == len(heldout)  # kinds still group by kind
+    assert by_phrasing(score(must_answer(), ["#### 0"] * len(must_answer()))) is None

@@ -119,6 +119,23 @@ def by_kind(result: EvalResult) -> dict[str, tuple[int, int]]:
     return {k: (c, n) for k, (c, n) in out.items()}
 
 
+def by_phrasing(result: EvalResult) -> tuple[int, int, int] | None:
+    """Over the held-out phrasing problems of ``result`` (template ``heldout/{kind}/{phrasing}``):
+    ``(phrasings answered right in every instance, in none, phrasings)``; None without any. Each
+    phrasing is asked several times with other names and numbers, so a miss is mostly a phrasing
+    the model does not read, not a slip."""
+    per: dict[str, list[int]] = {}
+    for (_, text, want), kind in zip(result.samples, result.kinds, strict=True):
+        parts = kind.split("/")
+        if parts[0] == "heldout" and len(parts) == 3:
+            c = per.setdefault(parts[2], [0, 0])
+            c[0] += extract_answer(text) == want
+            c[1] += 1
+    if not per:
+        return None
+    return sum(c == n for c, n in per.values()), sum(c == 0 for c, _ in per.values()), len(per)
+
+
 SPLITS = ("templates", "phrasings", "dev", "examples")
 
 
@@ -168,6 +185,9 @@ def evaluate_splits(
         kinds = by_kind(results[s])
         if len(kinds) > 1:
             log(f"  {s} by kind: " + ", ".join(f"{k} {c}/{n}" for k, (c, n) in kinds.items()))
+        phrasings = by_phrasing(results[s])
+        if phrasings is not None:
+            log(f"  {s}: {phrasings[0]} of {phrasings[2]} phrasings right in every instance, {phrasings[1]} in none")
     a = results["all"]
     log(
         f"annotation accuracy (<<a op b=c>> with c exact, all splits): {a.annotation_accuracy:.4f} "

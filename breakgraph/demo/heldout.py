@@ -35,14 +35,15 @@ MUST_ANSWER: tuple[tuple[str, int], ...] = (
 
 def heldout_phrasings() -> list[Problem]:
     """The held-out phrasing problems (``answer`` empty, ``final`` the expected integer,
-    ``template`` ``"heldout/{kind}"``). Raises ``FileNotFoundError`` naming the file."""
+    ``template`` ``"heldout/{kind}/{phrasing}"``: the problem's kind and the number of the writer's
+    phrasing it is an instance of). Raises ``FileNotFoundError`` naming the file."""
     if not HELDOUT_FILE.is_file():
         raise FileNotFoundError(f"held-out phrasing file missing: {HELDOUT_FILE}")
     out = []
     for line in HELDOUT_FILE.read_text(encoding="utf-8").splitlines():
         if line.strip():
             row = json.loads(line)
-            out.append(Problem(row["question"], "", int(row["answer"]), f"heldout/{row['kind']}"))
+            out.append(Problem(row["question"], "", int(row["answer"]), f"heldout/{row['kind']}/{row['phrasing']}"))
     return out
 
 
