@@ -69,3 +69,14 @@ def test_every_kind_and_the_surface_variations_occur(sample):
 def test_generation_is_deterministic_and_prefix_stable():
     assert grammar.generate_grammar(300, 9) == grammar.generate_grammar(600, 9)[:300]
     assert grammar.generate_grammar(50, 1) != grammar.generate_grammar(50, 2)
+
+
+def test_a_loss_after_a_loss_may_say_more_and_still_subtracts(sample):
+    """"sold 5 more" / "another 5 left": the number after "more" or "another" is taken away."""
+    taken_more = 0
+    for p in sample:
+        for a, op, b in re.findall(r"<<(\d+)([-+*/])(\d+)=", p.answer):
+            said_more = re.search(rf"\b(another {b}|{b} more)\b(?! than)", p.question)
+            if said_more and op == "-" and "than" not in p.question:
+                taken_more += 1
+    assert taken_more > 50, taken_more

@@ -164,13 +164,18 @@ def gain(g: _G, k: int) -> str:
                   f"{g.a} {verb} {g.n(k)} new {pl}", f"{g.a} {verb} {g.cnt(k)}", f"{g.a} {verb} {g.n(k)} more of them")  # fmt: skip
 
 
-def loss(g: _G, k: int) -> str:
+def loss(g: _G, k: int, again: bool = False) -> str:
+    """A loss of ``k``. ``again``: the story lost some before, so the loss may say "k more" or
+    "another k" as people write it ("sold 5 more") — "more" then still means less is left."""
     sg, pl = g.thing
     verb = g.v(g.pick(*LOSS))
     by_themselves = g.pick(*LOST_BY_THEMSELVES)
     if g.past:
         by_themselves = by_themselves.replace("are ", "were ").replace("go ", "went ").replace("get ", "got ")
         by_themselves = by_themselves.replace("disappear", "disappeared")
+    if again and g.p(0.6):
+        return g.pick(f"{g.a} {verb} {g.n(k)} more", f"{g.a} {verb} {g.n(k)} more {sg if k == 1 else pl}", f"{g.a} {verb} another {g.n(k)}",
+                      f"{g.n(k)} more {by_themselves}", f"{g.a} {verb} {g.n(k)} more of them")  # fmt: skip
     return g.pick(f"{g.a} {verb} {g.cnt(k)}", f"{g.a} {verb} {g.n(k)} of them", f"{g.a} {verb} {g.n(k)} of the {pl}",
                   f"{g.n(k)} of the {pl} {by_themselves}", f"{g.a} {verb} {g.n(k)}")  # fmt: skip
 
@@ -205,11 +210,13 @@ def _gains_and_losses(g: _G, s: _Story, v: int, count: int) -> int:
     """``count`` gains and losses of ``v`` in time order (a loss only while ``v > 3``), each a fact
     and a step of ``s``; returns the final value."""
     s.ordered = True
+    lost = False
     for _ in range(count):
         if g.p(0.5) and v > 3:
             k = g.r(1, min(v - 1, 60))
-            s.facts.append(loss(g, k))
+            s.facts.append(loss(g, k, again=lost))
             v = s.calc(v, "-", k)
+            lost = True
         else:
             k = g.r(2, 60)
             s.facts.append(gain(g, k))
@@ -401,12 +408,16 @@ def story_crowd(g: _G, s: _Story) -> None:
     v = g.r(10, 100)
     s.facts.append(g.pick(f"there {g.v(('are', 'were'))} {g.n(v)} {many} {where}", f"{place} {g.has()} {g.n(v)} {many}"))
     s.ordered = True
+    left = False
     for _ in range(g.pick(1, 2, 2)):
         if g.p(0.5) and v > 3:
             k = g.r(1, min(v - 1, 40))
-            s.facts.append(g.pick(f"{g.n(k)} {g.v(g.pick(*OFF))}", f"{g.n(k)} of them {g.v(g.pick(*OFF))}",
-                                  f"{g.n(k)} {many} {g.v(g.pick(*OFF))}"))  # fmt: skip
+            forms = [f"{g.n(k)} {g.v(g.pick(*OFF))}", f"{g.n(k)} of them {g.v(g.pick(*OFF))}", f"{g.n(k)} {many} {g.v(g.pick(*OFF))}"]
+            if left:  # "3 more got off": more of them left, fewer are there
+                forms += [f"{g.n(k)} more {g.v(g.pick(*OFF))}", f"another {g.n(k)} {g.v(g.pick(*OFF))}"]
+            s.facts.append(g.pick(*forms))
             v = s.calc(v, "-", k)
+            left = True
         else:
             k = g.r(1, 40)
             s.facts.append(g.pick(f"{g.n(k)} more {g.v(g.pick(*ON))}", f"{g.n(k)} {many} {g.v(g.pick(*ON))}",
