@@ -39,8 +39,14 @@ LOSS = (("gives away", "gave away"), ("sells", "sold"), ("loses", "lost"), ("use
         ("misplaces", "misplaced"), ("returns", "returned"), ("leaves behind", "left behind"), ("gives up", "gave up"),
         ("removes", "removed"), ("puts aside", "put aside"), ("hands back", "handed back"))  # fmt: skip
 # what happens to some of the things, without the holder doing it
-LOST_BY_THEMSELVES = ("go missing", "get broken", "are taken", "are sold", "are eaten", "are lost", "get thrown out",
-                      "are given away", "disappear", "are used up")  # fmt: skip
+# Things that are lost without a taker (present, past): they pop, melt, leak out, fly away…
+LOST_BY_THEMSELVES = (("go missing", "went missing"), ("get broken", "got broken"), ("are taken", "were taken"),
+                      ("are sold", "were sold"), ("are eaten", "were eaten"), ("are lost", "were lost"),
+                      ("get thrown out", "got thrown out"), ("are given away", "were given away"),
+                      ("disappear", "disappeared"), ("are used up", "were used up"), ("pop", "popped"),
+                      ("melt", "melted"), ("leak out", "leaked out"), ("fly away", "flew away"),
+                      ("run away", "ran away"), ("spill", "spilled"), ("go bad", "went bad"), ("fall off", "fell off"),
+                      ("roll away", "rolled away"), ("wear out", "wore out"))  # fmt: skip
 HAVE = (("has", "had"), ("owns", "owned"), ("holds", "held"), ("keeps", "kept"), ("starts with", "started with"),
         ("begins with", "began with"), ("counts", "counted"), ("is looking after", "was looking after"))  # fmt: skip
 TIMES = ("Then", "Later", "After that", "Next", "Soon", "Afterwards", "The next day", "In the evening",
@@ -169,10 +175,7 @@ def loss(g: _G, k: int, again: bool = False) -> str:
     "another k" as people write it ("sold 5 more") — "more" then still means less is left."""
     sg, pl = g.thing
     verb = g.v(g.pick(*LOSS))
-    by_themselves = g.pick(*LOST_BY_THEMSELVES)
-    if g.past:
-        by_themselves = by_themselves.replace("are ", "were ").replace("go ", "went ").replace("get ", "got ")
-        by_themselves = by_themselves.replace("disappear", "disappeared")
+    by_themselves = g.v(g.pick(*LOST_BY_THEMSELVES))
     if again and g.p(0.6):
         return g.pick(f"{g.a} {verb} {g.n(k)} more", f"{g.a} {verb} {g.n(k)} more {sg if k == 1 else pl}", f"{g.a} {verb} another {g.n(k)}",
                       f"{g.n(k)} more {by_themselves}", f"{g.a} {verb} {g.n(k)} more of them")  # fmt: skip
