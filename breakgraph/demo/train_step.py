@@ -1,8 +1,9 @@
 """The demo trainer's step — forward and losses, backward, the router-bias balance update — run
 eagerly or replayed from graphs; the gradient clip and the AdamW update always run eagerly after it.
 
-The demo model is small: at batch 512 one forward and backward launch about 2,200 kernels of a few
-microseconds each, so an eager step on a GPU waits on the host launching them. :class:`GraphedSteps`
+The demo model is small: one forward and backward run about 2,200 kernel-launching ops (counted on
+the CPU; the count does not grow with the batch), each a few microseconds on a GPU, so an eager
+step waits on the host launching them. :class:`GraphedSteps`
 captures the step once per (padded length, attention stage) and replays it:
 
 * batches are padded at the end to a multiple of ``length_step`` tokens (padding is masked out of
