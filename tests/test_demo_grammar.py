@@ -75,7 +75,7 @@ def test_a_loss_after_a_loss_may_say_more_and_still_subtracts(sample):
     """"sold 5 more" / "another 5 left": the number after "more" or "another" is taken away."""
     taken_more = 0
     for p in sample:
-        for a, op, b in re.findall(r"<<(\d+)([-+*/])(\d+)=", p.answer):
+        for _, op, b in re.findall(r"<<(\d+)([-+*/])(\d+)=", p.answer):
             said_more = re.search(rf"\b(another {b}|{b} more)\b(?! than)", p.question)
             if said_more and op == "-" and "than" not in p.question:
                 taken_more += 1
