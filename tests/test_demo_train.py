@@ -35,6 +35,15 @@ MICRO = {
     "qk_nope_head_dim": 16, "v_head_dim": 24, "index_topk": INDEX_TOPK, "max_position_embeddings": 256,
 }  # fmt: skip
 
+TWO_LAYERS = json.dumps({**MICRO, "num_hidden_layers": 2})  # --shape of the CLI runs
+
+
+def _cli_args(out, shape: str | None, *extra: str) -> list[str]:
+    args = ["--out", str(out), "--device", "cpu", "--batch-size", "4", "--train-problems", "64",
+            "--val-problems", "4", "--vocab-size", "400", "--no-tokenizer-gsm8k", "--tokenizer-problems", "500",
+            "--warmup-steps", "1", "--log-every", "1", "--no-final-eval"]  # fmt: skip
+    return args + (["--shape", shape] if shape else []) + list(extra)
+
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -207,12 +216,7 @@ def test_a_few_training_steps_reduce_the_loss(tok):
 
 
 def test_train_demo_cli_writes_a_loadable_checkpoint(tmp_path):
-    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
-    summary = main(
-        ["--out", str(tmp_path / "ckpt"), "--device", "cpu", "--steps", "4", "--batch-size", "4",
-         "--train-problems", "64", "--val-problems", "4", "--vocab-size", "400", "--no-tokenizer-gsm8k", "--tokenizer-problems", "500",
-         "--warmup-steps", "1", "--log-every", "2", "--no-final-eval", "--shape", shape]
-    )  # fmt: skip
+    summary = main(_cli_args(tmp_path / "ckpt", TWO_LAYERS, "--steps", "4", "--log-every", "2"))
     assert summary["steps"] == 4 and summary["history"][-1]["stage"] == "sparse"
     engine = Engine(tmp_path / "ckpt", device="cpu", dtype="float32")
     assert engine.config.num_hidden_layers == 2 and engine.tokenizer is not None
@@ -238,21 +242,10 @@ def test_final_eval_falls_back_to_the_cpu_when_the_gpu_eval_fails(monkeypatch, t
 
 
 def test_deadline_shortens_the_time_budget_to_what_is_left_after_the_data(tmp_path):
-    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
-    summary = main(
-        ["--out", str(tmp_path / "ckpt"), "--device", "cpu", "--steps", "100000", "--batch-size", "4",
-         "--train-problems", "64", "--val-problems", "4", "--vocab-size", "400", "--no-tokenizer-gsm8k", "--tokenizer-problems", "500",
-         "--time-budget", "600", "--deadline", "0.01", "--log-every", "1000", "--no-final-eval", "--shape", shape]
-    )  # fmt: skip
+    summary = main(_cli_args(tmp_path / "ckpt", TWO_LAYERS, "--steps", "100000", "--time-budget", "600",
+                             "--deadline", "0.01", "--log-every", "1000"))  # fmt: skip
     assert summary["args"]["time_budget"] == 1.0  # the least a deadline leaves
     assert summary["steps"] < 100000 and summary["train_seconds"] < 30
-
-
-def _cli_args(out, shape: str | None, *extra: str) -> list[str]:
-    args = ["--out", str(out), "--device", "cpu", "--batch-size", "4", "--train-problems", "64",
-            "--val-problems", "4", "--vocab-size", "400", "--no-tokenizer-gsm8k", "--tokenizer-problems", "500",
-            "--warmup-steps", "1", "--log-every", "1", "--no-final-eval"]  # fmt: skip
-    return args + (["--shape", shape] if shape else []) + list(extra)
 
 
 def _weights(folder) -> dict[str, torch.Tensor]:
@@ -261,8 +254,7 @@ def _weights(folder) -> dict[str, torch.Tensor]:
 
 
 def test_init_from_continues_a_checkpoint_with_its_tokenizer_shape_and_weights(tmp_path):
-    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
-    first = main(_cli_args(tmp_path / "a", shape, "--steps", "8", "--lr", "1e-2", "--save-dtype", "float32"))
+    first = main(_cli_args(tmp_path / "a", TWO_LAYERS, "--steps", "8", "--lr", "1e-2", "--save-dtype", "float32"))
     # lr 0 and no balance update: the continuation must save exactly the weights it started from
     still = main(_cli_args(tmp_path / "b", None, "--steps", "2", "--lr", "0", "--bias-update-rate", "0",
                            "--init-from", str(tmp_path / "a"), "--seed", "1", "--save-dtype", "float32"))  # fmt: skip
@@ -295,8 +287,7 @@ def test_a_failed_compile_falls_back_to_the_eager_step(monkeypatch, tmp_path, ca
         return compiled
 
     monkeypatch.setattr(T.torch, "compile", failing_compile)
-    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
-    summary = main(_cli_args(tmp_path / "c", shape, "--steps", "3", "--compile"))
+    summary = main(_cli_args(tmp_path / "c", TWO_LAYERS, "--steps", "3", "--compile"))
     assert summary["steps"] == 3 and "torch.compile failed (RuntimeError: backend exploded); eager" in capsys.readouterr().out
 
 
@@ -380,13 +371,12 @@ def test_graphed_steps_replay_the_eager_steps(tok, device, amp):
 
 
 def test_train_cli_with_graphs_trains_and_logs_its_captures(tmp_path, capsys):
-    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
-    summary = main(_cli_args(tmp_path / "g", shape, "--steps", "6", "--graphs", "--moe-impl", "dense"))
+    summary = main(_cli_args(tmp_path / "g", TWO_LAYERS, "--steps", "6", "--graphs", "--moe-impl", "dense"))
     out = capsys.readouterr().out
     assert summary["steps"] == 6 and "graphs per length" in out
     assert "captured the training step at" in out and "dense attention (1 graphs" in out
     with pytest.raises(ValueError, match="--graphs"):
-        main(_cli_args(tmp_path / "h", shape, "--steps", "1", "--graphs", "--compile", "--moe-impl", "dense"))
+        main(_cli_args(tmp_path / "h", TWO_LAYERS, "--steps", "1", "--graphs", "--compile", "--moe-impl", "dense"))
 
 
 def test_a_failed_capture_turns_the_graphs_off_and_the_steps_run_eagerly(tok, monkeypatch):
@@ -413,8 +403,7 @@ def test_a_failed_capture_turns_the_graphs_off_and_the_steps_run_eagerly(tok, mo
 def test_init_from_refuses_its_own_output_folder_and_a_mismatched_tokenizer(tmp_path, monkeypatch):
     from breakgraph.demo import train as T
 
-    shape = json.dumps({**MICRO, "num_hidden_layers": 2})
-    main(_cli_args(tmp_path / "a", shape, "--steps", "1"))
+    main(_cli_args(tmp_path / "a", TWO_LAYERS, "--steps", "1"))
     monkeypatch.setattr(T, "make_mixture", lambda *a, **k: pytest.fail("the data stage ran before the checks"))
     with pytest.raises(ValueError, match="would overwrite the checkpoint it starts from"):
         main(_cli_args(tmp_path / "a", None, "--steps", "1", "--init-from", str(tmp_path / "a")))

@@ -403,11 +403,10 @@ def encode_problems(tok, problems: list[Problem], check: int = 2000, chunk: int 
             lengths.append(len(ids) + 1)
             starts.append(start)
         del full, prompts
-    lens = torch.tensor(lengths)
-    tokens = torch.full((len(lengths), int(lens.max())), pad, dtype=torch.int32)
-    tokens[torch.arange(tokens.shape[1]) < lens[:, None]] = torch.tensor(flat, dtype=torch.int32)  # row-major fill
-    lengths = lens
-    return EncodedProblems(tokens, lengths, torch.tensor(starts))
+    row_lengths = torch.tensor(lengths)
+    tokens = torch.full((len(lengths), int(row_lengths.max())), pad, dtype=torch.int32)
+    tokens[torch.arange(tokens.shape[1]) < row_lengths[:, None]] = torch.tensor(flat, dtype=torch.int32)  # row-major
+    return EncodedProblems(tokens, row_lengths, torch.tensor(starts))
 
 
 def length_grouped_order(

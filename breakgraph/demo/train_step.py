@@ -1,9 +1,9 @@
 """The demo trainer's step — forward and losses, backward, the router-bias balance update — run
 eagerly or replayed from graphs; the gradient clip and the AdamW update always run eagerly after it.
 
-The demo model is small: one forward and backward run about 2,200 kernel-launching ops (counted on
-the CPU; the count does not grow with the batch), each a few microseconds on a GPU, so an eager
-step waits on the host launching them. :class:`GraphedSteps`
+The demo model is small: one forward and backward launch about 2,200 kernels (a CPU capture logs
+the count; it does not grow with the batch), each a few microseconds on a GPU, so an eager step
+waits on the host launching them. :class:`GraphedSteps`
 captures the step once per (padded length, attention stage) and replays it:
 
 * batches are padded at the end to a multiple of ``length_step`` tokens (padding is masked out of
@@ -191,7 +191,8 @@ class GraphedSteps:
         self.graphs[key] = _Captured(graph, inputs, result)
         seconds = time.perf_counter() - t0
         self.capture_seconds += seconds
-        self.log(f"captured {what} ({len(self.graphs)} graphs, {seconds:.1f}s)")
+        kernels = f", {graph.kernels} kernels" if isinstance(graph, CpuGraph) else ""  # CUDA graphs do not say
+        self.log(f"captured {what} ({len(self.graphs)} graphs, {seconds:.1f}s{kernels})")
         return ran
 
     def _turn_off(self, what: str, exc: BaseException, result: StepResult) -> StepResult:
