@@ -299,9 +299,8 @@ def _micro_steps(tok, seed: int = 0, bias_update_rate: float = 1e-3, device: str
 
     cfg = model_config_dict(tok.get_vocab_size(), 0, 1, "float32", **{**MICRO, "num_hidden_layers": 3})
     model = new_model(ModelConfig.from_dict(cfg), seed=seed, device=device, std=0.05)
-    biases = [layer.mlp.gate.e_score_correction_bias for layer in model.model.layers if isinstance(layer.mlp, MoE)]
     losses = partial(training_losses, moe_impl="dense", index_kl_weight=1.0)
-    step = TrainStep(model, losses, amp=False, biases=biases, bias_update_rate=bias_update_rate)
+    step = TrainStep(model, losses, amp=False, bias_update_rate=bias_update_rate)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     return model, opt, step
 

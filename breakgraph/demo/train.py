@@ -710,11 +710,8 @@ def train_demo(
     # torch.compile traces the forward and the loss at the first step, with a dynamic sequence
     # length, and again at the switch to sparse attention
     losses = partial(training_losses, moe_impl=moe_impl, index_kl_weight=a.index_kl_weight)
-    biases = [
-        layer.mlp.gate.e_score_correction_bias for layer in model.model.layers if isinstance(layer.mlp, MoE)
-    ]
     train_step = TrainStep(
-        model, torch.compile(losses, dynamic=True) if a.compile else losses, amp=amp, biases=biases,
+        model, torch.compile(losses, dynamic=True) if a.compile else losses, amp=amp,
         bias_update_rate=a.bias_update_rate,
     )  # fmt: skip
     run_step = train_step

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from breakgraph.graphs.cpu_graph import CpuGraph, cpu_graph
+from breakgraph.layers.mlp import MoE
+from breakgraph.models.glm5 import DsaForCausalLM
 
 
 @dataclass
@@ -54,17 +56,20 @@ class TrainStep:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: DsaForCausalLM,
         losses_fn: Callable,
         *,
         amp: bool,
-        biases: list[torch.Tensor],
         bias_update_rate: float,
     ) -> None:
         self.model = model
         self.losses_fn = losses_fn
         self.amp = amp
-        self.biases = biases
+        self.biases = [
+            layer.mlp.gate.e_score_correction_bias
+            for layer in model.model.layers
+            if isinstance(layer.mlp, MoE)
+        ]
         self.bias_update_rate = bias_update_rate
         self.params = [p for p in model.parameters() if p.requires_grad]
 
@@ -74,13 +79,19 @@ class TrainStep:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
 
-    def __call__(self, ids: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, sparse: bool) -> StepResult:
+    def __call__(
+        self, ids: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, sparse: bool
+    ) -> StepResult:
         grads = [p.grad for p in self.params if p.grad is not None]
         if grads:
             torch._foreach_zero_(grads)
         device_type = ids.device.type
         # no autocast cache: graph capture needs each cast to be a recorded kernel of the step
-        amp = torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=False) if self.amp else nullcontext()
+        amp = (
+            torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=False)
+            if self.amp
+            else nullcontext()
+        )
         with amp:
             loss, lm, index_kl, expert_load = self.losses_fn(self.model, ids, labels, valid, sparse=sparse)
         loss.backward()
@@ -102,7 +113,11 @@ def pad_batch(
     if extra == 0:
         return ids, labels, valid
     pad = torch.nn.functional.pad
-    return pad(ids, (0, extra), value=pad_id), pad(labels, (0, extra), value=-100), pad(valid, (0, extra), value=False)
+    return (
+        pad(ids, (0, extra), value=pad_id),
+        pad(labels, (0, extra), value=-100),
+        pad(valid, (0, extra), value=False),
+    )
 
 
 @dataclass
@@ -140,7 +155,9 @@ class GraphedSteps:
     def padded_length(self, tokens: int) -> int:
         return max(tokens, min(-(-tokens // self.length_step) * self.length_step, self.max_length))
 
-    def __call__(self, ids: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, sparse: bool) -> StepResult:
+    def __call__(
+        self, ids: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, sparse: bool
+    ) -> StepResult:
         """One step on ``ids``/``labels``/``valid [B, S]`` (on the model's device): a replay, or
         for a new key its first run and capture. Same contract as :class:`TrainStep`, except that
         the result's tensors are the graph's outputs: read them before the next step (a replay of
@@ -191,13 +208,17 @@ class GraphedSteps:
         self.graphs[key] = _Captured(graph, inputs, result)
         seconds = time.perf_counter() - t0
         self.capture_seconds += seconds
-        kernels = f", {graph.kernels} kernels" if isinstance(graph, CpuGraph) else ""  # CUDA graphs do not say
+        kernels = (
+            f", {graph.kernels} kernels" if isinstance(graph, CpuGraph) else ""
+        )  # CUDA graphs do not say
         self.log(f"captured {what} ({len(self.graphs)} graphs, {seconds:.1f}s{kernels})")
         return ran
 
     def _turn_off(self, what: str, exc: BaseException, result: StepResult) -> StepResult:
         cause = f" (after {type(exc.__context__).__name__}: {exc.__context__})" if exc.__context__ else ""
-        self.log(f"capturing {what} failed ({type(exc).__name__}: {str(exc)[:300]}{cause}); eager steps from here")
+        self.log(
+            f"capturing {what} failed ({type(exc).__name__}: {str(exc)[:300]}{cause}); eager steps from here"
+        )
         self.off = True
         self.graphs.clear()
         return result
