@@ -122,8 +122,8 @@ def by_kind(result: EvalResult) -> dict[str, tuple[int, int]]:
 def by_phrasing(result: EvalResult) -> tuple[int, int, int] | None:
     """Over the held-out phrasing problems of ``result`` (template ``heldout/{kind}/{phrasing}``):
     ``(phrasings answered right in every instance, in none, phrasings)``; None without any. Each
-    phrasing is asked several times with other names and numbers, so a miss is mostly a phrasing
-    the model does not read, not a slip."""
+    phrasing is asked several times with other names and numbers: the counts tell a phrasing the
+    model does not read from misses on some numbers of it."""
     per: dict[str, list[int]] = {}
     for (_, text, want), kind in zip(result.samples, result.kinds, strict=True):
         parts = kind.split("/")
