@@ -9,8 +9,10 @@ DSA indexer are replicated across ranks, so they keep their full size.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -81,10 +83,14 @@ def dense_linear_shapes(cfg: dict) -> list[tuple[str, int, int]]:
 
 
 def preset_folder(name: str, root: Path | None = None) -> Path:
-    """Write preset ``name``'s config.json to a folder (a temp dir by default) and return it."""
+    """Write preset ``name``'s config.json to folder ``root`` and return it. Without ``root``, a
+    fresh temp dir that is removed when the process exits (a bench or server run leaves none)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    folder = Path(root or tempfile.mkdtemp(prefix=f"breakgraph-{name}-"))
+    if root is None:
+        root = Path(tempfile.mkdtemp(prefix=f"breakgraph-{name}-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+    folder = Path(root)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(PRESETS[name], indent=2))
     return folder
