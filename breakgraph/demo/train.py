@@ -40,6 +40,7 @@ import argparse
 import json
 import math
 import time
+from array import array
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -379,12 +380,13 @@ class EncodedProblems:
 
 
 def encode_problems(tok, problems: list[Problem], check: int = 2000, chunk: int = 10000) -> EncodedProblems:
-    """Encode ``format_example(p)`` + end-of-text. The answer starts at the first token past the
-    prompt's characters; for the first ``check`` problems the prompt is also encoded alone to
-    confirm its tokens are a prefix of the example's (training sees exactly the tokens the
-    zero-shot prompt gives). Works in chunks so the tokenizer's per-text objects stay few."""
+    """Encode ``format_example(p)`` + end-of-text. The answer starts at the first token that
+    begins at or past the prompt's last character; for the first ``check`` problems the prompt
+    is also encoded alone to confirm its tokens are a prefix of the example's (training sees
+    exactly the tokens the zero-shot prompt gives). Works in chunks so the tokenizer's per-text
+    objects stay few; the ids gather in one int32 buffer (not a Python list of ints)."""
     eos, pad = tok.token_to_id(EOS), tok.token_to_id(PAD)
-    flat: list[int] = []  # every example's ids and its end-of-text, one after another
+    flat = array("i")  # every example's ids and its end-of-text, one after another
     lengths: list[int] = []
     starts: list[int] = []
     for c0 in range(0, len(problems), chunk):
@@ -394,18 +396,22 @@ def encode_problems(tok, problems: list[Problem], check: int = 2000, chunk: int 
         prompts = tok.encode_batch([format_prompt(p.question) for p in part[:n_check]])
         for i, (p, f) in enumerate(zip(part, full)):
             n_prompt = len(format_prompt(p.question))
-            start = next(j for j, (a, _) in enumerate(f.offsets) if a >= n_prompt)
+            start = f.char_to_token(n_prompt)  # the token holding the answer's first character
+            if start is None:
+                raise ValueError(f"the example of {p.question!r} has no token at its answer's first character")
+            if f.token_to_chars(start)[0] < n_prompt:  # a token across the boundary belongs to the prompt
+                start += 1
             ids = f.ids
             if i < n_check and ids[:start] != prompts[i].ids:
                 raise ValueError(f"the prompt of {p.question!r} does not tokenise as a prefix of its example")
-            flat += ids
+            flat.extend(ids)
             flat.append(eos)
             lengths.append(len(ids) + 1)
             starts.append(start)
         del full, prompts
     row_lengths = torch.tensor(lengths)
     tokens = torch.full((len(lengths), int(row_lengths.max())), pad, dtype=torch.int32)
-    tokens[torch.arange(tokens.shape[1]) < row_lengths[:, None]] = torch.tensor(flat, dtype=torch.int32)  # row-major
+    tokens[torch.arange(tokens.shape[1]) < row_lengths[:, None]] = torch.frombuffer(flat, dtype=torch.int32)  # row-major
     return EncodedProblems(tokens, row_lengths, torch.tensor(starts))
 
 
