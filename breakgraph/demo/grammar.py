@@ -140,9 +140,13 @@ class _Story:
 
 
 def _start(g: _G, k: int) -> str:
+    """The amount a story starts from: held, or first got ("Tom baked 80 loaves. He sold 3"): a
+    gain verb that opens the story is the start, not a step."""
     sg, pl = g.thing
     return g.pick(
         f"{g.a} {g.v(g.pick(*HAVE))} {g.cnt(k)}",
+        f"{g.a} {g.v(g.pick(*GAIN))} {g.cnt(k)}",
+        f"first {g.a} {g.v(g.pick(*GAIN))} {g.cnt(k)}",
         f"{g.a}'s {g.group[0]} {g.v(('contains', 'contained'))} {g.cnt(k)}",
         f"there {g.v(('are', 'were'))} {g.cnt(k)} in {g.a}'s {g.group[0]}",
         f"at first {g.a} {g.has()} {g.cnt(k)}",
