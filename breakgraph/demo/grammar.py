@@ -317,7 +317,10 @@ def story_groups(g: _G, s: _Story) -> None:
                           f"each {gs} {g.v(('holds', 'held'))} {g.cnt(k)}, and {g.a} {g.has()} {g.n(n)} {gp}",
                           f"{g.a} {g.v(('fills', 'filled'))} {g.n(n)} {gp}, putting {g.n(k)} {pl} in every one",
                           f"there {g.v(('are', 'were'))} {g.n(n)} {gp} of {g.n(k)} {pl} each",
-                          f"{g.n(k)} {pl} {g.v(('go', 'went'))} into each of {g.n(n)} {gp}"))  # fmt: skip
+                          f"{g.n(k)} {pl} {g.v(('go', 'went'))} into each of {g.n(n)} {gp}",
+                          f"{g.a} {g.has()} {g.n(n)} {gp}, {g.n(k)} {pl} to a {gs}",
+                          f"{g.a} {g.has()} {g.n(n)} {gp}, {g.n(k)} {pl} per {gs}",
+                          f"there {g.v(('are', 'were'))} {g.n(n)} {gp} and every {gs} {g.has()} {g.cnt(k)}"))  # fmt: skip
     s.calc(n, "*", k)
     s.question = _ask_count(g, None, TOTAL_Q)
 
@@ -330,6 +333,10 @@ def story_price(g: _G, s: _Story) -> None:
         (f"{g.a} {g.v(('buys', 'bought'))} {g.n(n)} {_pl(item)} at {g.money(k)} each", "pay"),
         (f"{g.a} {g.v(('buys', 'bought'))} {g.n(n)} {_pl(item)} for {g.money(k)} apiece", "pay"),
         (f"{g.a} {g.v(('earns', 'earned'))} {g.money(k)} per hour and {g.v(('works', 'worked'))} {g.n(n)} hours", "earn"),
+        (f"{g.a} {g.v(('gets', 'got'))} {g.money(k)} for every hour of work and {g.v(('works', 'worked'))} {g.n(n)} hours",
+         "earn"),
+        (f"each hour of work {g.v(('pays', 'paid'))} {g.a} {g.money(k)}, and {g.he(g.a)} {g.v(('works', 'worked'))} "
+         f"{g.n(n)} hours", "earn"),
         (f"{g.a} {g.v(('saves', 'saved'))} {g.money(k)} a week for {g.n(n)} weeks", "save"),
     )  # fmt: skip
     s.facts.append(fact)
