@@ -380,15 +380,17 @@ def test_train_cli_with_graphs_trains_and_logs_its_captures(tmp_path, capsys):
 
 def test_a_failed_capture_turns_the_graphs_off_and_the_steps_run_eagerly(tok, monkeypatch):
     from breakgraph.demo import train_step as TS
+    from breakgraph.graphs.segments import CpuSegmentCapturer
 
     model, _, step = _micro_steps(tok, bias_update_rate=0.0)
     logs: list[str] = []
     graphed = TS.GraphedSteps(step, pad_id=1, max_length=MICRO["max_position_embeddings"], log=logs.append)
 
-    def refusing_capture(graph, label):
-        raise RuntimeError(f"no graph for {label}")
+    class RefusingCapturer(CpuSegmentCapturer):
+        def begin(self, label):
+            raise RuntimeError(f"no graph for {label}")
 
-    monkeypatch.setattr(TS, "cpu_graph", refusing_capture)
+    monkeypatch.setattr(TS, "make_capturer", lambda device, pool: RefusingCapturer())
     data = encode_problems(tok, train_split(8, seed=6))
     batch = data.batch(torch.arange(4))
     got = graphed(*batch, sparse=False)

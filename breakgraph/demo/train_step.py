@@ -18,7 +18,9 @@ captures the step once per (padded length, attention stage) and replays it:
   (a real step: its gradients are the batch's) before the capture, which records without
   running. On the CPU the stand-in
   :class:`~breakgraph.graphs.cpu_graph.CpuGraph` runs the step while it records it, and refuses
-  host syncs, which is how the tests prove the step graph-safe without a GPU.
+  host syncs, which is how the tests prove the step graph-safe without a GPU. Both are the graph
+  package's segment capturers (:func:`~breakgraph.graphs.capture.make_capturer`), as the model's
+  prefill and decode graphs use them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from breakgraph.graphs.cpu_graph import CpuGraph, cpu_graph
+from breakgraph.graphs.capture import make_capturer
+from breakgraph.graphs.segments import Segment, new_graph_pool
 from breakgraph.layers.mlp import MoE
 from breakgraph.models.glm5 import DsaForCausalLM
 
@@ -122,7 +125,7 @@ def pad_batch(
 
 @dataclass
 class _Captured:
-    graph: object
+    graph: Segment
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     result: StepResult
 
@@ -149,8 +152,7 @@ class GraphedSteps:
         self.graphs: dict[tuple[int, int, bool], _Captured] = {}
         self.capture_seconds = 0.0
         self.off = False
-        self._pool = None
-        self._stream = None
+        self._pool = None  # one memory pool for every graph (CUDA; None on the CPU)
 
     def padded_length(self, tokens: int) -> int:
         return max(tokens, min(-(-tokens // self.length_step) * self.length_step, self.max_length))
@@ -179,40 +181,34 @@ class GraphedSteps:
         what = f"the training step at {key[0]} × {key[1]} tokens, {'sparse' if key[2] else 'dense'} attention"
         self.step.make_grads()
         inputs = (ids.clone(), labels.clone(), valid.clone())
-        if ids.device.type == "cuda":
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-                self._stream = torch.cuda.Stream(ids.device)
-            main = torch.cuda.current_stream()
-            self._stream.wait_stream(main)
+        if self._pool is None:
+            self._pool = new_graph_pool(ids.device)
+        capturer = make_capturer(ids.device, self._pool)
+        ran = failed = None
+        capturer.open()
+        try:
+            if ids.device.type == "cuda":  # a CUDA capture records without running: the real step first
+                ran = self.step(*inputs, key[2])
             try:
-                with torch.cuda.stream(self._stream):
-                    ran = self.step(*inputs, key[2])  # the batch's real step; the capture below only records
-            finally:
-                main.wait_stream(self._stream)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-                    result = self.step(*inputs, key[2])
-            except Exception as exc:  # noqa: BLE001 - the step already ran; go on without graphs
-                torch.cuda.set_stream(main)  # a failed capture_end leaves the capture stream current
-                torch.cuda.synchronize(ids.device)
-                return self._turn_off(what, exc, ran)
-        else:
-            graph = CpuGraph()
-            try:
-                with cpu_graph(graph, what):
-                    ran = result = self.step(*inputs, key[2])  # the CPU stand-in runs while it records
-            except Exception as exc:  # noqa: BLE001 - a host sync or other refusal: this step runs eagerly
-                return self._turn_off(what, exc, self.step(*inputs, key[2]))
-        self.graphs[key] = _Captured(graph, inputs, result)
+                capturer.begin(what)
+                try:
+                    result = self.step(*inputs, key[2])  # the CPU stand-in runs while it records
+                except BaseException:
+                    capturer.abort()
+                    raise
+                segment = capturer.end("the end of the training step")
+            except Exception as exc:  # noqa: BLE001 - a host sync or other refusal: go on without graphs
+                failed = exc
+        finally:
+            capturer.close()
+        if failed is not None:
+            return self._turn_off(what, failed, ran if ran is not None else self.step(*inputs, key[2]))
+        self.graphs[key] = _Captured(segment, inputs, result)
         seconds = time.perf_counter() - t0
         self.capture_seconds += seconds
-        kernels = (
-            f", {graph.kernels} kernels" if isinstance(graph, CpuGraph) else ""
-        )  # CUDA graphs do not say
+        kernels = f", {segment.work} kernels" if segment.work is not None else ""
         self.log(f"captured {what} ({len(self.graphs)} graphs, {seconds:.1f}s{kernels})")
-        return ran
+        return result if ran is None else ran
 
     def _turn_off(self, what: str, exc: BaseException, result: StepResult) -> StepResult:
         cause = f" (after {type(exc.__context__).__name__}: {exc.__context__})" if exc.__context__ else ""
