@@ -661,7 +661,8 @@ def train_demo(
         if Path(a.init_from).resolve() == out_dir.resolve():
             raise ValueError(f"--init-from {a.init_from} is --out: the run would overwrite the checkpoint it starts from")
         tok, cfg_dict = _start_checkpoint(Path(a.init_from), a.shape)
-        model = new_model(ModelConfig.from_dict(cfg_dict), seed, dev)
+        config = ModelConfig.from_dict(cfg_dict)
+        model = new_model(config, seed, dev)
         load_checkpoint(model, Path(a.init_from))
         _log(f"weights ({cfg_dict.get('torch_dtype')}), tokenizer and shape from {a.init_from}; a fresh optimizer")
     problems = make_mixture(a.train_problems + a.val_problems, seed, a.mixture, workers=a.data_workers)
@@ -680,8 +681,8 @@ def train_demo(
     data = encode_problems(tok, problems[: a.train_problems])
     del problems  # the token tensor is all training needs
     t_encoded = time.perf_counter()
-    config = ModelConfig.from_dict(cfg_dict)
     if model is None:
+        config = ModelConfig.from_dict(cfg_dict)
         model = new_model(config, seed, dev)
     n_params = sum(p.numel() for p in model.parameters())
     if a.deadline:
