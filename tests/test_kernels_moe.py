@@ -114,6 +114,31 @@ def check_moe_align_invariants():
                 assert (flat[rows] == lay.block_expert[b].long()).all(), f"block {b} mixes experts"
             assert (counts == 0).sum() > 0, "the case must include empty experts"
             assert counts.max() > bm, "the case must include an expert spanning several blocks"
+    # the shared expert's slot: pair t·(k+1) + k of every token goes to expert e, after the routed ones
+    for t, k, e, live, bm in ((40, 4, 16, 6, 16), (21, 8, 64, 12, 16), (9, 2, 8, 8, 1)):
+        ids = _skewed_ids(t, k, e, live)
+        lay = moe_align(ids, e, bm, shared_slot=True)
+        s = k + 1
+        p = t * s
+        assert lay.num_pairs == p
+        pair_expert = torch.cat([ids, torch.full((t, 1), e)], dim=1).reshape(-1)
+        counts = torch.bincount(pair_expert, minlength=e + 1)
+        assert counts[e] == t, "every token has its shared slot"
+        sp = lay.sorted_pairs.long()
+        real = sp[sp < p]
+        assert torch.equal(real.sort().values, torch.arange(p)), "every pair exactly once"
+        assert torch.equal(sp[lay.pair_pos.long()], torch.arange(p))
+        assert torch.equal(lay.sorted_tokens.long()[sp < p], real // s), "token of pair t·(k+1) + j is t"
+        padded = (counts + bm - 1) // bm * bm
+        assert torch.equal(lay.expert_ends.long(), padded.cumsum(0))
+        if bm > 1:
+            nb = int(lay.num_blocks.item())
+            assert nb == int((padded // bm).sum()) and lay.max_blocks == max_row_blocks(p, e + 1, bm) >= nb
+            for b in range(nb):
+                rows = sp[b * bm : (b + 1) * bm]
+                rows = rows[rows < p]
+                assert (pair_expert[rows] == lay.block_expert[b].long()).all(), f"block {b} mixes experts"
+            assert (lay.block_expert[:nb] == e).sum() == -(-t // bm), "the shared expert's blocks come last"
 
 
 def check_fused_moe_triton_bf16_fp32_match_twin():
@@ -165,6 +190,49 @@ def check_fused_moe_triton_fp8_matches_twin():
     assert _rel(got, _oracle(x, w13, w2, tw, ids, s13, s2, quant_act=True)) < 2e-2
     got = fused_moe_triton(xb, w13, w2, tw, ids, s13, s2, fp8_activations=True)
     assert _rel(got, _oracle(xb, w13, w2, tw, ids, s13, s2, quant_act=True)) < 2e-2
+
+
+def check_fused_moe_triton_folds_shared_expert_and_residual():
+    """The shared expert as one more expert inside the grouped GEMMs, and the residual in the
+    combine, against the twins: fp32 and FP8 (W8A16, and W8A8 against the quantising oracle),
+    swapped and plain row blocks, the stream kernel; a shared expert laid out unlike a routed
+    one is refused."""
+    from breakgraph.kernels.triton_moe import fused_moe_triton
+
+    t, k, e, d, inter = 19, 4, 10, 256, 128
+    x = torch.randn(t, d)
+    ids = _skewed_ids(t, k, e, 6)
+    tw = torch.rand(t, k)
+    res = torch.randn(t, d)
+    w13 = torch.randn(e, 2 * inter, d) / d**0.5
+    w2 = torch.randn(e, d, inter) / inter**0.5
+    shared = SharedExpert(torch.randn(2 * inter, d) / d**0.5, torch.randn(d, inter) / inter**0.5)
+    want = fused_moe_ref(x, w13, w2, tw, ids) + shared_expert_ref(x, shared) + res
+    for cfg in [(None, None), ({"BLOCK_M": 32, "SWAP_AB": False}, {"BLOCK_M": 32, "SWAP_AB": False}),
+                ({"KERNEL": "stream", "BLOCK_N": 32}, {"KERNEL": "stream", "BLOCK_N": 64, "TILES_N": 2})]:  # fmt: skip
+        got = fused_moe_triton(x, w13, w2, tw, ids, configs=cfg, shared=shared, residual=res)
+        assert _rel(got, want) < 1e-3, (cfg, _rel(got, want))
+    q13, s13 = block_quant(w13)
+    q2, s2 = block_quant(w2)
+    sq13, ss13 = block_quant(shared.w13)
+    sq2, ss2 = block_quant(shared.w2)
+    shared8 = SharedExpert(sq13, sq2, ss13, ss2)
+    got = fused_moe_triton(x, q13, q2, tw, ids, s13, s2, fp8_activations=False, shared=shared8, residual=res)
+    want = fused_moe_ref(x, q13, q2, tw, ids, s13, s2) + shared_expert_ref(x, shared8) + res
+    assert _rel(got, want) < 1e-3, _rel(got, want)
+    got = fused_moe_triton(x, q13, q2, tw, ids, s13, s2, fp8_activations=True, shared=shared8)
+    slot = torch.full((t, 1), e)
+    w13_all, s13_all = torch.cat([q13, sq13[None]]), torch.cat([s13, ss13[None]])
+    w2_all, s2_all = torch.cat([q2, sq2[None]]), torch.cat([s2, ss2[None]])
+    oracle = _oracle(x, w13_all, w2_all, torch.cat([tw, torch.ones(t, 1)], 1), torch.cat([ids, slot], 1),
+                     s13_all, s2_all, quant_act=True)  # fmt: skip
+    assert _rel(got, oracle) < 2e-2, _rel(got, oracle)
+    try:
+        fused_moe_triton(x, w13, w2, tw, ids, shared=SharedExpert(shared.w13[:, :128], shared.w2))
+    except ValueError as err:
+        assert "shared expert" in str(err)
+    else:
+        raise AssertionError("a shared expert of another shape was taken")
 
 
 def check_moe_gemm_writes_every_pair_row_and_nothing_else():
@@ -264,6 +332,17 @@ def check_silu_mul_and_combine():
     ys = torch.empty_like(y)
     ys[perm] = y
     assert _rel(moe_combine(ys, w, torch.empty(t, d), perm.int()), want) < 1e-6
+    # the shared expert's slot (weight 1, last of each token's k + 1 rows) and the residual
+    y1 = torch.randn(t * (k + 1), d)
+    res = torch.randn(t, d)
+    rows = y1.view(t, k + 1, d)
+    want = (rows[:, :k] * w[..., None]).sum(1) + rows[:, k] + res
+    assert _rel(moe_combine(y1, w, torch.empty(t, d), shared_slot=True, residual=res), want) < 1e-6
+    perm = torch.randperm(t * (k + 1))
+    ys = torch.empty_like(y1)
+    ys[perm] = y1
+    got = moe_combine(ys, w, torch.empty(t, d), perm.int(), shared_slot=True, residual=res)
+    assert _rel(got, want) < 1e-6
 
 
 def check_grouped_mm_path_matches_twin():
@@ -408,6 +487,7 @@ def check_fused_moe_decode_launches_two_kernels():
         "check_moe_align_invariants",
         "check_fused_moe_triton_bf16_fp32_match_twin",
         "check_fused_moe_triton_fp8_matches_twin",
+        "check_fused_moe_triton_folds_shared_expert_and_residual",
         "check_moe_gemm_writes_every_pair_row_and_nothing_else",
         "check_moe_stream_kernel_matches_twin",
         "check_moe_stream_kernel_writes_every_pair_row_and_nothing_else",
@@ -448,12 +528,13 @@ def test_moe_gemm_compiles_for_sm90_without_spills(variant):
 
     wdt, adt, silu, swap, bm, bn, warps, stages = variant
     ptr = {"fp8": "*fp8e4nv", "bf16": "*bf16"}
-    types = {"a_ptr": ptr[adt], "as_ptr": "*fp32", "w_ptr": ptr[wdt], "ws_ptr": "*fp32", "c_ptr": "*bf16",
-             "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "num_blocks_ptr": "*i32"}  # fmt: skip
+    types = {"a_ptr": ptr[adt], "as_ptr": "*fp32", "w_ptr": ptr[wdt], "ws_ptr": "*fp32", "shw_ptr": ptr[wdt],
+             "shs_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
+             "num_blocks_ptr": "*i32"}  # fmt: skip
     fp8 = wdt == "fp8"
     constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": fp8, "A_FP8": adt == "fp8", "SWAP_AB": swap,
                   "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "SCALE_BN": 128 if fp8 else 1,
-                  "SCALE_BK": 128 if fp8 else 1, "INTERP": False}  # fmt: skip
+                  "SCALE_BK": 128 if fp8 else 1, "INTERP": False, "HAS_SHARED": fp8}  # fmt: skip
     info = compile_for_sm90(triton_moe._moe_gemm_kernel, types, constexprs, warps, stages)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     assert info["mma"] == (["QGMMA"] if adt == "fp8" else ["HGMMA"]), info
@@ -485,10 +566,10 @@ def test_moe_stream_kernel_compiles_for_sm90_without_spills(variant):
 
     adt, silu, bn, tiles, bm, warps, stages, even = variant
     types = {"a_ptr": "*fp8e4nv" if adt == "fp8" else "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv",
-             "ws_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
-             "num_blocks_ptr": "*i32"}  # fmt: skip
+             "ws_ptr": "*fp32", "shw_ptr": "*fp8e4nv", "shs_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ptr": "*i32",
+             "block_expert_ptr": "*i32", "num_blocks_ptr": "*i32"}  # fmt: skip
     constexprs = {"GATHER": silu, "SILU": silu, "W_FP8": True, "A_FP8": adt == "fp8", "EVEN": even, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "TILES_N": tiles, "SCALE_BN": 128,
-                  "SCALE_BK": 128, "INTERP": False}  # fmt: skip
+                  "SCALE_BK": 128, "INTERP": False, "HAS_SHARED": True}  # fmt: skip
     info = compile_for_sm90(triton_moe._moe_stream_kernel, types, constexprs, warps, stages)
     print(variant, info)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
@@ -584,11 +665,15 @@ def test_moe_small_kernels_compile_for_sm90():
          {"TOP_K": 8, "K_P2": 8, "N_GROUP": 1, "G_P2": 1, "TOPK_GROUP": 1, "HAS_BIAS": True, "NORM": True,
           "BLOCK_T": 8, "E_P2": 256, "LOGITS": True}),
         (tm._align_count_kernel, {"ids_ptr": "*i64", "counts_ptr": i32, "sorted_ptr": i32, "tok_ptr": i32},
-         {"BLOCK": 256}),
+         {"TOP_K": 8, "SLOTS": 8, "BLOCK": 256}),
+        (tm._align_count_kernel, {"ids_ptr": "*i64", "counts_ptr": i32, "sorted_ptr": i32, "tok_ptr": i32},
+         {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256}),  # with the shared expert's slot
         (tm._align_scatter_kernel, {"ids_ptr": "*i64"} | {n: i32 for n in tm._align_scatter_kernel.arg_names if n.endswith("_ptr") and n != "ids_ptr"},
-         {"BLOCK": 256, "E_P2": 256, "BLOCK_M": 16, "BLOCKS_CHUNK": 16, "WRITE_BLOCKS": True}),
-        (tm._combine_kernel, {"y_ptr": "*bf16", "w_ptr": "*fp32", "pos_ptr": i32, "out_ptr": "*bf16"},
-         {"TOP_K": 8, "USE_POS": True, "BLOCK_D": 1024}),
+         {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256, "E_P2": 512, "BLOCK_M": 16, "BLOCKS_CHUNK": 16, "WRITE_BLOCKS": True}),
+        (tm._combine_kernel, {"y_ptr": "*bf16", "w_ptr": "*fp32", "pos_ptr": i32, "res_ptr": "*bf16", "out_ptr": "*bf16"},
+         {"TOP_K": 8, "SLOTS": 8, "USE_POS": True, "HAS_RES": False, "BLOCK_D": 1024}),
+        (tm._combine_kernel, {"y_ptr": "*bf16", "w_ptr": "*fp32", "pos_ptr": i32, "res_ptr": "*bf16", "out_ptr": "*bf16"},
+         {"TOP_K": 8, "SLOTS": 9, "USE_POS": False, "HAS_RES": True, "BLOCK_D": 1024}),
         (tm._silu_mul_kernel, {"gu_ptr": "*bf16", "h_ptr": "*bf16"}, {"BLOCK_R": 16, "BLOCK_I": 128}),
     ]  # fmt: skip
     for fn, types, constexprs in cases:
@@ -943,11 +1028,11 @@ def test_fused_moe_decode_custom_op_passes_opcheck(glm5_experts, glm5_shared):
     torch.library.opcheck(torch.ops.breakgraph.fused_moe_decode.default, args, test_utils=OPCHECK_FP8)
 
 
-@pytest.mark.parametrize("decode", [False, True])
+@pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("fp8", [False, True])
-def test_moe_block_folds_shared_expert_and_residual(monkeypatch, decode, fp8):
+def test_moe_block_folds_shared_expert_and_residual(monkeypatch, fold, fp8):
     """``MoE.forward(x, residual)`` = ``residual + routed(x) + shared(x)`` whether the shared
-    expert and the residual go into the experts' call (the decode path, forced here on the CPU,
+    expert and the residual go into the experts' call (the fold, forced here on the CPU,
     where the twins compute it) or are added after."""
     from breakgraph.layers.mlp import Experts, MoE
     from breakgraph.models.config import ModelConfig
@@ -965,7 +1050,7 @@ def test_moe_block_folds_shared_expert_and_residual(monkeypatch, decode, fp8):
             p.data.uniform_(0.5, 1.5)
     assert (moe.experts.w13.dtype == FP8_DTYPE) == fp8
     seen = []
-    monkeypatch.setattr(Experts, "takes_decode_path", lambda self, x, ids, shared: seen.append(shared) or decode)
+    monkeypatch.setattr(Experts, "folds_shared", lambda self, x, ids, shared: seen.append(shared) or fold)
     x, res = torch.randn(5, 256), torch.randn(5, 256)
     tw, ids = moe.gate(x)
     want = res + (moe.experts(x, tw, ids) + moe.shared_experts(x))

@@ -8,8 +8,10 @@ scores of the chosen experts, normalised to sum 1 (``norm_topk_prob``), × ``rou
 Experts: tokens are sorted by expert and run through grouped GEMMs
 (``torch._grouped_mm``) with static shapes ``[T·top_k, ...]``. The shared expert
 (:class:`SharedExpert`, laid out like one routed expert) and the residual add can join the
-routed experts' call (:func:`fused_moe`'s ``shared`` / ``residual``); decode batches then run
-all of it in two kernels (:func:`takes_decode_path`).
+routed experts' call (:func:`fused_moe`'s ``shared`` / ``residual``): decode batches then run
+all of it in two kernels (:func:`takes_decode_path`), larger batches on FP8 or Triton experts
+in the grouped GEMMs' launches, the shared expert as one more expert every token routes to
+(:func:`folds_shared_expert`).
 """
 
 from __future__ import annotations
@@ -193,8 +195,9 @@ def fused_moe(
     the Triton grouped GEMMs (activations quantised to e4m3 per 128 columns, or with
     ``BREAKGRAPH_MOE_W8A8=0`` bf16 activations × fp8 weight tiles; see
     ``triton_moe.moe_fp8_activations``) and bf16 experts ``torch._grouped_mm`` on sm90/sm100, else
-    the Triton grouped GEMMs (:mod:`breakgraph.kernels.triton_moe`), with the shared expert and the
-    residual added after. Everything else takes the twins.
+    the Triton grouped GEMMs (:mod:`breakgraph.kernels.triton_moe`), which take the shared expert
+    and the residual into their launches where :func:`folds_shared_expert` says so (else they are
+    added after). Everything else takes the twins.
     """
     if takes_decode_path(x, w13, w2, topk_ids, w13_scale, w2_scale, block, shared):
         sh = shared if shared is not None else SharedExpert(None, None)
@@ -203,10 +206,17 @@ def fused_moe(
             residual, list(block),
         )  # fmt: skip
     if use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block):
-        out = _fused_moe_cuda(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, list(block))
-        if shared is not None:
-            gate, up = linear(x, shared.w13, shared.w13_scale, block).chunk(2, dim=-1)
-            out = out + linear(F.silu(gate) * up, shared.w2, shared.w2_scale, block)
+        if shared is None or folds_shared_expert(x, w13, w2, topk_ids, w13_scale, w2_scale, block, shared):
+            sh = shared if shared is not None else SharedExpert(None, None)
+            return _fused_moe_cuda(
+                x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, sh.w13, sh.w2, sh.w13_scale, sh.w2_scale,
+                residual, list(block),
+            )  # fmt: skip
+        out = _fused_moe_cuda(
+            x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, None, None, None, None, None, list(block)
+        )
+        gate, up = linear(x, shared.w13, shared.w13_scale, block).chunk(2, dim=-1)
+        out = out + linear(F.silu(gate) * up, shared.w2, shared.w2_scale, block)
     else:
         out = fused_moe_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)
         if shared is not None:
@@ -230,7 +240,7 @@ def takes_decode_path(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
-    topk_ids: torch.Tensor,
+    topk_ids: torch.Tensor | None,
     w13_scale: torch.Tensor | None,
     w2_scale: torch.Tensor | None,
     block: tuple[int, int],
@@ -243,6 +253,34 @@ def takes_decode_path(
     from breakgraph.kernels import triton_moe
 
     return triton_moe.decode_supported(x, w13, w2, w13_scale, w2_scale, shared)
+
+
+def folds_shared_expert(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_ids: torch.Tensor | None,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    block: tuple[int, int],
+    shared: SharedExpert | None,
+) -> bool:
+    """Whether :func:`fused_moe` runs ``shared`` inside the routed experts' launches and adds
+    ``residual`` there too: the decode kernels (:func:`takes_decode_path`), or the Triton grouped
+    GEMMs (CUDA, FP8 or 16-bit experts that ``torch._grouped_mm`` does not take) with a shared
+    expert laid out like one routed expert. False without a shared expert. ``topk_ids`` may be
+    None before routing (its shape is then not checked)."""
+    if shared is None:
+        return False
+    if takes_decode_path(x, w13, w2, topk_ids, w13_scale, w2_scale, block, shared):
+        return True
+    if not (use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block)):
+        return False
+    from breakgraph.kernels import triton_moe
+
+    if w13_scale is None and triton_moe.grouped_mm_supported(x, w13, w2):
+        return False
+    return triton_moe.shared_like_routed(w13, w2, w13_scale, w2_scale, shared)
 
 
 def _fused_moe_decode_shape(
@@ -271,7 +309,9 @@ def _fused_moe_decode_cuda(
 
 def _fused_moe_shape(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-    w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, block: list[int],
+    w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, sh13: torch.Tensor | None,
+    sh2: torch.Tensor | None, sh13_scale: torch.Tensor | None, sh2_scale: torch.Tensor | None,
+    residual: torch.Tensor | None, block: list[int],
 ) -> torch.Tensor:  # fmt: skip
     return torch.empty_like(x)
 
@@ -279,25 +319,31 @@ def _fused_moe_shape(
 @opaque_op(name="fused_moe", fake_impl=_fused_moe_shape)
 def _fused_moe_cuda(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-    w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, block: list[int],
+    w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, sh13: torch.Tensor | None,
+    sh2: torch.Tensor | None, sh13_scale: torch.Tensor | None, sh2_scale: torch.Tensor | None,
+    residual: torch.Tensor | None, block: list[int],
 ) -> torch.Tensor:  # fmt: skip
     from breakgraph.kernels import triton_moe
 
-    if w13_scale is None and triton_moe.grouped_mm_supported(x, w13, w2):
-        return triton_moe.fused_moe_grouped_mm(x, w13, w2, topk_weights, topk_ids)
-    return triton_moe.fused_moe_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, tuple(block))
+    if sh13 is None and w13_scale is None and triton_moe.grouped_mm_supported(x, w13, w2):
+        out = triton_moe.fused_moe_grouped_mm(x, w13, w2, topk_weights, topk_ids)
+        return out if residual is None else residual + out
+    shared = SharedExpert(sh13, sh2, sh13_scale, sh2_scale) if sh13 is not None else None
+    return triton_moe.fused_moe_triton(
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, tuple(block), shared=shared, residual=residual
+    )
 
 
 def _triton_moe_supported(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
-    topk_ids: torch.Tensor,
+    topk_ids: torch.Tensor | None,
     w13_scale: torch.Tensor | None,
     w2_scale: torch.Tensor | None,
     block: tuple[int, int],
 ) -> bool:
-    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or topk_ids.dim() != 2:
+    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or (topk_ids is not None and topk_ids.dim() != 2):
         return False
     num_experts, two_i, d = w13.shape
     inter = two_i // 2

@@ -228,11 +228,27 @@ class MoeLayout:
 
 
 @triton.jit
-def _align_count_kernel(ids_ptr, counts_ptr, sorted_ptr, tok_ptr, P, N_SORTED, E, T, BLOCK: tl.constexpr):
+def _pair_expert(ids_ptr, offs, ok, E, TOP_K: tl.constexpr, SLOTS: tl.constexpr):
+    """Expert of pairs ``offs`` (pair ``p = t·SLOTS + j``): ``ids[t, j]`` for the ``TOP_K``
+    routed slots; the shared slot ``j = TOP_K`` (when ``SLOTS > TOP_K``) is expert ``E - 1``.
+    Clamped to ``[0, E)``."""
+    if SLOTS > TOP_K:
+        tok = offs // SLOTS
+        j = offs - tok * SLOTS
+        e = tl.load(ids_ptr + tok * TOP_K + j, mask=ok & (j < TOP_K), other=E - 1).to(tl.int32)
+    else:
+        e = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
+    return tl.minimum(tl.maximum(e, 0), E - 1)
+
+
+@triton.jit
+def _align_count_kernel(
+    ids_ptr, counts_ptr, sorted_ptr, tok_ptr, P, N_SORTED, E, T,
+    TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < P
-    e = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
-    e = tl.minimum(tl.maximum(e, 0), E - 1)
+    e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
     tl.atomic_add(counts_ptr + e, 1, mask=ok, sem="relaxed")
     fill = offs < N_SORTED
     tl.store(sorted_ptr + offs, tl.zeros([BLOCK], tl.int32) + P, mask=fill)
@@ -242,9 +258,9 @@ def _align_count_kernel(ids_ptr, counts_ptr, sorted_ptr, tok_ptr, P, N_SORTED, E
 @triton.jit
 def _align_scatter_kernel(
     ids_ptr, counts_ptr, cursor_ptr, sorted_ptr, tok_ptr, pos_ptr, block_expert_ptr, num_blocks_ptr, ends_ptr,
-    P, E, TOP_K, MAX_BLOCKS,
-    BLOCK: tl.constexpr, E_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCKS_CHUNK: tl.constexpr,
-    WRITE_BLOCKS: tl.constexpr,
+    P, E, MAX_BLOCKS,
+    TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr, E_P2: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCKS_CHUNK: tl.constexpr, WRITE_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     ev = tl.arange(0, E_P2)
@@ -254,13 +270,12 @@ def _align_scatter_kernel(
     starts = ends - padded
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < P
-    e = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
-    e = tl.minimum(tl.maximum(e, 0), E - 1)
+    e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
     start_e = tl.gather(starts, e, axis=0)
     rank = tl.atomic_add(cursor_ptr + e, 1, mask=ok, sem="relaxed")
     pos = start_e + rank
     tl.store(sorted_ptr + pos, offs, mask=ok)
-    tl.store(tok_ptr + pos, offs // TOP_K, mask=ok)
+    tl.store(tok_ptr + pos, offs // SLOTS, mask=ok)
     tl.store(pos_ptr + offs, pos, mask=ok)
     if pid == 0:
         tl.store(ends_ptr + ev, ends, mask=ev < E)
@@ -302,10 +317,15 @@ def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return triton.cdiv(num_pairs, block_m) + min(num_experts, num_pairs)
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeLayout:
-    """Sort the pairs of ``topk_ids [T, k]`` by expert on the device (see :class:`MoeLayout`)."""
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, shared_slot: bool = False) -> MoeLayout:
+    """Sort the pairs of ``topk_ids [T, k]`` by expert on the device (see :class:`MoeLayout`).
+    ``shared_slot``: every token gets one more pair, slot ``k`` (pair ``t·(k+1) + k``), routed to
+    the extra expert ``num_experts`` — the shared expert, run by the same grouped GEMMs; the
+    layout then counts ``T·(k+1)`` pairs over ``num_experts + 1`` experts."""
     t, k = topk_ids.shape
-    p = t * k
+    slots = k + int(shared_slot)
+    num_experts += int(shared_slot)
+    p = t * slots
     dev = topk_ids.device
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous():
@@ -321,13 +341,14 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeLayo
     expert_ends = torch.empty(num_experts, dtype=torch.int32, device=dev)
     block = 256
     _align_count_kernel[(triton.cdiv(max(p, n_sorted, 1), block),)](
-        ids, counters, sorted_pairs, sorted_tokens, p, n_sorted, num_experts, t, BLOCK=block, num_warps=4
-    )
+        ids, counters, sorted_pairs, sorted_tokens, p, n_sorted, num_experts, t,
+        TOP_K=k, SLOTS=slots, BLOCK=block, num_warps=4,
+    )  # fmt: skip
     _align_scatter_kernel[(max(1, triton.cdiv(p, block)),)](
         ids, counters, counters[num_experts:], sorted_pairs, sorted_tokens, pair_pos, block_expert, num_blocks,
-        expert_ends, p, num_experts, k, max_blocks,
-        BLOCK=block, E_P2=_next_pow2(num_experts), BLOCK_M=block_m, BLOCKS_CHUNK=16, WRITE_BLOCKS=block_m > 1,
-        num_warps=4,
+        expert_ends, p, num_experts, max_blocks,
+        TOP_K=k, SLOTS=slots, BLOCK=block, E_P2=_next_pow2(num_experts), BLOCK_M=block_m, BLOCKS_CHUNK=16,
+        WRITE_BLOCKS=block_m > 1, num_warps=4,
     )  # fmt: skip
     return MoeLayout(
         sorted_pairs, sorted_tokens, pair_pos, block_expert, num_blocks, expert_ends, block_m, max_blocks, p
@@ -353,16 +374,32 @@ def _block_rows(pid_m, block_expert_ptr, sorted_ptr, P, TOP_K, GATHER: tl.conste
 
 
 @triton.jit
+def _expert_bases(
+    expert, w_ptr, ws_ptr, shw_ptr, shs_ptr, stride_we, stride_wse, SHARED_E, HAS_SHARED: tl.constexpr
+):  # fmt: skip
+    """Weight and scale base pointers of ``expert``: its slice of the stacked routed experts or,
+    with ``HAS_SHARED``, the shared expert's own tensors for expert ``SHARED_E`` (one past the
+    routed ones: the row blocks of :func:`moe_align`'s shared slot)."""
+    w_base = w_ptr + expert * stride_we
+    s_base = ws_ptr + expert * stride_wse
+    if HAS_SHARED:
+        if expert == SHARED_E:
+            w_base = shw_ptr
+            s_base = shs_ptr
+    return w_base, s_base
+
+
+@triton.jit
 def _moe_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr,
+    a_ptr, as_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, c_ptr,
     sorted_ptr, block_expert_ptr, num_blocks_ptr,
-    P, N, K, TOP_K, UP_OFF,
+    P, N, K, TOP_K, UP_OFF, SHARED_E,
     stride_am, stride_asm, stride_asg,
     stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
     stride_cm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr, HAS_SHARED: tl.constexpr = False,
 ):  # fmt: skip
     """Grouped GEMM over the layout's row blocks (see :func:`moe_gemm`)."""
     pid = tl.program_id(0)
@@ -375,11 +412,13 @@ def _moe_gemm_kernel(
         n_ok = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + a_row[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-        w_base = w_ptr + expert * stride_we
+        w_base, s_base = _expert_bases(
+            expert, w_ptr, ws_ptr, shw_ptr, shs_ptr, stride_we, stride_wse, SHARED_E, HAS_SHARED
+        )  # fmt: skip
         wg_ptrs = w_base + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
         wu_ptrs = wg_ptrs + UP_OFF * stride_wn
-        sg_ptr = ws_ptr + expert * stride_wse + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
-        su_ptr = ws_ptr + expert * stride_wse + ((UP_OFF + pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
+        sg_ptr = s_base + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
+        su_ptr = s_base + ((UP_OFF + pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
         if SWAP_AB:
             acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
@@ -435,15 +474,15 @@ def _stream_store(acc_g, acc_u, c_ptr, pair, row_ok, n0, N, stride_cm, SILU: tl.
 
 @triton.jit
 def _moe_stream_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr,
+    a_ptr, as_ptr, w_ptr, ws_ptr, shw_ptr, shs_ptr, c_ptr,
     sorted_ptr, block_expert_ptr, num_blocks_ptr,
-    P, N, K, TOP_K, UP_OFF,
+    P, N, K, TOP_K, UP_OFF, SHARED_E,
     stride_am, stride_asm, stride_asg,
     stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
     stride_cm,
     GATHER: tl.constexpr, SILU: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES_N: tl.constexpr,
-    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr,
+    SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, INTERP: tl.constexpr, HAS_SHARED: tl.constexpr = False,
 ):  # fmt: skip
     """Few rows per expert: the weight stream of :func:`_moe_gemm_kernel` with the swapped
     product only. Program ``(b, c)`` takes row block ``b`` and ``TILES_N`` consecutive
@@ -461,8 +500,9 @@ def _moe_stream_kernel(
         expert, pair, row_ok, a_row = _block_rows(pid_m, block_expert_ptr, sorted_ptr, P, TOP_K, GATHER, BLOCK_M)
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + a_row[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-        w_base = w_ptr + expert * stride_we
-        s_base = ws_ptr + expert * stride_wse
+        w_base, s_base = _expert_bases(
+            expert, w_ptr, ws_ptr, shw_ptr, shs_ptr, stride_we, stride_wse, SHARED_E, HAS_SHARED
+        )  # fmt: skip
         n_first = pid_c * (TILES_N * BLOCK_N)
         k_steps = tl.cdiv(K, BLOCK_K)
         # tile-relative offsets once; per step only a scalar moves (and, EVEN, no masks at all)
@@ -558,6 +598,7 @@ def moe_gemm(
     silu: bool,
     block: tuple[int, int] = (128, 128),
     config: dict | None = None,
+    shared: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """Grouped GEMM over ``layout``'s row blocks, writing rows of ``out`` by pair id.
 
@@ -568,8 +609,19 @@ def moe_gemm(
     ``out [P, N]``. Rows of pairs are written exactly once; nothing else is touched.
     ``config`` overrides :func:`gemm_config`'s tiles; ``KERNEL="stream"`` takes
     :func:`_moe_stream_kernel` (swapped product only; ``TILES_N`` column tiles per program).
+    ``shared``: ``(weight [N_w, K], scale)`` of the shared expert, laid out like one routed
+    expert (same dtype, shape and strides), which the row blocks of expert ``E`` read (a
+    layout aligned with ``shared_slot``).
     """
     num_e, n_w, k = weight.shape
+    if shared is not None:
+        sw, ss = shared
+        same = sw.dtype == weight.dtype and sw.shape == weight.shape[1:] and sw.stride() == weight.stride()[1:]
+        if weight_scale is not None:
+            same = same and ss is not None and ss.shape == weight_scale.shape[1:]
+            same = same and ss.stride() == weight_scale.stride()[1:]
+        if not same:
+            raise ValueError("moe_gemm: the shared expert must be laid out like one routed expert")
     n = n_w // 2 if silu else n_w
     w_fp8 = weight.dtype == FP8_DTYPE
     a_fp8 = a.dtype == FP8_DTYPE
@@ -579,7 +631,7 @@ def moe_gemm(
         raise ValueError(
             f"moe_gemm: a {tuple(a.shape)}, weight {tuple(weight.shape)} and out must be K/N-contiguous"
         )
-    cfg = gemm_config(layout.num_pairs, num_e, silu, w_fp8, a_fp8)
+    cfg = gemm_config(layout.num_pairs, num_e + (shared is not None), silu, w_fp8, a_fp8)
     cfg.update(config or {})
     if cfg["BLOCK_M"] != layout.block_m:
         raise ValueError(
@@ -605,15 +657,16 @@ def moe_gemm(
         cfg["EVEN"] = k % cfg["BLOCK_K"] == 0 and n % cols == 0
     else:
         cols = cfg["BLOCK_N"]
+    shw, shs = (shared[0], shared[1] if w_fp8 else shared[0]) if shared is not None else (weight, ws)
     grid = (layout.max_blocks * triton.cdiv(n, cols),)
     kernel[grid](
-        a, sa, weight, ws, out, layout.sorted_pairs, layout.block_expert, layout.num_blocks,
-        layout.num_pairs, n, k, gather_top_k or 1, n if silu else 0,
+        a, sa, weight, ws, shw, shs, out, layout.sorted_pairs, layout.block_expert, layout.num_blocks,
+        layout.num_pairs, n, k, gather_top_k or 1, n if silu else 0, num_e,
         a.stride(0), sa.stride(0), sa.stride(1) if sa.dim() > 1 else 0,
         weight.stride(0), weight.stride(1), ws.stride(0), ws.stride(1), ws.stride(2),
         out.stride(0),
         GATHER=gather_top_k is not None, SILU=silu, W_FP8=w_fp8, A_FP8=a_fp8,
-        SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), **cfg,
+        SCALE_BN=bn, SCALE_BK=bk, INTERP=interpreting(), HAS_SHARED=shared is not None, **cfg,
     )  # fmt: skip
     return out
 
@@ -650,38 +703,56 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
 
 @triton.jit
 def _combine_kernel(
-    y_ptr, w_ptr, pos_ptr, out_ptr, D, stride_y, stride_o,
-    TOP_K: tl.constexpr, USE_POS: tl.constexpr, BLOCK_D: tl.constexpr,
+    y_ptr, w_ptr, pos_ptr, res_ptr, out_ptr, D, stride_y, stride_r, stride_o,
+    TOP_K: tl.constexpr, SLOTS: tl.constexpr, USE_POS: tl.constexpr, HAS_RES: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     ok = d < D
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        p = t * TOP_K + j
+    for j in tl.static_range(SLOTS):
+        p = t * SLOTS + j
         if USE_POS:
             row = tl.load(pos_ptr + p)
         else:
             row = p
-        wt = tl.load(w_ptr + p)
-        acc += wt * tl.load(y_ptr + row.to(tl.int64) * stride_y + d, mask=ok, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + row.to(tl.int64) * stride_y + d, mask=ok, other=0.0).to(tl.float32)
+        if j < TOP_K:
+            acc += tl.load(w_ptr + t * TOP_K + j) * y
+        else:  # the shared expert's slot, weight 1
+            acc += y
+    if HAS_RES:
+        acc += tl.load(res_ptr + t.to(tl.int64) * stride_r + d, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * stride_o + d, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def moe_combine(
-    y: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, pair_pos: torch.Tensor | None = None
+    y: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out: torch.Tensor,
+    pair_pos: torch.Tensor | None = None,
+    *,
+    shared_slot: bool = False,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out[t] = Σ_j topk_weights[t, j] · y[row(t·k + j)]`` (fp32 accumulation), where
-    ``row(p) = pair_pos[p]`` when given (rows in expert order) else ``p``."""
+    """``out[t] = Σ_j topk_weights[t, j] · y[row(t·s + j)]`` over the ``s = k`` slots of a token
+    (fp32 accumulation, rounded once), where ``row(p) = pair_pos[p]`` when given (rows in
+    expert order) else ``p``. ``shared_slot``: ``s = k + 1``, the last slot (the shared expert's)
+    with weight 1. ``residual [T, D]``: added in the same fp32 sum."""
     t, k = topk_weights.shape
     d = out.shape[1]
     w = topk_weights.float().contiguous()
+    if residual is not None and (residual.shape != out.shape or residual.stride(1) != 1):
+        raise ValueError(f"moe_combine: residual must be [T, D] like out, got {tuple(residual.shape)}")
     if t and d:
         block_d = min(1024, _next_pow2(d))
         grid = (t, triton.cdiv(d, block_d))
+        res = residual if residual is not None else out
         _combine_kernel[grid](
-            y, w, pair_pos if pair_pos is not None else w, out, d, y.stride(0), out.stride(0),
-            TOP_K=k, USE_POS=pair_pos is not None, BLOCK_D=block_d, num_warps=4,
+            y, w, pair_pos if pair_pos is not None else w, res, out, d, y.stride(0), res.stride(0), out.stride(0),
+            TOP_K=k, SLOTS=k + int(shared_slot), USE_POS=pair_pos is not None, HAS_RES=residual is not None,
+            BLOCK_D=block_d, num_warps=4,
         )  # fmt: skip
     return out
 
@@ -729,36 +800,50 @@ def fused_moe_triton(
     *,
     fp8_activations: bool | None = None,
     configs: tuple[dict | None, dict | None] = (None, None),
+    shared: SharedExpert | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Routed experts with the Triton grouped GEMMs (contract of ``fused_moe_ref``).
+    """Routed experts with the Triton grouped GEMMs (contract of ``fused_moe_ref``), plus
+    ``shared(x)`` and ``residual`` when given.
 
     ``fp8_activations`` (FP8 weights only; default :func:`moe_fp8_activations`) picks W8A8 over
     W8A16. ``configs`` override the tile choice of GEMM 1 / GEMM 2 (must agree on ``BLOCK_M``).
     W8A8 quantises ``x`` and ``h`` with :func:`~breakgraph.kernels.triton_fp8.act_quant`.
+    ``shared`` (laid out like one routed expert, :func:`shared_like_routed`) runs as one more
+    expert that every token routes to with weight 1, inside the same two GEMMs, and the combine
+    adds it and ``residual``: the same launches as the routed experts alone.
     """
     t, d = x.shape
     k = topk_ids.shape[1]
     num_e, two_i, _ = w13.shape
     i = two_i // 2
-    p = t * k
+    has_shared = shared is not None
+    if has_shared and not shared_like_routed(w13, w2, w13_scale, w2_scale, shared):
+        raise ValueError("fused_moe_triton: the shared expert must be laid out like one routed expert")
+    if residual is not None and (residual.shape != x.shape or residual.stride(1) != 1):
+        raise ValueError(f"fused_moe_triton: residual must be [T, D] like x, got {tuple(residual.shape)}")
+    p = t * (k + has_shared)
     w_fp8 = w13.dtype == FP8_DTYPE
     if fp8_activations is None:
         fp8_activations = moe_fp8_activations()
     fp8_activations = fp8_activations and w_fp8
-    cfg1 = gemm_config(p, num_e, True, w_fp8, fp8_activations)
+    cfg1 = gemm_config(p, num_e + has_shared, True, w_fp8, fp8_activations)
     cfg1.update(configs[0] or {})
-    cfg2 = gemm_config(p, num_e, False, w_fp8, fp8_activations)
+    cfg2 = gemm_config(p, num_e + has_shared, False, w_fp8, fp8_activations)
     cfg2.update(configs[1] or {})
     cfg2["BLOCK_M"] = cfg1["BLOCK_M"]
-    lay = moe_align(topk_ids, num_e, cfg1["BLOCK_M"])
+    lay = moe_align(topk_ids, num_e, cfg1["BLOCK_M"], shared_slot=has_shared)
     xc = x if x.stride(1) == 1 else x.contiguous()
     xa, xs = act_quant(xc, block[1], column_major_scale=False) if fp8_activations else (xc, None)
     h = torch.empty(p, i, dtype=x.dtype, device=x.device)
-    moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k, silu=True, block=block, config=cfg1)
+    sh1 = (shared.w13, shared.w13_scale) if has_shared else None
+    sh2 = (shared.w2, shared.w2_scale) if has_shared else None
+    moe_gemm(xa, xs, w13, w13_scale, lay, h, gather_top_k=k + has_shared, silu=True, block=block, config=cfg1,
+             shared=sh1)  # fmt: skip
     ha, hs = act_quant(h, block[1], column_major_scale=False) if fp8_activations else (h, None)
     y = torch.empty(p, d, dtype=x.dtype, device=x.device)
-    moe_gemm(ha, hs, w2, w2_scale, lay, y, gather_top_k=None, silu=False, block=block, config=cfg2)
-    return moe_combine(y, topk_weights, torch.empty_like(x))
+    moe_gemm(ha, hs, w2, w2_scale, lay, y, gather_top_k=None, silu=False, block=block, config=cfg2, shared=sh2)
+    return moe_combine(y, topk_weights, torch.empty_like(x), shared_slot=has_shared, residual=residual)
 
 
 # --------------------------------------------------------------------------------------------
@@ -985,8 +1070,19 @@ def decode_supported(
         return False
     if w13_scale is not None and (w13_scale.stride(2) != 1 or w2_scale.stride(2) != 1):
         return False
-    if shared is None:
-        return True
+    return shared is None or shared_like_routed(w13, w2, w13_scale, w2_scale, shared)
+
+
+def shared_like_routed(
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    shared: SharedExpert,
+) -> bool:
+    """Whether ``shared`` has the dtypes, shapes and strides of one routed expert (and FP8
+    scales exactly when the routed experts have them): then the expert kernels can run it as
+    one more expert."""
     pairs = [(shared.w13, w13), (shared.w2, w2)]
     if w13_scale is not None:
         if shared.w13_scale is None or shared.w2_scale is None:

@@ -4,8 +4,9 @@ Tensor parallelism: the dense MLP is column-parallel (gate‖up) then row-parall
 all-reduce). The MoE keeps every expert on every rank and splits each expert's intermediate
 dimension (``w13`` rows, ``w2`` columns) like the shared expert's; routed and shared partial
 sums are added first and all-reduced once. The router is replicated. Both blocks take the
-residual stream and return ``residual + block(x)``; MoE decode batches fold the shared expert
-and (without tensor parallelism) the residual add into the routed experts' two kernels.
+residual stream and return ``residual + block(x)``; on CUDA the MoE folds the shared expert and
+(without tensor parallelism) the residual add into the routed experts' launches (two decode
+kernels for small batches, the grouped GEMMs and their combine above).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_
 from breakgraph.kernels.dispatch import use_triton_inference
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand, linear_fp32_out
-from breakgraph.kernels.moe import SharedExpert, decode_sized, fused_moe, route, takes_decode_path
+from breakgraph.kernels.moe import SharedExpert, folds_shared_expert, fused_moe, route
 from breakgraph.layers.linear import ColumnParallelLinear, RowParallelLinear, WeightShapeError, check_shape
 from breakgraph.models.config import Fp8Config, ModelConfig
 
@@ -156,11 +157,12 @@ class Experts(nn.Module):
             shared=shared, residual=residual,
         )  # fmt: skip
 
-    def takes_decode_path(self, x: torch.Tensor, topk_ids: torch.Tensor, shared: SharedExpert | None) -> bool:
-        """Whether :meth:`forward` runs ``x`` through the decode kernels, with ``shared`` fused."""
-        return takes_decode_path(
+    def folds_shared(self, x: torch.Tensor, topk_ids: torch.Tensor, shared: SharedExpert | None) -> bool:
+        """Whether :meth:`forward` runs ``shared`` (and the residual) inside the routed experts'
+        launches (:func:`~breakgraph.kernels.moe.folds_shared_expert`)."""
+        return folds_shared_expert(
             x, self.w13, self.w2, topk_ids, self.w13_scale, self.w2_scale, self.block, shared
-        )
+        )  # fmt: skip
 
     def shard(self, proj: str) -> Shard | None:
         """This rank's piece of one expert's ``{proj}_proj`` tensor (weight or scale)."""
@@ -228,20 +230,20 @@ class MoE(nn.Module):
 
     def takes_fp8_input(self, x: torch.Tensor) -> bool:
         """Whether the shared expert reads ``x`` quantised: its first linear does (see
-        :meth:`MLP.takes_fp8_input`) and the batch is not one the decode kernels take on CUDA (they
-        run the shared expert inside the routed experts' kernels on bf16 ``x``; should they turn
-        the batch down after all, the shared expert quantises ``x`` itself)."""
+        :meth:`MLP.takes_fp8_input`) and it runs on its own, not inside the routed experts'
+        launches (which quantise ``x`` themselves where they need to; should they turn the
+        batch down after all, the shared expert quantises ``x`` itself)."""
         if self.shared_experts is None or not self.shared_experts.takes_fp8_input(x):
             return False
-        return not decode_sized(x)
+        return not self.experts.folds_shared(x, None, self.shared_experts.as_shared_expert())
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor:
         """``routed(x) + shared(x)`` (all-reduced under tensor parallelism), plus ``residual``
-        when given. Decode batches run the shared expert inside the routed experts' kernels, and
-        the residual add too where no all-reduce comes between. ``x_fp8``: ``x`` quantised by
-        its producer, for the shared expert outside decode batches."""
+        when given. On CUDA the shared expert runs inside the routed experts' launches, and the
+        residual add too where no all-reduce comes between. ``x_fp8``: ``x`` quantised by its
+        producer, for a shared expert that runs on its own."""
         out, pending = self.forward_deferred(x, residual, x_fp8)
         return out if pending is None else pending + out
 
@@ -253,7 +255,7 @@ class MoE(nn.Module):
         leaves the add to the next norm) — else ``out``."""
         topk_weights, topk_ids = self.gate(x)
         shared = self.shared_experts.as_shared_expert() if self.shared_experts is not None else None
-        if not self.experts.takes_decode_path(x, topk_ids, shared):
+        if not self.experts.folds_shared(x, topk_ids, shared):
             shared = None
         fold = residual is not None and self.tp.tp_size == 1 and (shared is not None or self.shared_experts is None)
         out = self.experts(x, topk_weights, topk_ids, shared, residual if fold else None)
