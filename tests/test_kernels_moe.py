@@ -88,9 +88,23 @@ def check_route_select_matches_route_ref():
 
 
 def check_moe_align_invariants():
+    from breakgraph.kernels import triton_moe
+
+    one_program = triton_moe.ALIGN_ONE_PROGRAM_PAIRS
+    assert 40 * 9 <= one_program < 300 * 8, "the cases below take both paths"
+    try:
+        for bound in (one_program, 0):  # the one-program kernel, then the memset and two kernels
+            triton_moe.ALIGN_ONE_PROGRAM_PAIRS = bound
+            _check_moe_align_invariants()
+    finally:
+        triton_moe.ALIGN_ONE_PROGRAM_PAIRS = one_program
+
+
+def _check_moe_align_invariants():
     from breakgraph.kernels.triton_moe import max_row_blocks, moe_align
 
-    for t, k, e, live, bm in ((40, 4, 16, 6, 16), (50, 6, 32, 7, 16), (60, 8, 64, 12, 32), (40, 2, 8, 8, 1)):
+    cases = ((40, 4, 16, 6, 16), (50, 6, 32, 7, 16), (60, 8, 64, 12, 32), (40, 2, 8, 8, 1), (300, 8, 64, 40, 16))
+    for t, k, e, live, bm in cases:
         ids = _skewed_ids(t, k, e, live)
         lay = moe_align(ids, e, bm)
         p = t * k
@@ -115,7 +129,7 @@ def check_moe_align_invariants():
             assert (counts == 0).sum() > 0, "the case must include empty experts"
             assert counts.max() > bm, "the case must include an expert spanning several blocks"
     # the shared expert's slot: pair t·(k+1) + k of every token goes to expert e, after the routed ones
-    for t, k, e, live, bm in ((40, 4, 16, 6, 16), (21, 8, 64, 12, 16), (9, 2, 8, 8, 1)):
+    for t, k, e, live, bm in ((40, 4, 16, 6, 16), (21, 8, 64, 12, 16), (9, 2, 8, 8, 1), (300, 8, 64, 40, 16)):
         ids = _skewed_ids(t, k, e, live)
         lay = moe_align(ids, e, bm, shared_slot=True)
         s = k + 1
@@ -670,6 +684,8 @@ def test_moe_small_kernels_compile_for_sm90():
          {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256}),  # with the shared expert's slot
         (tm._align_scatter_kernel, {"ids_ptr": "*i64"} | {n: i32 for n in tm._align_scatter_kernel.arg_names if n.endswith("_ptr") and n != "ids_ptr"},
          {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256, "E_P2": 512, "BLOCK_M": 16, "BLOCKS_CHUNK": 16, "WRITE_BLOCKS": True}),
+        (tm._align_one_program_kernel, {"ids_ptr": "*i64"} | {n: i32 for n in tm._align_one_program_kernel.arg_names if n.endswith("_ptr") and n != "ids_ptr"},
+         {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256, "E_P2": 512, "BLOCK_M": 16, "BLOCKS_CHUNK": 16, "WRITE_BLOCKS": True}),
         (tm._combine_kernel, {"y_ptr": "*bf16", "w_ptr": "*fp32", "pos_ptr": i32, "res_ptr": "*bf16", "out_ptr": "*bf16"},
          {"TOP_K": 8, "SLOTS": 8, "USE_POS": True, "HAS_RES": False, "BLOCK_D": 1024}),
         (tm._combine_kernel, {"y_ptr": "*bf16", "w_ptr": "*fp32", "pos_ptr": i32, "res_ptr": "*bf16", "out_ptr": "*bf16"},
@@ -957,12 +973,16 @@ def test_fused_moe_decode_gpu_glm5_shapes(glm5_experts, glm5_shared, t, fp8):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("t", [1, 8, 9, 16])
+@pytest.mark.parametrize("t", [1, 8, 9, 16, 64, 300])
 def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_shared, t):
     """``fused_moe`` with ``shared`` and ``residual`` agrees with the twins on either side of
-    ``DECODE_MAX_TOKENS``, taking the decode kernels up to it and the grouped GEMMs above."""
-    from breakgraph.kernels.moe import takes_decode_path
-    from breakgraph.kernels.triton_moe import DECODE_MAX_TOKENS
+    ``DECODE_MAX_TOKENS``, taking the decode kernels up to it and above it the grouped GEMMs with
+    the shared expert as one more expert (alignment in one program up to
+    ``ALIGN_ONE_PROGRAM_PAIRS`` pairs: 300 tokens have more)."""
+    from breakgraph.kernels.moe import folds_shared_expert, takes_decode_path
+    from breakgraph.kernels.triton_moe import ALIGN_ONE_PROGRAM_PAIRS, DECODE_MAX_TOKENS
+
+    assert 64 * (TOP_K + 1) <= ALIGN_ONE_PROGRAM_PAIRS < 300 * (TOP_K + 1)
 
     g = glm5_experts
     x = torch.randn(t, D, device="cuda").bfloat16()
@@ -971,12 +991,22 @@ def test_fused_moe_dispatch_decode_with_shared_matches_twin(glm5_experts, glm5_s
     args = (g["w13_8"], g["w2_8"], tw, ids, g["s13"], g["s2"])
     decode = takes_decode_path(x, g["w13_8"], g["w2_8"], ids, g["s13"], g["s2"], (128, 128), glm5_shared)
     assert decode == (t <= DECODE_MAX_TOKENS)
+    assert folds_shared_expert(x, g["w13_8"], g["w2_8"], ids, g["s13"], g["s2"], (128, 128), glm5_shared)
     got = fused_moe(x, *args, shared=glm5_shared, residual=res)
     want = fused_moe_ref(x, *args) + shared_expert_ref(x, glm5_shared) + res
-    # Above the bound the shared expert runs through the FP8 dense linears, which quantise its
-    # activations to e4m3 per 128 columns (W8A8, ≈ 2.5 % from the bf16-activation twin on random
-    # data, as tests/test_kernels_fp8.py bounds it): measured 2.1 % here on the H200.
+    # Above the bound the grouped GEMMs quantise the activations to e4m3 per 128 columns (W8A8,
+    # ≈ 2.5 % from the bf16-activation twin on random data, as tests/test_kernels_fp8.py bounds
+    # it): 2.1 % measured on the H200 when the shared expert ran through the FP8 dense linears.
     assert _rel(got, want) < (2e-2 if decode else 3e-2)
+    if not decode:  # the same sum with the shared expert as a routed one, quantised like the kernels
+        slot = torch.full((t, 1), E, device="cuda")
+        w13_all = torch.cat([g["w13_8"], glm5_shared.w13[None]])
+        w2_all = torch.cat([g["w2_8"], glm5_shared.w2[None]])
+        s13_all = torch.cat([g["s13"], glm5_shared.w13_scale[None]])
+        s2_all = torch.cat([g["s2"], glm5_shared.w2_scale[None]])
+        oracle = _oracle(x, w13_all, w2_all, torch.cat([tw, torch.ones(t, 1, device="cuda")], 1),
+                         torch.cat([ids, slot], 1), s13_all, s2_all, quant_act=True) + res.float()  # fmt: skip
+        assert _rel(got, oracle) < 1e-2
 
 
 @pytest.mark.cuda

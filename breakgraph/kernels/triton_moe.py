@@ -3,7 +3,8 @@ SiLU-and-mul and the weighted combine. Graph-safe: static shapes, no host syncs.
 
 Pipeline for ``x [T, D]``, ``topk_ids [T, k]`` (``P = T·k`` token-expert pairs, pair ``p = t·k + j``):
 
-1. :func:`moe_align` — three device steps (a memset, then two Triton kernels): count pairs per
+1. :func:`moe_align` — three device steps (a memset, then two Triton kernels; one program of
+   one kernel up to ``ALIGN_ONE_PROGRAM_PAIRS`` pairs): count pairs per
    expert (atomics), then place each pair in an expert-sorted list whose expert segments are
    padded to a multiple of ``block_m`` rows (sentinel ``P`` in the padding); the first program
    also writes the expert of every ``block_m``-row block and the number of used blocks. The
@@ -294,6 +295,52 @@ def _align_scatter_kernel(
 
 
 @triton.jit
+def _align_one_program_kernel(
+    ids_ptr, counts_ptr, cursor_ptr, sorted_ptr, tok_ptr, pos_ptr, block_expert_ptr, num_blocks_ptr, ends_ptr,
+    P, N_SORTED, E, T, MAX_BLOCKS,
+    TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr, E_P2: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCKS_CHUNK: tl.constexpr, WRITE_BLOCKS: tl.constexpr,
+):  # fmt: skip
+    """:func:`_align_count_kernel` and :func:`_align_scatter_kernel` in one program, counters
+    zeroed here too: one launch instead of three for a few pairs. Barriers order the phases
+    (the counts are read past L1, where other threads' atomics landed)."""
+    ev = tl.arange(0, E_P2)
+    zero = tl.zeros([E_P2], tl.int32)
+    tl.store(counts_ptr + ev, zero, mask=ev < E)
+    tl.store(cursor_ptr + ev, zero, mask=ev < E)
+    for f0 in range(0, N_SORTED, BLOCK):
+        offs = f0 + tl.arange(0, BLOCK)
+        fill = offs < N_SORTED
+        tl.store(sorted_ptr + offs, tl.zeros([BLOCK], tl.int32) + P, mask=fill)
+        tl.store(tok_ptr + offs, tl.zeros([BLOCK], tl.int32) + T, mask=fill)
+    tl.debug_barrier()  # counters zeroed, padding written, before any count or placement
+    for p0 in range(0, P, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        ok = offs < P
+        e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
+        tl.atomic_add(counts_ptr + e, 1, mask=ok, sem="relaxed")
+    tl.debug_barrier()  # every pair counted
+    counts = tl.load(counts_ptr + ev, mask=ev < E, other=0, cache_modifier=".cg")
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    for p0 in range(0, P, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        ok = offs < P
+        e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
+        pos = tl.gather(starts, e, axis=0) + tl.atomic_add(cursor_ptr + e, 1, mask=ok, sem="relaxed")
+        tl.store(sorted_ptr + pos, offs, mask=ok)
+        tl.store(tok_ptr + pos, offs // SLOTS, mask=ok)
+        tl.store(pos_ptr + offs, pos, mask=ok)
+    tl.store(ends_ptr + ev, ends, mask=ev < E)
+    tl.store(num_blocks_ptr, tl.sum(padded, axis=0) // BLOCK_M)
+    if WRITE_BLOCKS:
+        _write_block_experts(
+            block_expert_ptr, ends, ev, E, MAX_BLOCKS, E_P2=E_P2, BLOCK_M=BLOCK_M, BLOCKS_CHUNK=BLOCKS_CHUNK
+        )  # fmt: skip
+
+
+@triton.jit
 def _write_block_experts(
     block_expert_ptr,
     ends,
@@ -317,6 +364,12 @@ def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return triton.cdiv(num_pairs, block_m) + min(num_experts, num_pairs)
 
 
+#: Up to this many pairs :func:`moe_align` runs in one program (one launch instead of a memset and
+#: two kernels): decode batches and short prompts (1152 pairs at 128 tokens of GLM-5 with the
+#: shared slot).
+ALIGN_ONE_PROGRAM_PAIRS = 2048
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, shared_slot: bool = False) -> MoeLayout:
     """Sort the pairs of ``topk_ids [T, k]`` by expert on the device (see :class:`MoeLayout`).
     ``shared_slot``: every token gets one more pair, slot ``k`` (pair ``t·(k+1) + k``), routed to
@@ -332,7 +385,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, shared_slo
         ids = ids.contiguous()
     max_blocks = max_row_blocks(p, num_experts, block_m) if block_m > 1 else max(p, 1)
     n_sorted = max_blocks * block_m if block_m > 1 else p
-    counters = torch.zeros(2 * num_experts, dtype=torch.int32, device=dev)
     sorted_pairs = torch.empty(max(n_sorted, 1), dtype=torch.int32, device=dev)
     sorted_tokens = torch.empty_like(sorted_pairs)
     pair_pos = torch.empty(max(p, 1), dtype=torch.int32, device=dev)
@@ -340,6 +392,18 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, shared_slo
     num_blocks = torch.empty(1, dtype=torch.int32, device=dev)
     expert_ends = torch.empty(num_experts, dtype=torch.int32, device=dev)
     block = 256
+    if p <= ALIGN_ONE_PROGRAM_PAIRS:
+        counters = torch.empty(2 * num_experts, dtype=torch.int32, device=dev)
+        _align_one_program_kernel[(1,)](
+            ids, counters, counters[num_experts:], sorted_pairs, sorted_tokens, pair_pos, block_expert, num_blocks,
+            expert_ends, p, n_sorted, num_experts, t, max_blocks,
+            TOP_K=k, SLOTS=slots, BLOCK=block, E_P2=_next_pow2(num_experts), BLOCK_M=block_m, BLOCKS_CHUNK=16,
+            WRITE_BLOCKS=block_m > 1, num_warps=4,
+        )  # fmt: skip
+        return MoeLayout(
+            sorted_pairs, sorted_tokens, pair_pos, block_expert, num_blocks, expert_ends, block_m, max_blocks, p
+        )
+    counters = torch.zeros(2 * num_experts, dtype=torch.int32, device=dev)
     _align_count_kernel[(triton.cdiv(max(p, n_sorted, 1), block),)](
         ids, counters, sorted_pairs, sorted_tokens, p, n_sorted, num_experts, t,
         TOP_K=k, SLOTS=slots, BLOCK=block, num_warps=4,
