@@ -48,6 +48,6 @@ def test_kernel_ops_fake_shapes():
     w2 = torch.empty(4, 64, 128, device="meta", dtype=torch.bfloat16)
     ids = torch.empty(7, 2, device="meta", dtype=torch.int32)
     out = torch.ops.breakgraph.fused_moe(
-        h, w13, w2, torch.empty(7, 2, device="meta"), ids, None, None, None, None, None, None, None, [128, 128]
+        h, w13, w2, torch.empty(7, 2, device="meta"), ids, *[None] * 9, [128, 128]
     )
     assert out.shape == h.shape and out.dtype == h.dtype

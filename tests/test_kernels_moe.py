@@ -241,6 +241,19 @@ def check_fused_moe_triton_folds_shared_expert_and_residual():
     oracle = _oracle(x, w13_all, w2_all, torch.cat([tw, torch.ones(t, 1)], 1), torch.cat([ids, slot], 1),
                      s13_all, s2_all, quant_act=True)  # fmt: skip
     assert _rel(got, oracle) < 2e-2, _rel(got, oracle)
+    # x quantised by its producer (column-major scales, padded rows, as the norm's kernel makes
+    # them): the same codes and scales, the same result bit for bit
+    from breakgraph.kernels.triton_fp8 import act_quant
+
+    x_fp8 = act_quant(x, 128, column_major_scale=True, pad_rows=16)
+    again = fused_moe_triton(x, q13, q2, tw, ids, s13, s2, fp8_activations=True, shared=shared8, x_fp8=x_fp8)
+    assert torch.equal(again, got)
+    try:
+        fused_moe_triton(x, q13, q2, tw, ids, s13, s2, fp8_activations=True, x_fp8=(x_fp8[0][:5], x_fp8[1]))
+    except ValueError as err:
+        assert "x_fp8" in str(err)
+    else:
+        raise AssertionError("x_fp8 with too few rows was taken")
     try:
         fused_moe_triton(x, w13, w2, tw, ids, shared=SharedExpert(shared.w13[:, :128], shared.w2))
     except ValueError as err:
@@ -1106,3 +1119,31 @@ def test_grouped_linear_fp32_matches_each_group_alone(groups):
     want = torch.cat([x[lo:hi] @ weight[e].T for e, (lo, hi) in enumerate(zip([0, *offsets[:-1].tolist()], offsets.tolist()))])
     got = moe.grouped_linear(x, weight, offsets)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [16, 300])
+def test_moe_block_reads_the_norms_fp8_rows_on_gpu(t):
+    """FP8 experts on CUDA above the decode kernels' bound: the MoE asks for ``x`` quantised
+    (``takes_fp8_input``), and its output from the norm kernel's quantised rows is the output it
+    gets quantising ``x`` itself, bit for bit (the two quantisations are the same)."""
+    from breakgraph.kernels.norm import rms_norm_fp8
+    from breakgraph.layers.mlp import MoE
+    from breakgraph.models.config import ModelConfig
+
+    cfg = {"model_type": "glm_moe_dsa", "hidden_size": 256, "moe_intermediate_size": 128, "n_routed_experts": 8,
+           "num_experts_per_tok": 2, "n_shared_experts": 1, "rope_parameters": {"rope_theta": 1e6},
+           "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}  # fmt: skip
+    torch.manual_seed(t)
+    moe = MoE(ModelConfig.from_dict(cfg), torch.bfloat16).cuda()
+    for p in moe.parameters():
+        p.data.copy_((torch.randn_like(p.data, dtype=torch.float32) * 0.1).to(p.dtype))
+    for p in (moe.experts.w13_scale, moe.experts.w2_scale, moe.shared_experts.gate_up_proj.weight_scale_inv,
+              moe.shared_experts.down_proj.weight_scale_inv):  # fmt: skip
+        p.data.uniform_(0.5, 1.5)
+    x = torch.randn(t, 256, device="cuda").bfloat16()
+    res = torch.randn(t, 256, device="cuda").bfloat16()
+    normed, h, x_fp8 = rms_norm_fp8(x, torch.rand(256, device="cuda").bfloat16() + 0.5, 1e-6, res)
+    assert moe.takes_fp8_input(normed) and x_fp8 is not None
+    with torch.no_grad():
+        assert torch.equal(moe(normed, residual=h, x_fp8=x_fp8), moe(normed, residual=h))

@@ -184,9 +184,12 @@ def fused_moe(
     *,
     shared: SharedExpert | None = None,
     residual: torch.Tensor | None = None,
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Dispatch :func:`fused_moe_ref`'s contract (``+ shared(x)`` when ``shared`` is given,
-    ``+ residual`` when given) to the fastest implementation available.
+    ``+ residual`` when given) to the fastest implementation available. ``x_fp8``: ``x``
+    quantised by its producer, which the W8A8 grouped GEMMs read instead of quantising ``x``
+    (:func:`grouped_takes_fp8_input`); other paths ignore it.
 
     CUDA, 16-bit activations: up to ``triton_moe.DECODE_MAX_TOKENS`` tokens
     (:func:`takes_decode_path`), the two decode kernels (gate/up + SiLU by routed pair and shared
@@ -206,14 +209,15 @@ def fused_moe(
             residual, list(block),
         )  # fmt: skip
     if use_triton(x) and _triton_moe_supported(x, w13, w2, topk_ids, w13_scale, w2_scale, block):
+        xq, xs = x_fp8 if x_fp8 is not None else (None, None)
         if shared is None or folds_shared_expert(x, w13, w2, topk_ids, w13_scale, w2_scale, block, shared):
             sh = shared if shared is not None else SharedExpert(None, None)
             return _fused_moe_cuda(
                 x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, sh.w13, sh.w2, sh.w13_scale, sh.w2_scale,
-                residual, list(block),
+                residual, xq, xs, list(block),
             )  # fmt: skip
         out = _fused_moe_cuda(
-            x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, None, None, None, None, None, list(block)
+            x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, None, None, None, None, None, xq, xs, list(block)
         )
         gate, up = linear(x, shared.w13, shared.w13_scale, block).chunk(2, dim=-1)
         out = out + linear(F.silu(gate) * up, shared.w2, shared.w2_scale, block)
@@ -283,6 +287,26 @@ def folds_shared_expert(
     return triton_moe.shared_like_routed(w13, w2, w13_scale, w2_scale, shared)
 
 
+def grouped_takes_fp8_input(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    block: tuple[int, int],
+) -> bool:
+    """Whether :func:`fused_moe` quantises ``x`` for W8A8 grouped GEMMs (CUDA, FP8 experts,
+    ``BREAKGRAPH_MOE_W8A8``, a batch above the decode kernels'): then ``x`` quantised by its
+    producer (``x_fp8``) saves that launch."""
+    if w13_scale is None or not (use_triton(x) and _triton_moe_supported(x, w13, w2, None, w13_scale, w2_scale, block)):
+        return False
+    if takes_decode_path(x, w13, w2, None, w13_scale, w2_scale, block):
+        return False
+    from breakgraph.kernels import triton_moe
+
+    return triton_moe.moe_fp8_activations()
+
+
 def _fused_moe_decode_shape(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, sh13: torch.Tensor | None,
@@ -311,7 +335,7 @@ def _fused_moe_shape(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, sh13: torch.Tensor | None,
     sh2: torch.Tensor | None, sh13_scale: torch.Tensor | None, sh2_scale: torch.Tensor | None,
-    residual: torch.Tensor | None, block: list[int],
+    residual: torch.Tensor | None, xq: torch.Tensor | None, xs: torch.Tensor | None, block: list[int],
 ) -> torch.Tensor:  # fmt: skip
     return torch.empty_like(x)
 
@@ -321,7 +345,7 @@ def _fused_moe_cuda(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, sh13: torch.Tensor | None,
     sh2: torch.Tensor | None, sh13_scale: torch.Tensor | None, sh2_scale: torch.Tensor | None,
-    residual: torch.Tensor | None, block: list[int],
+    residual: torch.Tensor | None, xq: torch.Tensor | None, xs: torch.Tensor | None, block: list[int],
 ) -> torch.Tensor:  # fmt: skip
     from breakgraph.kernels import triton_moe
 
@@ -330,8 +354,9 @@ def _fused_moe_cuda(
         return out if residual is None else residual + out
     shared = SharedExpert(sh13, sh2, sh13_scale, sh2_scale) if sh13 is not None else None
     return triton_moe.fused_moe_triton(
-        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, tuple(block), shared=shared, residual=residual
-    )
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, tuple(block), shared=shared, residual=residual,
+        x_fp8=(xq, xs) if xq is not None else None,
+    )  # fmt: skip
 
 
 def _triton_moe_supported(

@@ -866,6 +866,7 @@ def fused_moe_triton(
     configs: tuple[dict | None, dict | None] = (None, None),
     shared: SharedExpert | None = None,
     residual: torch.Tensor | None = None,
+    x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Routed experts with the Triton grouped GEMMs (contract of ``fused_moe_ref``), plus
     ``shared(x)`` and ``residual`` when given.
@@ -875,7 +876,10 @@ def fused_moe_triton(
     W8A8 quantises ``x`` and ``h`` with :func:`~breakgraph.kernels.triton_fp8.act_quant`.
     ``shared`` (laid out like one routed expert, :func:`shared_like_routed`) runs as one more
     expert that every token routes to with weight 1, inside the same two GEMMs, and the combine
-    adds it and ``residual``: the same launches as the routed experts alone.
+    adds it and ``residual``: the same launches as the routed experts alone. ``x_fp8``: ``x``
+    already quantised as ``act_quant(x, 128)`` quantises it (``(codes [≥T, D] e4m3, scales
+    [≥T, D/128] fp32)``, any strides, e.g. from the norm that made ``x``): W8A8 reads it instead
+    of quantising ``x`` again.
     """
     t, d = x.shape
     k = topk_ids.shape[1]
@@ -897,8 +901,16 @@ def fused_moe_triton(
     cfg2.update(configs[1] or {})
     cfg2["BLOCK_M"] = cfg1["BLOCK_M"]
     lay = moe_align(topk_ids, num_e, cfg1["BLOCK_M"], shared_slot=has_shared)
-    xc = x if x.stride(1) == 1 else x.contiguous()
-    xa, xs = act_quant(xc, block[1], column_major_scale=False) if fp8_activations else (xc, None)
+    if fp8_activations and x_fp8 is not None:
+        xa, xs = x_fp8
+        if xa.dtype != FP8_DTYPE or xa.shape[0] < t or xa.shape[1] != d or xa.stride(1) != 1 or xs.shape[0] < t:
+            raise ValueError(
+                f"fused_moe_triton: x_fp8 must be e4m3 codes [>= {t}, {d}] with their scales, "
+                f"got {tuple(xa.shape)} {xa.dtype} and {tuple(xs.shape)}"
+            )
+    else:
+        xc = x if x.stride(1) == 1 else x.contiguous()
+        xa, xs = act_quant(xc, block[1], column_major_scale=False) if fp8_activations else (xc, None)
     h = torch.empty(p, i, dtype=x.dtype, device=x.device)
     sh1 = (shared.w13, shared.w13_scale) if has_shared else None
     sh2 = (shared.w2, shared.w2_scale) if has_shared else None

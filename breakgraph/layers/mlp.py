@@ -19,7 +19,13 @@ from breakgraph.distributed import Shard, ShardingError, get_parallel_state, tp_
 from breakgraph.kernels.dispatch import use_triton_inference
 from breakgraph.kernels.fp8 import FP8_DTYPE
 from breakgraph.kernels.linear import exact_bf16_weight, fp32_out_operand, linear_fp32_out
-from breakgraph.kernels.moe import SharedExpert, folds_shared_expert, fused_moe, route
+from breakgraph.kernels.moe import (
+    SharedExpert,
+    folds_shared_expert,
+    fused_moe,
+    grouped_takes_fp8_input,
+    route,
+)
 from breakgraph.layers.linear import ColumnParallelLinear, RowParallelLinear, WeightShapeError, check_shape
 from breakgraph.models.config import Fp8Config, ModelConfig
 
@@ -149,13 +155,20 @@ class Experts(nn.Module):
         topk_ids: torch.Tensor,
         shared: SharedExpert | None = None,
         residual: torch.Tensor | None = None,
+        x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Routed experts' output (see :func:`~breakgraph.kernels.moe.fused_moe`), ``+ shared(x)``
-        and ``+ residual`` when given."""
+        and ``+ residual`` when given; ``x_fp8``: ``x`` quantised by its producer (see
+        :meth:`takes_fp8_input`)."""
         return fused_moe(
             x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale, self.block,
-            shared=shared, residual=residual,
+            shared=shared, residual=residual, x_fp8=x_fp8,
         )  # fmt: skip
+
+    def takes_fp8_input(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`forward` would quantise ``x`` itself (W8A8 grouped GEMMs), so that the
+        producer's quantised rows save it a launch."""
+        return grouped_takes_fp8_input(x, self.w13, self.w2, self.w13_scale, self.w2_scale, self.block)
 
     def folds_shared(self, x: torch.Tensor, topk_ids: torch.Tensor, shared: SharedExpert | None) -> bool:
         """Whether :meth:`forward` runs ``shared`` (and the residual) inside the routed experts'
@@ -229,10 +242,11 @@ class MoE(nn.Module):
         )  # fmt: skip
 
     def takes_fp8_input(self, x: torch.Tensor) -> bool:
-        """Whether the shared expert reads ``x`` quantised: its first linear does (see
-        :meth:`MLP.takes_fp8_input`) and it runs on its own, not inside the routed experts'
-        launches (which quantise ``x`` themselves where they need to; should they turn the
-        batch down after all, the shared expert quantises ``x`` itself)."""
+        """Whether ``x`` is worth quantising where it is produced: the routed experts' W8A8
+        GEMMs read it (:meth:`Experts.takes_fp8_input`), or the shared expert runs on its own
+        and its first linear does (:meth:`MLP.takes_fp8_input`)."""
+        if self.experts.takes_fp8_input(x):
+            return True
         if self.shared_experts is None or not self.shared_experts.takes_fp8_input(x):
             return False
         return not self.experts.folds_shared(x, None, self.shared_experts.as_shared_expert())
@@ -243,7 +257,7 @@ class MoE(nn.Module):
         """``routed(x) + shared(x)`` (all-reduced under tensor parallelism), plus ``residual``
         when given. On CUDA the shared expert runs inside the routed experts' launches, and the
         residual add too where no all-reduce comes between. ``x_fp8``: ``x`` quantised by its
-        producer, for a shared expert that runs on its own."""
+        producer (see :meth:`takes_fp8_input`)."""
         out, pending = self.forward_deferred(x, residual, x_fp8)
         return out if pending is None else pending + out
 
@@ -258,7 +272,7 @@ class MoE(nn.Module):
         if not self.experts.folds_shared(x, topk_ids, shared):
             shared = None
         fold = residual is not None and self.tp.tp_size == 1 and (shared is not None or self.shared_experts is None)
-        out = self.experts(x, topk_weights, topk_ids, shared, residual if fold else None)
+        out = self.experts(x, topk_weights, topk_ids, shared, residual if fold else None, x_fp8)
         if fold:
             return out, None
         if self.shared_experts is not None and shared is None:
