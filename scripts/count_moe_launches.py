@@ -5,10 +5,12 @@ mode. Routing (router GEMM, sigmoid, top-k kernel) is the same on both paths and
 
     TRITON_INTERPRET=1 python scripts/count_moe_launches.py --tokens 1 16 64
 
-"before": the routed experts' grouped GEMMs (``fused_moe_triton``), the shared expert's two FP8
+"separate": the routed experts' grouped GEMMs (``fused_moe_triton``), the shared expert's two FP8
 linears (Triton: activation quantisation, GEMM, split-K sum where it splits) with SiLU and
-multiply between, ``routed + shared`` and the residual add. "after": ``fused_moe_decode`` with
-the shared expert and the residual folded in.
+multiply between, ``routed + shared`` and the residual add. "grouped": the grouped GEMMs with the
+shared expert as one more expert and the residual in the combine (the path above
+``DECODE_MAX_TOKENS`` tokens). "decode": ``fused_moe_decode`` with the shared expert and the
+residual folded in (the path up to it).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def operands(t: int) -> dict:
     }  # fmt: skip
 
 
-def before(o: dict) -> None:
+def separate(o: dict) -> None:
     from breakgraph.kernels.triton_fp8 import fp8_linear
     from breakgraph.kernels.triton_moe import fused_moe_triton
 
@@ -92,7 +94,14 @@ def before(o: dict) -> None:
     o["res"] + out
 
 
-def after(o: dict) -> None:
+def grouped(o: dict) -> None:
+    from breakgraph.kernels.triton_moe import fused_moe_triton
+
+    fused_moe_triton(o["x"], o["w13"], o["w2"], o["tw"], o["ids"], o["s13"], o["s2"], shared=o["shared"],
+                     residual=o["res"])  # fmt: skip
+
+
+def decode(o: dict) -> None:
     from breakgraph.kernels.triton_moe import fused_moe_decode
 
     fused_moe_decode(o["x"], o["w13"], o["w2"], o["tw"], o["ids"], o["s13"], o["s2"], shared=o["shared"],
@@ -108,15 +117,15 @@ def main() -> None:
     print(f"one MoE layer, E={E} D={D} I={INTER} top-{TOP_K} + shared expert, FP8; routing not counted")
     for t in args.tokens:
         o = operands(t)
-        for label, fn in (("before", before), ("after", after)):
+        for label, fn in (("separate", separate), ("grouped", grouped), ("decode", decode)):
             mode = Launches()
             record_triton(mode)
             with mode:
                 fn(o)
             names = Counter(name for name, _ in mode.kernels)
             grids = ", ".join(f"{n}:{p}" for n, p in mode.kernels if p)
-            print(f"T={t:3d} {label:6s} {len(mode.kernels):2d} launches  [{', '.join(f'{n}×{c}' for n, c in names.items())}]")
-            print(f"{'':18s}programs per Triton launch: {grids}")
+            print(f"T={t:3d} {label:8s} {len(mode.kernels):2d} launches  [{', '.join(f'{n}×{c}' for n, c in names.items())}]")
+            print(f"{'':20s}programs per Triton launch: {grids}")
 
 
 if __name__ == "__main__":
