@@ -333,6 +333,12 @@ def test_graphed_steps_replay_the_eager_steps(tok, device, amp):
     biases and losses as plain eager steps of a twin model on the same batches padded alike."""
     from breakgraph.demo.train_step import GraphedSteps, pad_batch
 
+    # CUDA: the backward's scatter-adds sum in no fixed order, and Adam turns that noise in
+    # near-zero gradients into whole steps of the learning rate; so there each step starts both
+    # models from the same weights (copied in place: the graphs keep their addresses) and the
+    # gradients are compared, bf16 products to a few roundings. The CPU keeps one trajectory.
+    cuda = device == "cuda"
+    rtol = 1e-4 if amp and cuda else 1e-5
     eager_model, eager_opt, eager_step = _micro_steps(tok, device=device)
     graph_model, graph_opt, graph_step = _micro_steps(tok, device=device)
     graph_step.amp = amp
@@ -358,15 +364,24 @@ def test_graphed_steps_replay_the_eager_steps(tok, device, amp):
             for bias, layer_load in zip(eager_step.biases, load):
                 bias.add_(torch.sign(layer_load.mean() - layer_load) * 1e-3)
         got = graphed(ids, labels, valid, sparse)
+        assert torch.allclose(got.lm, lm, rtol=rtol) and torch.equal(got.expert_load, load), (got.lm, lm)
+        if cuda:
+            for (name, p), q in zip(graph_model.named_parameters(), eager_model.parameters()):
+                if q.grad is not None:
+                    assert torch.allclose(p.grad, q.grad, rtol=1e-3 if amp else 1e-4, atol=1e-6), name
         for model, opt in ((eager_model, eager_opt), (graph_model, graph_opt)):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-        assert torch.allclose(got.lm, lm, rtol=1e-5) and torch.equal(got.expert_load, load)
+        if cuda:
+            with torch.no_grad():
+                for p, q in zip(graph_model.state_dict().values(), eager_model.state_dict().values()):
+                    p.copy_(q)
     assert sorted(graphed.graphs) == sorted([(4, first, False), (4, second, False), (4, second, True)])  # 3 replays
     assert not graphed.off
-    want_state, got_state = eager_model.state_dict(), graph_model.state_dict()
-    for name, w in want_state.items():
-        assert torch.allclose(got_state[name], w, rtol=1e-4, atol=1e-6), name
+    if not cuda:  # one trajectory: the same weights after every step
+        want_state, got_state = eager_model.state_dict(), graph_model.state_dict()
+        for name, w in want_state.items():
+            assert torch.allclose(got_state[name], w, rtol=1e-4, atol=1e-6), name
 
 
 def test_train_cli_with_graphs_trains_and_logs_its_captures(tmp_path, capsys):
