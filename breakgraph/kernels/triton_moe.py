@@ -243,17 +243,64 @@ def _pair_expert(ids_ptr, offs, ok, E, TOP_K: tl.constexpr, SLOTS: tl.constexpr)
 
 
 @triton.jit
+def _fill_padding(sorted_ptr, tok_ptr, offs, N_SORTED, P, T):
+    """Sentinels in entries ``offs`` of the sorted lists: pair ``P``, token ``T``."""
+    fill = offs < N_SORTED
+    tl.store(sorted_ptr + offs, tl.zeros(offs.shape, tl.int32) + P, mask=fill)
+    tl.store(tok_ptr + offs, tl.zeros(offs.shape, tl.int32) + T, mask=fill)
+
+
+@triton.jit
+def _count_pairs(ids_ptr, counts_ptr, offs, P, E, TOP_K: tl.constexpr, SLOTS: tl.constexpr):
+    ok = offs < P
+    e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
+    tl.atomic_add(counts_ptr + e, 1, mask=ok, sem="relaxed")
+
+
+@triton.jit
+def _segments(counts, BLOCK_M: tl.constexpr):
+    """Each expert's segment: its row count padded to ``BLOCK_M``, its end and its start."""
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    return padded, ends, ends - padded
+
+
+@triton.jit
+def _place_pairs(
+    ids_ptr, cursor_ptr, sorted_ptr, tok_ptr, pos_ptr, starts, offs, P, E,
+    TOP_K: tl.constexpr, SLOTS: tl.constexpr,
+):  # fmt: skip
+    """Pairs ``offs`` into their experts' segments (``starts`` + an atomic cursor per expert)."""
+    ok = offs < P
+    e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
+    pos = tl.gather(starts, e, axis=0) + tl.atomic_add(cursor_ptr + e, 1, mask=ok, sem="relaxed")
+    tl.store(sorted_ptr + pos, offs, mask=ok)
+    tl.store(tok_ptr + pos, offs // SLOTS, mask=ok)
+    tl.store(pos_ptr + offs, pos, mask=ok)
+
+
+@triton.jit
+def _write_totals(
+    ends_ptr, num_blocks_ptr, block_expert_ptr, padded, ends, ev, E, MAX_BLOCKS,
+    E_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCKS_CHUNK: tl.constexpr, WRITE_BLOCKS: tl.constexpr,
+):  # fmt: skip
+    """The layout's expert ends, used block count and (``WRITE_BLOCKS``) expert of every block."""
+    tl.store(ends_ptr + ev, ends, mask=ev < E)
+    tl.store(num_blocks_ptr, tl.sum(padded, axis=0) // BLOCK_M)
+    if WRITE_BLOCKS:
+        _write_block_experts(
+            block_expert_ptr, ends, ev, E, MAX_BLOCKS, E_P2=E_P2, BLOCK_M=BLOCK_M, BLOCKS_CHUNK=BLOCKS_CHUNK
+        )  # fmt: skip
+
+
+@triton.jit
 def _align_count_kernel(
     ids_ptr, counts_ptr, sorted_ptr, tok_ptr, P, N_SORTED, E, T,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < P
-    e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
-    tl.atomic_add(counts_ptr + e, 1, mask=ok, sem="relaxed")
-    fill = offs < N_SORTED
-    tl.store(sorted_ptr + offs, tl.zeros([BLOCK], tl.int32) + P, mask=fill)
-    tl.store(tok_ptr + offs, tl.zeros([BLOCK], tl.int32) + T, mask=fill)
+    _count_pairs(ids_ptr, counts_ptr, offs, P, E, TOP_K, SLOTS)
+    _fill_padding(sorted_ptr, tok_ptr, offs, N_SORTED, P, T)
 
 
 @triton.jit
@@ -265,33 +312,14 @@ def _align_scatter_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     ev = tl.arange(0, E_P2)
-    counts = tl.load(counts_ptr + ev, mask=ev < E, other=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
+    padded, ends, starts = _segments(tl.load(counts_ptr + ev, mask=ev < E, other=0), BLOCK_M)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < P
-    e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
-    start_e = tl.gather(starts, e, axis=0)
-    rank = tl.atomic_add(cursor_ptr + e, 1, mask=ok, sem="relaxed")
-    pos = start_e + rank
-    tl.store(sorted_ptr + pos, offs, mask=ok)
-    tl.store(tok_ptr + pos, offs // SLOTS, mask=ok)
-    tl.store(pos_ptr + offs, pos, mask=ok)
+    _place_pairs(ids_ptr, cursor_ptr, sorted_ptr, tok_ptr, pos_ptr, starts, offs, P, E, TOP_K, SLOTS)
     if pid == 0:
-        tl.store(ends_ptr + ev, ends, mask=ev < E)
-        tl.store(num_blocks_ptr, tl.sum(padded, axis=0) // BLOCK_M)
-        if WRITE_BLOCKS:
-            _write_block_experts(
-                block_expert_ptr,
-                ends,
-                ev,
-                E,
-                MAX_BLOCKS,
-                E_P2=E_P2,
-                BLOCK_M=BLOCK_M,
-                BLOCKS_CHUNK=BLOCKS_CHUNK,
-            )
+        _write_totals(
+            ends_ptr, num_blocks_ptr, block_expert_ptr, padded, ends, ev, E, MAX_BLOCKS,
+            E_P2, BLOCK_M, BLOCKS_CHUNK, WRITE_BLOCKS,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -309,35 +337,20 @@ def _align_one_program_kernel(
     tl.store(counts_ptr + ev, zero, mask=ev < E)
     tl.store(cursor_ptr + ev, zero, mask=ev < E)
     for f0 in range(0, N_SORTED, BLOCK):
-        offs = f0 + tl.arange(0, BLOCK)
-        fill = offs < N_SORTED
-        tl.store(sorted_ptr + offs, tl.zeros([BLOCK], tl.int32) + P, mask=fill)
-        tl.store(tok_ptr + offs, tl.zeros([BLOCK], tl.int32) + T, mask=fill)
+        _fill_padding(sorted_ptr, tok_ptr, f0 + tl.arange(0, BLOCK), N_SORTED, P, T)
     tl.debug_barrier()  # counters zeroed, padding written, before any count or placement
     for p0 in range(0, P, BLOCK):
-        offs = p0 + tl.arange(0, BLOCK)
-        ok = offs < P
-        e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
-        tl.atomic_add(counts_ptr + e, 1, mask=ok, sem="relaxed")
+        _count_pairs(ids_ptr, counts_ptr, p0 + tl.arange(0, BLOCK), P, E, TOP_K, SLOTS)
     tl.debug_barrier()  # every pair counted
     counts = tl.load(counts_ptr + ev, mask=ev < E, other=0, cache_modifier=".cg")
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
+    padded, ends, starts = _segments(counts, BLOCK_M)
     for p0 in range(0, P, BLOCK):
         offs = p0 + tl.arange(0, BLOCK)
-        ok = offs < P
-        e = _pair_expert(ids_ptr, offs, ok, E, TOP_K, SLOTS)
-        pos = tl.gather(starts, e, axis=0) + tl.atomic_add(cursor_ptr + e, 1, mask=ok, sem="relaxed")
-        tl.store(sorted_ptr + pos, offs, mask=ok)
-        tl.store(tok_ptr + pos, offs // SLOTS, mask=ok)
-        tl.store(pos_ptr + offs, pos, mask=ok)
-    tl.store(ends_ptr + ev, ends, mask=ev < E)
-    tl.store(num_blocks_ptr, tl.sum(padded, axis=0) // BLOCK_M)
-    if WRITE_BLOCKS:
-        _write_block_experts(
-            block_expert_ptr, ends, ev, E, MAX_BLOCKS, E_P2=E_P2, BLOCK_M=BLOCK_M, BLOCKS_CHUNK=BLOCKS_CHUNK
-        )  # fmt: skip
+        _place_pairs(ids_ptr, cursor_ptr, sorted_ptr, tok_ptr, pos_ptr, starts, offs, P, E, TOP_K, SLOTS)
+    _write_totals(
+        ends_ptr, num_blocks_ptr, block_expert_ptr, padded, ends, ev, E, MAX_BLOCKS,
+        E_P2, BLOCK_M, BLOCKS_CHUNK, WRITE_BLOCKS,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -680,11 +693,8 @@ def moe_gemm(
     num_e, n_w, k = weight.shape
     if shared is not None:
         sw, ss = shared
-        same = sw.dtype == weight.dtype and sw.shape == weight.shape[1:] and sw.stride() == weight.stride()[1:]
-        if weight_scale is not None:
-            same = same and ss is not None and ss.shape == weight_scale.shape[1:]
-            same = same and ss.stride() == weight_scale.stride()[1:]
-        if not same:
+        scales_like = weight_scale is None or (ss is not None and _like_one_of(ss, weight_scale))
+        if not (_like_one_of(sw, weight) and scales_like):
             raise ValueError("moe_gemm: the shared expert must be laid out like one routed expert")
     n = n_w // 2 if silu else n_w
     w_fp8 = weight.dtype == FP8_DTYPE
@@ -1166,10 +1176,13 @@ def shared_like_routed(
         pairs += [(shared.w13_scale, w13_scale), (shared.w2_scale, w2_scale)]
     elif shared.w13_scale is not None or shared.w2_scale is not None:
         return False
-    return all(
-        a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape[1:]) and a.stride() == b.stride()[1:]
-        for a, b in pairs
-    )
+    return all(_like_one_of(a, b) for a, b in pairs)
+
+
+def _like_one_of(t: torch.Tensor, stacked: torch.Tensor) -> bool:
+    """Whether ``t`` has the dtype, shape and strides of one slice ``stacked[e]``."""
+    same_shape = tuple(t.shape) == tuple(stacked.shape[1:])
+    return t.dtype == stacked.dtype and same_shape and t.stride() == stacked.stride()[1:]
 
 
 def fused_moe_decode(
