@@ -2,8 +2,8 @@
 # Retrain the demo model (breakgraph/demo/assets/glm5-tiny-arith) on one H200 with README's
 # command ("The demo model"), then evaluate the new checkpoint on the GPU on every split
 # (fp32, the gate's dtype; the CPU figures of README come from the same command on the CPU).
-# The mixture adds to the five generators the operation-choice stories (choices, 10%) and problems
-# of every generator with open-pool fillers for names, nouns, units and verbs (fillers, 30%), so
+# The mixture adds to the five generators the operation-choice stories (choices, 20%) and problems
+# of every generator with open-pool fillers for names, nouns, units and verbs (fillers, 27%), so
 # that the model learns to copy whatever words the question has into its quote line.
 # At most 10 minutes in all: the data in 16 processes and the tokenizer (105 s for 800k problems
 # of the five-generator mixture on an H200 host; this mixture costs 222 instead of 212 us a problem
@@ -32,6 +32,11 @@ COMPILE=${COMPILE:-0}
 # GRAPHS=1 passes --graphs (each step replayed from a CUDA graph per padded length and stage; an
 # eager step waits on the host launching its ~2,200 small kernels). Untimed on a GPU so far.
 GRAPHS=${GRAPHS:-0}
+# The shares of the training mixture (the train command's --mixture); the operation-choice
+# stories (choices) hold the kinds that read a question's wording most closely: change from several
+# items, a stock plus packs bought, two kinds side by side, "exceeds ... by", "for every", equal
+# shares with the group first, ages, and counted things with their own weights.
+MIXTURE=${MIXTURE:-'{"templates": 0.05, "wordings": 0.05, "phrases": 0.1, "varied": 0.16, "grammar": 0.17, "choices": 0.2, "fillers": 0.27}'}
 # A further stage of training: INIT_FROM=checkpoint-folder starts from its weights, tokenizer and shape
 # (the train command's --init-from: fresh optimizer, sparse attention from the first step) on the
 # problems of SEED (use a seed no earlier stage used, so the stage sees new problems); LR sets the peak lr.
@@ -55,7 +60,7 @@ timeout 520 python -m breakgraph.demo.train --out "$OUT/glm5-tiny-arith" --devic
   --seed "$SEED" --batch-size 512 --lr "$LR" --time-budget "$TIME_BUDGET" --deadline "$DEADLINE" --train-problems 800000 --data-workers 16 \
   --final-eval-device cuda --log-every 200 $([ "$QUICK" = 1 ] && echo --no-final-eval) $([ "$COMPILE" = 1 ] && echo --compile) \
   $([ "$GRAPHS" = 1 ] && echo --graphs) \
-  --mixture '{"templates": 0.06, "wordings": 0.06, "phrases": 0.12, "varied": 0.18, "grammar": 0.18, "choices": 0.1, "fillers": 0.3}' \
+  --mixture "$MIXTURE" \
   "${START[@]}" >>"$OUT/train.log" 2>&1
 echo "train rc=$?"
 grep -E "^(data|model|recipe|saved|total)|accuracy" "$OUT/train.log" | tail -14

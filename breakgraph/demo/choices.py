@@ -163,11 +163,15 @@ def story_change(c: _C) -> None:
     """A price (or a few items at a price), a note, the change."""
     item = c.pick(*FOR_SALE)
     note = c.pick(*NOTES)
-    if c.rng.random() < 0.35:
-        k = c.r(2, 6)
+    if c.rng.random() < 0.6:
+        note = c.pick(20, 50, 100, 100)
+        k = c.r(2, 9)
         p = c.r(1, max(1, (note - 1) // k))
         c.facts.append(c.pick(f"{c.a} buys {c.n(k)} {_pl(item)} at {c.money(p)} each",
-                              f"{c.n(k)} {_pl(item)} go into {c.a}'s basket, {c.money(p)} apiece"))  # fmt: skip
+                              f"{c.n(k)} {_pl(item)} go into {c.a}'s basket, {c.money(p)} apiece",
+                              f"{c.a} gets {c.n(k)} {_pl(item)} costing {c.money(p)} each",
+                              f"{c.a} takes {c.n(k)} {_pl(item)}; each one is {c.money(p)}",
+                              f"{c.a} chooses {c.n(k)} {_pl(item)}, every one marked {c.money(p)}"))  # fmt: skip
         total = c.calc(k, "*", p)
     else:
         p = c.r(1, note - 1)
@@ -229,8 +233,188 @@ def story_rate(c: _C) -> None:
     c.calc(r, "*", k) if c.rng.random() < 0.5 else c.calc(k, "*", r)
 
 
+# pairs of things one person may keep side by side (one is asked about, the other is a distractor)
+SIDE_BY_SIDE = (("cat", "cats", "dog", "dogs"), ("rose", "roses", "tulip", "tulips"), ("stamp", "stamps", "coin", "coins"),
+                ("comic", "comics", "novel", "novels"), ("goat", "goats", "sheep", "sheep"),
+                ("pencil", "pencils", "eraser", "erasers"), ("shirt", "shirts", "sock", "socks"),
+                ("fish", "fish", "turtle", "turtles"), ("apple tree", "apple trees", "pear tree", "pear trees"),
+                ("red bead", "red beads", "blue bead", "blue beads"), ("hen", "hens", "duck", "ducks"),
+                ("sticker", "stickers", "badge", "badges"), ("cup", "cups", "plate", "plates"),
+                ("car", "cars", "bike", "bikes"))  # fmt: skip
+# (things weighed or measured, unit, what the total is called)
+MEASURED = (("boxes", "kg", "weight"), ("bags", "kg", "weight"), ("suitcases", "kg", "weight"),
+            ("sacks", "kg", "weight"), ("crates", "pounds", "weight"), ("ropes", "metres", "length"),
+            ("planks", "metres", "length"), ("ribbons", "cm", "length"), ("walks", "km", "distance"),
+            ("runs", "miles", "distance"), ("jugs", "litres", "volume"), ("tanks", "litres", "volume"))  # fmt: skip
+COUNT_WORDS = {2: "two", 3: "three"}
+# what a person's count may be called when compared ("Rosa's collection is larger than Ivy's by 5")
+HOLDINGS = (("collection", "larger", "smaller"), ("pile", "bigger", "smaller"), ("score", "higher", "lower"),
+            ("savings", "greater", "smaller"), ("stack", "taller", "shorter"), ("total", "bigger", "smaller"),
+            ("tally", "higher", "lower"), ("haul", "bigger", "smaller"))  # fmt: skip
+
+
+def story_stock_plus_packs(c: _C) -> None:
+    """Some at hand already, then packs of k bought or given: the total (a product, then a sum)."""
+    pl = c.thing[1]
+    m, k, e = c.r(2, 60), c.r(2, 12), c.r(2, 20)
+    pack = c.pick("bags", "boxes", "packs", "tins", "crates", "jars", "bundles", "cartons", "nets", "trays")
+    had = c.pick(
+        f"{c.a} already had {c.cnt(m)} {c.pick('in the cupboard', 'on the shelf', 'in a drawer', 'in the shed', '')}",
+        f"{c.a} kept {c.cnt(m)} from last week", f"there were {c.cnt(m)} in {c.a}'s kitchen to begin with",
+        f"{c.a} started out with {c.cnt(m)}", f"{c.a} had {c.cnt(m)} from before",
+    )  # fmt: skip
+    bought = c.pick(
+        f"{c.he()} {c.pick('bought', 'picked up', 'was given', 'ordered', 'brought back')} {c.n(k)} {pack} "
+        f"{c.pick('filled with', 'with', 'of', 'containing')} {c.cnt(e)} {c.pick('each', 'apiece', 'in every one', '')}",
+        f"{c.n(k)} {pack} of {c.n(e)} {c.pick('arrived', 'came in the post', 'were added', 'were delivered')}",
+    )  # fmt: skip
+    if c.rng.random() < 0.6:
+        c.facts += [had, bought]
+    else:  # the purchase first: it names the person
+        c.facts += [re.sub(rf"^{c.he()} ", f"{c.a} ", bought), re.sub(rf"^{c.a} ", c.he() + " ", had)]
+    got = c.calc(k, "*", e) if c.rng.random() < 0.7 else c.calc(e, "*", k)
+    c.calc(got, "+", m) if c.rng.random() < 0.6 else c.calc(m, "+", got)
+    c.question = c.pick(f"How many {pl} does {c.he()} have now?", f"How many {pl} are there in all?",
+                        f"What is {c.his()} {c.thing[0]} total?", f"Find the total number of {pl}.",
+                        f"How many {pl} does {c.a} own altogether?", f"How many {pl} is that in total?",
+                        f"Count all of {c.his()} {pl}.")  # fmt: skip
+
+
+def story_two_kinds(c: _C) -> None:
+    """Two kinds of thing held side by side; more (or fewer) of one kind: how many of that kind."""
+    one, ones, other, others = c.pick(*SIDE_BY_SIDE)
+    if c.rng.random() < 0.5:
+        one, ones, other, others = other, others, one, ones
+    a, b = c.r(2, 60), c.r(2, 60)
+    word = {1: one}.get
+    c.facts.append(c.pick(f"{c.a} has {c.n(a)} {word(a) or ones} and {c.n(b)} {word(b) or others}",
+                          f"{c.a} looks after {c.n(a)} {word(a) or ones} and {c.n(b)} {word(b) or others}",
+                          f"at {c.a}'s place there are {c.n(a)} {word(a) or ones} and {c.n(b)} {word(b) or others}",
+                          f"{c.a} keeps {c.n(b)} {word(b) or others} and {c.n(a)} {word(a) or ones}"))  # fmt: skip
+    if c.rng.random() < 0.6:
+        k = c.r(1, 30)
+        c.facts.append(c.pick(f"{c.he()} {c.pick('adds', 'gets', 'buys', 'takes in', 'is given')} {c.n(k)} more {ones}",
+                              f"{c.n(k)} new {ones} join them", f"{c.he()} brings home {c.n(k)} extra {ones}"))  # fmt: skip
+        c.calc(a, "+", k)
+    else:
+        k = c.r(1, a - 1) if a > 2 else None
+        if k is None:
+            raise ValueError("too few to take some away")
+        c.facts.append(c.pick(f"{c.he()} {c.pick('gives away', 'sells', 'loses', 'parts with')} {c.n(k)} of the {ones}",
+                              f"{c.n(k)} of the {ones} {c.pick('are sold', 'go to a neighbour', 'are given away')}"))  # fmt: skip
+        c.calc(a, "-", k)
+    c.question = c.pick(f"How many {ones} does {c.he()} have now?", f"What number of {ones} are there now?",
+                        f"How many {ones} are there?", f"How many {ones} does {c.a} look after now?",
+                        f"Count the {ones}.", f"How many {ones} is that?")  # fmt: skip
+
+
+def story_by_amount(c: _C) -> None:
+    """One person's count is larger (or smaller) than another's by k; the other's is given."""
+    what, up, down = c.pick(*HOLDINGS)
+    m, k = c.r(2, 80), c.r(1, 50)
+    larger = c.rng.random() < 0.6 or m <= k
+    comp = up if larger else down
+    c.facts.append(c.pick(
+        f"{c.a}'s {what} is {c.n(k)} {comp} than {c.b}'s",
+        f"{c.a}'s {what} {'exceeds' if larger else 'falls short of'} {c.b}'s by {c.n(k)}",
+        f"{c.b}'s {what} is {c.n(k)} {down if larger else up} than {c.a}'s",
+        f"{c.a}'s {what} {'beats' if larger else 'trails'} {c.b}'s by {c.n(k)}",
+        f"{c.a} {'is ahead of' if larger else 'is behind'} {c.b} by {c.n(k)}",
+    ))  # fmt: skip
+    c.facts.append(c.pick(f"{c.b}'s {what} is {c.n(m)}", f"{c.b} has {c.n(m)}", f"{c.b} stands at {c.n(m)}",
+                          f"{c.b}'s {what} comes to {c.n(m)}"))  # fmt: skip
+    if c.rng.random() < 0.3:
+        c.facts.reverse()
+    c.calc(m, "+" if larger else "-", k)
+    c.question = c.pick(f"What is {c.a}'s {what}?", f"How large is {c.a}'s {what} then?", f"How much does {c.a} have?",
+                        f"Find {c.a}'s {what}.", f"What does {c.a}'s {what} come to?")  # fmt: skip
+
+
+def story_for_every(c: _C) -> None:
+    """k of one person's for every one of another's; the other's count is given: a product."""
+    pl = c.thing[1]
+    k, m = c.r(2, 12), c.r(2, 50)
+    c.facts.append(c.pick(
+        f"for every {c.thing[0]} {c.b} has, {c.a} has {c.n(k)}",
+        f"{c.a} has {c.n(k)} {pl} for each one {c.b} has",
+        f"{c.a} keeps {c.n(k)} times as many {pl} as {c.b}",
+        f"{c.a}'s count of {pl} is {c.n(k)} times {c.b}'s",
+        f"for each of {c.b}'s {pl}, {c.a} has {c.n(k)}",
+    ))  # fmt: skip
+    c.facts.append(c.pick(f"{c.b} has {c.cnt(m)}", f"{c.b} holds {c.n(m)}", f"{c.b}'s count is {c.n(m)}"))
+    if c.rng.random() < 0.3:
+        c.facts.reverse()
+    c.calc(m, "*", k)
+    c.question = c.pick(f"How many {pl} does {c.a} have?", f"What number does {c.a} have?", f"How many does {c.a} have?",
+                        f"Find {c.a}'s count.", f"How many {pl} are {c.a}'s?")  # fmt: skip
+
+
+def story_share(c: _C) -> None:
+    """A group of n shares a total equally, the group named first: the total divided by n."""
+    n, q = c.r(2, 12), c.r(2, 25)
+    t = n * q
+    group = c.pick(
+        "friends", "children", "players", "cousins", "workers", "students", "campers", "neighbours"
+    )
+    unit, noun = c.pick(("", c.thing[1]), ("kg", "of rice"), ("litres", "of juice"), ("", "marbles"),
+                        ("metres", "of cloth"), ("", "sweets"), ("km", "of road to clean"))  # fmt: skip
+    amount = f"{c.n(t)} {unit} {noun}".replace("  ", " ")
+    c.facts.append(c.pick(
+        f"{c.n(n)} {group} share {amount} {c.pick('equally', 'in equal portions', 'evenly', 'fairly')}",
+        f"a team of {c.n(n)} {group} splits {amount} {c.pick('equally', 'evenly', 'so that all get the same')}",
+        f"{c.n(n)} {group} divide {amount} between them {c.pick('equally', 'evenly', 'fairly')}",
+        f"{c.a} hands out {amount} to {c.n(n)} {group} in equal shares",
+    ))  # fmt: skip
+    c.calc(t, "/", n)
+    one = group[:-1] if group != "children" else "child"
+    c.question = c.pick(f"How much does each {one} get?", f"How much does a single {one} end up with?",
+                        f"How much does one {one} carry?", "What does each of them receive?",
+                        f"How much is that per {one}?", "What is each share?")  # fmt: skip
+
+
+def story_age(c: _C) -> None:
+    """An age now; some years (or birthdays) later or earlier."""
+    a, k = c.r(2, 70), c.r(1, 30)
+    later = c.rng.random() < 0.65 or k >= a
+    c.facts.append(c.pick(f"{c.a} is {c.n(a)} years old", f"{c.a} turns {c.n(a)} today", f"{c.a} is {c.n(a)} now",
+                          f"this year {c.a} turned {c.n(a)}", f"{c.a} celebrated turning {c.n(a)} last week"))  # fmt: skip
+    if later:
+        c.question = c.pick(f"How old will {c.he()} be in {c.n(k)} years?",
+                            f"What age is {c.he()} going to be {c.n(k)} years from now?",
+                            f"How old is {c.he()} after {c.n(k)} more birthdays?",
+                            f"What will {c.his()} age be once {c.n(k)} more years pass?")  # fmt: skip
+        c.calc(a, "+", k)
+    else:
+        c.question = c.pick(f"How old was {c.he()} {c.n(k)} years ago?",
+                            f"What was {c.his()} age {c.n(k)} years back?",
+                            f"How old was {c.a} {c.n(k)} birthdays ago?")  # fmt: skip
+        c.calc(a, "-", k)
+
+
+def story_measured(c: _C) -> None:
+    """Two or three things, counted in words, each with its own weight or length: the total."""
+    things, unit, total = c.pick(*MEASURED)
+    parts = [c.r(2, 90) for _ in range(c.pick(2, 2, 3))]
+    count = COUNT_WORDS[len(parts)] if c.rng.random() < 0.8 else str(len(parts))
+    if unit == "kg" or c.rng.random() < 0.3:  # "5 and 7 kg", "5, 7 and 9 kg"
+        listed = ", ".join(c.n(x) for x in parts[:-1]) + f" and {c.n(parts[-1])} {unit}"
+    else:
+        listed = ", ".join(f"{c.n(x)} {unit}" for x in parts[:-1]) + f" and {c.n(parts[-1])} {unit}"
+    c.facts.append(c.pick(f"{c.a} has {count} {things} of {listed}", f"the {count} {things} measure {listed}",
+                          f"{count} {things} come to {listed}", f"{c.a} loads {count} {things}: {listed}"))  # fmt: skip
+    run = parts[0]
+    for x in parts[1:]:
+        run = c.calc(run, "+", x)
+    c.question = c.pick(f"What is their total {total}?", f"How much is their combined {total}?",
+                        f"How much do the {things} come to together?", f"What {total} is that in all?",
+                        f"Find the {total} of {'both' if len(parts) == 2 else 'all three'} {things}.")  # fmt: skip
+
+
 STORIES = {"left": (story_left, 1.3), "to_go": (story_to_go, 0.8), "gap": (story_gap, 1.1),
-           "change": (story_change, 1.0), "to_a": (story_to_a, 0.9), "rate": (story_rate, 1.0)}  # fmt: skip
+           "change": (story_change, 1.0), "to_a": (story_to_a, 0.9), "rate": (story_rate, 1.0),
+           "stock_plus_packs": (story_stock_plus_packs, 0.9), "two_kinds": (story_two_kinds, 0.9),
+           "by_amount": (story_by_amount, 1.0), "for_every": (story_for_every, 0.8), "share": (story_share, 0.9),
+           "age": (story_age, 0.6), "measured": (story_measured, 0.8)}  # fmt: skip
 
 
 def _distractor(c: _C) -> str:

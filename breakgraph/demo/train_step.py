@@ -189,6 +189,9 @@ class GraphedSteps:
         try:
             if ids.device.type == "cuda":  # a CUDA capture records without running: the real step first
                 ran = self.step(*inputs, key[2])
+                # the eager steps' cached activations would otherwise stay beside the graphs' pool
+                # (on an H100, 43 GB cached but free when the sixth capture ran out of memory)
+                torch.cuda.empty_cache()
             try:
                 capturer.begin(what)
                 try:
@@ -207,6 +210,8 @@ class GraphedSteps:
         seconds = time.perf_counter() - t0
         self.capture_seconds += seconds
         kernels = f", {segment.work} kernels" if segment.work is not None else ""
+        if ids.device.type == "cuda":
+            kernels += f", {torch.cuda.memory_reserved(ids.device) / 2**30:.1f} GiB reserved"
         self.log(f"captured {what} ({len(self.graphs)} graphs, {seconds:.1f}s{kernels})")
         return result if ran is None else ran
 
