@@ -410,11 +410,91 @@ def story_measured(c: _C) -> None:
                         f"Find the {total} of {'both' if len(parts) == 2 else 'all three'} {things}.")  # fmt: skip
 
 
+def story_part_of(c: _C) -> None:
+    """Half (a third, a quarter) of a number of things: a division by 2, 3 or 4."""
+    pl = c.thing[1]
+    d = c.pick(2, 2, 3, 4)
+    t = d * c.r(2, 40)
+    part = {2: "half", 3: "a third", 4: "a quarter"}[d]
+    c.facts.append(c.pick(f"{c.a} has {c.cnt(t)}", f"there are {c.cnt(t)} in {c.a}'s room",
+                          f"{c.a} counted {c.cnt(t)} this morning"))  # fmt: skip
+    c.facts.append(c.pick(f"{part} of them are {c.pick('new', 'broken', 'red', 'borrowed', 'old')}",
+                          f"{c.he()} gives {part} of them to {c.b}", f"{part} of them go in a drawer"))  # fmt: skip
+    c.question = c.pick(f"How many {pl} is {part} of them?", f"How many {pl} is that part?",
+                        f"How many {pl} does that make?", f"What number is {part} of the {pl}?")  # fmt: skip
+    c.calc(t, "/", d)
+
+
+def story_done_of(c: _C) -> None:
+    """k of n done (read, used, painted): how many are left to do; the smaller number comes first."""
+    pres, past, things = c.pick(*TASKS)
+    n = c.r(10, 100)
+    k = c.r(1, n - 1)
+    c.facts.append(c.pick(
+        f"{c.a} {past} {c.n(k)} of the {c.n(n)} {things}",
+        f"{c.n(k)} of {c.a}'s {c.n(n)} {things} are done already",
+        f"so far {c.a} {past} {c.n(k)} out of {c.n(n)} {things}",
+    ))  # fmt: skip
+    c.question = c.pick(f"How many {things} has {c.he()} still to go?", f"How many {things} are not done yet?",
+                        f"How many {things} remain for {c.him()}?", "How many are left to do?")  # fmt: skip
+    c.calc(n, "-", k)
+
+
+def story_all_but(c: _C) -> None:
+    """All but k of n used, sold or given: n − k."""
+    pl = c.thing[1]
+    n = c.r(10, 100)
+    k = c.r(1, n - 1)
+    verb = c.pick("used", "sold", "gave away", "planted", "packed", "ate", "shared")
+    c.facts.append(c.pick(f"{c.a} had {c.cnt(n)}", f"{c.a} bought {c.cnt(n)}", f"a box held {c.cnt(n)}"))
+    c.facts.append(c.pick(f"{c.he() if c.a in c.facts[-1] else c.a} {verb} all but {c.n(k)} of them",
+                          f"all except {c.n(k)} were {verb if verb not in ('gave away', 'ate') else 'taken'}"))  # fmt: skip
+    c.question = c.pick(f"How many {pl} were {verb if verb not in ('gave away', 'ate') else 'taken'}?",
+                        f"How many {pl} does that come to?", "How many went?")  # fmt: skip
+    c.calc(n, "-", k)
+
+
+def story_each_bring(c: _C) -> None:
+    """n people each bring k things; sometimes m of them are used: n·k (then − m)."""
+    pl = c.thing[1]
+    n, k = c.r(2, 12), c.r(2, 12)
+    group = c.pick("children", "guests", "friends", "players", "neighbours", "pupils")
+    c.facts.append(c.pick(f"{c.n(n)} {group} each bring {c.cnt(k)}", f"each of {c.n(n)} {group} brings {c.cnt(k)}",
+                          f"{c.n(n)} {group} come, {c.n(k)} {pl} each"))  # fmt: skip
+    total = c.calc(n, "*", k) if c.rng.random() < 0.7 else c.calc(k, "*", n)
+    if c.rng.random() < 0.5:
+        m = c.r(1, total - 1)
+        c.facts.append(c.pick(f"they use {c.n(m)} of them", f"{c.n(m)} {pl} {c.pick('are used', 'get lost', 'are put away')}",
+                              f"{c.n(m)} are given to a teacher"))  # fmt: skip
+        c.calc(total, "-", m)
+        c.question = c.pick(f"How many {pl} are left?", f"How many {pl} remain?", "How many are still there?")
+    else:
+        c.question = c.pick(f"How many {pl} are brought in all?", f"How many {pl} is that?",
+                            f"How many {pl} do they bring together?")  # fmt: skip
+
+
+def story_spend(c: _C) -> None:
+    """Several items at a price each and one more at its own price: what is spent in all."""
+    item, other = c.rng.sample(FOR_SALE, 2)
+    k, p, q = c.r(2, 9), c.r(1, 30), c.r(1, 60)
+    c.facts.append(c.pick(
+        f"{c.a} buys {c.n(k)} {_pl(item)} at {c.money(p)} each and a {other} for {c.money(q)}",
+        f"{c.a} picks up {c.n(k)} {_pl(item)} costing {c.money(p)} apiece, plus one {other} at {c.money(q)}",
+        f"{c.a} gets a {other} for {c.money(q)} and {c.n(k)} {_pl(item)} at {c.money(p)} each",
+    ))  # fmt: skip
+    cost = c.calc(k, "*", p)
+    c.calc(cost, "+", q) if c.rng.random() < 0.6 else c.calc(q, "+", cost)
+    c.question = c.pick(f"How much does {c.he()} spend?", "What is the bill?", f"How much does {c.a} pay in all?",
+                        "What does it all cost?", f"How much money does {c.he()} spend altogether?")  # fmt: skip
+
+
 STORIES = {"left": (story_left, 1.3), "to_go": (story_to_go, 0.8), "gap": (story_gap, 1.1),
            "change": (story_change, 1.0), "to_a": (story_to_a, 0.9), "rate": (story_rate, 1.0),
            "stock_plus_packs": (story_stock_plus_packs, 0.9), "two_kinds": (story_two_kinds, 0.9),
            "by_amount": (story_by_amount, 1.0), "for_every": (story_for_every, 0.8), "share": (story_share, 0.9),
-           "age": (story_age, 0.6), "measured": (story_measured, 0.8)}  # fmt: skip
+           "age": (story_age, 0.6), "measured": (story_measured, 0.8), "part_of": (story_part_of, 0.6),
+           "done_of": (story_done_of, 0.7), "all_but": (story_all_but, 0.6), "each_bring": (story_each_bring, 0.8),
+           "spend": (story_spend, 0.8)}  # fmt: skip
 
 
 def _distractor(c: _C) -> str:
