@@ -1,14 +1,21 @@
 """A word-problem generator for the demo model aimed at choosing the operation from everyday
 wording: what is still left ("unsold", "remaining", "yet to", "still to go"), gaps and differences
 ("how far apart", "ahead by", "draw level"), change from a payment ("hands the cashier", "what comes
-back"), packing a number to a page or a box (division), and rates ("is paid 9 dollars for each
-hour ... puts in 6 hours", "a machine fills 14 bottles a minute").
+back", several items at a price), packing a number to a page or a box (division), rates ("is paid
+9 dollars for each hour ... puts in 6 hours", "a machine fills 14 bottles a minute"), a stock plus
+packs bought ("already had 18 ... 9 bundles of 7"), one kind asked about beside another ("57
+pencils and 5 erasers ... 19 extra pencils"), "exceeds Y's by k" and "k higher than Y's", "for
+every one Y has, X has k", a group that shares a total (the group named first), ages later or
+earlier, counted things with their own weights ("two suitcases of 39 and 9 kg": the "two" is no
+operand), half / a third / a quarter of, "k of the n done", "all but k", "n people each bring k",
+and several items at a price plus one more (what is spent).
 
 Each story draws its facts, the question and its place (first or last), how the numbers are written
 (digits or words up to twenty) and an unused number from separate lists, so the operation is told
 only by the words. Answers are in the demo format, one exact calculation a line then ``#### N``
-(the mixture opens them with their quotes). Ranges: stated amounts 2-100, payments up to 100,
-products with one factor 2-12, divisors 2-12 with quotients 2-20, results 1-1000.
+(the mixture opens them with their quotes). Ranges: stated amounts 1-100 (a total shared or
+split in parts up to 300), payments up to 100, products with one factor 2-12, divisors 2-12 with
+quotients 2-40, results 1-1000.
 """
 
 from __future__ import annotations
