@@ -67,7 +67,7 @@ def test_counted_things_and_the_other_kind_are_not_operands(sample):
             assert parts == len(got) + 1 and {op for _, op, _, _ in got} == {"+"}, (p.question, p.answer)
             seen[kind] += 1
         if kind == "two_kinds":
-            plurals = {pl for _, pl, _, pl2 in choices.SIDE_BY_SIDE for pl in (pl, pl2)}
+            plurals = {pl for pair in choices.SIDE_BY_SIDE for pl in pair}
             question = [
                 s for s in re.split(r"(?<=[.?]) ", p.question) if "?" in s or s.startswith(("How", "Count"))
             ]

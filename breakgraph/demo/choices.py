@@ -240,21 +240,18 @@ def story_rate(c: _C) -> None:
     c.calc(r, "*", k) if c.rng.random() < 0.5 else c.calc(k, "*", r)
 
 
-# pairs of things one person may keep side by side (one is asked about, the other is a distractor)
-SIDE_BY_SIDE = (("cat", "cats", "dog", "dogs"), ("rose", "roses", "tulip", "tulips"), ("stamp", "stamps", "coin", "coins"),
-                ("comic", "comics", "novel", "novels"), ("goat", "goats", "sheep", "sheep"),
-                ("pencil", "pencils", "eraser", "erasers"), ("shirt", "shirts", "sock", "socks"),
-                ("fish", "fish", "turtle", "turtles"), ("apple tree", "apple trees", "pear tree", "pear trees"),
-                ("red bead", "red beads", "blue bead", "blue beads"), ("hen", "hens", "duck", "ducks"),
-                ("sticker", "stickers", "badge", "badges"), ("cup", "cups", "plate", "plates"),
-                ("car", "cars", "bike", "bikes"))  # fmt: skip
+# pairs of things (plural) one person may keep side by side (one is asked about, the other is a distractor)
+SIDE_BY_SIDE = (("cats", "dogs"), ("roses", "tulips"), ("stamps", "coins"), ("comics", "novels"), ("goats", "sheep"),
+                ("pencils", "erasers"), ("shirts", "socks"), ("fish", "turtles"), ("apple trees", "pear trees"),
+                ("red beads", "blue beads"), ("hens", "ducks"), ("stickers", "badges"), ("cups", "plates"),
+                ("cars", "bikes"))  # fmt: skip
 # (things weighed or measured, unit, what the total is called)
 MEASURED = (("boxes", "kg", "weight"), ("bags", "kg", "weight"), ("suitcases", "kg", "weight"),
             ("sacks", "kg", "weight"), ("crates", "pounds", "weight"), ("ropes", "metres", "length"),
             ("planks", "metres", "length"), ("ribbons", "cm", "length"), ("walks", "km", "distance"),
             ("runs", "miles", "distance"), ("jugs", "litres", "volume"), ("tanks", "litres", "volume"))  # fmt: skip
 COUNT_WORDS = {2: "two", 3: "three"}
-# what a person's count may be called when compared ("Rosa's collection is larger than Ivy's by 5")
+# what a person's count may be called when compared ("Rosa's pile is 5 bigger than Ivy's")
 HOLDINGS = (("collection", "larger", "smaller"), ("pile", "bigger", "smaller"), ("score", "higher", "lower"),
             ("savings", "greater", "smaller"), ("stack", "taller", "shorter"), ("total", "bigger", "smaller"),
             ("tally", "higher", "lower"), ("haul", "bigger", "smaller"))  # fmt: skip
@@ -289,24 +286,21 @@ def story_stock_plus_packs(c: _C) -> None:
 
 def story_two_kinds(c: _C) -> None:
     """Two kinds of thing held side by side; more (or fewer) of one kind: how many of that kind."""
-    one, ones, other, others = c.pick(*SIDE_BY_SIDE)
+    ones, others = c.pick(*SIDE_BY_SIDE)
     if c.rng.random() < 0.5:
-        one, ones, other, others = other, others, one, ones
-    a, b = c.r(2, 60), c.r(2, 60)
-    word = {1: one}.get
-    c.facts.append(c.pick(f"{c.a} has {c.n(a)} {word(a) or ones} and {c.n(b)} {word(b) or others}",
-                          f"{c.a} looks after {c.n(a)} {word(a) or ones} and {c.n(b)} {word(b) or others}",
-                          f"at {c.a}'s place there are {c.n(a)} {word(a) or ones} and {c.n(b)} {word(b) or others}",
-                          f"{c.a} keeps {c.n(b)} {word(b) or others} and {c.n(a)} {word(a) or ones}"))  # fmt: skip
+        ones, others = others, ones
+    a, b = c.r(2, 60), c.r(2, 60)  # both plural
+    c.facts.append(c.pick(f"{c.a} has {c.n(a)} {ones} and {c.n(b)} {others}",
+                          f"{c.a} looks after {c.n(a)} {ones} and {c.n(b)} {others}",
+                          f"at {c.a}'s place there are {c.n(a)} {ones} and {c.n(b)} {others}",
+                          f"{c.a} keeps {c.n(b)} {others} and {c.n(a)} {ones}"))  # fmt: skip
     if c.rng.random() < 0.6:
         k = c.r(1, 30)
         c.facts.append(c.pick(f"{c.he()} {c.pick('adds', 'gets', 'buys', 'takes in', 'is given')} {c.n(k)} more {ones}",
                               f"{c.n(k)} new {ones} join them", f"{c.he()} brings home {c.n(k)} extra {ones}"))  # fmt: skip
         c.calc(a, "+", k)
     else:
-        k = c.r(1, a - 1) if a > 2 else None
-        if k is None:
-            raise ValueError("too few to take some away")
+        k = c.r(1, a - 1)
         c.facts.append(c.pick(f"{c.he()} {c.pick('gives away', 'sells', 'loses', 'parts with')} {c.n(k)} of the {ones}",
                               f"{c.n(k)} of the {ones} {c.pick('are sold', 'go to a neighbour', 'are given away')}"))  # fmt: skip
         c.calc(a, "-", k)
