@@ -8,7 +8,10 @@ pencils and 5 erasers ... 19 extra pencils"), "exceeds Y's by k" and "k higher t
 every one Y has, X has k", a group that shares a total (the group named first), ages later or
 earlier, counted things with their own weights ("two suitcases of 39 and 9 kg": the "two" is no
 operand), half / a third / a quarter of, "k of the n done", "all but k", "n people each bring k",
-and several items at a price plus one more (what is spent).
+several items at a price plus one more (what is spent), and two- and three-step chains: things
+pooled then shared ((x + y) / n), pay per period less what is spent (r·h − s), weekly savings plus a
+gift split equally ((r·w + g) / n), "twice as many" then some given away (x + m·x − s), and put in,
+added, taken out (x + y − z).
 
 Each story draws its facts, the question and its place (first or last), how the numbers are written
 (digits or words up to twenty) and an unused number from separate lists, so the operation is told
@@ -489,13 +492,117 @@ def story_spend(c: _C) -> None:
                         "What does it all cost?", f"How much money does {c.he()} spend altogether?")  # fmt: skip
 
 
+def story_pool_share(c: _C) -> None:
+    """Two people put their things together, then share them equally: (x + y) / n."""
+    pl = c.thing[1]
+    n, q = c.r(2, 10), c.r(2, 20)
+    total = n * q
+    if total < 4:
+        raise ValueError("too few to pool")
+    x = c.r(1, total - 1)
+    group = c.pick("friends", "children", "classmates", "teams", "baskets", "tables")
+    c.facts.append(c.pick(
+        f"{c.a} brings {c.cnt(x)} and {c.b} brings {c.n(total - x)}",
+        f"{c.a} and {c.b} put together {c.n(x)} and {c.cnt(total - x)}",
+        f"{c.a} has {c.cnt(x)}; {c.b} adds {c.n(total - x)} to the heap",
+    ))  # fmt: skip
+    c.facts.append(c.pick(f"they split them equally among {c.n(n)} {group}",
+                          f"the lot is shared out evenly between {c.n(n)} {group}",
+                          f"all of them go to {c.n(n)} {group}, the same number each"))  # fmt: skip
+    c.calc(x, "+", total - x)
+    c.calc(total, "/", n)
+    c.question = c.pick(f"How many {pl} does each of the {group} get?", "How many is that each?",
+                        f"How many {pl} go to every one of the {group}?", "How many does one of them get?")  # fmt: skip
+
+
+def story_earn_spend(c: _C) -> None:
+    """Pay per period times periods, then some of it spent: r·h − s."""
+    r, h = c.r(2, 30), c.r(2, 10)
+    s = c.r(1, r * h - 1)
+    ps, pp = c.pick(*PERIODS[:3])
+    job = c.pick(*JOBS)
+    c.facts.append(c.pick(f"{c.a} makes {c.money(r)} for every {ps} of {job}",
+                          f"{job} earns {c.a} {c.money(r)} each {ps}", f"{c.a} gets {c.money(r)} a {ps} for {job}"))  # fmt: skip
+    c.facts.append(c.pick(f"{c.he()} works {c.n(h)} {pp}", f"this week {c.he()} puts in {c.n(h)} {pp}",
+                          f"{c.he()} does it for {c.n(h)} {pp}"))  # fmt: skip
+    c.facts.append(c.pick(f"then {c.he()} spends {c.money(s)} on a new {c.pick(*FOR_SALE)}",
+                          f"{c.he()} uses {c.money(s)} of the pay for a new {c.pick(*FOR_SALE)}",
+                          f"afterwards {c.money(s)} goes on a new {c.pick(*FOR_SALE)}"))  # fmt: skip
+    c.calc(r, "*", h) if c.rng.random() < 0.6 else c.calc(h, "*", r)
+    c.calc(r * h, "-", s)
+    c.question = c.pick(f"How much money does {c.he()} have left?", f"How much of the pay does {c.he()} keep?",
+                        "What is left of the earnings?", f"How much remains for {c.him()}?")  # fmt: skip
+
+
+def story_save_split(c: _C) -> None:
+    """A saving per week for some weeks, a gift on top, the sum split equally: (r·w + g) / n."""
+    r, w, n = c.r(2, 20), c.r(2, 10), c.r(2, 6)
+    g = n - (r * w) % n + n * c.r(0, 6)
+    total = r * w + g
+    c.facts.append(c.pick(f"{c.a} saves {c.money(r)} a week for {c.n(w)} weeks",
+                          f"for {c.n(w)} weeks {c.a} sets aside {c.money(r)} each week",
+                          f"{c.a} puts {c.money(r)} away every week, {c.n(w)} weeks in a row"))  # fmt: skip
+    c.facts.append(c.pick(f"an uncle adds {c.money(g)}", f"{c.he()} also gets {c.money(g)} as a gift",
+                          f"{c.b} gives {c.him()} {c.money(g)} more"))  # fmt: skip
+    c.facts.append(c.pick(f"the whole sum is split equally among {c.n(n)} {c.pick('jars', 'causes', 'friends', 'envelopes')}",
+                          f"{c.he()} shares all of it evenly between {c.n(n)} {c.pick('cousins', 'charities', 'boxes')}"))  # fmt: skip
+    c.calc(r, "*", w) if c.rng.random() < 0.6 else c.calc(w, "*", r)
+    c.calc(r * w, "+", g)
+    c.calc(total, "/", n)
+    c.question = c.pick("How much is each part?", "How much goes into each one?", "What does each one receive?",
+                        "How much is one share?")  # fmt: skip
+
+
+def story_multiple_then(c: _C) -> None:
+    """One person has x, another twice (three times) that, then some given away: x·m, x + x·m, − s."""
+    pl = c.thing[1]
+    m = c.pick(2, 2, 3, 4)
+    x = c.r(2, 40)
+    s = c.r(1, x + x * m - 1)
+    times = {2: "twice", 3: "three times", 4: "four times"}[m]
+    c.facts.append(c.pick(f"{c.a} {c.pick('picks', 'collects', 'finds', 'makes')} {c.cnt(x)}",
+                          f"{c.a} starts with {c.cnt(x)}"))  # fmt: skip
+    c.facts.append(c.pick(f"{c.b} {c.pick('gets', 'collects', 'has')} {times} as many",
+                          f"{c.b}'s number is {times} {c.a}'s" if m > 2 else f"{c.b} has double {c.a}'s number"))  # fmt: skip
+    c.facts.append(c.pick(f"together they {c.pick('sell', 'give away', 'use')} {c.n(s)} of them",
+                          f"then {c.n(s)} of all those {pl} are {c.pick('sold', 'given away', 'used up')}"))  # fmt: skip
+    c.calc(x, "*", m)
+    c.calc(x, "+", x * m)
+    c.calc(x + x * m, "-", s)
+    c.question = c.pick(f"How many {pl} do they have left?", f"How many {pl} remain with them?",
+                        "How many are still theirs?", f"What number of {pl} is left?")  # fmt: skip
+
+
+def story_in_and_out(c: _C) -> None:
+    """Put in, added, taken out: x + y − z."""
+    x, y = c.r(2, 60), c.r(2, 60)
+    z = c.r(1, x + y - 1)
+    place = c.pick("jar", "tin", "money box", "drawer", "box", "till")
+    money = c.rng.random() < 0.6
+    amt = c.money if money else c.cnt
+    goes, is_ = ("goes", "is") if money else ("go", "are")
+    c.facts.append(c.pick(f"{c.a} puts {amt(x)} in a {place}", f"{c.a} drops {amt(x)} into a {place}",
+                          f"there {is_} {amt(x)} in a {place}"))  # fmt: skip
+    c.facts.append(
+        c.pick(f"later {c.he()} adds {amt(y)}", f"then {amt(y)} more {goes} in", f"{c.b} adds {amt(y)}")
+    )
+    c.facts.append(c.pick(f"after that {c.he()} takes {amt(z)} out", f"{amt(z)} {is_} taken out for a trip",
+                          f"{c.he()} removes {amt(z)}"))  # fmt: skip
+    c.calc(x, "+", y)
+    c.calc(x + y, "-", z)
+    c.question = c.pick(f"How much is in the {place} now?" if money else f"How many {c.thing[1]} are in the {place} now?",
+                        f"What is left in the {place}?", f"What does the {place} hold at the end?")  # fmt: skip
+
+
 STORIES = {"left": (story_left, 1.3), "to_go": (story_to_go, 0.8), "gap": (story_gap, 1.1),
            "change": (story_change, 1.0), "to_a": (story_to_a, 0.9), "rate": (story_rate, 1.0),
            "stock_plus_packs": (story_stock_plus_packs, 0.9), "two_kinds": (story_two_kinds, 0.9),
            "by_amount": (story_by_amount, 1.0), "for_every": (story_for_every, 0.8), "share": (story_share, 0.9),
            "age": (story_age, 0.6), "measured": (story_measured, 0.8), "part_of": (story_part_of, 0.6),
            "done_of": (story_done_of, 0.7), "all_but": (story_all_but, 0.6), "each_bring": (story_each_bring, 0.8),
-           "spend": (story_spend, 0.8)}  # fmt: skip
+           "spend": (story_spend, 0.8), "pool_share": (story_pool_share, 0.6), "earn_spend": (story_earn_spend, 0.7),
+           "save_split": (story_save_split, 0.6), "multiple_then": (story_multiple_then, 0.6),
+           "in_and_out": (story_in_and_out, 0.7)}  # fmt: skip
 
 
 def _distractor(c: _C) -> str:
