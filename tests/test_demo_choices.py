@@ -16,6 +16,7 @@ from breakgraph.demo.problems import Problem
 from breakgraph.demo.quoting import quotes, stated_operands
 
 _NUMBERS = {w: i for i, w in enumerate(phrasebank.NUMBER_WORDS)}
+_IMPLIED = {"half": 2, "third": 3, "quarter": 4, "twice": 2, "double": 2}  # words that carry a number
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +32,7 @@ def test_choices_steps_are_exact_stated_and_quoted(sample):
         known = {int(x) for x in re.findall(r"\d+", p.question)}
         known |= {_NUMBERS[w] for w in re.findall(r"[a-z]+", p.question.lower()) if w in _NUMBERS}
         stated = set(known)
-        implied = (
-            ("half", 2),
-            ("third", 3),
-            ("quarter", 4),
-            ("twice", 2),
-            ("double", 2),
-        )  # words of a number
-        known |= {d for word, d in implied if word in p.question.lower()}
+        known |= {d for word, d in _IMPLIED.items() if word in p.question.lower()}
         for a, _, b, c in got:
             assert {a, b} <= known, (p.question, p.answer)
             known.add(c)

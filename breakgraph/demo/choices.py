@@ -89,6 +89,11 @@ class _C(StoryDraws):
         self.steps.append((f"{a}{op}{b}", v))
         return v
 
+    def calc_either(self, a: int, op: str, b: int, as_told: float) -> int:
+        """:meth:`calc` of ``a op b`` with probability ``as_told``, else of ``b op a`` (``+`` and
+        ``*`` only: the operands in either order)."""
+        return self.calc(a, op, b) if self.rng.random() < as_told else self.calc(b, op, a)
+
 
 def story_left(c: _C) -> None:
     """A stock, one or two lots taken from it, how many are still there."""
@@ -240,7 +245,7 @@ def story_rate(c: _C) -> None:
                               f"the work lasts {c.n(k)} {pp}"))  # fmt: skip
         c.question = c.pick(f"How many {things} are done in all?", f"How many {things} come out altogether?",
                             f"What is the total number of {things}?", f"How many {things} is that?")  # fmt: skip
-    c.calc(r, "*", k) if c.rng.random() < 0.5 else c.calc(k, "*", r)
+    c.calc_either(r, "*", k, 0.5)
 
 
 # pairs of things (plural) one person may keep side by side (one is asked about, the other is a distractor)
@@ -279,8 +284,8 @@ def story_stock_plus_packs(c: _C) -> None:
         c.facts += [had, bought]
     else:  # the purchase first: it names the person
         c.facts += [re.sub(rf"^{c.he()} ", f"{c.a} ", bought), re.sub(rf"^{c.a} ", c.he() + " ", had)]
-    got = c.calc(k, "*", e) if c.rng.random() < 0.7 else c.calc(e, "*", k)
-    c.calc(got, "+", m) if c.rng.random() < 0.6 else c.calc(m, "+", got)
+    got = c.calc_either(k, "*", e, 0.7)
+    c.calc_either(got, "+", m, 0.6)
     c.question = c.pick(f"How many {pl} does {c.he()} have now?", f"How many {pl} are there in all?",
                         f"What is {c.his()} {c.thing[0]} total?", f"Find the total number of {pl}.",
                         f"How many {pl} does {c.a} own altogether?", f"How many {pl} is that in total?",
@@ -465,7 +470,7 @@ def story_each_bring(c: _C) -> None:
     group = c.pick("children", "guests", "friends", "players", "neighbours", "pupils")
     c.facts.append(c.pick(f"{c.n(n)} {group} each bring {c.cnt(k)}", f"each of {c.n(n)} {group} brings {c.cnt(k)}",
                           f"{c.n(n)} {group} come, {c.n(k)} {pl} each"))  # fmt: skip
-    total = c.calc(n, "*", k) if c.rng.random() < 0.7 else c.calc(k, "*", n)
+    total = c.calc_either(n, "*", k, 0.7)
     if c.rng.random() < 0.5:
         m = c.r(1, total - 1)
         c.facts.append(c.pick(f"they use {c.n(m)} of them", f"{c.n(m)} {pl} {c.pick('are used', 'get lost', 'are put away')}",
@@ -487,7 +492,7 @@ def story_spend(c: _C) -> None:
         f"{c.a} gets a {other} for {c.money(q)} and {c.n(k)} {_pl(item)} at {c.money(p)} each",
     ))  # fmt: skip
     cost = c.calc(k, "*", p)
-    c.calc(cost, "+", q) if c.rng.random() < 0.6 else c.calc(q, "+", cost)
+    c.calc_either(cost, "+", q, 0.6)
     c.question = c.pick(f"How much does {c.he()} spend?", "What is the bill?", f"How much does {c.a} pay in all?",
                         "What does it all cost?", f"How much money does {c.he()} spend altogether?")  # fmt: skip
 
@@ -528,7 +533,7 @@ def story_earn_spend(c: _C) -> None:
     c.facts.append(c.pick(f"then {c.he()} spends {c.money(s)} on a new {c.pick(*FOR_SALE)}",
                           f"{c.he()} uses {c.money(s)} of the pay for a new {c.pick(*FOR_SALE)}",
                           f"afterwards {c.money(s)} goes on a new {c.pick(*FOR_SALE)}"))  # fmt: skip
-    c.calc(r, "*", h) if c.rng.random() < 0.6 else c.calc(h, "*", r)
+    c.calc_either(r, "*", h, 0.6)
     c.calc(r * h, "-", s)
     c.question = c.pick(f"How much money does {c.he()} have left?", f"How much of the pay does {c.he()} keep?",
                         "What is left of the earnings?", f"How much remains for {c.him()}?")  # fmt: skip
@@ -546,7 +551,7 @@ def story_save_split(c: _C) -> None:
                           f"{c.b} gives {c.him()} {c.money(g)} more"))  # fmt: skip
     c.facts.append(c.pick(f"the whole sum is split equally among {c.n(n)} {c.pick('jars', 'causes', 'friends', 'envelopes')}",
                           f"{c.he()} shares all of it evenly between {c.n(n)} {c.pick('cousins', 'charities', 'boxes')}"))  # fmt: skip
-    c.calc(r, "*", w) if c.rng.random() < 0.6 else c.calc(w, "*", r)
+    c.calc_either(r, "*", w, 0.6)
     c.calc(r * w, "+", g)
     c.calc(total, "/", n)
     c.question = c.pick("How much is each part?", "How much goes into each one?", "What does each one receive?",
