@@ -325,12 +325,14 @@ def test_padding_a_batch_changes_no_loss_load_or_gradient(tok):
         assert torch.allclose(ga[n], gb[n], rtol=1e-5, atol=1e-7), n
 
 
+@pytest.mark.parametrize("longest", [False, True], ids=["as-they-come", "longest-first"])
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_graphed_steps_replay_the_eager_steps(tok, device, amp):
+def test_graphed_steps_replay_the_eager_steps(tok, device, amp, longest):
     """Steps through GraphedSteps (captured, replayed with new batches, one graph replayed after
     another was captured, both stages; CUDA graphs or the CPU stand-in) leave the same weights,
-    biases and losses as plain eager steps of a twin model on the same batches padded alike."""
+    biases and losses as plain eager steps of a twin model on the same batches padded alike.
+    With ``longest`` the first batch of each stage is padded to the data's longest row."""
     from breakgraph.demo.train_step import GraphedSteps, pad_batch
 
     # CUDA: the backward's scatter-adds sum in no fixed order, and Adam turns that noise in
@@ -342,8 +344,12 @@ def test_graphed_steps_replay_the_eager_steps(tok, device, amp):
     eager_model, eager_opt, eager_step = _micro_steps(tok, device=device)
     graph_model, graph_opt, graph_step = _micro_steps(tok, device=device)
     graph_step.amp = amp
-    graphed = GraphedSteps(graph_step, pad_id=1, max_length=MICRO["max_position_embeddings"], length_step=16)
     data = encode_problems(tok, train_split(60, seed=5))
+    graphed = GraphedSteps(
+        graph_step, pad_id=1, max_length=MICRO["max_position_embeddings"], length_step=16,
+        longest=int(data.lengths.max()) if longest else None,
+    )  # fmt: skip
+    top = graphed.padded_length(int(data.lengths.max()))
     by_key: dict[int, list[int]] = {}
     for i, n in enumerate(data.lengths.tolist()):
         by_key.setdefault(graphed.padded_length(n), []).append(i)
@@ -352,11 +358,16 @@ def test_graphed_steps_replay_the_eager_steps(tok, device, amp):
     # dense: capture A, replay A, capture B, replay A after B's capture; sparse: capture B, replay B
     batches = [a[0:4], a[4:8], b[0:4], a[8:12], b[4:8], b[8:12]]
     stages = [False, False, False, False, True, True]
+    keys = []
     for idx, sparse in zip(batches, stages):
         ids, labels, valid = (t.to(device) for t in data.batch(idx))
+        length = graphed.padded_length(ids.shape[1])
+        if longest and sparse not in {k[2] for k in keys}:
+            length = top  # the stage's first batch
+        keys.append((4, length, sparse))
         # the twin: a plain step (gradients set to None, then one backward), not TrainStep
         eager_opt.zero_grad(set_to_none=True)
-        padded = pad_batch(ids, labels, valid, graphed.padded_length(ids.shape[1]), 1)
+        padded = pad_batch(ids, labels, valid, length, 1)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
             loss, lm, _, load = eager_step.losses_fn(eager_model, *padded, sparse=sparse)
         loss.backward()
@@ -376,7 +387,11 @@ def test_graphed_steps_replay_the_eager_steps(tok, device, amp):
             with torch.no_grad():
                 for p, q in zip(graph_model.state_dict().values(), eager_model.state_dict().values()):
                     p.copy_(q)
-    assert sorted(graphed.graphs) == sorted([(4, first, False), (4, second, False), (4, second, True)])  # 3 replays
+    assert sorted(graphed.graphs) == sorted(set(keys))
+    if longest:  # each stage's first graph at the longest row's length, then the shorter ones
+        assert max(first, second) < top and {(4, top, False), (4, top, True)} <= set(keys) and len(set(keys)) == 5
+    else:
+        assert set(keys) == {(4, first, False), (4, second, False), (4, second, True)}  # 3 replays
     assert not graphed.off
     if not cuda:  # one trajectory: the same weights after every step
         want_state, got_state = eager_model.state_dict(), graph_model.state_dict()

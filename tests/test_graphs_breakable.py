@@ -653,3 +653,51 @@ def test_cuda_break_arguments_in_the_pool_do_not_pin_it_and_buckets_share_it():
         CTX.offset = float(step)
         graphs[n].replay()
         torch.testing.assert_close(outs[n], _deep_body(inputs[n].clone(), layers))
+
+
+@pytest.mark.cuda
+def test_cuda_eager_matmuls_before_a_capture_leave_the_graph_no_workspace_outside_the_pool():
+    """An eager warm-up between ``open`` and ``begin`` (as the graphed training step runs one)
+    makes cuBLAS cache a workspace for the capture stream outside the pool. The capture must not
+    keep using it: ``close`` drops the cached workspaces, and memory handed out after that would
+    be overwritten by every replay. Here it is handed to sentinel tensors, which must stay intact
+    while the graph's matmuls still give the eager results."""
+    from breakgraph.graphs.capture import make_capturer
+
+    device = torch.device("cuda")
+    gen = torch.Generator(device).manual_seed(0)
+    # split-K shapes (long k, small m and n) and a square one: cuBLAS writes its workspace for these
+    pairs = [
+        (
+            torch.randn(m, k, device=device, generator=gen, dtype=dtype),
+            torch.randn(k, n, device=device, generator=gen, dtype=dtype),
+        )
+        for m, k, n, dtype in [
+            (64, 32768, 64, torch.bfloat16),
+            (16, 65536, 48, torch.float32),
+            (1024, 1024, 1024, torch.bfloat16),
+        ]
+    ]
+    capturer = make_capturer(device, new_graph_pool(device))
+    capturer.open()
+    try:
+        for a, b in pairs:
+            a @ b  # eager, on the capture stream
+        capturer.begin("matmuls")
+        outs = [a @ b for a, b in pairs]
+        segment = capturer.end("end of capture")
+    finally:
+        capturer.close()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # a workspace freed by close goes back to the driver, to be handed out again
+    sentinels = [torch.full((8 * 2**20,), 7.0, device=device) for _ in range(48)]  # 48 × 32 MiB
+    for a, _ in pairs:
+        a.copy_(torch.randn(a.shape, device=device, generator=gen, dtype=a.dtype))
+    for _ in range(3):
+        segment.replay()
+    torch.cuda.synchronize()
+    assert all(bool((s == 7.0).all()) for s in sentinels), (
+        "a replay wrote into memory freed after the capture"
+    )
+    for (a, b), out in zip(pairs, outs):
+        torch.testing.assert_close(out, a @ b, rtol=2e-2, atol=2e-2)

@@ -723,7 +723,10 @@ def train_demo(
     )  # fmt: skip
     run_step = train_step
     if a.graphs:
-        run_step = GraphedSteps(train_step, tok.token_to_id(PAD), max_length=config.max_position_embeddings, log=_log)
+        run_step = GraphedSteps(
+            train_step, tok.token_to_id(PAD), max_length=config.max_position_embeddings,
+            longest=int(data.lengths.max()), log=_log,
+        )  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     order, cursor = length_grouped_order(data.lengths, a.batch_size, gen), 0
     history: list[dict] = []

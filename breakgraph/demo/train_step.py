@@ -15,8 +15,8 @@ captures the step once per (padded length, attention stage) and replays it:
 * on CUDA the graphs share one memory pool: a replay writes every pool tensor it reads, the
   inputs and gradients live outside the pool, and a step's result is read before the next step —
   so graphs may replay in any order. A new key first runs its step eagerly on the capture stream
-  (a real step: its gradients are the batch's) before the capture, which records without
-  running. On the CPU the stand-in
+  as a warm-up (its bias update undone), then captures it, which records without running; the
+  capturer's first replay of the new graph is the batch's step. On the CPU the stand-in
   :class:`~breakgraph.graphs.cpu_graph.CpuGraph` runs the step while it records it, and refuses
   host syncs, which is how the tests prove the step graph-safe without a GPU. Both are the graph
   package's segment capturers (:func:`~breakgraph.graphs.capture.make_capturer`), as the model's
@@ -133,8 +133,12 @@ class _Captured:
 class GraphedSteps:
     """:class:`TrainStep` replayed from one graph per (batch size, padded length, stage); see the
     module doc. ``length_step``: the padded lengths' multiple, capped at ``max_length`` (the
-    model's positions). ``log``: told each capture. A capture that fails turns the graphs off:
-    that step's result is its eager run's, and every later step runs eagerly."""
+    model's positions). ``longest``: the data's longest row; the first batch of each batch size
+    and stage is padded to it, so that the first graph in the shared pool is the largest and the
+    shorter ones captured later fit in its memory (captured in the order the lengths come, each new
+    longest length grew the pool by a whole step: 60 GiB after four lengths on an H100, and the
+    fifth ran out of memory). ``log``: told each capture. A capture that fails turns the graphs
+    off: that step's result is its eager run's, and every later step runs eagerly."""
 
     def __init__(
         self,
@@ -142,12 +146,14 @@ class GraphedSteps:
         pad_id: int,
         max_length: int,
         length_step: int = 32,
+        longest: int | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.step = step
         self.pad_id = pad_id
         self.max_length = max_length
         self.length_step = length_step
+        self.longest = None if longest is None else self.padded_length(longest)
         self.log = log or (lambda msg: None)
         self.graphs: dict[tuple[int, int, bool], _Captured] = {}
         self.capture_seconds = 0.0
@@ -166,7 +172,10 @@ class GraphedSteps:
         another graph may overwrite them — the graphs share one memory pool)."""
         if self.off:
             return self.step(ids, labels, valid, sparse)
-        key = (ids.shape[0], self.padded_length(ids.shape[1]), sparse)
+        length = self.padded_length(ids.shape[1])
+        if self.longest is not None and not any(k[0] == ids.shape[0] and k[2] == sparse for k in self.graphs):
+            length = max(length, self.longest)  # the first graph of its batch size and stage: the largest
+        key = (ids.shape[0], length, sparse)
         ids, labels, valid = pad_batch(ids, labels, valid, key[1], self.pad_id)
         captured = self.graphs.get(key)
         if captured is None:
@@ -184,15 +193,12 @@ class GraphedSteps:
         if self._pool is None:
             self._pool = new_graph_pool(ids.device)
         capturer = make_capturer(ids.device, self._pool)
-        ran = failed = None
+        failed = None
         capturer.open()
         try:
-            if ids.device.type == "cuda":  # a CUDA capture records without running: the real step first
-                ran = self.step(*inputs, key[2])
-                # the eager steps' cached activations would otherwise stay beside the graphs' pool
-                # (on an H100, 43 GB cached but free when the sixth capture ran out of memory)
-                torch.cuda.empty_cache()
             try:
+                if ids.device.type == "cuda":
+                    self._warm_up(inputs, key[2])  # out of memory here: the graphs go off too
                 capturer.begin(what)
                 try:
                     result = self.step(*inputs, key[2])  # the CPU stand-in runs while it records
@@ -205,7 +211,8 @@ class GraphedSteps:
         finally:
             capturer.close()
         if failed is not None:
-            return self._turn_off(what, failed, ran if ran is not None else self.step(*inputs, key[2]))
+            self._turn_off(what, failed)  # first: the graphs' pool is freed before the eager step
+            return self.step(*inputs, key[2])
         self.graphs[key] = _Captured(segment, inputs, result)
         seconds = time.perf_counter() - t0
         self.capture_seconds += seconds
@@ -213,13 +220,39 @@ class GraphedSteps:
         if ids.device.type == "cuda":
             kernels += f", {torch.cuda.memory_reserved(ids.device) / 2**30:.1f} GiB reserved"
         self.log(f"captured {what} ({len(self.graphs)} graphs, {seconds:.1f}s{kernels})")
-        return result if ran is None else ran
+        return result
 
-    def _turn_off(self, what: str, exc: BaseException, result: StepResult) -> StepResult:
+    def _warm_up(self, inputs: tuple[torch.Tensor, ...], sparse: bool) -> None:
+        """One eager run of the step on the capture stream before a CUDA capture (lazy set-up and
+        kernel compiles happen outside the graph), undone where it leaves a trace: the router
+        biases it moved are put back, since the capture's own replay is the batch's step (the
+        gradients it leaves are rewritten by that replay).
+
+        Its memory: once a graph holds the pool, every allocation of the warm-up (the backward's
+        thread too) comes from the pool, whose free blocks are the captured graphs' scratch, so
+        it needs no memory beside the pool. Before the first graph the pool does not exist yet:
+        the warm-up allocates as usual and its cache is emptied afterwards."""
+        biases = [bias.clone() for bias in self.step.biases]
+        device = inputs[0].device.index if inputs[0].device.index is not None else torch.cuda.current_device()
+        in_pool = bool(self.graphs)  # a graph holds the pool: taking and releasing it keeps it alive
+        if in_pool:
+            torch._C._cuda_beginAllocateToPool(device, self._pool)
+        try:
+            self.step(*inputs, sparse)
+        finally:
+            if in_pool:
+                torch._C._cuda_endAllocateToPool(device, self._pool)
+                torch._C._cuda_releasePool(device, self._pool)
+        with torch.no_grad():
+            for bias, before in zip(self.step.biases, biases):
+                bias.copy_(before)
+        if not in_pool:
+            torch.cuda.empty_cache()
+
+    def _turn_off(self, what: str, exc: BaseException) -> None:
         cause = f" (after {type(exc.__context__).__name__}: {exc.__context__})" if exc.__context__ else ""
         self.log(
             f"capturing {what} failed ({type(exc).__name__}: {str(exc)[:300]}{cause}); eager steps from here"
         )
         self.off = True
         self.graphs.clear()
-        return result

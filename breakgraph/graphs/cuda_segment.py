@@ -145,10 +145,13 @@ def _recover_failed_capture(device: torch.device, pool: Any) -> None:
 
 
 def _clear_cublas_workspaces() -> None:
-    """Drop cuBLAS's cached per-stream workspaces. Before a capture: a workspace cached from eager
-    use lives outside the pool and could be freed later while the graph still uses it. After: a
-    workspace allocated inside the pool must not stay cached once that pool may be freed (a
-    stale one makes later matmuls on a reused stream fail with CUBLAS_STATUS_EXECUTION_FAILED)."""
+    """Drop cuBLAS's cached per-stream workspaces. Before each segment's capture: a workspace
+    cached from eager use (a break, or a warm-up run on the capture stream) lives outside the pool,
+    and the clear after the captures would free it while the graphs still write into it (on an
+    H100 the graphed training step then failed with "unspecified launch failure" two captures
+    later). After: a workspace allocated inside the pool must not stay cached once that pool may
+    be freed (a stale one makes later matmuls on a reused stream fail with
+    CUBLAS_STATUS_EXECUTION_FAILED)."""
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
@@ -254,6 +257,7 @@ class CudaSegmentCapturer:
                 "refuses further captures into it. Fix that error, then take a new pool "
                 "(new_graph_pool('cuda')) and capture every bucket again."
             )
+        _clear_cublas_workspaces()  # the segment's matmuls then take a workspace inside the pool
         self._graph, self._kept_graph = _new_graph()
         try:
             self._graph.capture_begin(pool=self.pool)
