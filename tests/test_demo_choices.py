@@ -45,7 +45,7 @@ def test_each_choices_kind_uses_its_operation_and_all_occur(sample):
     last = {"left": "-", "to_go": "-", "gap": "-", "change": "-", "to_a": "/", "rate": "*", "stock_plus_packs": "+",
             "two_kinds": "+-", "by_amount": "+-", "for_every": "*", "share": "/", "age": "+-", "measured": "+", "part_of": "/", "done_of": "-",
             "all_but": "-", "each_bring": "*-", "spend": "+", "pool_share": "/", "earn_spend": "-",
-            "save_split": "/", "multiple_then": "-", "in_and_out": "-"}  # fmt: skip
+            "save_split": "/", "multiple_then": "-", "in_and_out": "-", "in_question": "-+*/"}  # fmt: skip
     kinds = Counter(p.template.split("/")[1] for p in sample)
     assert set(kinds) == set(last) and min(kinds.values()) > 50
     for p in sample:
@@ -83,3 +83,23 @@ def test_counted_things_and_the_other_kind_are_not_operands(sample):
 def test_choices_are_deterministic_and_prefix_stable():
     assert choices.generate_choices(200, 9) == choices.generate_choices(400, 9)[:200]
     assert choices.generate_choices(50, 9) != choices.generate_choices(50, 10)
+
+
+def test_a_number_in_an_aside_beside_the_name_is_no_operand(sample):
+    """", aged 9," or " (in year 4)" after the first name adds a number the steps never use."""
+    aside = re.compile(
+        r"^\w+(?:, aged (\w+),|, who is (\w+),| \((\w+) years old\)|, (\w+) years old,| \(in year (\d+)\)|, from flat (\d+),)"
+    )
+    seen = 0
+    for p in sample:
+        body = [s for s in re.split(r"(?<=[.?]) ", p.question) if "?" not in s]
+        hit = next((m for s in body if (m := aside.match(s))), None)
+        if hit is None:
+            continue
+        k = _number(next(g for g in hit.groups() if g))
+        results: set[int] = set()
+        for a, _, b, c in steps(p):
+            assert k not in {a, b} - results, (p.question, p.answer)
+            results.add(c)
+        seen += 1
+    assert seen > 100

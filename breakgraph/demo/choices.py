@@ -11,7 +11,9 @@ operand), half / a third / a quarter of, "k of the n done", "all but k", "n peop
 several items at a price plus one more (what is spent), and two- and three-step chains: things
 pooled then shared ((x + y) / n), pay per period less what is spent (r·h − s), weekly savings plus a
 gift split equally ((r·w + g) / n), "twice as many" then some given away (x + m·x − s), and put in,
-added, taken out (x + y − z).
+added, taken out (x + y − z); and every fact inside the one question ("How big is the gap from X's 52 songs
+to Y's 36?", "What does X earn for 6 hours at $18 an hour?", change and equal shares too). In
+some problems the first name carries an aside with a number that is no operand (", aged 9,").
 
 Each story draws its facts, the question and its place (first or last), how the numbers are written
 (digits or words up to twenty) and an unused number from separate lists, so the operation is told
@@ -27,6 +29,7 @@ import random
 import re
 
 from breakgraph.demo.grammar import StoryDraws
+from breakgraph.demo.phrasebank import NUMBER_WORDS
 from breakgraph.demo.problems import Problem, distinct_problems, exact_step, redrawn
 from breakgraph.demo.varied import FOR_SALE, JOBS, _pl
 
@@ -599,6 +602,62 @@ def story_in_and_out(c: _C) -> None:
                         f"What is left in the {place}?", f"What does the {place} hold at the end?")  # fmt: skip
 
 
+def story_in_question(c: _C) -> None:
+    """Every fact inside the one question ("How big is the gap from X's 52 songs to Y's 36?",
+    "What does X earn for 6 hours at $18 an hour?"): a gap, a sum, pay for periods, change for
+    several items, an equal share."""
+    pl = c.thing[1]
+    form = c.pick("gap", "gap", "sum", "pay", "change", "share")
+    if form == "gap":
+        x = c.r(5, 100)
+        y = c.r(2, x - 1)
+        first, second = (x, y) if c.rng.random() < 0.6 else (y, x)  # the gap either way round
+        c.question = c.pick(
+            f"How big is the gap from {c.a}'s {c.n(first)} {pl} to {c.b}'s {c.n(second)} {pl}?",
+            f"How far apart are {c.a}'s {c.n(first)} {pl} and {c.b}'s {c.n(second)}?",
+            f"What is the difference between {c.n(first)} {pl} for {c.a} and {c.n(second)} for {c.b}?",
+            f"By how many {pl} do {c.a}'s {c.n(first)} and {c.b}'s {c.n(second)} differ?",
+        )  # fmt: skip
+        c.calc(x, "-", y)
+    elif form == "sum":
+        x, y = c.r(2, 100), c.r(2, 100)
+        c.question = c.pick(
+            f"What do {c.a}'s {c.n(x)} {pl} and {c.b}'s {c.n(y)} {pl} come to together?",
+            f"How many {pl} are {c.a}'s {c.n(x)} and {c.b}'s {c.n(y)} in all?",
+            f"What is the total of {c.n(x)} {pl} from {c.a} and {c.n(y)} from {c.b}?",
+        )  # fmt: skip
+        c.calc_either(x, "+", y, 0.7)
+    elif form == "pay":
+        k, r = c.r(2, 12), c.r(2, 50)
+        ps, pp = c.pick(*PERIODS)
+        job = c.pick(*JOBS)
+        c.question = c.pick(
+            f"What does {c.a} earn for {c.n(k)} {pp} of {job} at {c.money(r)} a {ps}?",
+            f"At {c.money(r)} for each {ps} of {job}, what do {c.n(k)} {pp} bring {c.a}?",
+            f"If one {ps} of {job} earns {c.a} {c.money(r)}, how much do {c.n(k)} {pp} earn?",
+        )  # fmt: skip
+        c.calc_either(r, "*", k, 0.5)
+    elif form == "change":
+        item = c.pick(*FOR_SALE)
+        note = c.pick(20, 50, 100, 100)
+        k = c.r(2, 9)
+        p = c.r(1, max(1, (note - 1) // k))
+        c.question = c.pick(
+            f"How much change does {c.a} get from {c.note(note)} for {c.n(k)} {_pl(item)} at {c.money(p)} each?",
+            f"Paying with {c.note(note)} for {c.n(k)} {_pl(item)} that cost {c.money(p)} apiece, how much change is due to {c.a}?",
+            f"What comes back from {c.note(note)} when {c.a} buys {c.n(k)} {_pl(item)} costing {c.money(p)} each?",
+        )  # fmt: skip
+        c.calc(note, "-", c.calc(k, "*", p))
+    else:
+        n, q = c.r(2, 12), c.r(2, 25)
+        group = c.pick("friends", "children", "players", "cousins", "campers", "neighbours")
+        c.question = c.pick(
+            f"How many {pl} does each of {c.n(n)} {group} get when {c.n(n * q)} {pl} are shared equally?",
+            f"If {c.n(n * q)} {pl} are split evenly among {c.n(n)} {group}, how many does one get?",
+        )  # fmt: skip
+        c.calc(n * q, "/", n)
+
+
 STORIES = {"left": (story_left, 1.3), "to_go": (story_to_go, 0.8), "gap": (story_gap, 1.1),
            "change": (story_change, 1.0), "to_a": (story_to_a, 0.9), "rate": (story_rate, 1.0),
            "stock_plus_packs": (story_stock_plus_packs, 0.9), "two_kinds": (story_two_kinds, 0.9),
@@ -607,7 +666,7 @@ STORIES = {"left": (story_left, 1.3), "to_go": (story_to_go, 0.8), "gap": (story
            "done_of": (story_done_of, 0.7), "all_but": (story_all_but, 0.6), "each_bring": (story_each_bring, 0.8),
            "spend": (story_spend, 0.8), "pool_share": (story_pool_share, 0.6), "earn_spend": (story_earn_spend, 0.7),
            "save_split": (story_save_split, 0.6), "multiple_then": (story_multiple_then, 0.6),
-           "in_and_out": (story_in_and_out, 0.7)}  # fmt: skip
+           "in_and_out": (story_in_and_out, 0.7), "in_question": (story_in_question, 0.9)}  # fmt: skip
 
 
 def _distractor(c: _C) -> str:
@@ -616,6 +675,18 @@ def _distractor(c: _C) -> str:
         k = c.r(2, 60)
     return c.pick(f"{c.b} is {k} years old.", f"The radio played {k} songs.", f"It is {k} steps to the door.",
                   f"The queue had {k} people in it.", f"{c.b}'s house is number {k}.")  # fmt: skip
+
+
+def _aside(c: _C) -> str:
+    """A number beside the first name that is no operand: ", aged 9," or " (in year 7)"; 5-15 and
+    written nowhere else in the problem (not "half", "twice" or "four times" either)."""
+    told = " ".join([*c.facts, c.question]).lower()
+    free = [k for k in range(5, 16) if k not in c.used and not re.search(rf"\b({k}|{NUMBER_WORDS[k]})\b", told)]
+    if not free:
+        return ""
+    k = c.pick(*free)
+    return c.pick(f", aged {c.n(k)},", f", who is {c.n(k)},", f" ({c.n(k)} years old)", f", {c.n(k)} years old,",
+                  f" (in year {k})", f", from flat {k},")  # fmt: skip
 
 
 def _sentence(t: str) -> str:
@@ -629,6 +700,8 @@ def make_problem(rng: random.Random) -> Problem:
     kind = rng.choices(kinds, [STORIES[k][1] for k in kinds])[0]
     c = _C(rng)
     STORIES[kind][0](c)
+    if c.facts and c.facts[0].startswith(c.a) and rng.random() < 0.15:
+        c.facts[0] = c.a + _aside(c) + c.facts[0][len(c.a) :]
     facts = [_sentence(f) for f in c.facts]
     if rng.random() < 0.25:
         facts.insert(rng.randrange(0, len(facts) + 1), _distractor(c))
