@@ -30,7 +30,9 @@ TIME_BUDGET=${TIME_BUDGET:-360}  # seconds of training steps at most (--time-bud
 QUICK=${QUICK:-0}
 COMPILE=${COMPILE:-0}
 # GRAPHS=1 passes --graphs (each step replayed from a CUDA graph per padded length and stage; an
-# eager step waits on the host launching its ~2,200 small kernels). Untimed on a GPU so far.
+# eager step waits on the host launching its ~2,200 small kernels). On one H100 at 512 problems a
+# step it ran 8.99 steps/s from eight graphs (63.4 GiB in their pool) against about 9.5 eager:
+# a step that large is bound by the GPU, so the default stays eager.
 GRAPHS=${GRAPHS:-0}
 # The shares of the training mixture (the train command's --mixture); the operation-choice
 # stories (choices) hold the kinds that read a question's wording most closely: change from several
