@@ -13,7 +13,8 @@ pooled then shared ((x + y) / n), pay per period less what is spent (r·h − s)
 gift split equally ((r·w + g) / n), "twice as many" then some given away (x + m·x − s), and put in,
 added, taken out (x + y − z); and every fact inside the one question ("How big is the gap from X's 52 songs
 to Y's 36?", "What does X earn for 6 hours at $18 an hour?", change and equal shares too). In
-some problems the first name carries an aside with a number that is no operand (", aged 9,").
+some problems the first name carries an aside with a number that is no operand (", aged 9,"), and
+half of the change stories that start with the buyer name the note first ("With $100 in hand, ...").
 
 Each story draws its facts, the question and its place (first or last), how the numbers are written
 (digits or words up to twenty) and an unused number from separate lists, so the operation is told
@@ -196,9 +197,13 @@ def story_change(c: _C) -> None:
         c.facts.append(c.pick(f"{c.a} buys a {item} that costs {c.money(p)}", f"a {item} is marked {c.money(p)}",
                               f"{c.a} picks out a {item} whose price is {c.money(p)}"))  # fmt: skip
         total = p
-    who = c.he() if c.a in c.facts[-1] else c.a
-    c.facts.append(c.pick(f"{who} hands the cashier {c.note(note)}", f"{who} pays with {c.note(note)}",
-                          f"{who} gives the seller {c.note(note)}", f"{who} offers {c.note(note)}"))  # fmt: skip
+    if c.facts[0].startswith(c.a) and c.rng.random() < 0.5:  # the note first: "With $100 in hand, Kim buys ..."
+        c.facts[0] = c.pick(f"with {c.note(note)} in hand, {c.facts[0]}", f"taking {c.note(note)} to the till, {c.facts[0]}",
+                            f"{c.a} has {c.note(note)} and {c.he()}{c.facts[0][len(c.a):]}")  # fmt: skip
+    else:
+        who = c.he() if c.a in c.facts[-1] else c.a
+        c.facts.append(c.pick(f"{who} hands the cashier {c.note(note)}", f"{who} pays with {c.note(note)}",
+                              f"{who} gives the seller {c.note(note)}", f"{who} offers {c.note(note)}"))  # fmt: skip
     c.question = c.pick("How much change is due?", f"What change does {c.he()} receive?",
                         f"How much comes back to {c.a}?", "How much does the seller give back?",
                         f"What does {c.a} get in change?", f"How much money is returned to {c.him()}?",
