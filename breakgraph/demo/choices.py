@@ -59,6 +59,13 @@ DESTINATIONS = (
 NOTES = (5, 10, 20, 50, 100)
 
 
+def _a(text: str) -> str:
+    """``text`` after its indefinite article: "a hat", "an umbrella", "an hour", "an 80-km walk"."""
+    head = re.split(r"[\s-]", text, maxsplit=1)[0].lower()
+    vowel = head.startswith("8") or head in ("11", "18") if head.isdigit() else head.startswith(("a", "e", "i", "o", "u", "hour"))
+    return ("an " if vowel else "a ") + text
+
+
 class _C(StoryDraws):
     """Per-problem choices: two people, a noun, a container, a currency and the number style."""
 
@@ -135,9 +142,10 @@ def story_to_go(c: _C) -> None:
         unit = c.pick("km", "miles", "kilometres")
         d = c.r(10, 100)
         k = c.r(1, d - 1)
+        walk = _a(f"{d}-{unit.rstrip('s')} walk")
         c.facts += [c.pick(f"{c.a} is cycling {c.n(d)} {unit} to {c.pick(*DESTINATIONS)}",
                            f"the path to {c.pick(*DESTINATIONS)} measures {c.n(d)} {unit}",
-                           f"{c.a} plans a {d}-{unit.rstrip('s')} walk"),
+                           f"{c.a} plans {walk}"),
                     c.pick(f"so far {c.he()} has done {c.n(k)} {unit}", f"{c.he()} has already covered {c.n(k)} {unit}",
                            f"after {c.n(k)} {unit} {c.he()} stops for a snack")]  # fmt: skip
         c.question = c.pick(f"How many {unit} are still ahead of {c.him()}?", "How far is there still to go?",
@@ -194,8 +202,8 @@ def story_change(c: _C) -> None:
         total = c.calc(k, "*", p)
     else:
         p = c.r(1, note - 1)
-        c.facts.append(c.pick(f"{c.a} buys a {item} that costs {c.money(p)}", f"a {item} is marked {c.money(p)}",
-                              f"{c.a} picks out a {item} whose price is {c.money(p)}"))  # fmt: skip
+        c.facts.append(c.pick(f"{c.a} buys {_a(item)} that costs {c.money(p)}", f"{_a(item)} is marked {c.money(p)}",
+                              f"{c.a} picks out {_a(item)} whose price is {c.money(p)}"))  # fmt: skip
         total = p
     if c.facts[0].startswith(c.a) and c.rng.random() < 0.5:  # the note first: "With $100 in hand, Kim buys ..."
         c.facts[0] = c.pick(f"with {c.note(note)} in hand, {c.facts[0]}", f"taking {c.note(note)} to the till, {c.facts[0]}",
@@ -237,7 +245,7 @@ def story_rate(c: _C) -> None:
         c.facts.append(c.pick(
             f"{c.a} is paid {c.money(r)} for each {ps} of {job}",
             f"every {ps} of {job} earns {c.a} {c.money(r)}",
-            f"{job} pays {c.a} {c.money(r)} a {ps}",
+            f"{job} pays {c.a} {c.money(r)} {_a(ps)}",
             f"one {ps} spent {job} gives {c.a} {c.money(r)}",
         ))  # fmt: skip
         c.facts.append(c.pick(f"{c.he()} puts in {c.n(k)} {pp} this month", f"{c.he()} does {c.n(k)} {pp}",
@@ -247,7 +255,7 @@ def story_rate(c: _C) -> None:
                             f"What does {c.he()} take home for them?")  # fmt: skip
     else:
         maker, things, verb = c.pick(*MACHINES)
-        c.facts.append(c.pick(f"{maker} {verb} {c.n(r)} {things} every {ps}", f"{maker} {verb} {c.n(r)} {things} a {ps}",
+        c.facts.append(c.pick(f"{maker} {verb} {c.n(r)} {things} every {ps}", f"{maker} {verb} {c.n(r)} {things} {_a(ps)}",
                               f"{maker} {verb} {c.n(r)} {things} in one {ps}"))  # fmt: skip
         c.facts.append(c.pick(f"it keeps going for {c.n(k)} {pp}", f"it runs for {c.n(k)} {pp}",
                               f"the work lasts {c.n(k)} {pp}"))  # fmt: skip
@@ -495,9 +503,9 @@ def story_spend(c: _C) -> None:
     item, other = c.rng.sample(FOR_SALE, 2)
     k, p, q = c.r(2, 9), c.r(1, 30), c.r(1, 60)
     c.facts.append(c.pick(
-        f"{c.a} buys {c.n(k)} {_pl(item)} at {c.money(p)} each and a {other} for {c.money(q)}",
+        f"{c.a} buys {c.n(k)} {_pl(item)} at {c.money(p)} each and {_a(other)} for {c.money(q)}",
         f"{c.a} picks up {c.n(k)} {_pl(item)} costing {c.money(p)} apiece, plus one {other} at {c.money(q)}",
-        f"{c.a} gets a {other} for {c.money(q)} and {c.n(k)} {_pl(item)} at {c.money(p)} each",
+        f"{c.a} gets {_a(other)} for {c.money(q)} and {c.n(k)} {_pl(item)} at {c.money(p)} each",
     ))  # fmt: skip
     cost = c.calc(k, "*", p)
     c.calc_either(cost, "+", q, 0.6)
@@ -535,7 +543,7 @@ def story_earn_spend(c: _C) -> None:
     ps, pp = c.pick(*PERIODS[:3])
     job = c.pick(*JOBS)
     c.facts.append(c.pick(f"{c.a} makes {c.money(r)} for every {ps} of {job}",
-                          f"{job} earns {c.a} {c.money(r)} each {ps}", f"{c.a} gets {c.money(r)} a {ps} for {job}"))  # fmt: skip
+                          f"{job} earns {c.a} {c.money(r)} each {ps}", f"{c.a} gets {c.money(r)} {_a(ps)} for {job}"))  # fmt: skip
     c.facts.append(c.pick(f"{c.he()} works {c.n(h)} {pp}", f"this week {c.he()} puts in {c.n(h)} {pp}",
                           f"{c.he()} does it for {c.n(h)} {pp}"))  # fmt: skip
     c.facts.append(c.pick(f"then {c.he()} spends {c.money(s)} on a new {c.pick(*FOR_SALE)}",
@@ -637,7 +645,7 @@ def story_in_question(c: _C) -> None:
         ps, pp = c.pick(*PERIODS)
         job = c.pick(*JOBS)
         c.question = c.pick(
-            f"What does {c.a} earn for {c.n(k)} {pp} of {job} at {c.money(r)} a {ps}?",
+            f"What does {c.a} earn for {c.n(k)} {pp} of {job} at {c.money(r)} {_a(ps)}?",
             f"At {c.money(r)} for each {ps} of {job}, what do {c.n(k)} {pp} bring {c.a}?",
             f"If one {ps} of {job} earns {c.a} {c.money(r)}, how much do {c.n(k)} {pp} earn?",
         )  # fmt: skip
@@ -683,15 +691,17 @@ def _distractor(c: _C) -> str:
 
 
 def _aside(c: _C) -> str:
-    """A number beside the first name that is no operand: ", aged 9," or " (in year 7)"; 5-15 and
-    written nowhere else in the problem (not "half", "twice" or "four times" either)."""
+    """A number beside the first name that is neither an operand nor a result: ", aged 9," or ",
+    from flat 7,"; 5-15 and written nowhere else in the problem (not "half", "twice" or "four times"
+    either). Not in the age stories, whose first fact is an age."""
     told = " ".join([*c.facts, c.question]).lower()
-    free = [k for k in range(5, 16) if k not in c.used and not re.search(rf"\b({k}|{NUMBER_WORDS[k]})\b", told)]
+    taken = c.used | {v for _, v in c.steps}  # no operand, no result
+    free = [k for k in range(5, 16) if k not in taken and not re.search(rf"\b({k}|{NUMBER_WORDS[k]})\b", told)]
     if not free:
         return ""
     k = c.pick(*free)
     return c.pick(f", aged {c.n(k)},", f", who is {c.n(k)},", f" ({c.n(k)} years old)", f", {c.n(k)} years old,",
-                  f" (in year {k})", f", from flat {k},")  # fmt: skip
+                  f", from flat {k},")  # fmt: skip
 
 
 def _sentence(t: str) -> str:
@@ -705,7 +715,7 @@ def make_problem(rng: random.Random) -> Problem:
     kind = rng.choices(kinds, [STORIES[k][1] for k in kinds])[0]
     c = _C(rng)
     STORIES[kind][0](c)
-    if c.facts and c.facts[0].startswith(c.a) and rng.random() < 0.15:
+    if kind != "age" and c.facts and c.facts[0].startswith(c.a + " ") and rng.random() < 0.15:
         c.facts[0] = c.a + _aside(c) + c.facts[0][len(c.a) :]
     facts = [_sentence(f) for f in c.facts]
     if rng.random() < 0.25:

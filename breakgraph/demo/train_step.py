@@ -14,9 +14,9 @@ captures the step once per (padded length, attention stage) and replays it:
   optimizer read whichever graph ran last;
 * on CUDA the graphs share one memory pool: a replay writes every pool tensor it reads, the
   inputs and gradients live outside the pool, and a step's result is read before the next step —
-  so graphs may replay in any order. A new key first runs its step eagerly on the capture stream
-  as a warm-up (its bias update undone), then captures it, which records without running; the
-  capturer's first replay of the new graph is the batch's step. On the CPU the stand-in
+  so graphs may replay in any order. A new key first runs its step eagerly as a warm-up (on the
+  capture stream; its bias update undone), then captures it, which on CUDA records without
+  running; the capturer's first replay of the new graph is the batch's step. On the CPU the stand-in
   :class:`~breakgraph.graphs.cpu_graph.CpuGraph` runs the step while it records it, and refuses
   host syncs, which is how the tests prove the step graph-safe without a GPU. Both are the graph
   package's segment capturers (:func:`~breakgraph.graphs.capture.make_capturer`), as the model's
@@ -172,6 +172,7 @@ class GraphedSteps:
         another graph may overwrite them — the graphs share one memory pool)."""
         if self.off:
             return self.step(ids, labels, valid, sparse)
+        unpadded = (ids, labels, valid)
         length = self.padded_length(ids.shape[1])
         if self.longest is not None and not any(k[0] == ids.shape[0] and k[2] == sparse for k in self.graphs):
             length = max(length, self.longest)  # the first graph of its batch size and stage: the largest
@@ -179,13 +180,16 @@ class GraphedSteps:
         ids, labels, valid = pad_batch(ids, labels, valid, key[1], self.pad_id)
         captured = self.graphs.get(key)
         if captured is None:
-            return self._capture(key, ids, labels, valid)
+            return self._capture(key, (ids, labels, valid), unpadded)
         for static, new in zip(captured.inputs, (ids, labels, valid)):
             static.copy_(new, non_blocking=True)
         captured.graph.replay()
         return captured.result
 
-    def _capture(self, key: tuple[int, int, bool], ids, labels, valid) -> StepResult:
+    def _capture(self, key: tuple[int, int, bool], padded: tuple, unpadded: tuple) -> StepResult:
+        """Warm up, capture and first replay of ``key``'s graph on ``padded`` batch tensors; if
+        any of it fails, the graphs go off and the step runs eagerly on ``unpadded``."""
+        ids, labels, valid = padded
         t0 = time.perf_counter()
         what = f"the training step at {key[0]} × {key[1]} tokens, {'sparse' if key[2] else 'dense'} attention"
         self.step.make_grads()
@@ -197,8 +201,7 @@ class GraphedSteps:
         capturer.open()
         try:
             try:
-                if ids.device.type == "cuda":
-                    self._warm_up(inputs, key[2])  # out of memory here: the graphs go off too
+                self._warm_up(inputs, key[2])  # out of memory here: the graphs go off too
                 capturer.begin(what)
                 try:
                     result = self.step(*inputs, key[2])  # the CPU stand-in runs while it records
@@ -212,7 +215,8 @@ class GraphedSteps:
             capturer.close()
         if failed is not None:
             self._turn_off(what, failed)  # first: the graphs' pool is freed before the eager step
-            return self.step(*inputs, key[2])
+            failed = None  # its traceback holds the failed run's frames and their tensors
+            return self.step(*unpadded, key[2])
         self.graphs[key] = _Captured(segment, inputs, result)
         seconds = time.perf_counter() - t0
         self.capture_seconds += seconds
@@ -223,18 +227,20 @@ class GraphedSteps:
         return result
 
     def _warm_up(self, inputs: tuple[torch.Tensor, ...], sparse: bool) -> None:
-        """One eager run of the step on the capture stream before a CUDA capture (lazy set-up and
-        kernel compiles happen outside the graph), undone where it leaves a trace: the router
-        biases it moved are put back, since the capture's own replay is the batch's step (the
-        gradients it leaves are rewritten by that replay).
+        """One eager run of the step before a capture (on CUDA, on the capture stream: lazy set-up
+        and kernel compiles happen outside the graph; on the CPU it keeps both paths alike, so the
+        tests see it undone), undone where it leaves a trace: the router biases it moved are put
+        back, since the capture's own run (the CPU stand-in's, or the capturer's first CUDA replay)
+        is the batch's step; the gradients it leaves are rewritten by that run.
 
-        Its memory: once a graph holds the pool, every allocation of the warm-up (the backward's
-        thread too) comes from the pool, whose free blocks are the captured graphs' scratch, so
-        it needs no memory beside the pool. Before the first graph the pool does not exist yet:
-        the warm-up allocates as usual and its cache is emptied afterwards."""
+        Its memory on CUDA: once a graph holds the pool, every allocation of the warm-up (the
+        backward's thread too) comes from the pool, whose free blocks are the captured graphs'
+        scratch, so it needs no memory beside the pool. Before the first graph the pool does not
+        exist yet: the warm-up allocates as usual and its cache is emptied afterwards."""
         biases = [bias.clone() for bias in self.step.biases]
-        device = inputs[0].device.index if inputs[0].device.index is not None else torch.cuda.current_device()
-        in_pool = bool(self.graphs)  # a graph holds the pool: taking and releasing it keeps it alive
+        cuda = inputs[0].is_cuda
+        device = inputs[0].device.index
+        in_pool = cuda and bool(self.graphs)  # a graph holds the pool: taking and releasing it keeps it alive
         if in_pool:
             torch._C._cuda_beginAllocateToPool(device, self._pool)
         try:
@@ -246,7 +252,7 @@ class GraphedSteps:
         with torch.no_grad():
             for bias, before in zip(self.step.biases, biases):
                 bias.copy_(before)
-        if not in_pool:
+        if cuda and not in_pool:
             torch.cuda.empty_cache()
 
     def _turn_off(self, what: str, exc: BaseException) -> None:
