@@ -12,7 +12,9 @@ several items at a price plus one more (what is spent), and two- and three-step 
 pooled then shared ((x + y) / n), pay per period less what is spent (r·h − s), weekly savings plus a
 gift split equally ((r·w + g) / n), "twice as many" then some given away (x + m·x − s), and put in,
 added, taken out (x + y − z); and every fact inside the one question ("How big is the gap from X's 52 songs
-to Y's 36?", "What does X earn for 6 hours at $18 an hour?", change and equal shares too). In
+to Y's 36?", "What does X earn for 6 hours at $18 an hour?", change and equal shares too). A rate's
+number of periods or a trip's distance done may also be told in the question ("How much does she
+earn for 9 such hours?", "With 12 km done, how many km remain?"). In
 some problems the first name carries an aside with a number that is no operand (", aged 9,"), and
 half of the change stories that start with the buyer name the note first ("With $100 in hand, ...").
 
@@ -36,10 +38,12 @@ from breakgraph.demo.varied import FOR_SALE, JOBS, _pl
 
 MAX_RESULT = 1000
 
-# (what is done to things one by one: present, past, the things)
-TASKS = (("reads", "read", "pages"), ("answers", "answered", "emails"), ("unpacks", "unpacked", "boxes"),
-         ("lays", "laid", "tiles"), ("writes", "wrote", "cards"), ("paints", "painted", "fence posts"),
-         ("plants", "planted", "bulbs"), ("sews", "sewed", "buttons"), ("labels", "labelled", "jars"))  # fmt: skip
+# (what is done to things one by one: present, past, past participle, the things)
+TASKS = (("reads", "read", "read", "pages"), ("answers", "answered", "answered", "emails"),
+         ("unpacks", "unpacked", "unpacked", "boxes"), ("lays", "laid", "laid", "tiles"),
+         ("writes", "wrote", "written", "cards"), ("paints", "painted", "painted", "fence posts"),
+         ("plants", "planted", "planted", "bulbs"), ("sews", "sewed", "sewn", "buttons"),
+         ("labels", "labelled", "labelled", "jars"))  # fmt: skip
 # (maker, what it makes, its verb) for counts per period
 MACHINES = (("A machine", "bottles", "fills"), ("A printer", "pages", "prints"), ("A baker", "rolls", "shapes"),
             ("A pump", "buckets", "fills"), ("A robot", "boxes", "seals"), ("A knitter", "rows", "knits"),
@@ -143,22 +147,27 @@ def story_to_go(c: _C) -> None:
         d = c.r(10, 100)
         k = c.r(1, d - 1)
         walk = _a(f"{d}-{unit.rstrip('s')} walk")
-        c.facts += [c.pick(f"{c.a} is cycling {c.n(d)} {unit} to {c.pick(*DESTINATIONS)}",
-                           f"the path to {c.pick(*DESTINATIONS)} measures {c.n(d)} {unit}",
-                           f"{c.a} plans {walk}"),
-                    c.pick(f"so far {c.he()} has done {c.n(k)} {unit}", f"{c.he()} has already covered {c.n(k)} {unit}",
-                           f"after {c.n(k)} {unit} {c.he()} stops for a snack")]  # fmt: skip
-        c.question = c.pick(f"How many {unit} are still ahead of {c.him()}?", "How far is there still to go?",
-                            "What distance is left?", f"How many more {unit} must {c.he()} go?",
-                            "How much of the way remains?", f"How much farther must {c.a} travel?")  # fmt: skip
+        c.facts.append(c.pick(f"{c.a} is cycling {c.n(d)} {unit} to {c.pick(*DESTINATIONS)}",
+                              f"the path to {c.pick(*DESTINATIONS)} measures {c.n(d)} {unit}",
+                              f"{c.a} plans {walk}"))  # fmt: skip
+        if c.rng.random() < 0.35:  # the part done told in the question
+            c.question = c.pick(f"Once {c.n(k)} {unit} are behind {c.him()}, how far is there still to go?",
+                                f"With {c.n(k)} {unit} done, how many {unit} remain?",
+                                f"If {c.he()} has covered {c.n(k)} {unit}, what distance is left?")  # fmt: skip
+        else:
+            c.facts.append(c.pick(f"so far {c.he()} has done {c.n(k)} {unit}", f"{c.he()} has already covered {c.n(k)} {unit}",
+                                  f"after {c.n(k)} {unit} {c.he()} stops for a snack"))  # fmt: skip
+            c.question = c.pick(f"How many {unit} are still ahead of {c.him()}?", "How far is there still to go?",
+                                "What distance is left?", f"How many more {unit} must {c.he()} go?",
+                                "How much of the way remains?", f"How much farther must {c.a} travel?")  # fmt: skip
     else:
-        pres, past, things = c.pick(*TASKS)
+        pres, _, done, things = c.pick(*TASKS)
         d = c.r(10, 100)
         k = c.r(1, d - 1)
         c.facts += [c.pick(f"{c.a} has {c.n(d)} {things} to get through", f"{c.a} {pres} {c.n(d)} {things} this week",
                            f"there are {c.n(d)} {things} on {c.a}'s list"),
-                    c.pick(f"{c.he()} has {past} {c.n(k)} so far", f"{c.n(k)} are done already",
-                           f"by noon {c.he()} had {past} {c.n(k)}")]  # fmt: skip
+                    c.pick(f"{c.he()} has {done} {c.n(k)} so far", f"{c.n(k)} are done already",
+                           f"by noon {c.he()} had {done} {c.n(k)}")]  # fmt: skip
         c.question = c.pick(f"How many {things} are still to do?", f"How many {things} remain?",
                             f"How many {things} has {c.he()} still to finish?", "How many are yet to be done?")  # fmt: skip
     c.calc(d, "-", k)
@@ -248,11 +257,16 @@ def story_rate(c: _C) -> None:
             f"{job} pays {c.a} {c.money(r)} {_a(ps)}",
             f"one {ps} spent {job} gives {c.a} {c.money(r)}",
         ))  # fmt: skip
-        c.facts.append(c.pick(f"{c.he()} puts in {c.n(k)} {pp} this month", f"{c.he()} does {c.n(k)} {pp}",
-                              f"this term {c.he()} works {c.n(k)} {pp}"))  # fmt: skip
-        c.question = c.pick(f"How much does {c.he()} earn in all?", f"What is {c.his()} total pay?",
-                            f"What do the {pp} bring {c.him()}?", "How much money does that come to?",
-                            f"What does {c.he()} take home for them?")  # fmt: skip
+        if c.rng.random() < 0.35:  # the number of periods told in the question
+            c.question = c.pick(f"How much does {c.he()} earn for {c.n(k)} such {pp}?",
+                                f"What will {c.n(k)} {pp} of it pay {c.him()}?",
+                                f"How much is {c.his()} pay after {c.n(k)} of these {pp}?")  # fmt: skip
+        else:
+            c.facts.append(c.pick(f"{c.he()} puts in {c.n(k)} {pp} this month", f"{c.he()} does {c.n(k)} {pp}",
+                                  f"this term {c.he()} works {c.n(k)} {pp}"))  # fmt: skip
+            c.question = c.pick(f"How much does {c.he()} earn in all?", f"What is {c.his()} total pay?",
+                                f"What do the {pp} bring {c.him()}?", "How much money does that come to?",
+                                f"What does {c.he()} take home for them?")  # fmt: skip
     else:
         maker, things, verb = c.pick(*MACHINES)
         c.facts.append(c.pick(f"{maker} {verb} {c.n(r)} {things} every {ps}", f"{maker} {verb} {c.n(r)} {things} {_a(ps)}",
@@ -452,7 +466,7 @@ def story_part_of(c: _C) -> None:
 
 def story_done_of(c: _C) -> None:
     """k of n done (read, used, painted): how many are left to do; the smaller number comes first."""
-    pres, past, things = c.pick(*TASKS)
+    _, past, _, things = c.pick(*TASKS)
     n = c.r(10, 100)
     k = c.r(1, n - 1)
     c.facts.append(c.pick(
