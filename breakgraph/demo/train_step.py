@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from breakgraph.graphs.capture import make_capturer
-from breakgraph.graphs.segments import Segment, new_graph_pool
+from breakgraph.graphs.segments import Segment, SegmentCapturer, new_graph_pool
 from breakgraph.layers.mlp import MoE
 from breakgraph.models.glm5 import DsaForCausalLM
 
@@ -174,7 +174,7 @@ class GraphedSteps:
             return self.step(ids, labels, valid, sparse)
         unpadded = (ids, labels, valid)
         length = self.padded_length(ids.shape[1])
-        if self.longest is not None and not any(k[0] == ids.shape[0] and k[2] == sparse for k in self.graphs):
+        if self.longest is not None and (ids.shape[0], max(length, self.longest), sparse) not in self.graphs:
             length = max(length, self.longest)  # the first graph of its batch size and stage: the largest
         key = (ids.shape[0], length, sparse)
         ids, labels, valid = pad_batch(ids, labels, valid, key[1], self.pad_id)
@@ -201,7 +201,7 @@ class GraphedSteps:
         capturer.open()
         try:
             try:
-                self._warm_up(inputs, key[2])  # out of memory here: the graphs go off too
+                self._warm_up(capturer, inputs, key[2])  # out of memory here: the graphs go off too
                 capturer.begin(what)
                 try:
                     result = self.step(*inputs, key[2])  # the CPU stand-in runs while it records
@@ -226,33 +226,25 @@ class GraphedSteps:
         self.log(f"captured {what} ({len(self.graphs)} graphs, {seconds:.1f}s{kernels})")
         return result
 
-    def _warm_up(self, inputs: tuple[torch.Tensor, ...], sparse: bool) -> None:
+    def _warm_up(self, capturer: SegmentCapturer, inputs: tuple[torch.Tensor, ...], sparse: bool) -> None:
         """One eager run of the step before a capture (on CUDA, on the capture stream: lazy set-up
         and kernel compiles happen outside the graph; on the CPU it keeps both paths alike, so the
         tests see it undone), undone where it leaves a trace: the router biases it moved are put
         back, since the capture's own run (the CPU stand-in's, or the capturer's first CUDA replay)
         is the batch's step; the gradients it leaves are rewritten by that run.
 
-        Its memory on CUDA: once a graph holds the pool, every allocation of the warm-up (the
-        backward's thread too) comes from the pool, whose free blocks are the captured graphs'
-        scratch, so it needs no memory beside the pool. Before the first graph the pool does not
-        exist yet: the warm-up allocates as usual and its cache is emptied afterwards."""
+        Its memory on CUDA: once a graph holds the pool, the warm-up allocates from the pool
+        (``capturer.eager_in_pool``), whose free blocks are the captured graphs' scratch, so it
+        needs no memory beside the pool. Before the first graph the pool does not exist yet: the
+        warm-up allocates as usual and its cache is emptied afterwards."""
         biases = [bias.clone() for bias in self.step.biases]
-        cuda = inputs[0].is_cuda
-        device = inputs[0].device.index
-        in_pool = cuda and bool(self.graphs)  # a graph holds the pool: taking and releasing it keeps it alive
-        if in_pool:
-            torch._C._cuda_beginAllocateToPool(device, self._pool)
-        try:
+        in_pool = bool(self.graphs)  # a graph holds the pool
+        with capturer.eager_in_pool() if in_pool else nullcontext():
             self.step(*inputs, sparse)
-        finally:
-            if in_pool:
-                torch._C._cuda_endAllocateToPool(device, self._pool)
-                torch._C._cuda_releasePool(device, self._pool)
         with torch.no_grad():
             for bias, before in zip(self.step.biases, biases):
                 bias.copy_(before)
-        if cuda and not in_pool:
+        if inputs[0].is_cuda and not in_pool:
             torch.cuda.empty_cache()
 
     def _turn_off(self, what: str, exc: BaseException) -> None:

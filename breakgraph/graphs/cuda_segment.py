@@ -16,9 +16,11 @@ captured, so the capture pass computes real values and a break at capture reads 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -229,6 +231,21 @@ class CudaSegmentCapturer:
         if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
             return tree
         return tree_unflatten([self._alias(t) if self._in_pool(t) else t for t in leaves], spec)
+
+    @contextlib.contextmanager
+    def eager_in_pool(self) -> Iterator[None]:
+        """While the block runs, every allocation on the device (any stream, any thread: an eager
+        backward's too) comes from this capturer's pool, so an eager run between captures (a
+        warm-up) reuses the free scratch of the graphs already in the pool instead of memory
+        beside it. The pool must already hold a captured graph (torch refuses a pool all of whose
+        graphs are gone), and nothing a later replay reads may live in the pool's free blocks."""
+        index = device_index(self.device)
+        torch._C._cuda_beginAllocateToPool(index, self.pool)
+        try:
+            yield
+        finally:
+            torch._C._cuda_endAllocateToPool(index, self.pool)
+            torch._C._cuda_releasePool(index, self.pool)  # the reference the begin took
 
     def _in_pool(self, t: Any) -> bool:
         if not isinstance(t, torch.Tensor) or not t.is_cuda or t.untyped_storage().nbytes() == 0:

@@ -14,6 +14,7 @@ returns a :class:`Segment`. Both devices give the same answers:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -46,6 +47,7 @@ class SegmentCapturer(Protocol):
     def abort(self) -> None: ...
     def close(self) -> None: ...
     def non_owning(self, tree: Any) -> Any: ...
+    def eager_in_pool(self) -> contextlib.AbstractContextManager: ...
 
 
 def recorded_fold(recorder: OpRecorder | None) -> Callable[[], None] | None:
@@ -75,6 +77,10 @@ class CpuSegmentCapturer:
     def non_owning(self, tree: Any) -> Any:
         """Break arguments are kept as they are: CPU graphs hold their tensors anyway."""
         return tree
+
+    def eager_in_pool(self) -> contextlib.AbstractContextManager:
+        """Nothing to route: the CPU backend has no pool."""
+        return contextlib.nullcontext()
 
     def begin(self, label: str) -> None:
         self._graph = CpuGraph()
