@@ -210,8 +210,11 @@ def test_seeded_sampling_is_reproducible(client):
 SHORT = "Question: 2+3?\nAnswer:"  # the default model's answer ends in fewer than 29 tokens
 # unlike any training problem, so the default model's next tokens are uncertain enough for each field to matter
 UNSURE = "Question: Tell me a story about a dog.\nAnswer:"
+# the default model's greedy answer repeats itself ("a story about a story about ..."), which the penalties change
+REPEATS = "Question: Tell me a story about a cat.\nAnswer:"
 SAMPLING_FIELDS = [  # (the fields, the fields they are compared against)
-    ({"presence_penalty": 2, "frequency_penalty": 2, "max_tokens": 20}, {"max_tokens": 20}),
+    ({"prompt": REPEATS, "presence_penalty": 2, "frequency_penalty": 2, "max_tokens": 20},
+     {"prompt": REPEATS, "max_tokens": 20}),  # fmt: skip
     ({"repetition_penalty": 10}, {}),  # the default model is sure enough of its first tokens that 3 changes none
     ({"logit_bias": {"421": -100, "17": 5}}, {}),  # 421: the first token of the greedy answer to UNSURE
     ({"prompt": SHORT, "min_tokens": 29, "max_tokens": 29, "ignore_eos": False},
