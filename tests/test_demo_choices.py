@@ -45,7 +45,7 @@ def test_each_choices_kind_uses_its_operation_and_all_occur(sample):
     last = {"left": "-", "to_go": "-", "gap": "-", "change": "-", "to_a": "/", "rate": "*", "stock_plus_packs": "+",
             "two_kinds": "+-", "by_amount": "+-", "for_every": "*", "share": "/", "age": "+-", "measured": "+", "part_of": "/", "done_of": "-",
             "all_but": "-", "each_bring": "*-", "spend": "+", "pool_share": "/", "earn_spend": "-",
-            "save_split": "/", "multiple_then": "-", "in_and_out": "-", "in_question": "-+*/"}  # fmt: skip  (in_question: the next test)
+            "save_split": "/", "multiple_then": "-", "in_and_out": "-", "in_question": "-+*/", "until": "+-"}  # fmt: skip  (in_question: the next test)
     kinds = Counter(p.template.split("/")[1] for p in sample)
     assert set(kinds) == set(last) and min(kinds.values()) > 50
     for p in sample:

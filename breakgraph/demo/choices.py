@@ -17,6 +17,8 @@ number of periods or a trip's distance done may also be told in the question ("H
 earn for 9 such hours?", "With 12 km done, how many km remain?"). In
 some problems the first name carries an aside with a number that is no operand (", aged 9,"), and
 half of the change stories that start with the buyer name the note first ("With $100 in hand, ...").
+A count may also be held until some are lost ("had 40 stamps until 6 of them were swapped away") or
+before more come ("had 30 shells before her uncle gave her 12 more").
 
 Each story draws its facts, the question and its place (first or last), how the numbers are written
 (digits or words up to twenty) and an unused number from separate lists, so the operation is told
@@ -207,7 +209,9 @@ def story_change(c: _C) -> None:
                               f"{c.n(k)} {_pl(item)} go into {c.a}'s basket, {c.money(p)} apiece",
                               f"{c.a} gets {c.n(k)} {_pl(item)} costing {c.money(p)} each",
                               f"{c.a} takes {c.n(k)} {_pl(item)}; each one is {c.money(p)}",
-                              f"{c.a} chooses {c.n(k)} {_pl(item)}, every one marked {c.money(p)}"))  # fmt: skip
+                              f"{c.a} chooses {c.n(k)} {_pl(item)}, every one marked {c.money(p)}",
+                              f"{c.a} purchases {c.n(k)} {_pl(item)} that sell at {c.money(p)} each",
+                              f"{c.a} settles the bill for {c.n(k)} {_pl(item)} at {c.money(p)} a piece"))  # fmt: skip
         total = c.calc(k, "*", p)
     else:
         p = c.r(1, note - 1)
@@ -216,7 +220,8 @@ def story_change(c: _C) -> None:
         total = p
     if c.facts[0].startswith(c.a) and c.rng.random() < 0.5:  # the note first: "With $100 in hand, Kim buys ..."
         c.facts[0] = c.pick(f"with {c.note(note)} in hand, {c.facts[0]}", f"taking {c.note(note)} to the till, {c.facts[0]}",
-                            f"{c.a} has {c.note(note)} and {c.he()}{c.facts[0][len(c.a):]}")  # fmt: skip
+                            f"{c.a} has {c.note(note)} and {c.he()}{c.facts[0][len(c.a):]}",
+                            f"using {c.note(note)}, {c.facts[0]}", f"out of {c.note(note)}, {c.facts[0]}")  # fmt: skip
     else:
         who = c.he() if c.a in c.facts[-1] else c.a
         c.facts.append(c.pick(f"{who} hands the cashier {c.note(note)}", f"{who} pays with {c.note(note)}",
@@ -224,7 +229,8 @@ def story_change(c: _C) -> None:
     c.question = c.pick("How much change is due?", f"What change does {c.he()} receive?",
                         f"How much comes back to {c.a}?", "How much does the seller give back?",
                         f"What does {c.a} get in change?", f"How much money is returned to {c.him()}?",
-                        f"What is {c.his()} change?", "How much is handed back?")  # fmt: skip
+                        f"What is {c.his()} change?", "How much is handed back?",
+                        "How much should come back?", f"How much is {c.he()} owed in change?")  # fmt: skip
     c.calc(note, "-", total)
 
 
@@ -256,11 +262,16 @@ def story_rate(c: _C) -> None:
             f"every {ps} of {job} earns {c.a} {c.money(r)}",
             f"{job} pays {c.a} {c.money(r)} {_a(ps)}",
             f"one {ps} spent {job} gives {c.a} {c.money(r)}",
+            f"{_a(ps)} of {job} earns {c.a} {c.money(r)}",
+            f"{c.a} gets {c.money(r)} for {_a(ps)} of {job}",
+            f"{c.a} charges {c.money(r)} {c.pick('per', 'a', 'for each')} {ps} of {job}",
         ))  # fmt: skip
         if c.rng.random() < 0.35:  # the number of periods told in the question
             c.question = c.pick(f"How much does {c.he()} earn for {c.n(k)} such {pp}?",
                                 f"What will {c.n(k)} {pp} of it pay {c.him()}?",
-                                f"How much is {c.his()} pay after {c.n(k)} of these {pp}?")  # fmt: skip
+                                f"How much is {c.his()} pay after {c.n(k)} of these {pp}?",
+                                f"How much will {c.he()} make in {c.n(k)} {pp}?",
+                                f"What do {c.n(k)} {pp} of that bring in?")  # fmt: skip
         else:
             c.facts.append(c.pick(f"{c.he()} puts in {c.n(k)} {pp} this month", f"{c.he()} does {c.n(k)} {pp}",
                                   f"this term {c.he()} works {c.n(k)} {pp}"))  # fmt: skip
@@ -334,8 +345,12 @@ def story_two_kinds(c: _C) -> None:
                           f"{c.a} keeps {c.n(b)} {others} and {c.n(a)} {ones}"))  # fmt: skip
     if c.rng.random() < 0.6:
         k = c.r(1, 30)
-        c.facts.append(c.pick(f"{c.he()} {c.pick('adds', 'gets', 'buys', 'takes in', 'is given')} {c.n(k)} more {ones}",
-                              f"{c.n(k)} new {ones} join them", f"{c.he()} brings home {c.n(k)} extra {ones}"))  # fmt: skip
+        c.facts.append(c.pick(
+            f"{c.he()} {c.pick('adds', 'gets', 'buys', 'takes in', 'is given', 'rescues', 'wins', 'finds')} "
+            f"{c.n(k)} {c.pick('more', 'extra', 'additional', 'new')} {ones}",
+            f"{c.n(k)} new {ones} join them", f"{c.he()} brings home {c.n(k)} extra {ones}",
+            f"another {c.n(k)} {ones} {c.pick('arrive', 'are added', 'come along')}",
+        ))  # fmt: skip
         c.calc(a, "+", k)
     else:
         k = c.r(1, a - 1)
@@ -344,7 +359,8 @@ def story_two_kinds(c: _C) -> None:
         c.calc(a, "-", k)
     c.question = c.pick(f"How many {ones} does {c.he()} have now?", f"What number of {ones} are there now?",
                         f"How many {ones} are there?", f"How many {ones} does {c.a} look after now?",
-                        f"Count the {ones}.", f"How many {ones} is that?")  # fmt: skip
+                        f"Count the {ones}.", f"How many {ones} is that?",
+                        f"How many {ones} does {c.he()} care for now?", f"What is the number of {ones} now?")  # fmt: skip
 
 
 def story_by_amount(c: _C) -> None:
@@ -629,6 +645,31 @@ def story_in_and_out(c: _C) -> None:
                         f"What is left in the {place}?", f"What does the {place} hold at the end?")  # fmt: skip
 
 
+def story_until(c: _C) -> None:
+    """A count held until some were lost ("had 40 stamps until 6 of them were swapped away"), or held
+    before more came ("had 30 shells before her uncle gave her 12 more"): x − k or x + k."""
+    pl = c.thing[1]
+    x = c.r(10, 100)
+    keep = c.pick("had", "kept", "held on to", "was keeping")
+    giver = c.pick(c.b, "a friend", "her uncle" if c.sa == "f" else "his uncle", "a neighbour", "the teacher")
+    if c.rng.random() < 0.5:
+        k = c.r(1, x - 1)
+        gone = c.pick("were lost", "got broken", "were swapped away", "were given to a cousin", "went missing",
+                      "were sold at the fair", f"went to {c.b}")  # fmt: skip
+        c.facts.append(f"{c.a} {keep} {c.cnt(x)} until {c.n(k)} of them {gone}")
+        c.calc(x, "-", k)
+        c.question = c.pick(f"How many {pl} does {c.he()} have now?", f"How many {pl} stayed with {c.a}?",
+                            f"How many {pl} are left?", f"What number of {pl} remain with {c.him()}?")  # fmt: skip
+    else:
+        k = c.r(1, 60)
+        came = c.pick(f"{giver} gave {c.him()} {c.n(k)} more", f"{giver} sent {c.n(k)} extra",
+                      f"{c.n(k)} more arrived from {giver}", f"{giver} added {c.n(k)}")  # fmt: skip
+        c.facts.append(c.pick(f"{c.a} {keep} {c.cnt(x)} before {came}", f"before {came}, {c.a} {keep} {c.cnt(x)}"))
+        c.calc_either(x, "+", k, 0.8)
+        c.question = c.pick(f"How many {pl} does {c.he()} have now?", f"How many {pl} does {c.a} have after that?",
+                            f"How many {pl} has {c.he()} got now?", f"How many {pl} are there in all?")  # fmt: skip
+
+
 def story_in_question(c: _C) -> None:
     """Every fact inside the one question ("How big is the gap from X's 52 songs to Y's 36?",
     "What does X earn for 6 hours at $18 an hour?"): a gap, a sum, pay for periods, change for
@@ -693,7 +734,8 @@ STORIES = {"left": (story_left, 1.3), "to_go": (story_to_go, 0.8), "gap": (story
            "done_of": (story_done_of, 0.7), "all_but": (story_all_but, 0.6), "each_bring": (story_each_bring, 0.8),
            "spend": (story_spend, 0.8), "pool_share": (story_pool_share, 0.6), "earn_spend": (story_earn_spend, 0.7),
            "save_split": (story_save_split, 0.6), "multiple_then": (story_multiple_then, 0.6),
-           "in_and_out": (story_in_and_out, 0.7), "in_question": (story_in_question, 0.9)}  # fmt: skip
+           "in_and_out": (story_in_and_out, 0.7), "in_question": (story_in_question, 0.9),
+           "until": (story_until, 0.7)}  # fmt: skip
 
 
 def _distractor(c: _C) -> str:
