@@ -211,7 +211,7 @@ def story_change(c: _C) -> None:
                               f"{c.a} takes {c.n(k)} {_pl(item)}; each one is {c.money(p)}",
                               f"{c.a} chooses {c.n(k)} {_pl(item)}, every one marked {c.money(p)}",
                               f"{c.a} purchases {c.n(k)} {_pl(item)} that sell at {c.money(p)} each",
-                              f"{c.a} settles the bill for {c.n(k)} {_pl(item)} at {c.money(p)} a piece"))  # fmt: skip
+                              f"{c.a} orders {c.n(k)} {_pl(item)} at {c.money(p)} per item"))  # fmt: skip
         total = c.calc(k, "*", p)
     else:
         p = c.r(1, note - 1)
@@ -221,7 +221,7 @@ def story_change(c: _C) -> None:
     if c.facts[0].startswith(c.a) and c.rng.random() < 0.5:  # the note first: "With $100 in hand, Kim buys ..."
         c.facts[0] = c.pick(f"with {c.note(note)} in hand, {c.facts[0]}", f"taking {c.note(note)} to the till, {c.facts[0]}",
                             f"{c.a} has {c.note(note)} and {c.he()}{c.facts[0][len(c.a):]}",
-                            f"using {c.note(note)}, {c.facts[0]}", f"out of {c.note(note)}, {c.facts[0]}")  # fmt: skip
+                            f"using {c.note(note)}, {c.facts[0]}", f"paying with {c.note(note)}, {c.facts[0]}")  # fmt: skip
     else:
         who = c.he() if c.a in c.facts[-1] else c.a
         c.facts.append(c.pick(f"{who} hands the cashier {c.note(note)}", f"{who} pays with {c.note(note)}",
@@ -264,7 +264,6 @@ def story_rate(c: _C) -> None:
             f"one {ps} spent {job} gives {c.a} {c.money(r)}",
             f"{_a(ps)} of {job} earns {c.a} {c.money(r)}",
             f"{c.a} gets {c.money(r)} for {_a(ps)} of {job}",
-            f"{c.a} charges {c.money(r)} {c.pick('per', 'a', 'for each')} {ps} of {job}",
         ))  # fmt: skip
         if c.rng.random() < 0.35:  # the number of periods told in the question
             c.question = c.pick(f"How much does {c.he()} earn for {c.n(k)} such {pp}?",
@@ -294,6 +293,7 @@ SIDE_BY_SIDE = (("cats", "dogs"), ("roses", "tulips"), ("stamps", "coins"), ("co
                 ("pencils", "erasers"), ("shirts", "socks"), ("fish", "turtles"), ("apple trees", "pear trees"),
                 ("red beads", "blue beads"), ("hens", "ducks"), ("stickers", "badges"), ("cups", "plates"),
                 ("cars", "bikes"))  # fmt: skip
+ANIMALS = {"cats", "dogs", "goats", "sheep", "fish", "turtles", "hens", "ducks"}
 # (things weighed or measured, unit, what the total is called)
 MEASURED = (("boxes", "kg", "weight"), ("bags", "kg", "weight"), ("suitcases", "kg", "weight"),
             ("sacks", "kg", "weight"), ("crates", "pounds", "weight"), ("ropes", "metres", "length"),
@@ -338,15 +338,17 @@ def story_two_kinds(c: _C) -> None:
     ones, others = c.pick(*SIDE_BY_SIDE)
     if c.rng.random() < 0.5:
         ones, others = others, ones
+    animals = ones in ANIMALS
     a, b = c.r(2, 60), c.r(2, 60)  # both plural
     c.facts.append(c.pick(f"{c.a} has {c.n(a)} {ones} and {c.n(b)} {others}",
                           f"{c.a} looks after {c.n(a)} {ones} and {c.n(b)} {others}",
                           f"at {c.a}'s place there are {c.n(a)} {ones} and {c.n(b)} {others}",
                           f"{c.a} keeps {c.n(b)} {others} and {c.n(a)} {ones}"))  # fmt: skip
     if c.rng.random() < 0.6:
-        k = c.r(1, 30)
+        k = c.r(2, 30)
+        verbs = ("adds", "gets", "buys", "takes in", "is given", "wins") + (("rescues",) if animals else ())
         c.facts.append(c.pick(
-            f"{c.he()} {c.pick('adds', 'gets', 'buys', 'takes in', 'is given', 'rescues', 'wins', 'finds')} "
+            f"{c.he()} {c.pick(*verbs)} "
             f"{c.n(k)} {c.pick('more', 'extra', 'additional', 'new')} {ones}",
             f"{c.n(k)} new {ones} join them", f"{c.he()} brings home {c.n(k)} extra {ones}",
             f"another {c.n(k)} {ones} {c.pick('arrive', 'are added', 'come along')}",
@@ -360,7 +362,8 @@ def story_two_kinds(c: _C) -> None:
     c.question = c.pick(f"How many {ones} does {c.he()} have now?", f"What number of {ones} are there now?",
                         f"How many {ones} are there?", f"How many {ones} does {c.a} look after now?",
                         f"Count the {ones}.", f"How many {ones} is that?",
-                        f"How many {ones} does {c.he()} care for now?", f"What is the number of {ones} now?")  # fmt: skip
+                        f"How many {ones} does {c.he()} {'care for' if animals else 'keep'} now?",
+                        f"What is the number of {ones} now?")  # fmt: skip
 
 
 def story_by_amount(c: _C) -> None:
@@ -429,7 +432,7 @@ def story_share(c: _C) -> None:
 
 def story_age(c: _C) -> None:
     """An age now; some years (or birthdays) later or earlier."""
-    a, k = c.r(2, 70), c.r(1, 30)
+    a, k = c.r(2, 70), c.r(2, 30)  # k ≥ 2: "years", "birthdays"
     later = c.rng.random() < 0.65 or k >= a
     c.facts.append(c.pick(f"{c.a} is {c.n(a)} years old", f"{c.a} turns {c.n(a)} today", f"{c.a} is {c.n(a)} now",
                           f"this year {c.a} turned {c.n(a)}", f"{c.a} celebrated turning {c.n(a)} last week"))  # fmt: skip
@@ -650,18 +653,20 @@ def story_until(c: _C) -> None:
     before more came ("had 30 shells before her uncle gave her 12 more"): x − k or x + k."""
     pl = c.thing[1]
     x = c.r(10, 100)
-    keep = c.pick("had", "kept", "held on to", "was keeping")
-    giver = c.pick(c.b, "a friend", "her uncle" if c.sa == "f" else "his uncle", "a neighbour", "the teacher")
+    other = (c.b,) if c.sb != c.sa else ()  # B by name only where "she" or "he" cannot mean B
     if c.rng.random() < 0.5:
-        k = c.r(1, x - 1)
-        gone = c.pick("were lost", "got broken", "were swapped away", "were given to a cousin", "went missing",
-                      "were sold at the fair", f"went to {c.b}")  # fmt: skip
+        k = c.r(2, x - 1)
+        keep = c.pick("had", "kept", "held on to", "was keeping")
+        gone = c.pick("were lost", "were swapped away", "were given to a cousin", "went missing",
+                      "were sold at the fair", *(f"went to {b}" for b in other))  # fmt: skip
         c.facts.append(f"{c.a} {keep} {c.cnt(x)} until {c.n(k)} of them {gone}")
         c.calc(x, "-", k)
         c.question = c.pick(f"How many {pl} does {c.he()} have now?", f"How many {pl} stayed with {c.a}?",
                             f"How many {pl} are left?", f"What number of {pl} remain with {c.him()}?")  # fmt: skip
     else:
-        k = c.r(1, 60)
+        k = c.r(2, 60)
+        keep = c.pick("had", "already had")
+        giver = c.pick(*other, "a friend", "her uncle" if c.sa == "f" else "his uncle", "a neighbour", "the teacher")
         came = c.pick(f"{giver} gave {c.him()} {c.n(k)} more", f"{giver} sent {c.n(k)} extra",
                       f"{c.n(k)} more arrived from {giver}", f"{giver} added {c.n(k)}")  # fmt: skip
         c.facts.append(c.pick(f"{c.a} {keep} {c.cnt(x)} before {came}", f"before {came}, {c.a} {keep} {c.cnt(x)}"))
@@ -742,8 +747,9 @@ def _distractor(c: _C) -> str:
     k = c.r(2, 60)
     while k in c.used:
         k = c.r(2, 60)
-    return c.pick(f"{c.b} is {k} years old.", f"The radio played {k} songs.", f"It is {k} steps to the door.",
-                  f"The queue had {k} people in it.", f"{c.b}'s house is number {k}.")  # fmt: skip
+    named = (f"{c.b} is {k} years old.", f"{c.b}'s house is number {k}.") if c.sb != c.sa else ()
+    return c.pick(*named, f"The radio played {k} songs.", f"It is {k} steps to the door.",
+                  f"The queue had {k} people in it.")  # fmt: skip
 
 
 def _aside(c: _C) -> str:
