@@ -322,6 +322,55 @@ def _interp_sparse_mla_dense_path():
         assert torch.equal(again, out), "dense blocks were not written densely"
 
 
+def _interp_sparse_mla_skips_its_launch_when_every_block_is_dense():
+    """``request_tokens`` (every position below K): where every request but the last fills whole
+    dense token blocks, the cache-row and sparse kernels are not launched and the dense kernel
+    alone equals the twin (fp32: 1e-5), the chunked and the balanced dense kernel alike; where a
+    request ends inside a block, they are launched and the result equals the twin too."""
+    from unittest import mock
+
+    from breakgraph.kernels import triton_sparse_mla
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+
+    class NotLaunched:
+        def __getitem__(self, grid):
+            raise AssertionError("a kernel was launched where every token block is dense")
+
+    heads, rank, rope, topk, ps = 8, 32, 16, 32, 4  # 8 heads: dense token blocks of 8
+    cases = [  # (prefix lens, token counts, skipped, opts)
+        ([0, 5, 2], [8, 16, 5], True, {}),
+        ([3, 0, 0], [16, 8, 7], True, {"dense_balanced": True, "dense_block_n": 16, "dense_programs": 3}),
+        ([0], [27], True, {}),  # one prompt of any length
+        ([0, 5, 2], [8, 13, 5], False, {}),  # the second request ends inside a block
+        ([0, 5, 2], [8, 13, 5], False, {"dense_balanced": True, "dense_block_n": 16}),
+    ]
+    for i, (prefix, counts, skipped, opts) in enumerate(cases):
+        batch = make_batch(prefix, counts, page_size=ps, seed=70 + i)
+        assert int(batch["positions"].max()) < topk
+        q, kv, tk = mla_inputs(batch, heads, rank, rope, topk, torch.float32, seed=70 + i)
+        rest = (batch["page_table"], batch["token_req"], ps, (rank + rope) ** -0.5)
+        ref = torch.empty(q.shape[0], heads, rank)
+        sparse_mla_attention_ref(q, kv, tk, *rest, ref)
+        out = torch.full_like(ref, float("nan"))
+        kw = dict(positions=batch["positions"], dense_below=topk, request_tokens=counts, **opts)
+        spies = ("_topk_slots_kernel", "_sparse_mla_groups_kernel", "_sparse_mla_fwd_kernel")
+        with mock.patch.multiple(triton_sparse_mla, **{name: NotLaunched() for name in spies}):
+            if skipped:
+                triton_sparse_mla.sparse_mla_attention_triton(q, kv, tk, *rest, out, **kw)
+            else:
+                try:
+                    triton_sparse_mla.sparse_mla_attention_triton(q, kv, tk, *rest, out, **kw)
+                except AssertionError as e:
+                    assert "was launched" in str(e), e
+                else:
+                    raise AssertionError(f"case {i}: a block straddles two requests, yet no sparse launch")
+        if not skipped:
+            triton_sparse_mla.sparse_mla_attention_triton(q, kv, tk, *rest, out, **kw)
+        err = rel_err(out, ref)
+        assert err <= 1e-5, (i, err)
+        print(f"sparse launch skipped={skipped} case {i} {counts} {opts}: {err:.2e}")
+
+
 # Fresh and cached prompts, a 1-token request, lengths off the block sizes; positions up to 70.
 _DENSE_LONG = {"prefix_lens": [0, 21, 0, 44], "extend_lens": [19, 13, 1, 27]}  # 60 tokens
 
@@ -669,6 +718,10 @@ def test_sparse_mla_kernel_bf16_within_output_rounding_interpreted():
 
 def test_sparse_mla_dense_causal_path_matches_twin_interpreted():
     _run_interpreted("_interp_sparse_mla_dense_path")
+
+
+def test_sparse_mla_skips_its_launch_when_every_block_is_dense_interpreted():
+    _run_interpreted("_interp_sparse_mla_skips_its_launch_when_every_block_is_dense")
 
 
 def test_dense_mla_split_keys_match_twin_interpreted():

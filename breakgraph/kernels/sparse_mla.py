@@ -8,6 +8,8 @@ the caller applies ``w_vc``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from breakgraph.kernels.dispatch import use_triton
@@ -81,18 +83,24 @@ def sparse_mla_attention(
     *,
     positions: torch.Tensor | None = None,
     dense_below: int = 0,
+    request_tokens: Sequence[int] | None = None,
 ) -> None:
     """Dispatch :func:`sparse_mla_attention_ref`'s contract to the fastest implementation available.
 
     CUDA bf16/fp16 tensors with a unit last stride take the Triton kernel
     (:mod:`breakgraph.kernels.triton_sparse_mla`), which runs token blocks below
     ``dense_below`` on its dense-causal path; everything else takes the twin.
+    ``request_tokens``: each request's token count, given only when every token sits below
+    ``dense_below`` (the Triton kernel then skips its sparse launch where every token block is
+    dense; the twin ignores it).
     """
     args = (q, kv_cache, topk_pos, page_table, token_req, page_size, softmax_scale, out)
     if use_triton(q):
         from breakgraph.kernels import triton_sparse_mla
 
         if triton_sparse_mla.supports(q, kv_cache, topk_pos, page_table, token_req, out, positions):
-            triton_sparse_mla.sparse_mla_attention_triton(*args, positions=positions, dense_below=dense_below)
+            triton_sparse_mla.sparse_mla_attention_triton(
+                *args, positions=positions, dense_below=dense_below, request_tokens=request_tokens
+            )
             return
     sparse_mla_attention_ref(*args, positions=positions, dense_below=dense_below)

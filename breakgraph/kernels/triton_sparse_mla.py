@@ -57,6 +57,8 @@ shapes only: graph-safe, no host sync.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
@@ -595,6 +597,7 @@ def sparse_mla_attention_triton(
     *,
     positions: torch.Tensor | None = None,
     dense_below: int = 0,
+    request_tokens: Sequence[int] | None = None,
     block_h: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
@@ -625,11 +628,18 @@ def sparse_mla_attention_triton(
     top-k row holds exactly the positions ``0…pos`` (in any order, ``-1`` elsewhere): the DSA
     indexer's rows do for ``dense_below = K``. The shortcut is off under split-K (decode).
 
+    ``request_tokens`` (host ints: each request's count of tokens in this batch, in order) is
+    the caller's word that every token sits at a position ``< dense_below`` (it knows from its
+    host sequence lengths). Where every count but the last is then a multiple of the dense
+    token block, every block lies in one request and is on the dense path: the cache-row and
+    sparse launches, which would find no block to do, are skipped (a prompt of any length
+    under ``K`` alone in its batch: two launches a layer fewer).
+
     ``kv_cache`` is a cache of ``q``'s dtype or an FP8 latent cache (``uint8`` rows of
     :mod:`~breakgraph.kernels.latent_fp8`; the column-group kernel puts its scales on the score
     and probability columns, the others dequantise it in registers to ``q``'s dtype).
 
-    The keyword arguments after ``dense_below`` override :func:`default_config` and, as
+    The keyword arguments after ``request_tokens`` override :func:`default_config` and, as
     ``dense_*``, the options of
     :func:`~breakgraph.kernels.triton_dense_mla.dense_mla_attention_triton` (benchmarks, tests;
     ``dense_balanced``: its balanced kernel, default ``BREAKGRAPH_DENSE_MLA_BALANCED``);
@@ -682,6 +692,8 @@ def sparse_mla_attention_triton(
             num_stages=dense_num_stages, chunk_keys=dense_chunk_keys, page_blocks=dense_page_blocks,
             programs=dense_programs, partial_dtype=dense_partial_dtype,
         )  # fmt: skip
+        if request_tokens is not None and all(n % dense_t == 0 for n in request_tokens[:-1]):
+            return  # every token block was dense: the sparse kernel would find none to do
     grid = (num_tokens, triton.cdiv(num_heads, block_h), splits)
     if splits > 1:
         ws_o = torch.empty(num_tokens * num_heads * splits, block_r, dtype=torch.float32, device=q.device)

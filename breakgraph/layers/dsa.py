@@ -137,15 +137,20 @@ def _attend(
     whose row for a token at ``pos < K`` is every causal position ``0…pos`` (both the score
     skip and ``torch.topk`` over ``pos + 1 ≤ K`` finite scores pick them all), so the kernel
     may attend densely below ``dense_below = K`` (in prefill/extend batches: a decode batch has
-    one token per request, which the dense path cannot share keys across)."""
+    one token per request, which the dense path cannot share keys across). When no sequence
+    reaches past ``K``, the kernel is told each request's token count, so it can skip its sparse
+    launch where every token block is dense."""
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.latent[layer_id]
     if not kv_stored:
         store_latent(cache, fb.out_cache_loc, kv[:n], out.shape[-1])  # quantises into an FP8 cache
+    decode = fb.mode is ForwardMode.DECODE
+    all_below = not decode and fb.max_seq_len <= topk.shape[1]  # every position < K
     sparse_mla_kernel(
         q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n],
-        positions=fb.positions[:n], dense_below=0 if fb.mode is ForwardMode.DECODE else topk.shape[1],
+        positions=fb.positions[:n], dense_below=0 if decode else topk.shape[1],
+        request_tokens=fb.extend_lens_cpu if all_below else None,
     )  # fmt: skip
     out[n:].zero_()
 
