@@ -371,6 +371,64 @@ def _interp_sparse_mla_skips_its_launch_when_every_block_is_dense():
         print(f"sparse launch skipped={skipped} case {i} {counts} {opts}: {err:.2e}")
 
 
+def packed_topk(positions: torch.Tensor, topk: int, seed: int) -> torch.Tensor:
+    """``[T, K]`` int32 rows as the DSA indexer packs them: a token's ``min(K, pos + 1)`` causal
+    positions (all of ``0…pos`` in a short row, a random ``K`` of them in a long one, always the
+    token itself) in shuffled order in the first columns, ``-1`` after them."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.full((positions.shape[0], topk), -1, dtype=torch.int32)
+    for t, pos in enumerate(positions.tolist()):
+        keys = torch.randperm(pos + 1, generator=g)
+        if pos + 1 > topk:
+            keys = torch.cat([torch.tensor([pos]), keys[keys != pos][: topk - 1]])
+        out[t, : keys.numel()] = keys[torch.randperm(keys.numel(), generator=g)].to(torch.int32)
+    return out
+
+
+def _interp_sparse_mla_packed_rows_stop_at_their_keys():
+    """``packed_rows``: under split-K each program stops at its row's last key block. Decode
+    batches (one token per request), rows shorter and longer than K, the column-group, lean
+    and masked loops: equal to the twin (fp32: 1e-5) on packed rows whose columns past the
+    keys' last 64-key block hold *wrong* causal positions, which the kernel must not read
+    (without ``packed_rows`` the same rows give another result). Without split-K (an extend
+    batch beside the dense path) the bound is not applied: clean packed rows equal the twin."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+
+    cases = [  # (prefix lens, token counts, heads, rank, K, dense_below, opts)
+        ([3, 17, 40, 200], [1, 1, 1, 1], 8, 64, 128, 0, {"num_splits": 4, "groups": 4}),
+        ([3, 17, 40, 200], [1, 1, 1, 1], 8, 64, 128, 0, {"num_splits": 2, "groups": 1}),
+        ([3, 130, 40], [1, 1, 1], 16, 32, 128, 0, {"num_splits": 4, "lean": False, "block_n": 16}),
+        ([0, 90, 5], [11, 6, 9], 8, 64, 128, 128, {"groups": 4}),  # no split-K: the dense path beside sparse rows
+    ]
+    for i, (prefix, counts, heads, rank, topk, dense_below, opts) in enumerate(cases):
+        batch = make_batch(prefix, counts, page_size=4, seed=90 + i)
+        pos = batch["positions"]
+        q, kv, _ = mla_inputs(batch, heads, rank, 16, topk, torch.float32, seed=90 + i)
+        tk = packed_topk(pos, topk, seed=90 + i)
+        rest = (batch["page_table"], batch["token_req"], 4, (rank + 16) ** -0.5)
+        ref = torch.empty(q.shape[0], heads, rank)
+        sparse_mla_attention_ref(q, kv, tk, *rest, ref)
+        split = opts.get("num_splits", 1) > 1
+        poisoned = tk.clone()
+        g = torch.Generator().manual_seed(i)
+        for t, p in enumerate(pos.tolist()):
+            end = -(-min(topk, p + 1) // 64) * 64
+            poisoned[t, end:] = torch.randint(0, p + 1, (topk - end,), generator=g, dtype=torch.int32)
+        assert not torch.equal(poisoned, tk), "no column to poison"
+        kw = dict(positions=pos, dense_below=dense_below, **opts)
+        out = torch.full_like(ref, float("nan"))
+        sparse_mla_attention_triton(q, kv, poisoned if split else tk, *rest, out, packed_rows=True, **kw)
+        err = rel_err(out, ref)
+        assert err <= 1e-5, (i, err)
+        if not split:
+            continue
+        unpacked = torch.full_like(ref, float("nan"))
+        sparse_mla_attention_triton(q, kv, poisoned, *rest, unpacked, **kw)
+        assert rel_err(unpacked, ref) > 1e-3, (i, "the poisoned columns change nothing: the check proves nothing")
+        print(f"packed rows case {i} {opts}: {err:.2e}")
+
+
 # Fresh and cached prompts, a 1-token request, lengths off the block sizes; positions up to 70.
 _DENSE_LONG = {"prefix_lens": [0, 21, 0, 44], "extend_lens": [19, 13, 1, 27]}  # 60 tokens
 
@@ -724,6 +782,10 @@ def test_sparse_mla_skips_its_launch_when_every_block_is_dense_interpreted():
     _run_interpreted("_interp_sparse_mla_skips_its_launch_when_every_block_is_dense")
 
 
+def test_sparse_mla_packed_rows_stop_at_their_keys_interpreted():
+    _run_interpreted("_interp_sparse_mla_packed_rows_stop_at_their_keys")
+
+
 def test_dense_mla_split_keys_match_twin_interpreted():
     _run_interpreted("_interp_dense_mla_split_keys")
 
@@ -827,6 +889,39 @@ def test_sparse_mla_glm5_shapes_on_gpu(heads, layout, monkeypatch):
         sparse_mla_attention_ref(q.float(), kv.float(), *args, ref)
     floor, err = rel_err(ref.bfloat16(), ref), rel_err(out, ref)
     assert err <= 2 * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads", [8, 64])
+def test_decode_packed_rows_glm5_shapes_on_gpu(heads, kv_dtype):
+    """A decode batch of 64 contexts from 100 to 4000 tokens (most shorter than K = 2048), packed
+    rows (as the indexer writes them) with wrong positions past each row's last 64-key block,
+    ``packed_rows`` through the dispatcher (split-K): within twice the bf16 rounding of the fp32
+    twin on the clean rows (the FP8 cache: three times, against the twin on the same cache, as
+    ``test_kernels_latent_fp8.py`` bounds it)."""
+    from breakgraph.kernels.latent_fp8 import quantize_latent_ref
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention, sparse_mla_attention_ref
+
+    prefix = [int(x) for x in torch.randint(100, 4000, (64,), generator=torch.Generator().manual_seed(heads))]
+    batch = make_batch(prefix, [1] * 64, page_size=PAGE, device="cuda", seed=heads)
+    q, kv, _ = mla_inputs(batch, heads, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=heads)
+    if kv_dtype == "fp8":
+        kv = quantize_latent_ref(kv, RANK)
+    pos = batch["positions"]
+    tk = packed_topk(pos.cpu(), TOPK, seed=heads)
+    poisoned = tk.clone()
+    for t, p in enumerate(pos.tolist()):
+        end = -(-min(TOPK, p + 1) // 64) * 64
+        poisoned[t, end:] = torch.randint(0, p + 1, (TOPK - end,), dtype=torch.int32)
+    rest = (batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE)
+    out = torch.full((q.shape[0], heads, RANK), float("nan"), dtype=torch.bfloat16, device="cuda")
+    sparse_mla_attention(q, kv, poisoned.cuda(), *rest, out, positions=pos, packed_rows=True)
+    ref = torch.empty(q.shape[0], heads, RANK, device="cuda")
+    with _fp32_reference():
+        sparse_mla_attention_ref(q.float(), kv if kv_dtype == "fp8" else kv.float(), tk.cuda(), *rest, ref)
+    floor, err = rel_err(ref.bfloat16(), ref), rel_err(out, ref)
+    assert err <= (3 if kv_dtype == "fp8" else 2) * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
 
 
 @pytest.mark.cuda
@@ -1062,7 +1157,8 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
     carrying the dense-block check. The merge kernel spills nothing; the dense kernel at most
     128 bytes (ptxas keeps 80–112 bytes on the stack with the 64-key blocks the H200 sweep
     measured fastest, 0–32 with 16-key blocks); the sparse kernel spills nothing except where
-    its default caps the registers (few heads), at most 128 bytes."""
+    its default caps the registers (few heads), at most 128 bytes. Under split-K (decode) the
+    engine's rows are packed (``PACKED``): the split column-group kernels compile with it."""
     pytest.importorskip("triton")
     from test_kernels_fp8 import compile_for_sm90
 
@@ -1107,9 +1203,9 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
             info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, lean, warps, stages, cap)
             assert info["stack"] == 0 and info["local_insts"] == 0, (bn, warps, stages, info)
         groups = dict(BLOCK_R=RANK, BLOCK_PE=ROPE, DENSE_T=dense["block_t"], LAZY=8.0)
-        for bh, bn, warps, split in ((8, 32, 4, False), (8, 32, 4, True), (16, 32, 4, False), (8, 64, 4, False),
-                                     (8, 64, 8, False)):  # fmt: skip
-            consts = groups | dict(BLOCK_H=bh, BLOCK_N=bn, SPLIT=split)
+        for bh, bn, warps, split in ((8, 32, 4, False), (8, 32, 4, True), (16, 32, 4, False), (16, 32, 4, True),
+                                     (8, 64, 4, False), (8, 64, 8, False)):  # fmt: skip
+            consts = groups | dict(BLOCK_H=bh, BLOCK_N=bn, SPLIT=split, PACKED=split)  # packed rows: split-K only
             info = compile_for_sm90(tsm._sparse_mla_groups_kernel, a, consts, warps, 2)
             assert info["stack"] == 0 and info["local_insts"] == 0, (bh, bn, warps, split, info)
             assert bn != 32 or warps != 4 or split or info["regs"] <= 128, info  # four programs per SM by registers

@@ -84,6 +84,7 @@ def sparse_mla_attention(
     positions: torch.Tensor | None = None,
     dense_below: int = 0,
     request_tokens: Sequence[int] | None = None,
+    packed_rows: bool = False,
 ) -> None:
     """Dispatch :func:`sparse_mla_attention_ref`'s contract to the fastest implementation available.
 
@@ -92,7 +93,9 @@ def sparse_mla_attention(
     ``dense_below`` on its dense-causal path; everything else takes the twin.
     ``request_tokens``: each request's token count, given only when every token sits below
     ``dense_below`` (the Triton kernel then skips its sparse launch where every token block is
-    dense; the twin ignores it).
+    dense; the twin ignores it). ``packed_rows``: each row holds its ``min(K, pos + 1)`` keys in
+    its first columns, ``-1`` after them (the Triton kernel stops there; the twin reads every
+    column, which gives the same result).
     """
     args = (q, kv_cache, topk_pos, page_table, token_req, page_size, softmax_scale, out)
     if use_triton(q):
@@ -100,7 +103,8 @@ def sparse_mla_attention(
 
         if triton_sparse_mla.supports(q, kv_cache, topk_pos, page_table, token_req, out, positions):
             triton_sparse_mla.sparse_mla_attention_triton(
-                *args, positions=positions, dense_below=dense_below, request_tokens=request_tokens
-            )
+                *args, positions=positions, dense_below=dense_below, request_tokens=request_tokens,
+                packed_rows=packed_rows,
+            )  # fmt: skip
             return
     sparse_mla_attention_ref(*args, positions=positions, dense_below=dense_below)

@@ -112,6 +112,14 @@ def _softmax_step_lazy(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc, TAU
 
 
 @triton.jit
+def _packed_end(POSITIONS, t, topk, k_end, BLOCK_N: tl.constexpr):
+    """``k_end`` cut at the row's valid columns, rounded up to whole key blocks: a packed row
+    (``PACKED``) holds its ``min(topk, pos + 1)`` keys in its first columns and ``-1`` after them."""
+    count = tl.minimum(tl.load(POSITIONS + t).to(tl.int32) + 1, topk)
+    return tl.minimum(k_end, (count + BLOCK_N - 1) // BLOCK_N * BLOCK_N)
+
+
+@triton.jit
 def _sparse_mla_fwd_kernel(
     Q,
     KV,
@@ -150,6 +158,7 @@ def _sparse_mla_fwd_kernel(
     SLOTS: tl.constexpr = False,  # TOPK holds each key's cache row (-1 unused), not its position
     LEAN: tl.constexpr = False,  # SLOTS rows hold -1 - (a real row) where unused: unmasked loads
     LAZY: tl.constexpr = 0,  # > 0: rescale only when a row maximum grows by more than this (log2)
+    PACKED: tl.constexpr = False,  # each row's keys are its first min(topk, pos + 1) columns
     PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)
@@ -181,6 +190,8 @@ def _sparse_mla_fwd_kernel(
 
     k_start = split * keys_per_split
     k_end = tl.minimum(k_start + keys_per_split, topk)
+    if PACKED:  # no block past the row's keys (a split past them does nothing)
+        k_end = _packed_end(POSITIONS, t, topk, k_end, BLOCK_N)
     if LEAN:  # whole blocks (topk % BLOCK_N == 0), rank == BLOCK_R, rope_dim == BLOCK_PE
         # Loop-invariant column pointers; per key one 32-bit row offset (the caller checks the
         # cache's size): no masks, no 64-bit multiply per key in the loop.
@@ -200,7 +211,7 @@ def _sparse_mla_fwd_kernel(
             else:
                 m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
     else:
-        for n0 in range(0, keys_per_split, BLOCK_N):
+        for n0 in range(0, k_end - k_start, BLOCK_N):
             offs_n = k_start + n0 + tl.arange(0, BLOCK_N)
             pos = tl.load(pos_row + offs_n, mask=offs_n < k_end, other=-1)
             valid = pos >= 0
@@ -310,6 +321,7 @@ def _sparse_mla_groups_kernel(
     SCALE_OFF: tl.constexpr = 0,
     PE_OFF: tl.constexpr = 0,
     CVT_ASM: tl.constexpr = False,  # KV_FP8 with bf16 queries on the GPU: _e4m3_codes's ASM
+    PACKED: tl.constexpr = False,  # each row's keys are its first min(topk, pos + 1) columns
     PDL: tl.constexpr = False,
 ):
     """The sparse kernel's ``LEAN`` loop with the latent row in four column groups of
@@ -351,6 +363,8 @@ def _sparse_mla_groups_kernel(
     acc3 = tl.zeros([BLOCK_H, GR], tl.float32)
     k_start = split * keys_per_split
     k_end = tl.minimum(k_start + keys_per_split, topk)
+    if PACKED:
+        k_end = _packed_end(POSITIONS, t, topk, k_end, BLOCK_N)
     for n0 in range(k_start, k_end, BLOCK_N):
         raw = tl.load(pos_row + n0 + tl.arange(0, BLOCK_N))
         valid = raw >= 0
@@ -598,6 +612,7 @@ def sparse_mla_attention_triton(
     positions: torch.Tensor | None = None,
     dense_below: int = 0,
     request_tokens: Sequence[int] | None = None,
+    packed_rows: bool = False,
     block_h: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
@@ -639,7 +654,16 @@ def sparse_mla_attention_triton(
     :mod:`~breakgraph.kernels.latent_fp8`; the column-group kernel puts its scales on the score
     and probability columns, the others dequantise it in registers to ``q``'s dtype).
 
-    The keyword arguments after ``request_tokens`` override :func:`default_config` and, as
+    ``packed_rows``: the caller's word that each token's keys are the first ``min(K, pos + 1)``
+    columns of its ``topk_pos`` row (in any order) and ``-1`` fills the rest, as the DSA
+    indexer writes them (its select puts ``0…pos`` first in a short row; the twin's ``topk``
+    puts the finite scores first); needs ``positions``. Under split-K (decode) each program
+    then stops at the row's last key block: a decode step over contexts shorter than ``K``
+    gathers only their keys, not ``K`` rows of which the rest are masked. (Without split-K the
+    rows past the dense path are long, and ptxas gives the 16-head column-group kernel 190
+    registers instead of 128 with the bound: it is not applied there.)
+
+    The keyword arguments after ``packed_rows`` override :func:`default_config` and, as
     ``dense_*``, the options of
     :func:`~breakgraph.kernels.triton_dense_mla.dense_mla_attention_triton` (benchmarks, tests;
     ``dense_balanced``: its balanced kernel, default ``BREAKGRAPH_DENSE_MLA_BALANCED``);
@@ -658,6 +682,8 @@ def sparse_mla_attention_triton(
         return
     if dense_below > 0 and positions is None:
         raise ValueError("dense_below > 0 needs the token positions")
+    if packed_rows and positions is None:
+        raise ValueError("packed_rows needs the token positions")
     kv_fp8 = is_fp8_latent(kv_cache)
     cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8)
     block_n = block_n or cfg["block_n"]
@@ -710,13 +736,13 @@ def sparse_mla_attention_triton(
         )  # fmt: skip
     shift = page_shift(page_size)
     args = (
-        q, kv_cache, rows, page_table, token_req, positions if dense_t else token_req, out, ws_o, ws_lse,
+        q, kv_cache, rows, page_table, token_req, positions if dense_t or packed_rows and splits > 1 else token_req, out, ws_o, ws_lse,
         q.stride(0), q.stride(1), kv_cache.stride(0), stride_rows, page_table.stride(0),
         out.stride(0), out.stride(1),
         num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
     )  # fmt: skip
     tiles = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1,
-                 DENSE_T=dense_t, LAZY=float(tau or 0), num_warps=num_warps, num_stages=num_stages,
+                 DENSE_T=dense_t, LAZY=float(tau or 0), PACKED=packed_rows and splits > 1, num_warps=num_warps, num_stages=num_stages,
                  maxnreg=cap or None, **pdl_launch(q.device))  # fmt: skip
     if use_groups:
         layout = LatentLayout(rank, dim - rank)

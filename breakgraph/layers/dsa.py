@@ -139,7 +139,9 @@ def _attend(
     may attend densely below ``dense_below = K`` (in prefill/extend batches: a decode batch has
     one token per request, which the dense path cannot share keys across). When no sequence
     reaches past ``K``, the kernel is told each request's token count, so it can skip its sparse
-    launch where every token block is dense."""
+    launch where every token block is dense. The indexer's rows are packed (a token's
+    ``min(K, pos + 1)`` keys first, ``-1`` after them: the select, ``causal_topk`` and the twin's
+    ``topk`` all write them so), so the kernel stops each row at its keys (``packed_rows``)."""
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.latent[layer_id]
@@ -150,7 +152,7 @@ def _attend(
     sparse_mla_kernel(
         q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n],
         positions=fb.positions[:n], dense_below=0 if decode else topk.shape[1],
-        request_tokens=fb.extend_lens_cpu if all_below else None,
+        request_tokens=fb.extend_lens_cpu if all_below else None, packed_rows=True,
     )  # fmt: skip
     out[n:].zero_()
 
