@@ -1197,6 +1197,14 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
         assert info["regs"] <= sparse["maxnreg"] and info["stack"] <= 128, info
     else:
         assert info["stack"] == 0 and info["local_insts"] == 0, info
+    decode = tsm.default_config(16, heads, TOPK, torch.device("cpu"))  # split-K, packed rows
+    if decode["groups"] != 4:  # 64 heads: the fwd kernel (8 heads: the column-group kernel below)
+        consts = dict(BLOCK_H=decode["block_h"], BLOCK_N=decode["block_n"], BLOCK_R=RANK, BLOCK_PE=ROPE, SPLIT=True,
+                      DENSE_T=0, SLOTS=decode["slots"] or decode["lean"], LEAN=decode["lean"],
+                      LAZY=float(decode["lazy"] or 0), PAGE_SHIFT=6, PACKED=True)  # fmt: skip
+        info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts, decode["num_warps"], decode["num_stages"],
+                                decode["maxnreg"])  # fmt: skip
+        assert info["stack"] == 0 and info["local_insts"] == 0, ("decode", info)
     if heads == 8:  # the lean loop with the lazy rescale at the bench's tiles: no spills at all
         for bn, warps, stages, cap in ((32, 4, 2, 168), (64, 8, 2, None), (32, 4, 3, 168)):
             lean = consts | dict(BLOCK_N=bn, SLOTS=True, LEAN=True, LAZY=8.0)

@@ -49,6 +49,16 @@ def exact_topk(scores: torch.Tensor, positions: torch.Tensor, topk: int) -> torc
     return out
 
 
+def assert_packed(rows: torch.Tensor, positions: torch.Tensor, topk: int, what: str) -> None:
+    """The packing the sparse attention relies on (``packed_rows``): each row's first
+    ``min(topk, pos + 1)`` columns hold keys (``≥ 0``), the rest ``-1``."""
+    count = (positions.to(rows.device) + 1).clamp(max=topk)
+    cols = torch.arange(rows.shape[1], device=rows.device)
+    want_key = cols[None, :] < count[:, None]
+    bad = ((rows >= 0) != want_key) | (~want_key & (rows != -1))
+    assert not bad.any(), f"{what}: rows {bad.any(1).nonzero().flatten().tolist()} are not packed"
+
+
 def canonical(rows: torch.Tensor) -> torch.Tensor:
     """Each row's positions in ascending order, its ``-1`` padding last: the select writes a
     row's keys above the threshold bin first, then the bin's selected ones (each part ascending),
@@ -161,6 +171,7 @@ def _interp_select_variants():
     for opts in _variants():
         got = torch.full((pos.shape[0], topk), -7, dtype=torch.int32)
         topk_select_triton(poisoned, pos, got, **opts)
+        assert_packed(got, pos, topk, str(opts))
         got = canonical(got)
         bad = [t for t in range(pos.shape[0]) if not torch.equal(got[t], want[t])]
         assert not bad, f"{opts}: rows {bad} differ from the exact top-k (ties to the lower position)"
@@ -177,6 +188,36 @@ def test_select_variants_are_exact_interpreted():
     r = subprocess.run([sys.executable, __file__, "_interp_select_variants"], env=env, capture_output=True, text=True,
                        timeout=900, check=False)  # fmt: skip
     assert r.returncode == 0, f"failed under the Triton interpreter:\n{r.stdout}\n{r.stderr[-6000:]}"
+
+
+def test_the_twins_write_packed_rows():
+    """``causal_topk_ref`` and ``indexer_topk_ref`` (the CPU paths of the rows the attention
+    reads) write each token's ``min(K, pos + 1)`` keys first and ``-1`` after them, rows shorter
+    and longer than K, also where a row's causal scores are ``+inf`` (keys like any other) or NaN."""
+    from test_kernels_attention import indexer_inputs, make_batch
+
+    from breakgraph.kernels.causal_topk import causal_topk_ref
+    from breakgraph.kernels.indexer import indexer_topk_ref
+
+    topk = 16
+    batch = make_batch([0, 5, 30], [9, 12, 4], page_size=4, seed=3)
+    pos = batch["positions"]
+    rows = torch.empty(pos.shape[0], topk, dtype=torch.int32)
+    causal_topk_ref(pos, rows)
+    assert_packed(rows, pos, topk, "causal_topk_ref")
+    q, w, k_cache = indexer_inputs(batch, 4, 32, torch.float32, seed=3)
+    args = (q, w, k_cache, batch["page_table"], batch["token_req"], pos, 4, 0.2)
+    indexer_topk_ref(*args, rows)
+    assert_packed(rows, pos, topk, "indexer_topk_ref")
+    assert (pos + 1 > topk).any() and (pos + 1 < topk).any()
+    for t, nan in ((int(pos.argmax()), False), (int((pos == 8).nonzero()[0]), True)):  # a long row, a short one
+        q[t] = q[t].abs()  # every key's head scores > 0 (the keys too): w = +inf makes the row's scores +inf
+        k_cache.abs_()
+        w[t] = float("inf")
+        if nan:  # head 0's scores < 0, relu'd to 0: inf · 0 makes the row's scores NaN
+            q[t, 0] = -q[t, 0]
+        indexer_topk_ref(*args, rows)
+        assert_packed(rows, pos, topk, f"indexer_topk_ref with {'NaN' if nan else '+inf'} scores")
 
 
 def _sm90_compiles() -> dict:

@@ -58,7 +58,7 @@ def indexer_topk_ref(
         causal = key_pos[None, :] <= positions[start:end, None]
         scores = scores.masked_fill(~causal, float("-inf"))
         vals, idx = scores.topk(k_eff, dim=-1)
-        idx = torch.where(torch.isinf(vals), torch.full_like(idx, -1), idx)
+        idx = torch.where(vals == float("-inf"), torch.full_like(idx, -1), idx)  # +inf is a key like any other
         topk_out[start:end, :k_eff] = idx.to(torch.int32)
     if k_eff < topk:
         topk_out[:, k_eff:] = -1

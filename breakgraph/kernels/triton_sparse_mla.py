@@ -657,8 +657,8 @@ def sparse_mla_attention_triton(
     ``packed_rows``: the caller's word that each token's keys are the first ``min(K, pos + 1)``
     columns of its ``topk_pos`` row (in any order) and ``-1`` fills the rest, as the DSA
     indexer writes them (its select puts ``0…pos`` first in a short row; the twin's ``topk``
-    puts the finite scores first); needs ``positions``. Under split-K (decode) each program
-    then stops at the row's last key block: a decode step over contexts shorter than ``K``
+    puts the finite scores first); needs ``positions``. Under split-K (decode, and extend
+    batches of fewer than ``DENSE_MIN_TOKENS`` tokens) each program then stops at the row's last key block: a decode step over contexts shorter than ``K``
     gathers only their keys, not ``K`` rows of which the rest are masked. (Without split-K the
     rows past the dense path are long, and ptxas gives the 16-head column-group kernel 190
     registers instead of 128 with the bound: it is not applied there.)
