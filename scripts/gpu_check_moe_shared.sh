@@ -5,12 +5,11 @@
 # sizes where the MoE leaves the decode kernels for the grouped GEMMs. `glm5-tp8-rank` needs more
 # than an H100's 80 GB: on a smaller card the 12-layer preset runs instead (PRESET overrides).
 # With BASE=<commit> the benches also run at that commit, first, for a same-machine comparison
-# (its tree exported to a temporary folder, as scripts/gpu_check_decode_bounds.sh does). Logs under $OUT.
+# (scripts/gpu_bench_trees.sh). Logs under $OUT.
 #   OUT=/some/dir [BASE=ec4f17b] [PRESET=glm5-tp8-rank-12l] bash scripts/gpu_check_moe_shared.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
-OUT="${OUT:-/tmp/moe-shared-out}"
+export OUT="${OUT:-/tmp/moe-shared-out}" PRESET
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 BREAKGRAPH_CACHE_DIR="${BREAKGRAPH_CACHE_DIR:-$OUT/cache}"
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
@@ -19,19 +18,5 @@ echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), preset 
 timeout 200 python -m pytest -q -m cuda -p no:cacheprovider tests/test_kernels_moe.py \
   -k "glm5_shapes or dispatch or graph_replay or opcheck or block_folds or norms_fp8" > "$OUT/pytest_moe.log" 2>&1
 echo "moe cuda tests: rc=$? $(tail -1 "$OUT/pytest_moe.log")"; grep -a '^FAILED' "$OUT/pytest_moe.log"
-trees=(head)
-if [ -n "${BASE:-}" ]; then
-  BASE_DIR=$(mktemp -d)
-  git archive "$BASE" breakgraph | tar x -C "$BASE_DIR" && trees=(base head)
-fi
-for tree in "${trees[@]}"; do
-  [ "$tree" = base ] && cd "$BASE_DIR" || cd "$ROOT"
-  echo "== $tree: $(python -c 'import breakgraph; print(breakgraph.__file__)')"
-  timeout 200 python -m breakgraph.cli bench decode --preset "$PRESET" --input-len 1024 --batch-size 16 64 \
-    --context-length 8192 --steps 20 --rounds 2 --output "$OUT/decode_$tree" > "$OUT/decode_$tree.log" 2>&1
-  echo "decode bs 16/64: rc=$?"; grep -aE '^\| 8192 ' "$OUT/decode_$tree.md" 2>/dev/null || tail -3 "$OUT/decode_$tree.log"
-  timeout 200 python -m breakgraph.cli bench prefill --preset "$PRESET" --input-len 128 1024 --backends breakable \
-    --repeats 5 > "$OUT/prefill_$tree.log" 2>&1
-  echo "prefill 128/1024: rc=$?"; grep -aE '^\| breakable ' "$OUT/prefill_$tree.log" || tail -3 "$OUT/prefill_$tree.log"
-done
+bash scripts/gpu_bench_trees.sh  # BASE, PRESET and OUT pass through
 echo "elapsed ${SECONDS}s"
