@@ -7,21 +7,16 @@
 #   OUT=/some/dir [BASE=<commit>] [PRESET=...] [DECODE_BATCHES="1 16 64"] bash scripts/gpu_bench_trees.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 OUT="${OUT:-/tmp/bench-trees-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 BREAKGRAPH_CACHE_DIR="${BREAKGRAPH_CACHE_DIR:-$OUT/cache}"
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 PRESET=${PRESET:-$([ "${mem:-0}" -gt 100000 ] && echo glm5-tp8-rank || echo glm5-tp8-rank-12l)}
 read -r -a batches <<< "${DECODE_BATCHES:-16 64}"
-trees=(head)
-if [ -n "${BASE:-}" ]; then
-  BASE_DIR=$(mktemp -d)
-  git archive "$BASE" breakgraph | tar x -C "$BASE_DIR" && trees=(base head)
-fi
-for tree in "${trees[@]}"; do
-  [ "$tree" = base ] && cd "$BASE_DIR" || cd "$ROOT"
-  echo "== $tree ($PRESET): $(python -c 'import breakgraph; print(breakgraph.__file__)')"
+source scripts/trees.sh
+for tree in "${TREES[@]}"; do
+  enter_tree "$tree"
+  echo "preset $PRESET"
   timeout 200 python -m breakgraph.cli bench decode --preset "$PRESET" --input-len 1024 --batch-size "${batches[@]}" \
     --context-length 8192 --steps 20 --rounds 2 --top-kernels 6 --output "$OUT/decode_$tree" > "$OUT/decode_$tree.log" 2>&1
   echo "decode bs ${batches[*]}: rc=$?"; grep -aE '^\| 8192 ' "$OUT/decode_$tree.md" 2>/dev/null || tail -3 "$OUT/decode_$tree.log"

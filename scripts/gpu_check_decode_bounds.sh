@@ -8,18 +8,12 @@
 #   OUT=/some/dir [BASE=b67562e] bash scripts/gpu_check_decode_bounds.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 OUT="${OUT:-/tmp/decode-bounds-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 BREAKGRAPH_CACHE_DIR="${BREAKGRAPH_CACHE_DIR:-$OUT/cache}"
-trees=(head)
-if [ -n "${BASE:-}" ]; then
-  BASE_DIR=$(mktemp -d)
-  git archive "$BASE" breakgraph | tar x -C "$BASE_DIR" && trees=(base head)
-fi
-for tree in "${trees[@]}"; do
-  [ "$tree" = base ] && cd "$BASE_DIR" || cd "$ROOT"
-  echo "== $tree: $(python -c 'import breakgraph; print(breakgraph.__file__)')"
+source scripts/trees.sh
+for tree in "${TREES[@]}"; do
+  enter_tree "$tree"
   timeout 200 python -m breakgraph.cli bench decode --preset glm5-tp8-rank --input-len 1024 --batch-size 1 \
     --context-length 8192 200000 --steps 20 --rounds 3 --top-kernels 3 --output "$OUT/ctx_$tree" > "$OUT/ctx_$tree.log" 2>&1
   echo "context 8K vs 200K: rc=$?"; grep -aE '^\| (8192|200000) ' "$OUT/ctx_$tree.md" 2>/dev/null || tail -3 "$OUT/ctx_$tree.log"
