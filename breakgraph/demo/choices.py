@@ -106,6 +106,11 @@ class _C(StoryDraws):
         self.steps.append((f"{a}{op}{b}", v))
         return v
 
+    def named_b(self) -> tuple[str, ...]:
+        """``(b,)`` where the second person's pronoun differs from the first's, else ``()``: a
+        sentence naming the second person then never makes "she" or "he" in the question ambiguous."""
+        return (self.b,) if self.sb != self.sa else ()
+
     def calc_either(self, a: int, op: str, b: int, as_told: float) -> int:
         """:meth:`calc` of ``a op b`` with probability ``as_told``, else of ``b op a`` (``+`` and
         ``*`` only: the operands in either order)."""
@@ -653,7 +658,7 @@ def story_until(c: _C) -> None:
     before more came ("had 30 shells before her uncle gave her 12 more"): x − k or x + k."""
     pl = c.thing[1]
     x = c.r(10, 100)
-    other = (c.b,) if c.sb != c.sa else ()  # B by name only where "she" or "he" cannot mean B
+    other = c.named_b()
     if c.rng.random() < 0.5:
         k = c.r(2, x - 1)
         keep = c.pick("had", "kept", "held on to", "was keeping")
@@ -747,7 +752,7 @@ def _distractor(c: _C) -> str:
     k = c.r(2, 60)
     while k in c.used:
         k = c.r(2, 60)
-    named = (f"{c.b} is {k} years old.", f"{c.b}'s house is number {k}.") if c.sb != c.sa else ()
+    named = [s for b in c.named_b() for s in (f"{b} is {k} years old.", f"{b}'s house is number {k}.")]
     return c.pick(*named, f"The radio played {k} songs.", f"It is {k} steps to the door.",
                   f"The queue had {k} people in it.")  # fmt: skip
 

@@ -658,10 +658,11 @@ def sparse_mla_attention_triton(
     columns of its ``topk_pos`` row (in any order) and ``-1`` fills the rest, as the DSA
     indexer writes them (its select puts ``0…pos`` first in a short row; the twin's ``topk``
     puts the finite scores first); needs ``positions``. Under split-K (decode, and extend
-    batches of fewer than ``DENSE_MIN_TOKENS`` tokens) each program then stops at the row's last key block: a decode step over contexts shorter than ``K``
-    gathers only their keys, not ``K`` rows of which the rest are masked. (Without split-K the
-    rows past the dense path are long, and ptxas gives the 16-head column-group kernel 190
-    registers instead of 128 with the bound: it is not applied there.)
+    batches of fewer than ``DENSE_MIN_TOKENS`` tokens) each program then stops at the row's
+    last key block: a decode step over contexts shorter than ``K`` gathers only their keys, not
+    ``K`` rows of which the rest are masked. (Without split-K the rows past the dense path are
+    long, and ptxas gives the 16-head column-group kernel 190 registers instead of 128 with the
+    bound: it is not applied there.)
 
     The keyword arguments after ``packed_rows`` override :func:`default_config` and, as
     ``dense_*``, the options of
@@ -735,14 +736,15 @@ def sparse_mla_attention_triton(
             BLOCK=slot_block, FILL=use_lean, num_warps=4, **pdl_launch(q.device),
         )  # fmt: skip
     shift = page_shift(page_size)
+    packed = packed_rows and splits > 1  # the rows' bound, under split-K only (docstring)
     args = (
-        q, kv_cache, rows, page_table, token_req, positions if dense_t or packed_rows and splits > 1 else token_req, out, ws_o, ws_lse,
+        q, kv_cache, rows, page_table, token_req, positions if dense_t or packed else token_req, out, ws_o, ws_lse,
         q.stride(0), q.stride(1), kv_cache.stride(0), stride_rows, page_table.stride(0),
         out.stride(0), out.stride(1),
         num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
     )  # fmt: skip
     tiles = dict(BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_PE=block_pe, SPLIT=splits > 1,
-                 DENSE_T=dense_t, LAZY=float(tau or 0), PACKED=packed_rows and splits > 1, num_warps=num_warps, num_stages=num_stages,
+                 DENSE_T=dense_t, LAZY=float(tau or 0), PACKED=packed, num_warps=num_warps, num_stages=num_stages,
                  maxnreg=cap or None, **pdl_launch(q.device))  # fmt: skip
     if use_groups:
         layout = LatentLayout(rank, dim - rank)
