@@ -133,8 +133,13 @@ def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -
 
 
 def _mm_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
-    out = torch.mm(x, weight.t(), out_dtype=torch.float32)
-    return out * alpha if alpha != 1.0 else out
+    """cuBLAS: ``alpha`` scales the fp32 accumulator in the GEMM's epilogue (``addmm`` with
+    ``beta = 0`` ignores its first operand, here the uninitialised output itself), so a scaled
+    product is one kernel, not a product and a multiply."""
+    if alpha == 1.0:
+        return torch.mm(x, weight.t(), out_dtype=torch.float32)
+    out = x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    return torch.addmm(out, x, weight.t(), beta=0.0, alpha=alpha, out_dtype=torch.float32, out=out)
 
 
 def _mm_fp32_out_shape(x: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
