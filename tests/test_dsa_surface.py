@@ -173,10 +173,11 @@ def test_breakable_capture_fuses_the_q_nope_bmm_into_the_attention_op(hf_checkpo
         assert torch.allclose(eng.prompt_logits(ids)[0], eager, atol=1e-5)
 
 
-def test_rotary_cache_store_only_for_decode_batches_with_a_plain_cache(engine):
-    """The rotary kernels store a batch's new rows only in a decode batch, and only into a cache
-    of the rows' dtype that is not the FP8 one; everywhere else (prefill and extend, an FP8 or
-    other-dtype cache, a forward traced by torch.compile) the split ops store them."""
+def test_rotary_cache_store_only_into_a_plain_cache_of_the_rows_dtype(engine):
+    """The rotary kernels store a batch's new rows (decode, prefill and extend batches alike:
+    graphs capture on static slots) only into a cache of the rows' dtype that is not the FP8
+    one; everywhere else (an FP8 or other-dtype cache, a forward traced by torch.compile) the
+    split ops store them."""
     from types import SimpleNamespace
 
     latent = engine.kv_cache.latent[0]
@@ -189,11 +190,11 @@ def test_rotary_cache_store_only_for_decode_batches_with_a_plain_cache(engine):
             return dsa.rotary_cache_store(name, layer, dtype)
 
     for name in ("latent", "indexer_k"):
-        store = target(ForwardMode.DECODE, name, 0)
-        assert store is not None and store[0] is getattr(cache, name)[0] and store[1] is slots
-        assert target(ForwardMode.EXTEND, name, 0) is None
+        for mode in ForwardMode:
+            store = target(mode, name, 0)
+            assert store is not None and store[0] is getattr(cache, name)[0] and store[1] is slots
         assert target(ForwardMode.DECODE, name, 0, torch.bfloat16) is None  # another dtype than the cache's
-    assert target(ForwardMode.DECODE, "latent", 1) is None  # the FP8 latent cache
+    assert target(ForwardMode.EXTEND, "latent", 1) is None  # the FP8 latent cache
     traced = torch.compile(lambda x: x + (dsa.rotary_cache_store("latent", 0, x.dtype) is None), fullgraph=True, backend="eager")
     with forward_batch_context(SimpleNamespace(mode=ForwardMode.DECODE, kv_cache=cache, out_cache_loc=slots)):
         assert traced(torch.zeros(2)).tolist() == [1.0, 1.0]

@@ -160,10 +160,13 @@ def test_pdl_decode_graphs_and_prefill_equal_plain_launches(tmp_path, monkeypatc
         assert torch.equal(a, b)
 
 
-def test_decode_cache_stores_in_the_rotary_kernels_equal_the_split_op_stores(tmp_path, monkeypatch):
-    """GLM-5 per-rank FP8 dims, 3 dense + 1 MoE layer, dummy weights, decode graphs: the decode
-    step's latent and indexer-key rows written by the rotary kernels (``rotary_cache_store``)
-    leave the caches bit for bit as the split ops' stores do, and the greedy tokens equal."""
+@pytest.mark.parametrize("prefill", ["disabled", "breakable"])
+def test_cache_stores_in_the_rotary_kernels_equal_the_split_op_stores(prefill, tmp_path, monkeypatch):
+    """GLM-5 per-rank FP8 dims, 3 dense + 1 MoE layer, dummy weights, decode graphs, prefill
+    eager or under breakable graphs: the latent and indexer-key rows the rotary kernels write
+    (``rotary_cache_store``; in prefill graphs from the runner's static slot buffer) leave the
+    caches bit for bit as the split ops' stores do, past the reserved page 0 (where a prefill
+    bucket's padding rows go), and the greedy tokens equal."""
     import json
 
     from breakgraph.bench.presets import GLM5_TP8_RANK, _variant
@@ -181,11 +184,13 @@ def test_decode_cache_stores_in_the_rotary_kernels_equal_the_split_op_stores(tmp
         if not fused:  # the layers store at the split ops
             monkeypatch.setattr(attention, "rotary_cache_store", lambda name, layer_id, dtype: None)
         eng = Engine(tmp_path, device="cuda", load_format="dummy", page_size=64, num_pages=40, context_length=1024,
-                     cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="full", cuda_graph_max_bs=4)  # fmt: skip
+                     cuda_graph_backend_prefill=prefill, cuda_graph_backend_decode="full", cuda_graph_max_bs=4)  # fmt: skip
         tokens = [c.token_ids for c in eng.generate(batch, params)]
         assert eng.graph_stats()["decode"]["replays"] > 0
-        assert not any(unfused_stores), "a decode store fell back from the rotary kernels to index_put_"
-        caches = [c.clone() for c in eng.kv_cache.latent] + [c.clone() for c in eng.kv_cache.indexer_k if c is not None]
+        assert not any(unfused_stores), "a store fell back from the rotary kernels to index_put_"
+        if prefill != "disabled":
+            assert eng.graph_stats()["replays"] > 0
+        caches = [c[64:].clone() for c in eng.kv_cache.latent] + [c[64:].clone() for c in eng.kv_cache.indexer_k if c is not None]
         results[fused] = (tokens, caches)
         del eng
         torch.cuda.empty_cache()

@@ -15,7 +15,7 @@ import logging
 import time
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -173,6 +173,8 @@ class ModelRunner:
         # The runners of the prefill and decode backends (graphs/backends.py); None: eager.
         self.prefill_graphs: Any = None
         self.decode_graphs: Any = None
+        # The cache slots of a bucketed prefill graph's rows (see capture_context); None without.
+        self._prefill_slots: torch.Tensor | None = None
         self.prefill_backend = "disabled"
         on_cuda = spec.device.type == "cuda"
         prefill = config.cuda_graph_backend_prefill or ("breakable" if on_cuda else "disabled")
@@ -268,6 +270,7 @@ class ModelRunner:
             raise ValueError(f"the {backend} backend runs at --tp-size 1 without decode graphs")
         self._close_prefill_graphs()
         self.prefill_backend = backend
+        self._prefill_slots = None
         if entry.build is None:
             return
         if not entry.bucketed:
@@ -277,6 +280,7 @@ class ModelRunner:
         buckets = sorted(set(buckets)) if buckets else default_prefill_buckets(max_bucket, self.config.cuda_graph_ladder)
         if self.config.chunked_prefill_size > buckets[-1]:
             logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
+        self._prefill_slots = torch.zeros(buckets[-1], dtype=torch.int64, device=self.device)
         self.prefill_graphs = entry.build(GraphSetup(
             self.model, self.device, buckets, capture_context=self.capture_context,
             fold_islands=self.config.fold_islands, warmup=self._warmup, prepare=self._prepare,
@@ -357,13 +361,29 @@ class ModelRunner:
     @contextlib.contextmanager
     def capture_context(self, num_tokens: int) -> Iterator[None]:
         """A stand-in batch for capturing a graph bucket of ``num_tokens``: one request whose
-        tokens all write to, and read from, the reserved padding page 0."""
+        tokens all write to, and read from, the reserved padding page 0. Its ``out_cache_loc``
+        is a view of the runner's static slot buffer, so kernels captured in a segment (the
+        rotary steps that write the new cache rows, :func:`~breakgraph.layers.dsa.rotary_cache_store`)
+        read each replay's slots, which :meth:`forward` loads before every replay."""
         ps = self.kv_cache.page_size
         pages = [0] * -(-num_tokens // ps)
         entry = BatchEntry([0] * num_tokens, 0, pages)
         batch = self.make_batch([entry], ForwardMode.EXTEND)
+        if self._prefill_slots is not None:
+            slots = self._prefill_slots[:num_tokens]
+            slots.copy_(batch.out_cache_loc)
+            batch = replace(batch, out_cache_loc=slots)
         with forward_batch_context(batch):
             yield
+
+    def _load_prefill_slots(self, batch: ForwardBatch) -> None:
+        """Copy the batch's cache slots into the static slot buffer the prefill graphs read;
+        the rows past them (a bucket's padding) write to slot 0, in the reserved page 0. A
+        batch longer than the buffer runs eagerly, on its own slots."""
+        slots, n = self._prefill_slots, batch.num_tokens
+        if slots is not None and n <= slots.shape[0]:
+            slots[:n].copy_(batch.out_cache_loc)
+            slots[n:].zero_()
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
@@ -373,6 +393,7 @@ class ModelRunner:
         runs_all = prefill is not None and backends.lookup("prefill", self.prefill_backend).runs_decode
         with forward_batch_context(batch):
             if prefill is not None and (runs_all or batch.mode is ForwardMode.EXTEND):
+                self._load_prefill_slots(batch)
                 hidden = prefill.run(batch.input_ids, batch.positions)
             elif decode is not None and batch.mode is ForwardMode.DECODE:
                 hidden = decode.run(batch)

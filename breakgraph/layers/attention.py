@@ -10,9 +10,9 @@ its latent output is mapped back per head by ``w_vc`` and then ``o_proj``.
 The two dynamic steps — the indexer's cache store + causal top-k, and the sparse attention
 over the paged cache — are split ops (graph breaks) from :mod:`breakgraph.layers.dsa`: they
 read the batch layout from the forward batch at call time and write into buffers the layer
-allocates. In a decode batch with a plain cache of the activations' dtype the rotary kernels
-write the new cache rows themselves (:func:`~breakgraph.layers.dsa.rotary_cache_store`) and the
-split ops are told to skip their stores.
+allocates. With a plain cache of the activations' dtype the rotary kernels write the new cache
+rows themselves (:func:`~breakgraph.layers.dsa.rotary_cache_store`) and the split ops are told
+to skip their stores.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ class MLAttention(nn.Module):
         q = q.view(t, self.num_heads, self.dn + self.dr)
         q_nope = q[..., : self.dn]
         # [· ‖ rope(q_pe)] and the latent entry [norm(c) ‖ rope(k_pe)]: one kernel on CUDA
-        # (at decode it also writes the cache entry: rotary_cache_store)
+        # (with a plain cache it also writes the cache entry: rotary_cache_store)
         store = rotary_cache_store("latent", self.layer_id, kv_a.dtype)
         q_full, kv = mla_rope_kv(q, kv_a, cos, sin, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps, store)
         # The plan's buffers are made before the indexer break, so the code between the

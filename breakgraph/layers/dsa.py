@@ -70,17 +70,18 @@ def rotary_cache_store(
     """Where the rotary step that makes a batch's new rows for layer ``layer_id``'s cache
     ``cache_name`` (``"latent"`` or ``"indexer_k"`` of the forward batch's KV cache) writes them
     itself (the ``store`` of :func:`~breakgraph.kernels.rope.mla_rope_kv` and
-    :func:`~breakgraph.kernels.rope.indexer_rope_qk`): ``(cache, out_cache_loc)`` in a decode
-    batch when the cache is plain and of ``rows_dtype``, else None. Prefill and extend batches
-    store at the split op instead (a breakable graph's segments hold no per-batch slots: the
-    breaks read them), so does a forward traced by ``torch.compile`` (this returns None there),
-    and an FP8 cache quantises in its own store kernel. The layer tells the split op
-    whether the rows were stored (its ``k_stored``/``kv_stored``), so each row is written once."""
+    :func:`~breakgraph.kernels.rope.indexer_rope_qk`): ``(cache, out_cache_loc)`` when the
+    cache is plain and of ``rows_dtype``, else None. A captured graph reads the slots it was
+    captured with: decode graphs capture on their static batch, prefill graphs on the model
+    runner's static slot buffer (``ModelRunner.capture_context``), both loaded before each
+    replay; padded rows write to the reserved page 0. A forward traced by ``torch.compile``
+    stores at the split op instead (this returns None there: a traced piece may replay on
+    other slots), so does an FP8 cache, which quantises in its own store kernel. The layer
+    tells the split op whether the rows were stored (its ``k_stored``/``kv_stored``), so each
+    row is written once."""
     if torch.compiler.is_compiling():
         return None
     fb = get_forward_batch()
-    if fb.mode is not ForwardMode.DECODE:
-        return None
     cache = getattr(fb.kv_cache, cache_name)[layer_id]
     if is_fp8_latent(cache) or cache.dtype != rows_dtype:
         return None
