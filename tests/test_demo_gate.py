@@ -6,9 +6,9 @@ the README and the issue tracker right. On a subset, the breakable and piecewise
 (CPU graph backend) and the HTTP server must give the very same answers as eager; with the FP8
 latent KV cache the template gate must still hold.
 
-The phrasing floor is what the shipped model reaches (``python -m breakgraph.demo.evaluate``
-prints it; README, "The demo model"), not the 0.92 the model is meant to reach on phrasings it
-was not trained on: the floor only catches a checkpoint that does worse.
+The phrasing floor is the 0.92 the model is meant to reach on phrasings it was not trained on;
+the shipped model reaches 0.939 (``python -m breakgraph.demo.evaluate`` prints it; README, "The
+demo model").
 
 One engine serves eager prefill, both graph backends and the server (its prefill backend is
 switched between them, its prefix cache flushed, so every mode prefills every prompt itself);
@@ -28,7 +28,7 @@ from breakgraph.demo.heldout import heldout_phrasings, must_answer
 from breakgraph.demo.problems import format_prompt, test_split
 
 SHIPPED = ASSETS / SHIPPED_NAME
-GATE = {"templates": 0.95, "phrasings": 0.87}  # the shipped model: 1.000 and 0.892 (307/344)
+GATE = {"templates": 0.95, "phrasings": 0.92}  # the shipped model: 0.995 (199/200) and 0.939 (323/344)
 FP8_SAME_AS_EXACT = 0.95  # share of the FP8 cache's template answers that must be the exact cache's
 N_TEMPLATES = 100
 MAX_NEW = 128  # the evaluate command's: its quoted openings make some right answers longer than 96 tokens
