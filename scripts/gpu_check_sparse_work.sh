@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of sparse MLA doing only the work a batch has (about 5 min per tree on one H200): the
-# attention and top-k cuda tests (packed decode rows at GLM-5 shapes, bf16 and FP8 cache; the
-# dense path), the engine's graph tests and the demo gate (every prefill of a short prompt skips
-# the sparse launch, every decode step stops its rows at their keys), then `bench decode` at batch
+# attention and top-k cuda tests (packed and causal decode rows at GLM-5 shapes, bf16 and FP8
+# cache; the dense path), the engine's graph tests and the demo gate (every prefill of a short
+# prompt skips the sparse launch, every decode step stops its rows at their keys, prefill graphs
+# store the cache rows from the rotary kernels), then `bench decode` at batch
 # 1, 16 and 64 and `bench prefill` at 128 and 1024 tokens (scripts/gpu_bench_trees.sh; with
 # BASE=<commit> at that commit too, on the same machine). Logs under $OUT.
 #   OUT=/some/dir [BASE=d162407] [PRESET=glm5-tp8-rank-12l] bash scripts/gpu_check_sparse_work.sh

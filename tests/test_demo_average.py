@@ -69,6 +69,9 @@ def test_checkpoints_that_do_not_match_are_refused_by_name(tmp_path):
     other_tok = _checkpoint(tmp_path / "tok", _state(10), tokenizer=b"{}")
     with pytest.raises(ValueError, match="tokenizer.json differs"):
         average_checkpoints([base, other_tok], tmp_path / "out")
+    fp8 = {"w": torch.randn(4, 6).to(torch.float8_e4m3fn)}
+    with pytest.raises(ValueError, match="tensor 'w' is torch.float8_e4m3fn"):
+        average_checkpoints([_checkpoint(tmp_path / "f1", fp8), _checkpoint(tmp_path / "f2", fp8)], tmp_path / "out")
     with pytest.raises(ValueError, match="at least two"):
         average_checkpoints([base], tmp_path / "out")
     with pytest.raises(ValueError, match="not a demo checkpoint: no model.safetensors"):

@@ -58,25 +58,44 @@ def test_the_indexer_dispatch_is_one_break_under_breakable_capture(engine):
     engine.kv_cache.pool.free(pages)
 
 
-def test_short_sequences_skip_the_scores_and_select_every_causal_key(engine, monkeypatch):
+def test_short_sequences_are_not_scored_and_the_attention_makes_their_causal_rows(engine, monkeypatch):
+    """When every sequence is at most ``index_topk`` long the indexer split op scores nothing
+    and writes no rows (``weights`` may be None); the attention, told ``causal_rows``, reads
+    what the scores would have selected (every causal key) without reading ``topk_pos``."""
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention as attend
+
     cfg = engine.config
     q, k, w, batch, pages = indexer_inputs(engine, cfg.index_topk, cfg.index_topk)
     scored = torch.empty(cfg.index_topk, cfg.index_topk, dtype=torch.int32)
     with forward_batch_context(batch):
         monkeypatch.setattr(dsa, "_should_skip_logits_computation", lambda fb, k: False)
         dsa.dsa_indexer_graph_dispatch(q, k, w, scored, 0, 0.1)
+        with pytest.raises(ValueError, match="head weights are needed"):
+            dsa.dsa_indexer_graph_dispatch(q, k, None, scored.clone(), 0, 0.1)
         monkeypatch.undo()
 
-        def no_scores(*args):
+        def no_scores(*args, **kwargs):
             raise AssertionError("scores computed although every sequence fits in index_topk")
 
         monkeypatch.setattr(dsa, "indexer_topk", no_scores)
-        skipped = torch.empty_like(scored)
-        dsa.dsa_indexer_graph_dispatch(q, k, w, skipped, 0, 0.1)
-    engine.kv_cache.pool.free(pages)
+        untouched = torch.full_like(scored, 7)
+        dsa.dsa_indexer_graph_dispatch(q, k, None, untouched, 0, 0.1)
+        assert (untouched == 7).all()
     as_sets = lambda t: [sorted(x for x in row.tolist() if x >= 0) for row in t]  # noqa: E731
-    assert as_sets(skipped) == as_sets(scored)
-    assert as_sets(skipped)[3] == [0, 1, 2, 3]
+    assert as_sets(scored) == [list(range(p + 1)) for p in batch.positions.tolist()]
+    g = torch.Generator().manual_seed(1)
+    t, heads, dim, rank = cfg.index_topk, cfg.num_attention_heads, cfg.latent_dim, cfg.kv_lora_rank
+    cache = engine.kv_cache.latent[0]
+    cache.copy_(torch.randn(cache.shape, generator=g))
+    ql = torch.randn(t, heads, dim, generator=g)
+    outs = [torch.full((t, heads, rank), float("nan")) for _ in range(2)]
+    common = (cache, batch.page_table, batch.token_req, engine.kv_cache.page_size, 0.1)
+    attend(ql, common[0], scored, *common[1:], outs[0], positions=batch.positions)
+    attend(ql, common[0], untouched, *common[1:], outs[1], positions=batch.positions, causal_rows=True)
+    engine.kv_cache.pool.free(pages)
+    torch.testing.assert_close(outs[1], outs[0])
+    with pytest.raises(ValueError, match="causal_rows needs the token positions"):
+        attend(ql, common[0], untouched, *common[1:], outs[1], causal_rows=True)
 
 
 def test_long_sequences_are_scored(engine):

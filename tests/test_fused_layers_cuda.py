@@ -35,7 +35,6 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def unfused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Undo every fusion of the decoder layer (what the layer ran before them, kernel by kernel)."""
     from breakgraph.kernels import norm, rope, triton_fp8, triton_moe
-    from breakgraph.kernels.causal_topk import causal_topk_ref
     from breakgraph.layers import attention, dsa
     from breakgraph.layers import norm as norm_layer
 
@@ -71,7 +70,6 @@ def unfused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attention, "indexer_rope_qk", indexer_rope_qk)
     monkeypatch.setattr(attention, "bmm_into", bmm_into)
     monkeypatch.setattr(dsa, "bmm_into", bmm_into)
-    monkeypatch.setattr(dsa, "causal_topk", causal_topk_ref)
     monkeypatch.setattr(triton_fp8, "_split_k_locks", lambda device: None)
     monkeypatch.setattr(triton_moe, "silu_mul", silu_mul)
 

@@ -73,7 +73,7 @@ def test_short_sequence_in_long_context_pool_replays_the_short_decode_graph(hf_c
     want = Engine(folder, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled", **common)
     got = Engine(folder, cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="full", cuda_graph_max_bs=2, **common)  # fmt: skip
     graphs = got.runner.decode_graphs
-    assert graphs.length_bounds == [SPLIT_SELECT_MIN_KEYS, 20480]
+    assert graphs.length_bounds == [got.config.index_topk, SPLIT_SELECT_MIN_KEYS, 20480]
     for batch in (short_batch, long_batch):
         assert [c.token_ids for c in got.generate(batch, params)] == [c.token_ids for c in want.generate(batch, params)]
     assert graphs.bound_replays[SPLIT_SELECT_MIN_KEYS] >= 5 and graphs.bound_replays[20480] >= 5

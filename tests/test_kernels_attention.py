@@ -429,6 +429,47 @@ def _interp_sparse_mla_packed_rows_stop_at_their_keys():
         print(f"packed rows case {i} {opts}: {err:.2e}")
 
 
+def _interp_sparse_mla_causal_rows_come_from_the_positions():
+    """``causal_rows``: every sequence at most K long, the rows are made from the positions and
+    ``topk_pos`` is not read. Decode batches under split-K (the column-group and lean loops, the
+    cache-row kernel making the rows with and without its fill; the masked loop making them
+    itself), an extend batch beside the dense path and one at many heads (the masked loop), on
+    a ``topk_pos`` of random wrong positions: equal to the twin on the causal rows (fp32:
+    1e-5); the same garbage without ``causal_rows`` gives another result."""
+    from breakgraph.kernels.causal_topk import causal_topk_ref
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
+    from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
+
+    cases = [  # (prefix lens, token counts, heads, rank, K, dense_below, opts)
+        ([3, 17, 40, 120], [1, 1, 1, 1], 8, 64, 128, 0, {"num_splits": 4, "groups": 4}),
+        ([3, 17, 40, 120], [1, 1, 1, 1], 8, 64, 128, 0, {"num_splits": 2, "groups": 1}),
+        ([3, 100, 40], [1, 1, 1], 16, 32, 128, 0, {"num_splits": 4, "lean": False, "block_n": 16}),  # rows in the loop
+        ([0, 90, 5], [11, 6, 9], 8, 64, 128, 128, {"groups": 4}),  # no split-K: the dense path beside sparse rows
+        ([0, 30], [5, 7], 32, 32, 64, 0, {"num_splits": 1}),  # many heads: no cache-row kernel, rows in the loop
+    ]
+    for i, (prefix, counts, heads, rank, topk, dense_below, opts) in enumerate(cases):
+        batch = make_batch(prefix, counts, page_size=4, seed=120 + i)
+        pos = batch["positions"]
+        assert int(pos.max()) < topk
+        q, kv, _ = mla_inputs(batch, heads, rank, 16, topk, torch.float32, seed=120 + i)
+        causal = torch.empty(q.shape[0], topk, dtype=torch.int32)
+        causal_topk_ref(pos, causal)
+        rest = (batch["page_table"], batch["token_req"], 4, (rank + 16) ** -0.5)
+        ref = torch.empty(q.shape[0], heads, rank)
+        sparse_mla_attention_ref(q, kv, causal, *rest, ref)
+        g = torch.Generator().manual_seed(i)
+        garbage = torch.stack([torch.randint(0, p + 1, (topk,), generator=g, dtype=torch.int32) for p in pos.tolist()])
+        kw = dict(positions=pos, dense_below=dense_below, **opts)
+        out = torch.full_like(ref, float("nan"))
+        sparse_mla_attention_triton(q, kv, garbage, *rest, out, causal_rows=True, **kw)
+        err = rel_err(out, ref)
+        assert err <= 1e-5, (i, err)
+        read = torch.full_like(ref, float("nan"))
+        sparse_mla_attention_triton(q, kv, garbage, *rest, read, **kw)
+        assert rel_err(read, ref) > 1e-3, (i, "the garbage rows change nothing: the check proves nothing")
+        print(f"causal rows case {i} {opts}: {err:.2e}")
+
+
 # Fresh and cached prompts, a 1-token request, lengths off the block sizes; positions up to 70.
 _DENSE_LONG = {"prefix_lens": [0, 21, 0, 44], "extend_lens": [19, 13, 1, 27]}  # 60 tokens
 
@@ -786,6 +827,10 @@ def test_sparse_mla_packed_rows_stop_at_their_keys_interpreted():
     _run_interpreted("_interp_sparse_mla_packed_rows_stop_at_their_keys")
 
 
+def test_sparse_mla_causal_rows_come_from_the_positions_interpreted():
+    _run_interpreted("_interp_sparse_mla_causal_rows_come_from_the_positions")
+
+
 def test_dense_mla_split_keys_match_twin_interpreted():
     _run_interpreted("_interp_dense_mla_split_keys")
 
@@ -920,6 +965,36 @@ def test_decode_packed_rows_glm5_shapes_on_gpu(heads, kv_dtype):
     ref = torch.empty(q.shape[0], heads, RANK, device="cuda")
     with _fp32_reference():
         sparse_mla_attention_ref(q.float(), kv if kv_dtype == "fp8" else kv.float(), tk.cuda(), *rest, ref)
+    floor, err = rel_err(ref.bfloat16(), ref), rel_err(out, ref)
+    assert err <= (3 if kv_dtype == "fp8" else 2) * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads", [8, 64])
+def test_decode_causal_rows_glm5_shapes_on_gpu(heads, kv_dtype):
+    """A decode batch of 64 contexts from 1 to K = 2048 tokens, ``causal_rows`` through the
+    dispatcher on a ``topk_pos`` of random wrong positions (which it must not read): within
+    twice the bf16 rounding of the fp32 twin on the causal rows (the FP8 cache: three times)."""
+    from breakgraph.kernels.causal_topk import causal_topk_ref
+    from breakgraph.kernels.latent_fp8 import quantize_latent_ref
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention, sparse_mla_attention_ref
+
+    prefix = [int(x) for x in torch.randint(0, TOPK, (64,), generator=torch.Generator().manual_seed(heads + 1))]
+    batch = make_batch(prefix, [1] * 64, page_size=PAGE, device="cuda", seed=heads + 1)
+    q, kv, _ = mla_inputs(batch, heads, RANK, ROPE, TOPK, torch.bfloat16, device="cuda", seed=heads + 1)
+    if kv_dtype == "fp8":
+        kv = quantize_latent_ref(kv, RANK)
+    pos = batch["positions"]
+    causal = torch.empty(q.shape[0], TOPK, dtype=torch.int32, device="cuda")
+    causal_topk_ref(pos, causal)
+    garbage = torch.stack([torch.randint(0, p + 1, (TOPK,), dtype=torch.int32) for p in pos.tolist()]).cuda()
+    rest = (batch["page_table"], batch["token_req"], PAGE, GLM5_SCALE)
+    out = torch.full((q.shape[0], heads, RANK), float("nan"), dtype=torch.bfloat16, device="cuda")
+    sparse_mla_attention(q, kv, garbage, *rest, out, positions=pos, causal_rows=True)
+    ref = torch.empty(q.shape[0], heads, RANK, device="cuda")
+    with _fp32_reference():
+        sparse_mla_attention_ref(q.float(), kv if kv_dtype == "fp8" else kv.float(), causal, *rest, ref)
     floor, err = rel_err(ref.bfloat16(), ref), rel_err(out, ref)
     assert err <= (3 if kv_dtype == "fp8" else 2) * floor, f"error {err:.2e} vs bf16 rounding floor {floor:.2e}"
 
@@ -1206,6 +1281,11 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
                                 decode["maxnreg"])  # fmt: skip
         print(f"decode fwd kernel, {heads} heads, packed: {info['regs']} registers, {info['stack']} bytes of stack")
         assert info["stack"] == 0 and info["local_insts"] == 0, ("decode", info)
+        if not consts["SLOTS"]:  # causal rows made in the loop (contexts of at most K tokens)
+            info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts | dict(CAUSAL=True), decode["num_warps"],
+                                    decode["num_stages"], decode["maxnreg"])  # fmt: skip
+            print(f"decode fwd kernel, {heads} heads, causal rows: {info['regs']} registers")
+            assert info["stack"] == 0 and info["local_insts"] == 0, ("decode causal", info)
     if heads == 8:  # the lean loop with the lazy rescale at the bench's tiles: no spills at all
         for bn, warps, stages, cap in ((32, 4, 2, 168), (64, 8, 2, None), (32, 4, 3, 168)):
             lean = consts | dict(BLOCK_N=bn, SLOTS=True, LEAN=True, LAZY=8.0)

@@ -79,11 +79,12 @@ def test_fallbacks_are_counted_with_their_reason(engines):
 
 
 def test_breaks_zero_padded_rows(hf_checkpoints):
-    """Rows past the batch's real tokens leave a break as zeros / -1 (garbage must not reach MoE)."""
+    """Rows past the batch's real tokens leave a break as zeros / -1 (garbage must not reach MoE),
+    in a batch longer than ``index_topk`` (a shorter one's indexer writes no rows)."""
     engine = Engine(hf_checkpoints["glm_moe_dsa"], device="cpu", dtype="float32", page_size=4)
     cfg, runner = engine.config, engine.runner
-    n, padded = 5, 8
-    pages = engine.kv_cache.pool.alloc(2)
+    n, padded = cfg.index_topk + 3, cfg.index_topk + 6
+    pages = engine.kv_cache.pool.alloc(-(-n // 4))
     batch = runner.make_batch([BatchEntry(list(range(n)), 0, pages)], ForwardMode.EXTEND)
     heads, latent = cfg.num_attention_heads, cfg.latent_dim
     with forward_batch_context(batch):
@@ -201,6 +202,65 @@ def test_decode_graphs_per_length_bound_equal_eager(hf_checkpoints, monkeypatch)
     assert graphs.bound_replays[96] > 0 and graphs.bound_replays[24] == 0, "30-token prompts: every batch is long"
     short = engine.generate(prompts[:1], params)  # 10 + 8 tokens: the short graphs
     assert short[0].token_ids == want[0].token_ids and graphs.bound_replays[24] > 0
+
+
+def test_a_short_prefill_in_a_padded_bucket_leaves_other_requests_cache_rows(hf_checkpoints):
+    """Prefill graphs write the new cache rows from the slots loaded before each replay: a
+    10-token batch replayed in the 16-token bucket after a 16-token one writes its padding rows
+    to the reserved page 0, not to the earlier batch's slots (which the static buffer held)."""
+    engine = Engine(hf_checkpoints["glm_moe_dsa"], device="cpu", dtype="float32", page_size=4,
+                    cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[16, 64])  # fmt: skip
+    runner, pool, cache = engine.runner, engine.kv_cache.pool, engine.kv_cache
+    g = torch.Generator().manual_seed(6)
+    first_pages, second_pages = pool.alloc(4), pool.alloc(3)
+    first = runner.make_batch([BatchEntry(torch.randint(0, 128, (16,), generator=g).tolist(), 0, first_pages)], ForwardMode.EXTEND)
+    runner.forward(first)
+    rows = first.out_cache_loc
+    kept = [c[rows].clone() for c in (*cache.latent, *cache.indexer_k) if c is not None]
+    second = runner.make_batch([BatchEntry(torch.randint(0, 128, (10,), generator=g).tolist(), 0, second_pages)], ForwardMode.EXTEND)
+    replays = engine.graph_stats()["replays"]
+    runner.forward(second)
+    assert engine.graph_stats()["replays"] == replays + 1  # the 16-token bucket, 6 rows of padding
+    now = [c[rows] for c in (*cache.latent, *cache.indexer_k) if c is not None]
+    assert all(torch.equal(a, b) for a, b in zip(kept, now))
+    pool.free(first_pages + second_pages)
+
+
+def test_decode_graphs_up_to_index_topk_skip_the_indexer_scores(hf_checkpoints, monkeypatch):
+    """The model's length bounds start at ``index_topk``: each batch size has a decode graph for
+    sequences that short, captured without the indexer's head weights and scores (the top-k is
+    every causal key), which a short batch replays with eager's tokens; the longer graphs
+    compute them."""
+    from breakgraph.forward_context import get_forward_batch
+    from breakgraph.layers import attention, dsa
+
+    folder = hf_checkpoints["glm_moe_dsa"]
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (2, 3, 4)]
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)  # at most 8 tokens: index_topk
+    common = dict(device="cpu", dtype="float32", page_size=4, context_length=96)
+    want = Engine(folder, **common).generate(prompts, params)
+    seen = {"weights": [], "scores": []}
+
+    def spy(name, real):
+        def call(*args, **kwargs):
+            fb = get_forward_batch()
+            seen[name].append((fb.mode, fb.max_seq_len))
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(attention, "logits_head_gate", spy("weights", attention.logits_head_gate))
+    monkeypatch.setattr(dsa, "indexer_topk", spy("scores", dsa.indexer_topk))
+    engine = Engine(folder, cuda_graph_backend_decode="full", cuda_graph_max_bs=4, **common)
+    k, graphs = engine.config.index_topk, engine.runner.decode_graphs
+    assert graphs.length_bounds == [k, 96]
+    for name, calls in seen.items():
+        decode = [n for mode, n in calls if mode is ForwardMode.DECODE]
+        assert decode and min(decode) > k, f"the short decode graphs computed the indexer's {name}"
+    got = engine.generate(prompts, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert graphs.bound_replays[k] > 0
 
 
 def test_chunked_prefill_under_graphs_equals_eager(engines):

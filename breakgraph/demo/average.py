@@ -31,7 +31,7 @@ def average_state(states: list[dict[str, torch.Tensor]], names: list[str]) -> di
     """The uniform mean of ``states`` (one ``name → tensor`` dict per checkpoint; ``names`` label
     them in errors): floating tensors averaged in fp32 and rounded to their dtype, others copied
     once checked equal. Raises ``ValueError`` naming the first tensor that differs in presence,
-    shape or dtype (or, not floating, in value)."""
+    shape or dtype (or, not floating, in value), or that is an 8-bit float (FP8 codes)."""
     if len(states) < 2:
         raise ValueError(f"averaging needs at least two checkpoints, got {len(states)}")
     first, out = states[0], {}
@@ -40,6 +40,8 @@ def average_state(states: list[dict[str, torch.Tensor]], names: list[str]) -> di
             diff = sorted(state.keys() ^ first.keys())
             raise ValueError(f"{name} and {names[0]} hold different tensors (first: {diff[0]!r})")
     for key, ref in first.items():
+        if ref.dtype.itemsize == 1 and ref.is_floating_point():
+            raise ValueError(f"tensor {key!r} is {ref.dtype} (codes scaled by other tensors): averaging codes is not averaging weights")
         for state, name in zip(states[1:], names[1:]):
             t = state[key]
             if t.shape != ref.shape or t.dtype != ref.dtype:

@@ -119,8 +119,9 @@ def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -
     from an fp32 GEMM, by far less than the bf16 rounding of the activations already did:
     cuBLAS, or (``BREAKGRAPH_GEMV_FP32_OUT=1``, the default) one Triton
     kernel up to :data:`FP32_OUT_GEMV_MAX_M` rows outside autograd. Otherwise both are upcast
-    and multiplied in fp32 (CPU, fp32 activations). ``alpha`` multiplies the fp32 product once
-    (as ``linear_fp32_out(x, w) * alpha`` rounds)."""
+    and multiplied in fp32 (CPU, fp32 activations). ``alpha`` scales the fp32 product: after it
+    on the CPU and in the Triton kernel, in cuBLAS's epilogue above (equal to scaling afterwards
+    up to the order of the fp32 sums, as a split-K GEMM may scale its partials)."""
     if weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and x.is_cuda:
         x2 = x.reshape(-1, x.shape[-1])
         if env.read("BREAKGRAPH_GEMV_FP32_OUT") == "1" and use_triton_inference(x2, weight):

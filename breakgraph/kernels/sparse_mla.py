@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from breakgraph.kernels.causal_topk import causal_topk_ref
 from breakgraph.kernels.dispatch import use_triton
 from breakgraph.kernels.latent_fp8 import dequantize_latent_ref, is_fp8_latent
 from breakgraph.kernels.paging import positions_to_slots
@@ -85,6 +86,7 @@ def sparse_mla_attention(
     dense_below: int = 0,
     request_tokens: Sequence[int] | None = None,
     packed_rows: bool = False,
+    causal_rows: bool = False,
 ) -> None:
     """Dispatch :func:`sparse_mla_attention_ref`'s contract to the fastest implementation available.
 
@@ -95,8 +97,13 @@ def sparse_mla_attention(
     ``dense_below`` (the Triton kernel then skips its sparse launch where every token block is
     dense; the twin ignores it). ``packed_rows``: each row holds its ``min(K, pos + 1)`` keys in
     its first columns, ``-1`` after them (the Triton kernel stops there; the twin reads every
-    column, which gives the same result).
+    column, which gives the same result). ``causal_rows``: every token's row is all of its
+    positions ``0…pos`` (every sequence at most ``K`` long; needs ``positions``): ``topk_pos`` is
+    not read, only its shape — the Triton kernel makes the rows from the positions, the twin
+    writes them into a tensor of its own first.
     """
+    if causal_rows and positions is None:
+        raise ValueError("causal_rows needs the token positions")
     args = (q, kv_cache, topk_pos, page_table, token_req, page_size, softmax_scale, out)
     if use_triton(q):
         from breakgraph.kernels import triton_sparse_mla
@@ -104,7 +111,11 @@ def sparse_mla_attention(
         if triton_sparse_mla.supports(q, kv_cache, topk_pos, page_table, token_req, out, positions):
             triton_sparse_mla.sparse_mla_attention_triton(
                 *args, positions=positions, dense_below=dense_below, request_tokens=request_tokens,
-                packed_rows=packed_rows,
+                packed_rows=packed_rows, causal_rows=causal_rows,
             )  # fmt: skip
             return
+    if causal_rows:
+        rows = torch.empty_like(topk_pos)
+        causal_topk_ref(positions, rows)
+        args = (q, kv_cache, rows, *args[3:])
     sparse_mla_attention_ref(*args, positions=positions, dense_below=dense_below)

@@ -159,6 +159,7 @@ def _sparse_mla_fwd_kernel(
     LEAN: tl.constexpr = False,  # SLOTS rows hold -1 - (a real row) where unused: unmasked loads
     LAZY: tl.constexpr = 0,  # > 0: rescale only when a row maximum grows by more than this (log2)
     PACKED: tl.constexpr = False,  # each row's keys are its first min(topk, pos + 1) columns
+    CAUSAL: tl.constexpr = False,  # (not SLOTS) row t is 0…POSITIONS[t]: TOPK is not read
     PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)
@@ -213,7 +214,10 @@ def _sparse_mla_fwd_kernel(
     else:
         for n0 in range(0, k_end - k_start, BLOCK_N):
             offs_n = k_start + n0 + tl.arange(0, BLOCK_N)
-            pos = tl.load(pos_row + offs_n, mask=offs_n < k_end, other=-1)
+            if CAUSAL:
+                pos = tl.where((offs_n < k_end) & (offs_n <= tl.load(POSITIONS + t)), offs_n, -1)
+            else:
+                pos = tl.load(pos_row + offs_n, mask=offs_n < k_end, other=-1)
             valid = pos >= 0
             pos = tl.where(valid, pos, 0)
             if SLOTS:  # TOPK holds cache rows (_topk_slots_kernel): no page-table step in the loop
@@ -467,14 +471,17 @@ def _sparse_mla_merge_kernel(
 
 @triton.jit
 def _topk_slots_kernel(
-    TOPK, PAGE_TABLE, TOKEN_REQ, SLOTS, stride_tk, stride_pt, topk, page_size, BLOCK: tl.constexpr,
+    TOPK, PAGE_TABLE, TOKEN_REQ, POSITIONS, SLOTS, stride_tk, stride_pt, topk, page_size, BLOCK: tl.constexpr,
     FILL: tl.constexpr = False,
+    CAUSAL: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """``SLOTS[t, j]`` ← the cache row of top-k position ``TOPK[t, j]`` through the page table of
     token ``t``'s request (``-1`` stays ``-1``): the sparse kernel's loop then gathers rows with
     one indirection instead of three dependent loads and a division per key.
 
+    ``CAUSAL``: row ``t`` is every position ``0…POSITIONS[t]`` in order, then ``-1`` (what the
+    indexer's row is when the sequence is at most ``topk`` long); ``TOPK`` is not read.
     ``FILL`` (one program per token, ``BLOCK ≥ topk``): an unused entry holds ``-1 − f`` instead,
     ``f`` the cache row of the token's largest top-k position (of position 0 where it has
     none), so the sparse kernel's ``LEAN`` loop reads a real row there and needs no load masks."""
@@ -482,7 +489,10 @@ def _topk_slots_kernel(
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < topk
-    pos = tl.load(TOPK + t * stride_tk + offs, mask=inside, other=-1)
+    if CAUSAL:
+        pos = tl.where(inside & (offs <= tl.load(POSITIONS + t)), offs, -1)
+    else:
+        pos = tl.load(TOPK + t * stride_tk + offs, mask=inside, other=-1)
     valid = pos >= 0
     pos = tl.where(valid, pos, 0)
     pages = PAGE_TABLE + tl.load(TOKEN_REQ + t).to(tl.int64) * stride_pt
@@ -613,6 +623,7 @@ def sparse_mla_attention_triton(
     dense_below: int = 0,
     request_tokens: Sequence[int] | None = None,
     packed_rows: bool = False,
+    causal_rows: bool = False,
     block_h: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
@@ -664,7 +675,13 @@ def sparse_mla_attention_triton(
     long, and ptxas gives the 16-head column-group kernel 190 registers instead of 128 with the
     bound: it is not applied there.)
 
-    The keyword arguments after ``packed_rows`` override :func:`default_config` and, as
+    ``causal_rows``: the caller's word that every token's row is all of its positions
+    ``0…pos`` (every sequence is at most ``K`` long: the indexer's rows then are; needs
+    ``positions``, implies ``packed_rows``): the rows are made from the positions — by the
+    cache-row kernel where it runs (few heads), else in the gather loop — and ``topk_pos``,
+    which the indexer then need not write, is not read (only its shape).
+
+    The keyword arguments after ``causal_rows`` override :func:`default_config` and, as
     ``dense_*``, the options of
     :func:`~breakgraph.kernels.triton_dense_mla.dense_mla_attention_triton` (benchmarks, tests;
     ``dense_balanced``: its balanced kernel, default ``BREAKGRAPH_DENSE_MLA_BALANCED``);
@@ -683,8 +700,9 @@ def sparse_mla_attention_triton(
         return
     if dense_below > 0 and positions is None:
         raise ValueError("dense_below > 0 needs the token positions")
-    if packed_rows and positions is None:
-        raise ValueError("packed_rows needs the token positions")
+    if (packed_rows or causal_rows) and positions is None:
+        raise ValueError("packed_rows and causal_rows need the token positions")
+    packed_rows = packed_rows or causal_rows
     kv_fp8 = is_fp8_latent(kv_cache)
     cfg = default_config(num_tokens, num_heads, topk, q.device, dense=dense_below > 0, kv_fp8=kv_fp8)
     block_n = block_n or cfg["block_n"]
@@ -732,13 +750,15 @@ def sparse_mla_attention_triton(
         rows, stride_rows = torch.empty(num_tokens, topk, dtype=torch.int32, device=q.device), topk
         slot_block = triton.next_power_of_2(topk) if use_lean else _SLOT_BLOCK
         _topk_slots_kernel[(num_tokens, triton.cdiv(topk, slot_block))](
-            topk_pos, page_table, token_req, rows, topk_pos.stride(0), page_table.stride(0), topk, page_size,
-            BLOCK=slot_block, FILL=use_lean, num_warps=4, **pdl_launch(q.device),
+            topk_pos, page_table, token_req, positions if causal_rows else token_req, rows, topk_pos.stride(0),
+            page_table.stride(0), topk, page_size, BLOCK=slot_block, FILL=use_lean, CAUSAL=causal_rows, num_warps=4,
+            **pdl_launch(q.device),
         )  # fmt: skip
     shift = page_shift(page_size)
     packed = packed_rows and splits > 1  # the rows' bound, under split-K only (docstring)
     args = (
-        q, kv_cache, rows, page_table, token_req, positions if dense_t or packed else token_req, out, ws_o, ws_lse,
+        q, kv_cache, rows, page_table, token_req, positions if dense_t or packed or causal_rows else token_req, out,
+        ws_o, ws_lse,
         q.stride(0), q.stride(1), kv_cache.stride(0), stride_rows, page_table.stride(0),
         out.stride(0), out.stride(1),
         num_tokens, num_heads, topk, rank, dim - rank, page_size, keys_per_split, splits, dense_below, qk_scale,
@@ -752,8 +772,9 @@ def sparse_mla_attention_triton(
                                         CVT_ASM=asm, **tiles)  # fmt: skip
     else:
         _sparse_mla_fwd_kernel[grid](
-            *args, KV_FP8=kv_fp8, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean, **tiles
-        )
+            *args, KV_FP8=kv_fp8, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean,
+            CAUSAL=causal_rows and not use_slots, **tiles,
+        )  # fmt: skip
     if splits > 1:
         _sparse_mla_merge_kernel[(num_tokens, num_heads)](
             ws_o, ws_lse, out, out.stride(0), out.stride(1), num_heads, rank, splits,

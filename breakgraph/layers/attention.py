@@ -27,6 +27,7 @@ from breakgraph.kernels.rope import indexer_rope_qk, mla_rope_kv, rope
 from breakgraph.layers.dsa import (
     MlaBmmFusionPlan,
     dsa_indexer_graph_dispatch,
+    indexer_rows_are_causal,
     is_graph_dsa_split_op_surface,
     logits_head_gate,
     mla_bmm_then_unified_attention,
@@ -109,8 +110,10 @@ class Indexer(nn.Module):
         n = self.k_norm
         store = rotary_cache_store("indexer_k", self.layer_id, k.dtype)
         q, k = indexer_rope_qk(q, k, cos, sin, n.weight, n.bias, n.eps, self.interleaved, self.rope_dim, store)
-        w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
-        weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
+        weights = None  # a decode step over sequences of at most K tokens selects every causal key
+        if not indexer_rows_are_causal(self.topk):
+            w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
+            weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
         dsa_indexer_graph_dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5, store is not None)
         return topk

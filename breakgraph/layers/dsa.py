@@ -8,8 +8,10 @@ lengths and pages:
   indexer keys (unless the rotary kernel did: :func:`rotary_cache_store`), score, write the
   causal top-k into a preallocated ``topk_result``. Its core
   is :func:`k_cache_and_topk_result`; when every sequence is at most ``index_topk`` long the
-  top-k is simply every causal key and the scores are skipped
-  (:func:`_should_skip_logits_computation`).
+  top-k is simply every causal key: nothing is scored or written
+  (:func:`_should_skip_logits_computation`), the attention makes those rows from the token
+  positions itself (``causal_rows``), and in a decode batch the layer skips the head weights
+  (:func:`indexer_rows_are_causal`).
 * :func:`mla_bmm_then_unified_attention` — the absorbed query's ``q_nope · w_kc`` BMM *and*
   the sparse attention in one op, planned by :class:`MlaBmmFusionPlan`, so the lone BMM never
   becomes a one-kernel graph segment; :func:`sparse_mla_attention` is the attention alone.
@@ -26,7 +28,6 @@ import torch
 
 from breakgraph.forward_context import ForwardBatch, ForwardMode, get_forward_batch
 from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
-from breakgraph.kernels.causal_topk import causal_topk
 from breakgraph.kernels.indexer import indexer_topk
 from breakgraph.kernels.latent_fp8 import is_fp8_latent, store_latent
 from breakgraph.kernels.linear import bmm_into, linear_fp32_out
@@ -64,6 +65,19 @@ def _should_skip_logits_computation(fb: ForwardBatch, index_topk: int) -> bool:
     return fb.max_seq_len <= index_topk
 
 
+def indexer_rows_are_causal(index_topk: int) -> bool:
+    """Whether the layer code may skip what only the indexer's scores need (its head weights):
+    a decode batch whose sequences are all at most ``index_topk`` long, not traced by
+    ``torch.compile``. Decode graphs are captured per length bound and replay only batches
+    within it, so the answer at capture holds at every replay; prefill segments are captured
+    on a stand-in batch, so in prefill and extend batches the answer is no (their breaks decide
+    per batch)."""
+    if torch.compiler.is_compiling():
+        return False
+    fb = get_forward_batch()
+    return fb.mode is ForwardMode.DECODE and _should_skip_logits_computation(fb, index_topk)
+
+
 def rotary_cache_store(
     cache_name: str, layer_id: int, rows_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -89,41 +103,47 @@ def rotary_cache_store(
 
 
 def k_cache_and_topk_result(
-    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_result: torch.Tensor, layer_id: int, scale: float,
-    k_stored: bool = False,
-) -> None:  # fmt: skip
+    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor | None, topk_result: torch.Tensor, layer_id: int,
+    scale: float, k_stored: bool = False,
+) -> bool:  # fmt: skip
     """Core of the indexer split op for the first ``n`` (real) rows: store ``k [n, Di]`` in the
     layer's key cache (unless ``k_stored``: the rotary kernel wrote them, see
-    :func:`rotary_cache_store`), then fill ``topk_result [n, K]`` (int32 positions, ``-1`` unused)."""
+    :func:`rotary_cache_store`), then fill ``topk_result [n, K]`` (int32 positions, ``-1``
+    unused) — unless every sequence is at most ``K`` long: each row would be all of its causal
+    positions, which the attention makes itself (``causal_rows``), so nothing is written and
+    ``weights`` may be None. Returns whether ``topk_result`` was written."""
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.indexer_k[layer_id]
     if not k_stored:
         store_latent(cache, fb.out_cache_loc, k[:n], k.shape[-1])  # FP8 key rows: codes + scale, no RoPE part
-    top = topk_result[:n]
     if _should_skip_logits_computation(fb, topk_result.shape[1]):
-        causal_topk(fb.positions, top)
-        return
+        return False
+    if weights is None:
+        raise ValueError(f"layer {layer_id}: the indexer's head weights are needed, a sequence is longer than index_topk")
     indexer_topk(
-        q_fp8[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale, top,
-        max_seq_len=fb.max_seq_len,
+        q_fp8[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale,
+        topk_result[:n], max_seq_len=fb.max_seq_len,
     )  # fmt: skip
+    return True
 
 
 @graph_break_op(mutates_args=("topk_result",))
 def dsa_indexer_graph_dispatch(
-    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk_result: torch.Tensor, layer_id: int, scale: float,
-    k_stored: bool = False,
+    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor | None, topk_result: torch.Tensor, layer_id: int,
+    scale: float, k_stored: bool = False,
 ) -> None:  # fmt: skip
     """Split op: the DSA indexer of layer ``layer_id``. ``q_fp8 [T, Hi, Di]`` (queries; FP8 when
-    the indexer kernel quantises them), ``k [T, Di]``, ``weights [T, Hi]`` fp32; writes
-    ``topk_result [T, K]`` (rows past the real tokens set to ``-1``). ``T`` may be a padded
-    bucket: queries and head weights are sliced to the same real length. ``k_stored``: the keys
-    are in the cache already (:func:`rotary_cache_store`)."""
-    if q_fp8.shape[0] != weights.shape[0]:
+    the indexer kernel quantises them), ``k [T, Di]``, ``weights [T, Hi]`` fp32 (None where
+    :func:`indexer_rows_are_causal`); writes ``topk_result [T, K]`` (rows past the real tokens
+    set to ``-1``) unless every sequence is at most ``K`` long (then nothing: see
+    :func:`k_cache_and_topk_result`). ``T`` may be a padded bucket: queries and head weights are
+    sliced to the same real length. ``k_stored``: the keys are in the cache already
+    (:func:`rotary_cache_store`)."""
+    if weights is not None and q_fp8.shape[0] != weights.shape[0]:
         raise ValueError(f"indexer queries ({q_fp8.shape[0]} rows) and head weights ({weights.shape[0]} rows) differ")
-    k_cache_and_topk_result(q_fp8, k, weights, topk_result, layer_id, scale, k_stored)
-    topk_result[get_forward_batch().num_tokens :] = -1
+    if k_cache_and_topk_result(q_fp8, k, weights, topk_result, layer_id, scale, k_stored):
+        topk_result[get_forward_batch().num_tokens :] = -1
 
 
 bcg_dsa_indexer_graph_dispatch = dsa_indexer_graph_dispatch.bcg
@@ -135,25 +155,26 @@ def _attend(
     """Store the new latent entries (unless ``kv_stored``: the rotary kernel wrote them), then
     attend. ``topk`` comes from the DSA indexer (this
     layer's, or the previous layer's for shared-indexer layers: same batch, same tokens),
-    whose row for a token at ``pos < K`` is every causal position ``0…pos`` (both the score
-    skip and ``torch.topk`` over ``pos + 1 ≤ K`` finite scores pick them all), so the kernel
-    may attend densely below ``dense_below = K`` (in prefill/extend batches: a decode batch has
-    one token per request, which the dense path cannot share keys across). When no sequence
-    reaches past ``K``, the kernel is told each request's token count, so it can skip its sparse
-    launch where every token block is dense. The indexer's rows are packed (a token's
-    ``min(K, pos + 1)`` keys first, ``-1`` after them: the select, ``causal_topk`` and the twin's
-    ``topk`` all write them so), so the kernel stops each row at its keys (``packed_rows``)."""
+    whose row for a token at ``pos < K`` is every causal position ``0…pos`` (``torch.topk`` over
+    ``pos + 1 ≤ K`` finite scores picks them all), so the kernel may attend densely below
+    ``dense_below = K`` (in prefill/extend batches: a decode batch has one token per request,
+    which the dense path cannot share keys across). When no sequence reaches past ``K`` the
+    indexer wrote no rows (:func:`k_cache_and_topk_result`): the kernel makes them from the
+    positions (``causal_rows``) and, in prefill, is told each request's token count, so it can
+    skip its sparse launch where every token block is dense. The indexer's rows are packed (a
+    token's ``min(K, pos + 1)`` keys first, ``-1`` after them: the select and the twin's ``topk``
+    write them so), so the kernel stops each row at its keys (``packed_rows``)."""
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.latent[layer_id]
     if not kv_stored:
         store_latent(cache, fb.out_cache_loc, kv[:n], out.shape[-1])  # quantises into an FP8 cache
     decode = fb.mode is ForwardMode.DECODE
-    all_below = not decode and fb.max_seq_len <= topk.shape[1]  # every position < K
+    causal = _should_skip_logits_computation(fb, topk.shape[1])  # every position < K
     sparse_mla_kernel(
         q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n],
         positions=fb.positions[:n], dense_below=0 if decode else topk.shape[1],
-        request_tokens=fb.extend_lens_cpu if all_below else None, packed_rows=True,
+        request_tokens=fb.extend_lens_cpu if causal and not decode else None, packed_rows=True, causal_rows=causal,
     )  # fmt: skip
     out[n:].zero_()
 

@@ -167,11 +167,13 @@ class DsaForCausalLM(nn.Module):
         return self.model.norm(h) if residual is None else self.model.norm.forward_with_residual(h, residual)[0]
 
     def host_length_bounds(self) -> tuple[int, ...]:
-        """Sequence lengths at which the body's host-side choices change (the DSA indexer's top-k
-        select takes its split kernels past :data:`~breakgraph.kernels.dispatch.SPLIT_SELECT_MIN_KEYS`
-        keys): decode graphs are worth capturing per bound (see
+        """Sequence lengths at which the body's host-side choices change: up to ``index_topk``
+        the DSA indexer's top-k is every causal key (no scores, no head weights; the attention
+        makes the rows: :func:`~breakgraph.layers.dsa.indexer_rows_are_causal`), and past
+        :data:`~breakgraph.kernels.dispatch.SPLIT_SELECT_MIN_KEYS` keys its top-k select takes
+        its split kernels. Decode graphs are worth capturing per bound (see
         :class:`~breakgraph.graphs.decode_runner.DecodeGraphRunner`)."""
-        return (SPLIT_SELECT_MIN_KEYS,)
+        return tuple(sorted({self.config.index_topk, SPLIT_SELECT_MIN_KEYS}))
 
     def compile_regions(self) -> list[nn.Module]:
         """The regions regional ``torch.compile`` compiles one by one: the decoder layers."""
