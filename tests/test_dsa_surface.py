@@ -129,24 +129,30 @@ def test_attention_asks_for_the_dense_causal_path_in_prefill_only(engine, monkey
 def test_attention_tells_the_kernel_the_token_counts_only_when_every_position_is_below_k(engine, monkeypatch):
     """An extend batch whose sequences all end at or before K passes each request's token count
     (the kernel may then skip its sparse launch); a longer sequence in the batch, or a decode
-    batch, passes None."""
-    seen: list[tuple[str, list[int] | None]] = []
+    batch, passes None. Any batch whose sequences all end at or before K, decode too, asks for
+    causal rows (the indexer wrote none); any other does not."""
+    seen: list[tuple[str, list[int] | None, bool, int]] = []
     real = dsa.sparse_mla_kernel
 
-    def spy(*args, request_tokens, **kw):
+    def spy(*args, request_tokens, causal_rows, **kw):
         from breakgraph.forward_context import get_forward_batch
 
-        seen.append((get_forward_batch().mode.value, request_tokens))
-        return real(*args, request_tokens=request_tokens, **kw)
+        fb = get_forward_batch()
+        seen.append((fb.mode.value, request_tokens, causal_rows, fb.max_seq_len))
+        return real(*args, request_tokens=request_tokens, causal_rows=causal_rows, **kw)
 
     monkeypatch.setattr(dsa, "sparse_mla_kernel", spy)
     k = engine.config.index_topk
     short = [[31, 32, 33, 34, 35], list(range(41, 41 + k))]  # new tokens (no cached prefix); the second ends at K
     engine.generate(short, SamplingParams(max_new_tokens=2))
-    assert ("extend", [5, k]) in seen and {n for mode, n in seen if mode == "decode"} == {None}
+    assert ("extend", [5, k], True, k) in seen and {n for mode, n, _, _ in seen if mode == "decode"} == {None}
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))  # decode steps over 4 and 5 tokens
+    seen_rows = {(mode, causal) for mode, _, causal, _ in seen}
+    assert seen_rows == {("extend", True), ("decode", True), ("decode", False)}
+    assert all(causal == (longest <= k) for _, _, causal, longest in seen)
     seen.clear()
     engine.generate([[1, 2, 3], list(range(1, k + 2))], SamplingParams(max_new_tokens=1))
-    assert [n for mode, n in seen if mode == "extend"] and all(n is None for _, n in seen)
+    assert [n for mode, n, _, _ in seen if mode == "extend"] and all(n is None and not c for _, n, c, _ in seen)
 
 
 def test_indexer_queries_and_head_weights_must_have_the_same_rows(engine):

@@ -432,42 +432,54 @@ def _interp_sparse_mla_packed_rows_stop_at_their_keys():
 def _interp_sparse_mla_causal_rows_come_from_the_positions():
     """``causal_rows``: every sequence at most K long, the rows are made from the positions and
     ``topk_pos`` is not read. Decode batches under split-K (the column-group and lean loops, the
-    cache-row kernel making the rows with and without its fill; the masked loop making them
-    itself), an extend batch beside the dense path and one at many heads (the masked loop), on
-    a ``topk_pos`` of random wrong positions: equal to the twin on the causal rows (fp32:
-    1e-5); the same garbage without ``causal_rows`` gives another result."""
+    cache-row kernel making the rows with its fill; the masked loop making them itself), extend
+    batches beside the dense path (the cache-row kernel without its fill; the masked loop, one
+    split, bounded at each row's keys), one at many heads, and the FP8 cache, all on a
+    ``topk_pos`` of random wrong positions. fp32: equal to the twin on the causal rows (1e-5),
+    and the same garbage without ``causal_rows`` gives another result; FP8 cache (bf16
+    queries): equal to the same kernels reading the right causal rows as packed rows."""
     from breakgraph.kernels.causal_topk import causal_topk_ref
+    from breakgraph.kernels.latent_fp8 import quantize_latent_ref
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
 
-    cases = [  # (prefix lens, token counts, heads, rank, K, dense_below, opts)
-        ([3, 17, 40, 120], [1, 1, 1, 1], 8, 64, 128, 0, {"num_splits": 4, "groups": 4}),
-        ([3, 17, 40, 120], [1, 1, 1, 1], 8, 64, 128, 0, {"num_splits": 2, "groups": 1}),
-        ([3, 100, 40], [1, 1, 1], 16, 32, 128, 0, {"num_splits": 4, "lean": False, "block_n": 16}),  # rows in the loop
-        ([0, 90, 5], [11, 6, 9], 8, 64, 128, 128, {"groups": 4}),  # no split-K: the dense path beside sparse rows
-        ([0, 30], [5, 7], 32, 32, 64, 0, {"num_splits": 1}),  # many heads: no cache-row kernel, rows in the loop
+    cases = [  # (prefix lens, token counts, heads, rank, K, dense_below, opts, FP8 cache)
+        ([3, 17, 40, 120], [1, 1, 1, 1], 8, 64, 128, 0, {"num_splits": 4, "groups": 4}, False),
+        ([3, 17, 40, 120], [1, 1, 1, 1], 8, 64, 128, 0, {"num_splits": 2, "groups": 1}, False),
+        ([3, 100, 40], [1, 1, 1], 16, 32, 128, 0, {"num_splits": 4, "lean": False, "block_n": 16}, False),  # rows in the loop
+        ([0, 90, 5], [11, 6, 9], 8, 64, 128, 128, {"groups": 4}, False),  # no split-K: the dense path beside sparse rows
+        ([0, 90, 5], [11, 6, 9], 8, 64, 128, 128, {"num_splits": 1, "lean": False}, False),  # cache rows without the fill
+        ([0, 30], [5, 7], 32, 32, 64, 0, {"num_splits": 1}, False),  # many heads: rows in the loop, one split
+        ([3, 17, 40, 120], [1, 1, 1, 1], 8, 128, 128, 0, {"num_splits": 4, "groups": 4}, True),
+        ([3, 17, 40, 120], [1, 1, 1, 1], 8, 128, 128, 0, {"num_splits": 4, "lean": False, "block_n": 16}, True),
     ]
-    for i, (prefix, counts, heads, rank, topk, dense_below, opts) in enumerate(cases):
+    for i, (prefix, counts, heads, rank, topk, dense_below, opts, fp8) in enumerate(cases):
         batch = make_batch(prefix, counts, page_size=4, seed=120 + i)
         pos = batch["positions"]
         assert int(pos.max()) < topk
-        q, kv, _ = mla_inputs(batch, heads, rank, 16, topk, torch.float32, seed=120 + i)
+        rope = 64 if fp8 else 16
+        q, kv, _ = mla_inputs(batch, heads, rank, rope, topk, torch.bfloat16 if fp8 else torch.float32, seed=120 + i)
+        if fp8:
+            kv = quantize_latent_ref(kv, rank)
         causal = torch.empty(q.shape[0], topk, dtype=torch.int32)
         causal_topk_ref(pos, causal)
-        rest = (batch["page_table"], batch["token_req"], 4, (rank + 16) ** -0.5)
-        ref = torch.empty(q.shape[0], heads, rank)
-        sparse_mla_attention_ref(q, kv, causal, *rest, ref)
+        rest = (batch["page_table"], batch["token_req"], 4, (rank + rope) ** -0.5)
+        kw = dict(positions=pos, dense_below=dense_below, **opts)
+        ref = torch.full((q.shape[0], heads, rank), float("nan"), dtype=q.dtype)
+        if fp8:
+            sparse_mla_attention_triton(q, kv, causal, *rest, ref, packed_rows=True, **kw)
+        else:
+            sparse_mla_attention_ref(q, kv, causal, *rest, ref)
         g = torch.Generator().manual_seed(i)
         garbage = torch.stack([torch.randint(0, p + 1, (topk,), generator=g, dtype=torch.int32) for p in pos.tolist()])
-        kw = dict(positions=pos, dense_below=dense_below, **opts)
         out = torch.full_like(ref, float("nan"))
         sparse_mla_attention_triton(q, kv, garbage, *rest, out, causal_rows=True, **kw)
-        err = rel_err(out, ref)
-        assert err <= 1e-5, (i, err)
+        err = rel_err(out.float(), ref.float())
+        assert err <= (1e-6 if fp8 else 1e-5), (i, err)
         read = torch.full_like(ref, float("nan"))
         sparse_mla_attention_triton(q, kv, garbage, *rest, read, **kw)
-        assert rel_err(read, ref) > 1e-3, (i, "the garbage rows change nothing: the check proves nothing")
-        print(f"causal rows case {i} {opts}: {err:.2e}")
+        assert rel_err(read.float(), ref.float()) > 1e-3, (i, "the garbage rows change nothing: the check proves nothing")
+        print(f"causal rows case {i} {opts}{' fp8' if fp8 else ''}: {err:.2e}")
 
 
 # Fresh and cached prompts, a 1-token request, lengths off the block sizes; positions up to 70.
@@ -1286,6 +1298,11 @@ def test_sparse_mla_kernels_compile_for_sm90_without_spills(heads):
                                     decode["num_stages"], decode["maxnreg"])  # fmt: skip
             print(f"decode fwd kernel, {heads} heads, causal rows: {info['regs']} registers")
             assert info["stack"] == 0 and info["local_insts"] == 0, ("decode causal", info)
+            # prefill beside the dense path, one split: the causal loop bounded at the row's keys
+            info = compile_for_sm90(tsm._sparse_mla_fwd_kernel, a, consts | dict(SPLIT=False, DENSE_T=dense["block_t"],
+                                    CAUSAL=True), sparse["num_warps"], sparse["num_stages"], sparse["maxnreg"])  # fmt: skip
+            print(f"prefill fwd kernel, {heads} heads, causal rows: {info['regs']} registers")
+            assert info["stack"] == 0 and info["local_insts"] == 0, ("prefill causal", info)
     if heads == 8:  # the lean loop with the lazy rescale at the bench's tiles: no spills at all
         for bn, warps, stages, cap in ((32, 4, 2, 168), (64, 8, 2, None), (32, 4, 3, 168)):
             lean = consts | dict(BLOCK_N=bn, SLOTS=True, LEAN=True, LAZY=8.0)

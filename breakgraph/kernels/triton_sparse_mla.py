@@ -212,10 +212,11 @@ def _sparse_mla_fwd_kernel(
             else:
                 m_i, l_i, acc = _softmax_step(q_nope, q_pe, c, k_pe, valid[None, :], qk_scale, m_i, l_i, acc)
     else:
+        last = tl.load(POSITIONS + t) if CAUSAL else 0  # the row's last key (CAUSAL: keys 0…last)
         for n0 in range(0, k_end - k_start, BLOCK_N):
             offs_n = k_start + n0 + tl.arange(0, BLOCK_N)
             if CAUSAL:
-                pos = tl.where((offs_n < k_end) & (offs_n <= tl.load(POSITIONS + t)), offs_n, -1)
+                pos = tl.where((offs_n < k_end) & (offs_n <= last), offs_n, -1)
             else:
                 pos = tl.load(pos_row + offs_n, mask=offs_n < k_end, other=-1)
             valid = pos >= 0
@@ -678,8 +679,9 @@ def sparse_mla_attention_triton(
     ``causal_rows``: the caller's word that every token's row is all of its positions
     ``0…pos`` (every sequence is at most ``K`` long: the indexer's rows then are; needs
     ``positions``, implies ``packed_rows``): the rows are made from the positions — by the
-    cache-row kernel where it runs (few heads), else in the gather loop — and ``topk_pos``,
-    which the indexer then need not write, is not read (only its shape).
+    cache-row kernel where it runs (few heads), else in the gather loop, which then stops at
+    the row's last key block with or without split-K — and ``topk_pos``, which the indexer
+    then need not write, is not read (only its shape).
 
     The keyword arguments after ``causal_rows`` override :func:`default_config` and, as
     ``dense_*``, the options of
@@ -755,7 +757,9 @@ def sparse_mla_attention_triton(
             **pdl_launch(q.device),
         )  # fmt: skip
     shift = page_shift(page_size)
-    packed = packed_rows and splits > 1  # the rows' bound, under split-K only (docstring)
+    causal_in_loop = causal_rows and not use_slots  # else the cache-row kernel makes the rows
+    # the rows' bound: under split-K, and in the fwd kernel's causal loop (docstring)
+    packed = packed_rows and (splits > 1 or causal_in_loop)
     args = (
         q, kv_cache, rows, page_table, token_req, positions if dense_t or packed or causal_rows else token_req, out,
         ws_o, ws_lse,
@@ -773,7 +777,7 @@ def sparse_mla_attention_triton(
     else:
         _sparse_mla_fwd_kernel[grid](
             *args, KV_FP8=kv_fp8, PAGE_SHIFT=shift, SLOTS=use_slots, LEAN=use_lean,
-            CAUSAL=causal_rows and not use_slots, **tiles,
+            CAUSAL=causal_in_loop, **tiles,
         )  # fmt: skip
     if splits > 1:
         _sparse_mla_merge_kernel[(num_tokens, num_heads)](
