@@ -761,7 +761,7 @@ def sparse_mla_attention_triton(
     # the rows' bound: under split-K, and in the fwd kernel's causal loop (docstring)
     packed = packed_rows and (splits > 1 or causal_in_loop)
     args = (
-        q, kv_cache, rows, page_table, token_req, positions if dense_t or packed or causal_rows else token_req, out,
+        q, kv_cache, rows, page_table, token_req, positions if dense_t or packed else token_req, out,
         ws_o, ws_lse,
         q.stride(0), q.stride(1), kv_cache.stride(0), stride_rows, page_table.stride(0),
         out.stride(0), out.stride(1),
