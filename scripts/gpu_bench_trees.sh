@@ -4,7 +4,7 @@
 # exported to a temporary folder) — a same-machine comparison. Called by the gpu_check scripts;
 # logs and tables under $OUT. `glm5-tp8-rank` needs more than an H100's 80 GB: on a smaller card
 # the 12-layer preset runs (PRESET overrides). DECODE_BATCHES: the decode batch sizes (default 16 64).
-#   OUT=/some/dir [BASE=<commit>] [PRESET=...] [DECODE_BATCHES="1 16 64"] bash scripts/gpu_bench_trees.sh
+#   OUT=/some/dir [BASE=<commit> | BASE_TREE=<folder>] [PRESET=...] [DECODE_BATCHES="1 16 64"] bash scripts/gpu_bench_trees.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/bench-trees-out}"

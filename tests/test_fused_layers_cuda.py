@@ -56,7 +56,7 @@ def unfused(monkeypatch: pytest.MonkeyPatch) -> None:
         k = F.layer_norm(k, (k.shape[-1],), weight, bias, eps)
         k = rope.rope(k, cos, sin, interleaved, rope_dim)
         rope._store_rows(store, k)
-        return rope.rope(q, cos, sin, interleaved, rope_dim), k
+        return (rope.rope(q, cos, sin, interleaved, rope_dim) if q is not None else None), k
 
     def bmm_into(a, b, out):
         out.copy_(torch.bmm(a, b))

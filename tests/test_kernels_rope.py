@@ -117,6 +117,8 @@ def _check_indexer_rope_qk(q, k, cos, sin, w, b, interleaved: bool) -> None:
     err = (gk.float() - want.float()).abs() / want.float().abs().clamp(min=1e-2)
     assert err.max().item() <= 3 * ulp, err.max().item()
     assert (gk != want).float().mean().item() < 0.05
+    no_q, k_alone = indexer_rope_qk(None, k, cos, sin, w, b, 1e-6, interleaved, r)  # a causal decode step's call
+    assert no_q is None and torch.equal(k_alone, gk)
 
 
 def check_indexer_rope_qk_matches_the_twins():
@@ -159,6 +161,10 @@ def check_rotary_kernels_store_their_rows_in_the_cache():
         assert torch.equal(gq, wq) and torch.equal(gk, wk) and torch.equal(cache[slots], gk), dtype
         others = torch.ones(cache.shape[0], dtype=torch.bool)
         others[slots] = False
+        assert torch.equal(cache[others], before[others]), dtype
+        cache = before.clone()  # the key alone (no queries) stores the same rows
+        no_q, k_alone = indexer_rope_qk_triton(None, k, cos, sin, w, b, 1e-6, True, cache=cache, slots=slots)
+        assert no_q is None and torch.equal(k_alone, gk) and torch.equal(cache[slots], gk), dtype
         assert torch.equal(cache[others], before[others]), dtype
 
 
@@ -215,14 +221,15 @@ def test_indexer_rope_qk_twin_is_the_separate_steps():
     assert torch.equal(gk, rope_ref(torch.nn.functional.layer_norm(k, (48,), w, b, 1e-6), cos, sin, False, 16))
 
 
-@pytest.mark.parametrize("store", [False, True])
-def test_indexer_rope_qk_compiles_for_sm90_without_spills(store):
+@pytest.mark.parametrize("store,has_q", [(False, True), (True, True), (True, False)])
+def test_indexer_rope_qk_compiles_for_sm90_without_spills(store, has_q):
     pytest.importorskip("triton")
     from breakgraph.kernels import triton_rope
 
     ptrs = ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "w_ptr", "b_ptr", "q_out_ptr", "k_out_ptr", "cache_ptr")
     types = {p: "*bf16" for p in ptrs} | {"slots_ptr": "*i64", "inv_d": "fp32", "eps": "fp32"}
-    constexprs = {"INTERLEAVED": True, "BLOCK_H": 32, "BLOCK_D": 128, "BLOCK_HALF": 32, "INTERP": False, "STORE": store}
+    constexprs = {"INTERLEAVED": True, "BLOCK_H": 32 if has_q else 1, "BLOCK_D": 128, "BLOCK_HALF": 32, "INTERP": False,
+                  "STORE": store, "HAS_Q": has_q}  # fmt: skip
     info = compile_for_sm90(triton_rope._indexer_rope_qk_kernel, types, constexprs, 4, 1)
     print(f"indexer_rope_qk: {info}")
     assert info["stack"] == 0 and info["local_insts"] == 0, info

@@ -41,6 +41,34 @@ def test_merged_linear_equals_its_parts_side_by_side(fp8):
     torch.testing.assert_close(torch.cat([p(x) for p in parts], dim=-1), want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_first_parts_alone_equal_the_merged_columns_from_their_rows_only(fp8, monkeypatch):
+    """``forward_first`` gives the merged output's leading columns, computed from the leading
+    parts' weight rows, scale rows and bias only (what a decode step without the indexer's
+    queries runs in place of ``q_b ‖ wq_b``)."""
+    from breakgraph.layers import linear as linear_mod
+
+    parts = [_linear(256, 128, fp8, bias=True, seed=4), _linear(256, 256, fp8, seed=5), _linear(256, 72, fp8, seed=6)]
+    merged = merge_linears(parts)
+    x = torch.randn(3, 256)
+    full = merged(x)
+    seen = []
+
+    def spy(x, weight, scale, block, bias=None, x_fp8=None):
+        seen.append((weight.shape[0], None if scale is None else scale.shape[0], None if bias is None else bias.shape[0]))
+        return real(x, weight, scale, block, bias, x_fp8)
+
+    real = linear_mod.linear
+    monkeypatch.setattr(linear_mod, "linear", spy)
+    for n_parts, cols in ((1, 128), (2, 384), (3, 456)):
+        torch.testing.assert_close(merged.forward_first(x, n_parts), full[:, :cols], rtol=1e-6, atol=1e-6)
+    assert seen == [(128, 1 if fp8 else None, 128), (384, 3 if fp8 else None, 384), (456, 4 if fp8 else None, 456)]
+    merged.partial_parts = (1, 2)
+    assert merged.partial_shapes() == {(256, 128), (256, 384)}
+    with pytest.raises(ValueError, match="no first 4"):
+        merged.forward_first(x, 4)
+
+
 def test_merge_is_refused_where_layouts_do_not_allow_it():
     # an FP8 part other than the last that does not end on a 128-row block boundary
     assert merge_linears([_linear(256, 72, True), _linear(256, 128, True)]) is None

@@ -15,6 +15,7 @@ from breakgraph.graphs.decode_runner import default_decode_buckets
 from breakgraph.graphs.jit_guard import CompileInCapture
 from breakgraph.graphs.prefill_runner import PrefillGraphRunner, default_prefill_buckets
 from breakgraph.layers.dsa import dsa_indexer_graph_dispatch, sparse_mla_attention
+from breakgraph.layers.linear import LinearBase
 
 BUCKETS = [16, 64]
 
@@ -228,9 +229,9 @@ def test_a_short_prefill_in_a_padded_bucket_leaves_other_requests_cache_rows(hf_
 
 def test_decode_graphs_up_to_index_topk_skip_the_indexer_scores(hf_checkpoints, monkeypatch):
     """The model's length bounds start at ``index_topk``: each batch size has a decode graph for
-    sequences that short, captured without the indexer's head weights and scores (the top-k is
-    every causal key), which a short batch replays with eager's tokens; the longer graphs
-    compute them."""
+    sequences that short, captured without the indexer's queries, head weights and scores (the
+    top-k is every causal key; the merged ``q_b ‖ wq_b`` linear computes ``q_b`` alone), which a
+    short batch replays with eager's tokens; the longer graphs compute them."""
     from breakgraph.forward_context import get_forward_batch
     from breakgraph.layers import attention, dsa
 
@@ -240,24 +241,29 @@ def test_decode_graphs_up_to_index_topk_skip_the_indexer_scores(hf_checkpoints, 
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)  # at most 8 tokens: index_topk
     common = dict(device="cpu", dtype="float32", page_size=4, context_length=96)
     want = Engine(folder, **common).generate(prompts, params)
-    seen = {"weights": [], "scores": []}
+    seen = {"weights": [], "scores": [], "queries": [], "q_b alone": []}
 
-    def spy(name, real):
+    def spy(name, real, counts=lambda *args: True):
         def call(*args, **kwargs):
             fb = get_forward_batch()
-            seen[name].append((fb.mode, fb.max_seq_len))
+            if counts(*args):
+                seen[name].append((fb.mode, fb.max_seq_len))
             return real(*args, **kwargs)
 
         return call
 
     monkeypatch.setattr(attention, "logits_head_gate", spy("weights", attention.logits_head_gate))
     monkeypatch.setattr(dsa, "indexer_topk", spy("scores", dsa.indexer_topk))
+    monkeypatch.setattr(attention, "indexer_rope_qk", spy("queries", attention.indexer_rope_qk, lambda q, *a: q is not None))
+    first = spy("q_b alone", LinearBase.forward_first)
+    monkeypatch.setattr(LinearBase, "forward_first", lambda self, *a, **kw: first(self, *a, **kw))
     engine = Engine(folder, cuda_graph_backend_decode="full", cuda_graph_max_bs=4, **common)
     k, graphs = engine.config.index_topk, engine.runner.decode_graphs
     assert graphs.length_bounds == [k, 96]
-    for name, calls in seen.items():
-        decode = [n for mode, n in calls if mode is ForwardMode.DECODE]
+    for name in ("weights", "scores", "queries"):
+        decode = [n for mode, n in seen[name] if mode is ForwardMode.DECODE]
         assert decode and min(decode) > k, f"the short decode graphs computed the indexer's {name}"
+    assert seen["q_b alone"] and all(mode is ForwardMode.DECODE and n <= k for mode, n in seen["q_b alone"])
     got = engine.generate(prompts, params)
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert graphs.bound_replays[k] > 0

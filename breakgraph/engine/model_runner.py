@@ -185,7 +185,7 @@ class ModelRunner:
         decode_default = "full" if on_cuda and not backends.lookup("prefill", prefill).runs_decode else "disabled"
         decode = backends.lookup("decode", config.cuda_graph_backend_decode or decode_default)
         if decode.build is not None:
-            max_bs = config.cuda_graph_max_bs or min(config.max_running_requests, 64)
+            max_bs = self._max_decode_batch()
             self.decode_graphs = decode.build(GraphSetup(
                 self.model, spec.device, default_decode_buckets(max_bs, config.cuda_graph_ladder),
                 kv_cache=self.kv_cache, max_pages=self.kv_cache.pool.pages_for(spec.context_length),
@@ -200,7 +200,9 @@ class ModelRunner:
 
     def _tune_fp8_linears(self) -> None:
         """Choose the FP8 GEMM path (``_scaled_mm``, Triton W8A8 or W8A16) per row-count bucket
-        for every FP8 linear shape of the model, up to the largest prefill step: read from the
+        for every FP8 linear shape of the model, up to the largest prefill step (the partial
+        products of merged linears, which only decode steps run, up to the largest decode
+        batch): read from the
         on-disk cache where this GPU and these versions measured them before, timed otherwise
         (:mod:`breakgraph.kernels.fp8_gemm_choice`; the candidates' Triton kernels compiled
         in parallel processes first, :mod:`breakgraph.kernels.precompile`)."""
@@ -213,26 +215,34 @@ class ModelRunner:
         # (which skips kernel launches) even when every table comes from the cache.
         scaled_mm_blockwise_mode(self.device)
 
-        shapes = {
-            (m.in_features, m.out_features)
-            for m in self.model.modules()
-            if isinstance(m, LinearBase) and m.quantized
-        }
-        t0 = time.perf_counter()
-        max_m = self.config.chunked_prefill_size
+        linears = [m for m in self.model.modules() if isinstance(m, LinearBase) and m.quantized]
+        shapes = {(m.in_features, m.out_features) for m in linears}
+        # merged linears' leading parts computed alone (the attention's q_b without the indexer's
+        # queries) run in decode steps only: timed up to the largest decode batch
+        partial = set().union(*(m.partial_shapes() for m in linears)) - shapes
         root = choice.cache_dir()
-        key = choice.environment_key(self.device, max_m)
-        def tune(missing: set[tuple[int, int]]) -> dict:
-            return tune_fp8_paths(missing, self.device, max_m=max_m, ahead=self._ahead)
+        for group, max_m in ((shapes, self.config.chunked_prefill_size), (partial, self._max_decode_batch())):
+            if not group:
+                continue
+            t0 = time.perf_counter()
+            key = choice.environment_key(self.device, max_m)
 
-        tables, cached = choice.load_or_tune(shapes, key, tune, root)
-        for (k, n), table in tables.items():
-            choice.set_table(device_index(self.device), k, n, table)
-        where = f" ({cached} read from {choice.cache_file(root, key)})" if cached else ""
-        logger.info(
-            "fp8 linears: GEMM paths of %d shapes chosen in %.1fs, %d timed%s",
-            len(shapes), time.perf_counter() - t0, len(shapes) - cached, where,
-        )  # fmt: skip
+            def tune(missing: set[tuple[int, int]], max_m: int = max_m) -> dict:
+                return tune_fp8_paths(missing, self.device, max_m=max_m, ahead=self._ahead)
+
+            tables, cached = choice.load_or_tune(group, key, tune, root)
+            for (k, n), table in tables.items():
+                choice.set_table(device_index(self.device), k, n, table)
+            where = f" ({cached} read from {choice.cache_file(root, key)})" if cached else ""
+            logger.info(
+                "fp8 linears: GEMM paths of %d shapes up to %d rows chosen in %.1fs, %d timed%s",
+                len(group), max_m, time.perf_counter() - t0, len(group) - cached, where,
+            )  # fmt: skip
+
+    def _max_decode_batch(self) -> int:
+        """The largest decode batch a decode graph is captured for (``--cuda-graph-max-bs``, else
+        ``--max-running-requests`` up to 64)."""
+        return self.config.cuda_graph_max_bs or min(self.config.max_running_requests, 64)
 
     def _default_num_pages(self) -> int:
         cfg, spec = self.config, self.spec

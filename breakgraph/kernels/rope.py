@@ -106,18 +106,19 @@ def mla_rope_kv(
 
 
 def indexer_rope_qk(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor,
+    q: torch.Tensor | None, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor,
     bias: torch.Tensor, eps: float, interleaved: bool, rope_dim: int, store: CacheStore | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
     """The DSA indexer's steps before scoring: ``(rope(q), rope(layer_norm(k)))`` for queries
     ``q [T, H, D]`` and the key ``k [T, D]`` (``layer_norm`` over ``D`` with ``weight``, ``bias``,
-    ``eps``; the first ``rope_dim`` columns rotated). ``store = (cache, slots)``: the key rows are
-    also written to ``cache[slots]`` (by the kernel itself where it runs). CUDA tensors outside
+    ``eps``; the first ``rope_dim`` columns rotated); ``q`` None: the key alone (``(None, …)``).
+    ``store = (cache, slots)``: the key rows are also written to ``cache[slots]`` (by the kernel
+    itself where it runs). CUDA tensors outside
     autograd recording take one Triton kernel
     (:func:`~breakgraph.kernels.triton_rope.indexer_rope_qk_triton`: the rotations are the rope
     kernel's bits; the LayerNorm is fp32 like torch's, rounded once, its sums in another order),
     everything else the twins."""
-    if use_triton_inference(q, k, cos, sin, weight, bias):
+    if use_triton_inference(*([q] if q is not None else []), k, cos, sin, weight, bias):
         from breakgraph.kernels import triton_rope
 
         if triton_rope.indexer_rope_qk_supports(q, k, cos, weight) and 2 * cos.shape[1] == rope_dim:
@@ -130,4 +131,4 @@ def indexer_rope_qk(
             return q_out, k_out
     k = rope(torch.nn.functional.layer_norm(k, (k.shape[-1],), weight, bias, eps), cos, sin, interleaved, rope_dim)
     _store_rows(store, k)
-    return rope(q, cos, sin, interleaved, rope_dim), k
+    return (rope(q, cos, sin, interleaved, rope_dim) if q is not None else None), k

@@ -226,11 +226,12 @@ def _indexer_rope_qk_kernel(
     H, D, HALF, stride_qt, stride_qh, stride_kt, stride_ct, stride_st, stride_cache, inv_d, eps,
     INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr,
     INTERP: tl.constexpr, STORE: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, HAS_Q: tl.constexpr = True,
 ):  # fmt: skip
     """Token ``pid``: ``q_out[t] = rope(q[t])`` (``H`` heads of ``D``, the first ``2·HALF``
-    columns rotated, the rest copied) and ``k_out[t] = rope(layer_norm(k[t]))``. ``STORE``: the
-    same key row also goes to cache row ``slots[t]`` (int64)."""
+    columns rotated, the rest copied; not without ``HAS_Q``) and ``k_out[t] =
+    rope(layer_norm(k[t]))``. ``STORE``: the same key row also goes to cache row ``slots[t]``
+    (int64)."""
     pdl_wait(PDL)
     dtype: tl.constexpr = k_out_ptr.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)
@@ -244,20 +245,20 @@ def _indexer_rope_qk_kernel(
         i1, i2 = 2 * j, 2 * j + 1
     else:
         i1, i2 = j, j + HALF
-    # the queries: rotate the first 2·HALF columns of every head, copy the rest
-    heads = tl.arange(0, BLOCK_H)
-    h_ok = heads < H
-    m = h_ok[:, None] & j_ok[None, :]
-    q_rows = q_ptr + t * stride_qt + heads[:, None].to(tl.int64) * stride_qh
-    o_rows = q_out_ptr + (t * H + heads[:, None].to(tl.int64)) * D
-    x1 = tl.load(q_rows + i1[None, :], mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(q_rows + i2[None, :], mask=m, other=0.0).to(tl.float32)
-    o1, o2 = _rotate_pairs(x1, x2, cs[None, :], sn[None, :], dtype, INTERP)
-    tl.store(o_rows + j[None, :], o1, mask=m)
-    tl.store(o_rows + HALF + j[None, :], o2, mask=m)
     d = tl.arange(0, BLOCK_D)
-    rest = h_ok[:, None] & ((d >= 2 * HALF) & (d < D))[None, :]
-    tl.store(o_rows + d[None, :], tl.load(q_rows + d[None, :], mask=rest, other=0.0), mask=rest)
+    if HAS_Q:  # the queries: rotate the first 2·HALF columns of every head, copy the rest
+        heads = tl.arange(0, BLOCK_H)
+        h_ok = heads < H
+        m = h_ok[:, None] & j_ok[None, :]
+        q_rows = q_ptr + t * stride_qt + heads[:, None].to(tl.int64) * stride_qh
+        o_rows = q_out_ptr + (t * H + heads[:, None].to(tl.int64)) * D
+        x1 = tl.load(q_rows + i1[None, :], mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(q_rows + i2[None, :], mask=m, other=0.0).to(tl.float32)
+        o1, o2 = _rotate_pairs(x1, x2, cs[None, :], sn[None, :], dtype, INTERP)
+        tl.store(o_rows + j[None, :], o1, mask=m)
+        tl.store(o_rows + HALF + j[None, :], o2, mask=m)
+        rest = h_ok[:, None] & ((d >= 2 * HALF) & (d < D))[None, :]
+        tl.store(o_rows + d[None, :], tl.load(q_rows + d[None, :], mask=rest, other=0.0), mask=rest)
     # the key: LayerNorm in fp32 (rounded once, as torch's kernel does), then the same rotation
     d_ok = d < D
     k_in = k_ptr + t * stride_kt
@@ -289,9 +290,11 @@ def _indexer_rope_qk_kernel(
         tl.store(cache_row + HALF + j, o2, mask=j_ok)
 
 
-def indexer_rope_qk_supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, weight: torch.Tensor) -> bool:
-    """``q [T, H, D]`` and ``k [T, D]`` of one 16-bit or fp32 dtype with unit last strides (``H ≤
-    64``, ``D ≤ 1024``), ``cos [T, R/2]`` of that dtype, ``weight`` (and the bias) ``[D]``."""
+def indexer_rope_qk_supports(q: torch.Tensor | None, k: torch.Tensor, cos: torch.Tensor, weight: torch.Tensor) -> bool:
+    """``q [T, H, D]`` (or None) and ``k [T, D]`` of one 16-bit or fp32 dtype with unit last strides
+    (``H ≤ 64``, ``D ≤ 1024``), ``cos [T, R/2]`` of that dtype, ``weight`` (and the bias) ``[D]``."""
+    if q is None:  # the key alone: the same checks on it as one head
+        q = k.unsqueeze(1) if k.dim() == 2 else k
     return (
         q.dim() == 3 and k.dim() == 2 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[1]
         and q.dtype in _DTYPES and q.shape[1] <= 64 and k.shape[1] <= 1024
@@ -302,26 +305,30 @@ def indexer_rope_qk_supports(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor
 
 
 def indexer_rope_qk_triton(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor,
+    q: torch.Tensor | None, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor,
     bias: torch.Tensor, eps: float, interleaved: bool,
     cache: torch.Tensor | None = None, slots: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
     """One kernel for :func:`~breakgraph.kernels.rope.indexer_rope_qk`: new contiguous ``(q_out,
-    k_out)``, and with ``cache``/``slots`` (:func:`cache_store_supports`) the ``k_out`` rows
-    written into ``cache[slots]`` too. Needs :func:`indexer_rope_qk_supports` (and ``bias`` like
+    k_out)`` (``q`` None: ``(None, k_out)``, the kernel compiled without the queries' part), and
+    with ``cache``/``slots`` (:func:`cache_store_supports`) the ``k_out`` rows written into
+    ``cache[slots]`` too. Needs :func:`indexer_rope_qk_supports` (and ``bias`` like
     ``weight``). Graph-safe."""
-    t, h, d = q.shape
-    q_out = torch.empty(t, h, d, dtype=q.dtype, device=q.device)
+    t, d = k.shape
+    h = q.shape[1] if q is not None else 0
+    q_out = torch.empty(t, h, d, dtype=q.dtype, device=q.device) if q is not None else None
     k_out = torch.empty(t, d, dtype=k.dtype, device=k.device)
     store = cache is not None
     if t:
         half = cos.shape[1]
+        q_in = q if q is not None else k.unsqueeze(1)  # placeholder pointers without queries
         _indexer_rope_qk_kernel[(t,)](
-            q, k, cos, sin, weight, bias, q_out, k_out, cache if store else k_out, slots if store else k_out,
-            h, d, half, q.stride(0), q.stride(1), k.stride(0), cos.stride(0), sin.stride(0),
+            q_in, k, cos, sin, weight, bias, q_out if q is not None else k_out, k_out,
+            cache if store else k_out, slots if store else k_out,
+            h, d, half, q_in.stride(0), q_in.stride(1), k.stride(0), cos.stride(0), sin.stride(0),
             cache.stride(0) if store else 0, 1.0 / d, eps,
-            INTERLEAVED=interleaved, BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d),
+            INTERLEAVED=interleaved, BLOCK_H=triton.next_power_of_2(max(h, 1)), BLOCK_D=triton.next_power_of_2(d),
             BLOCK_HALF=triton.next_power_of_2(half), INTERP=interpreting(), STORE=store, num_warps=4,
-            **pdl_launch(q.device),
+            HAS_Q=q is not None, **pdl_launch(k.device),
         )  # fmt: skip
     return q_out, k_out

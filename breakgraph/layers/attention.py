@@ -100,18 +100,24 @@ class Indexer(nn.Module):
     ) -> torch.Tensor:
         """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32.
         ``k_proj [T, Di]``, ``q_proj [T, Hi·Di]``: ``wk(x)`` and ``wq_b(q_resid)`` where the caller
-        computed them (merged projections; then ``wk``/``wq_b`` are None; rows may be strided).
-        ``q_resid_fp8``: ``q_resid`` quantised by its norm, for ``wq_b``."""
+        computed them (merged projections; then ``wk``/``wq_b`` are None; rows may be strided);
+        ``q_proj`` is not read where :func:`~breakgraph.layers.dsa.indexer_rows_are_causal` (the
+        caller may pass None there). ``q_resid_fp8``: ``q_resid`` quantised by its norm, for ``wq_b``."""
         t = x.shape[0]
-        q = self.wq_b(q_resid, q_resid_fp8) if q_proj is None else q_proj
-        q = q.view(t, self.n_heads, self.head_dim)
+        # a decode step over sequences of at most K tokens selects every causal key: no queries
+        # or head weights are needed, only the keys for the cache
+        causal = indexer_rows_are_causal(self.topk)
+        q = None
+        if not causal:
+            q = self.wq_b(q_resid, q_resid_fp8) if q_proj is None else q_proj
+            q = q.view(t, self.n_heads, self.head_dim)
         k = self.wk(x) if k_proj is None else k_proj
         # rope(q) and rope(k_norm(k)): one kernel on CUDA
         n = self.k_norm
         store = rotary_cache_store("indexer_k", self.layer_id, k.dtype)
         q, k = indexer_rope_qk(q, k, cos, sin, n.weight, n.bias, n.eps, self.interleaved, self.rope_dim, store)
-        weights = None  # a decode step over sequences of at most K tokens selects every causal key
-        if not indexer_rows_are_causal(self.topk):
+        weights = None
+        if not causal:
             w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
             weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
@@ -184,17 +190,33 @@ class MLAttention(nn.Module):
         if merged is None:
             return False
         self.fused_b_proj = merged
+        merged.partial_parts = (1,)  # q_b alone: decode steps that need no indexer queries
         self.q_b_proj = self.indexer.wq_b = None
         return True
 
+    def _indexer_queries_needed(self) -> bool:
+        """Whether this step needs the indexer's queries: it has an indexer whose rows are not
+        simply every causal key (:func:`~breakgraph.layers.dsa.indexer_rows_are_causal`)."""
+        return self.indexer is not None and not indexer_rows_are_causal(self.indexer.topk)
+
+    def _b_proj_parts(self, indexer_queries: bool) -> tuple[LinearBase, int | None]:
+        """The linear of ``q_resid`` and how many of its parts this step computes (None: all)."""
+        if self.fused_b_proj is None:
+            return self.q_b_proj, None
+        return self.fused_b_proj, (None if indexer_queries else 1)
+
     def b_projections(
-        self, q_resid: torch.Tensor, q_resid_fp8: tuple[torch.Tensor, torch.Tensor] | None
+        self, q_resid: torch.Tensor, q_resid_fp8: tuple[torch.Tensor, torch.Tensor] | None, indexer_queries: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(q_b(q_resid) [T, H·(dn+dr)], wq_b(q_resid) [T, Hi·Di] or None)``: views of the merged
         linear's output when there is one (rows strided), else ``q_b`` alone (the indexer then
-        projects its own queries)."""
+        projects its own queries). ``indexer_queries=False``: the step needs none (see
+        :meth:`_indexer_queries_needed`), so the merged linear reads ``q_b``'s weight rows only
+        and the second item is None."""
         if self.fused_b_proj is None:
             return self.q_b_proj(q_resid, q_resid_fp8), None
+        if not indexer_queries:
+            return self.fused_b_proj.forward_first(q_resid, 1, q_resid_fp8), None
         q, q_idx = self.fused_b_proj(q_resid, q_resid_fp8).split(self.fused_b_proj.output_sizes, dim=-1)
         return q, q_idx
 
@@ -225,9 +247,10 @@ class MLAttention(nn.Module):
         ``x_fp8``: ``x`` quantised by the input norm, for the FP8 projections of ``x``."""
         t = x.shape[0]
         q_a, k_proj, kv_a = self.a_projections(x, x_fp8)
-        b_proj = self.fused_b_proj if self.fused_b_proj is not None else self.q_b_proj
-        q_resid, _, q_resid_fp8 = self.q_a_layernorm.forward_fp8(q_a, quantize=b_proj.takes_fp8_input(q_a))
-        q, q_idx = self.b_projections(q_resid, q_resid_fp8)
+        indexer_queries = self._indexer_queries_needed()
+        b_proj, b_parts = self._b_proj_parts(indexer_queries)
+        q_resid, _, q_resid_fp8 = self.q_a_layernorm.forward_fp8(q_a, quantize=b_proj.takes_fp8_input(q_a, b_parts))
+        q, q_idx = self.b_projections(q_resid, q_resid_fp8, indexer_queries)
         q = q.view(t, self.num_heads, self.dn + self.dr)
         q_nope = q[..., : self.dn]
         # [· ‖ rope(q_pe)] and the latent entry [norm(c) ‖ rope(k_pe)]: one kernel on CUDA

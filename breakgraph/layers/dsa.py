@@ -10,8 +10,8 @@ lengths and pages:
   is :func:`k_cache_and_topk_result`; when every sequence is at most ``index_topk`` long the
   top-k is simply every causal key: nothing is scored or written
   (:func:`_should_skip_logits_computation`), the attention makes those rows from the token
-  positions itself (``causal_rows``), and in a decode batch the layer skips the head weights
-  (:func:`indexer_rows_are_causal`).
+  positions itself (``causal_rows``), and in a decode batch the layer skips the indexer's
+  queries and head weights (:func:`indexer_rows_are_causal`).
 * :func:`mla_bmm_then_unified_attention` — the absorbed query's ``q_nope · w_kc`` BMM *and*
   the sparse attention in one op, planned by :class:`MlaBmmFusionPlan`, so the lone BMM never
   becomes a one-kernel graph segment; :func:`sparse_mla_attention` is the attention alone.
@@ -66,7 +66,8 @@ def _should_skip_logits_computation(fb: ForwardBatch, index_topk: int) -> bool:
 
 
 def indexer_rows_are_causal(index_topk: int) -> bool:
-    """Whether the layer code may skip what only the indexer's scores need (its head weights):
+    """Whether the layer code may skip what only the indexer's scores need (its queries and head
+    weights; the keys still go to the cache):
     a decode batch whose sequences are all at most ``index_topk`` long, not traced by
     ``torch.compile``. Decode graphs are captured per length bound and replay only batches
     within it, so the answer at capture holds at every replay; prefill segments are captured
@@ -103,7 +104,7 @@ def rotary_cache_store(
 
 
 def k_cache_and_topk_result(
-    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor | None, topk_result: torch.Tensor, layer_id: int,
+    q_fp8: torch.Tensor | None, k: torch.Tensor, weights: torch.Tensor | None, topk_result: torch.Tensor, layer_id: int,
     scale: float, k_stored: bool = False,
 ) -> bool:  # fmt: skip
     """Core of the indexer split op for the first ``n`` (real) rows: store ``k [n, Di]`` in the
@@ -119,8 +120,10 @@ def k_cache_and_topk_result(
         store_latent(cache, fb.out_cache_loc, k[:n], k.shape[-1])  # FP8 key rows: codes + scale, no RoPE part
     if _should_skip_logits_computation(fb, topk_result.shape[1]):
         return False
-    if weights is None:
-        raise ValueError(f"layer {layer_id}: the indexer's head weights are needed, a sequence is longer than index_topk")
+    if weights is None or q_fp8 is None:
+        raise ValueError(
+            f"layer {layer_id}: the indexer's queries and head weights are needed, a sequence is longer than index_topk"
+        )
     indexer_topk(
         q_fp8[:n], weights[:n], cache, fb.page_table, fb.token_req, fb.positions, fb.kv_cache.page_size, scale,
         topk_result[:n], max_seq_len=fb.max_seq_len,
@@ -130,17 +133,17 @@ def k_cache_and_topk_result(
 
 @graph_break_op(mutates_args=("topk_result",))
 def dsa_indexer_graph_dispatch(
-    q_fp8: torch.Tensor, k: torch.Tensor, weights: torch.Tensor | None, topk_result: torch.Tensor, layer_id: int,
+    q_fp8: torch.Tensor | None, k: torch.Tensor, weights: torch.Tensor | None, topk_result: torch.Tensor, layer_id: int,
     scale: float, k_stored: bool = False,
 ) -> None:  # fmt: skip
     """Split op: the DSA indexer of layer ``layer_id``. ``q_fp8 [T, Hi, Di]`` (queries; FP8 when
-    the indexer kernel quantises them), ``k [T, Di]``, ``weights [T, Hi]`` fp32 (None where
+    the indexer kernel quantises them), ``k [T, Di]``, ``weights [T, Hi]`` fp32 (both None where
     :func:`indexer_rows_are_causal`); writes ``topk_result [T, K]`` (rows past the real tokens
     set to ``-1``) unless every sequence is at most ``K`` long (then nothing: see
     :func:`k_cache_and_topk_result`). ``T`` may be a padded bucket: queries and head weights are
     sliced to the same real length. ``k_stored``: the keys are in the cache already
     (:func:`rotary_cache_store`)."""
-    if weights is not None and q_fp8.shape[0] != weights.shape[0]:
+    if weights is not None and q_fp8 is not None and q_fp8.shape[0] != weights.shape[0]:
         raise ValueError(f"indexer queries ({q_fp8.shape[0]} rows) and head weights ({weights.shape[0]} rows) differ")
     if k_cache_and_topk_result(q_fp8, k, weights, topk_result, layer_id, scale, k_stored):
         topk_result[get_forward_batch().num_tokens :] = -1

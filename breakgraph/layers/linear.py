@@ -87,16 +87,46 @@ class LinearBase(nn.Module):
             nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
 
+    #: Leading parts of a merged linear that a caller computes on their own (:meth:`forward_first`),
+    #: e.g. ``(1,)``: the first part alone. Their shapes are timed for the FP8 GEMM choice too.
+    partial_parts: tuple[int, ...] = ()
+
     def forward(self, x: torch.Tensor, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``x @ W.T (+ b)``; ``x_fp8``: ``x`` already quantised by its producer (see
         :func:`~breakgraph.kernels.linear.linear`)."""
         return linear(x, self.weight, self.weight_scale_inv, self.block, self.bias, x_fp8)
 
-    def takes_fp8_input(self, x: torch.Tensor) -> bool:
-        """Whether :meth:`forward` of ``x`` reads ``x_fp8`` (FP8, and a path for ``x``'s row count
-        that quantises its input: see :func:`~breakgraph.kernels.linear.fp8_input_read`), so that
-        a producer of ``x`` should quantise it."""
-        return self.quantized and fp8_input_read(x, self.weight, self.weight_scale_inv, self.block)
+    def forward_first(
+        self, x: torch.Tensor, parts: int, x_fp8: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """The first ``parts`` outputs of a merged linear, ``[..., sum(output_sizes[:parts])]``:
+        :meth:`forward`'s columns of them, from their weight rows only (the other parts' rows are
+        not read). Every part but the last ends on an FP8 block (:func:`merge_linears`), so the
+        leading rows keep whole scale rows."""
+        return linear(x, *self._first_rows(parts), x_fp8=x_fp8)
+
+    def _first_rows(self, parts: int) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int] | None, torch.Tensor | None]:
+        """``(weight, weight_scale_inv, block, bias)`` of the first ``parts`` parts (views)."""
+        rows = sum(self.output_sizes[:parts])
+        if not 0 < parts <= len(self.output_sizes):
+            raise ValueError(f"a linear of {len(self.output_sizes)} parts has no first {parts}")
+        scale = self.weight_scale_inv[: -(-rows // self.block[0])] if self.quantized else None
+        bias = self.bias[:rows] if self.bias is not None else None
+        return self.weight[:rows], scale, self.block, bias
+
+    def takes_fp8_input(self, x: torch.Tensor, parts: int | None = None) -> bool:
+        """Whether :meth:`forward` of ``x`` (:meth:`forward_first` with ``parts``) reads ``x_fp8``
+        (FP8, and a path for ``x``'s row count that quantises its input: see
+        :func:`~breakgraph.kernels.linear.fp8_input_read`), so that a producer of ``x`` should
+        quantise it."""
+        if not self.quantized:
+            return False
+        weight, scale, block, _ = self._first_rows(parts) if parts else (self.weight, self.weight_scale_inv, self.block, None)
+        return fp8_input_read(x, weight, scale, block)
+
+    def partial_shapes(self) -> set[tuple[int, int]]:
+        """``(K, N)`` of each product :meth:`forward_first` computes (:attr:`partial_parts`)."""
+        return {(self.in_features, sum(self.output_sizes[:p])) for p in self.partial_parts}
 
     def keep_high_precision(self, dtype: torch.dtype) -> None:
         """Hold this layer in ``dtype`` instead of FP8 (a module the checkpoint's FP8 exclusion
