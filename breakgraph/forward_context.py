@@ -41,6 +41,8 @@ class ForwardBatch:
       after this forward).
     Host copies: ``seq_lens_cpu``, ``prefix_lens_cpu``, ``extend_lens_cpu``.
     ``kv_cache`` is the engine's paged cache (owned by the engine).
+    ``length_bound``: set on the stand-in batch a prefill graph is captured with — the longest
+    sequence any batch the graph replays may have (see :attr:`seq_len_bound`); None elsewhere.
     """
 
     mode: ForwardMode
@@ -54,6 +56,7 @@ class ForwardBatch:
     prefix_lens_cpu: list[int]
     extend_lens_cpu: list[int]
     kv_cache: KVCache
+    length_bound: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -66,6 +69,14 @@ class ForwardBatch:
     @property
     def max_seq_len(self) -> int:
         return max(self.seq_lens_cpu) if self.seq_lens_cpu else 0
+
+    @property
+    def seq_len_bound(self) -> int:
+        """How long a sequence the code captured or run on this batch must allow for: the
+        ``length_bound`` of a capture's stand-in batch (its graph replays other batches), else
+        :attr:`max_seq_len`. Captured code reads this; a break, which runs on the real batch at
+        every replay, reads :attr:`max_seq_len`."""
+        return self.length_bound if self.length_bound is not None else self.max_seq_len
 
     @property
     def logits_rows(self) -> list[int]:

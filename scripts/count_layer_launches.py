@@ -51,8 +51,8 @@ H200_FP8_TABLE = {
     (6144, 3072): ((1, "triton_gemv"), (64, "triton"), (128, "scaled_mm")),
 }
 # Shapes the H200's timing has not logged yet, counted with the paths of a logged shape of the
-# same K (an assumption, printed with the table): q_b alone, which decode steps over contexts
-# up to index_topk run without the indexer's wq_b rows.
+# same K (an assumption, printed with the table): q_b alone, which batches of sequences up to
+# index_topk run without the indexer's wq_b rows.
 ASSUMED_FP8_TABLE = {(2048, 2048): (2048, 6144)}
 DEVICE = torch.device("meta")
 

@@ -182,7 +182,7 @@ def test_breakable_capture_fuses_the_q_nope_bmm_into_the_attention_op(hf_checkpo
                   cuda_graph_bs_prefill=[32])  # fmt: skip
 
     def segment_kernels(eng):
-        return sum(eng.runner.prefill_graphs._graphs[32].stats.kernels_per_segment)
+        return sum(eng.runner.prefill_graphs._graphs[(32, None)].stats.kernels_per_segment)
 
     fused = Engine(folder, **common)
     monkeypatch.setattr(attention, "_can_fuse_bmm_into_attention", lambda w_kc: False)

@@ -16,7 +16,7 @@ from breakgraph.graphs.stats import BucketInfo, GraphStats
 
 PREFILL_KEYS = {
     "backend", "captured_buckets", "capture_s", "traces", "graph_memory_bytes", "replays", "replayed_tokens",
-    "padded_tokens", "fallbacks", "segments", "breaks", "islands", "warmups",
+    "padded_tokens", "fallbacks", "segments", "breaks", "islands", "warmups", "bounded_buckets",
 }  # fmt: skip
 DECODE_KEYS = {"backend", "batch_sizes", "capture_s", "replays", "fallbacks", "warmups"}
 
@@ -36,7 +36,7 @@ class CountingRunner:
         self.model, self.buckets, self.stats = setup.model, setup.buckets, GraphStats("counting")
         self.closed = False
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, longest: int | None = None) -> torch.Tensor:
         self.stats.count_replay(input_ids.shape[0], self.buckets[-1])
         return self.model(input_ids, positions)
 
@@ -71,6 +71,12 @@ def test_stats_report_the_keys_of_each_phase():
     assert set(d) == PREFILL_KEYS
     assert (d["replays"], d["replayed_tokens"], d["padded_tokens"]) == (1, 10, 6)
     assert d["segments"] == {16: 3} and d["fallbacks"] == {"padding_over_limit": 1}
+    assert d["captured_buckets"] == [16] and d["bounded_buckets"] == {}
+    # a second graph of a bucket, for short sequences: listed under its bound, its warm-up summed
+    prefill.buckets.append(BucketInfo(16, 0.1, 2, 2, 0, None, 0.5, 1, length_bound=8))
+    d = prefill.as_dict()
+    assert d["captured_buckets"] == [16] and d["bounded_buckets"] == {8: [16]}
+    assert d["segments"] == {16: 3} and d["warmups"] == {16: 1}
     decode = GraphStats("full", phase="decode", buckets=[BucketInfo(b, 0.0, 1, 0, 0, None, 0.0, b // 2) for b in (1, 2)])
     decode.count_replay(1, 2)
     assert decode.as_dict() == {

@@ -197,3 +197,37 @@ def test_cache_stores_in_the_rotary_kernels_equal_the_split_op_stores(prefill, t
     (t1, c1), (t0, c0) = results[True], results[False]
     assert t1 == t0
     assert len(c1) == len(c0) and all(torch.equal(a, b) for a, b in zip(c1, c0))
+
+
+def test_short_prompts_replay_the_graphs_without_indexer_queries_at_glm5_shapes(tmp_path, monkeypatch):
+    """GLM-5 per-rank FP8 dims, 3 dense + 1 MoE layer, dummy weights: prompts no longer than
+    ``index_topk`` replay the breakable graphs captured for sequences that short (``q_b`` alone
+    from the merged linear, the indexer's rotary kernel on the key alone; no head weights), and
+    their prompt logits equal eager's, which skips the same work; a run that computes the
+    indexer's queries (the partial product may take another FP8 GEMM path) stays within FP8
+    rounding of both."""
+    import json
+
+    from breakgraph.bench.presets import GLM5_TP8_RANK, _variant
+    from breakgraph.layers import attention
+
+    (tmp_path / "config.json").write_text(json.dumps(_variant(GLM5_TP8_RANK, num_hidden_layers=4)))
+    batch = prompts((300, 40, 7), 1000, seed=13)
+    common = dict(device="cuda", load_format="dummy", page_size=64, num_pages=40, context_length=4096,
+                  cuda_graph_backend_decode="disabled")  # fmt: skip
+    eager = Engine(tmp_path, cuda_graph_backend_prefill="disabled", **common)
+    want = eager.prompt_logits(batch)
+    del eager
+    graphs = Engine(tmp_path, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[64, 512], **common)
+    k = graphs.config.index_topk
+    assert graphs.graph_stats()["bounded_buckets"] == {k: [64, 512]}
+    got = graphs.prompt_logits(batch)
+    assert graphs.runner.prefill_graphs.bound_replays[k] == 1
+    errs = [rel_err(a, b) for a, b in zip(got, want)]
+    assert max(errs) < 1e-3, errs
+    del graphs
+    torch.cuda.empty_cache()
+    monkeypatch.setattr(attention, "indexer_rows_are_causal", lambda index_topk: False)
+    full = Engine(tmp_path, cuda_graph_backend_prefill="disabled", **common).prompt_logits(batch)
+    errs = [rel_err(a, b) for a, b in zip(full, want)]
+    assert max(errs) < 2e-2, errs

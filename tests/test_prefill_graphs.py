@@ -135,7 +135,7 @@ def test_one_warmup_for_the_ladder_unless_asked_for_every(hf_checkpoints):
     once = Engine(folder, cuda_graph_backend_prefill="breakable", **common)
     assert once.graph_stats()["warmups"] == {8: 0, 16: 0, 64: 1}
     every = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_warmup="every", **common)
-    assert every.graph_stats()["warmups"] == {8: 1, 16: 1, 64: 1}
+    assert every.graph_stats()["warmups"] == {8: 2, 16: 1, 64: 1}  # bucket 8 has a graph for sequences ≤ 8 too
     batch = ragged_batches(seed=4)[0]
     for a, b in zip(once.prompt_logits(batch), every.prompt_logits(batch)):
         assert torch.equal(a, b)
@@ -203,6 +203,47 @@ def test_decode_graphs_per_length_bound_equal_eager(hf_checkpoints, monkeypatch)
     assert graphs.bound_replays[96] > 0 and graphs.bound_replays[24] == 0, "30-token prompts: every batch is long"
     short = engine.generate(prompts[:1], params)  # 10 + 8 tokens: the short graphs
     assert short[0].token_ids == want[0].token_ids and graphs.bound_replays[24] > 0
+
+
+def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints, monkeypatch):
+    """Breakable buckets up to ``index_topk`` get a second graph, captured on a stand-in that
+    promises sequences that short: its segments compute no indexer queries (``q_b`` alone, the
+    indexer's rotary step on the key alone), while the graphs for any batch, captured on a
+    stand-in that states the context length, do. A batch of short prompts replays the short
+    graph, a later chunk of a long prompt (a short chunk after a long prefix) the graph for any
+    batch; every logit equals eager."""
+    from breakgraph.forward_context import get_forward_batch
+    from breakgraph.layers import attention
+
+    folder = hf_checkpoints["glm_moe_dsa"]
+    common = dict(device="cpu", dtype="float32", page_size=4, context_length=96)
+    eager = Engine(folder, **common)
+    seen = []
+
+    def spy(q, *args, **kwargs):
+        seen.append((get_forward_batch().length_bound, q is not None))
+        return real(q, *args, **kwargs)
+
+    real = attention.indexer_rope_qk
+    monkeypatch.setattr(attention, "indexer_rope_qk", spy)
+    engine = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
+    k, graphs = engine.config.index_topk, engine.runner.prefill_graphs
+    assert k == 8 and set(graphs._graphs) == {(4, None), (8, None), (16, None), (4, k), (8, k)}
+    assert engine.graph_stats()["bounded_buckets"] == {k: [4, 8]}
+    assert {(bound, has_q) for bound, has_q in seen if bound is not None} == {(k, False), (96, True)}
+    g = torch.Generator().manual_seed(12)
+    short = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (5, 3)]  # bucket 8, sequences ≤ 8
+    long = [torch.randint(0, 128, (18,), generator=g).tolist()]  # chunks of 16 and 2 (bucket 4 after 16 tokens)
+    for batch, bound in ((short, k), (long, None)):
+        before = graphs.bound_replays[bound]
+        for a, b in zip(engine.prompt_logits(batch), eager.prompt_logits(batch)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        assert graphs.bound_replays[bound] > before
+    assert graphs.bound_replays[None] == 2 and graphs.stats.fallbacks == {}
+    monkeypatch.setenv("BREAKGRAPH_PREFILL_LENGTH_BOUNDS", "0")  # one graph per bucket
+    plain = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
+    assert set(plain.runner.prefill_graphs._graphs) == {(4, None), (8, None), (16, None)}
+    assert plain.graph_stats()["bounded_buckets"] == {}
 
 
 def test_a_short_prefill_in_a_padded_bucket_leaves_other_requests_cache_rows(hf_checkpoints):

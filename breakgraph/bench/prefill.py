@@ -207,10 +207,10 @@ def bench_backend(engine, backend: str, args, max_tokens: int, floors: dict, row
                 seg = brk = isl = None
                 graphs = engine.runner.prefill_graphs
                 if graphs is not None:
-                    info = {bi.tokens: bi for bi in graphs.stats.buckets}
-                    bucket, _ = graphs.bucket_for(n * b)
-                    if bucket in info:
-                        seg, brk, isl = info[bucket].segments, info[bucket].breaks, info[bucket].islands
+                    info = {(bi.tokens, bi.length_bound): bi for bi in graphs.stats.buckets}
+                    key, _ = graphs.graph_for(n * b, n)  # the graph the batch replayed
+                    if key in info:
+                        seg, brk, isl = info[key].segments, info[key].breaks, info[key].islands
                 rows.append(Row(
                     backend, n, b, med * 1e3, min(times) * 1e3, max(times) * 1e3, n * b / med, floors[(n, b)] * 1e3,
                     busy, kernels, seg, brk, isl, capture_s, mem, top,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from breakgraph import env
 from breakgraph.engine.config import EngineConfig
 from breakgraph.engine.kv_cache import KVCache
 from breakgraph.forward_context import ForwardBatch, ForwardMode, forward_batch_context
@@ -52,7 +53,6 @@ def _ahead_compiler(config: EngineConfig) -> Any:
     """An :class:`~breakgraph.kernels.precompile.AheadCompiler` with this rank's share of the
     host's CPUs, or None (``BREAKGRAPH_COMPILE_AHEAD=0``, or no Triton with the hook it needs;
     ``fp8``: for the FP8 timing only, not before graph warm-ups)."""
-    from breakgraph import env
     from breakgraph.kernels import precompile
 
     if env.read("BREAKGRAPH_COMPILE_AHEAD") == "0" or precompile.triton_runtime_knobs() is None:
@@ -185,7 +185,7 @@ class ModelRunner:
         decode_default = "full" if on_cuda and not backends.lookup("prefill", prefill).runs_decode else "disabled"
         decode = backends.lookup("decode", config.cuda_graph_backend_decode or decode_default)
         if decode.build is not None:
-            max_bs = self._max_decode_batch()
+            max_bs = config.cuda_graph_max_bs or min(config.max_running_requests, 64)
             self.decode_graphs = decode.build(GraphSetup(
                 self.model, spec.device, default_decode_buckets(max_bs, config.cuda_graph_ladder),
                 kv_cache=self.kv_cache, max_pages=self.kv_cache.pool.pages_for(spec.context_length),
@@ -200,9 +200,9 @@ class ModelRunner:
 
     def _tune_fp8_linears(self) -> None:
         """Choose the FP8 GEMM path (``_scaled_mm``, Triton W8A8 or W8A16) per row-count bucket
-        for every FP8 linear shape of the model, up to the largest prefill step (the partial
-        products of merged linears, which only decode steps run, up to the largest decode
-        batch): read from the
+        for every FP8 linear shape of the model (and the partial products of merged linears:
+        :attr:`~breakgraph.layers.linear.LinearBase.partial_parts`), up to the largest prefill
+        step: read from the
         on-disk cache where this GPU and these versions measured them before, timed otherwise
         (:mod:`breakgraph.kernels.fp8_gemm_choice`; the candidates' Triton kernels compiled
         in parallel processes first, :mod:`breakgraph.kernels.precompile`)."""
@@ -216,33 +216,24 @@ class ModelRunner:
         scaled_mm_blockwise_mode(self.device)
 
         linears = [m for m in self.model.modules() if isinstance(m, LinearBase) and m.quantized]
-        shapes = {(m.in_features, m.out_features) for m in linears}
-        # merged linears' leading parts computed alone (the attention's q_b without the indexer's
-        # queries) run in decode steps only: timed up to the largest decode batch
-        partial = set().union(*(m.partial_shapes() for m in linears)) - shapes
+        # with the products of merged linears' leading parts alone (the attention's q_b without
+        # the indexer's queries, over sequences up to index_topk)
+        shapes = {(m.in_features, m.out_features) for m in linears}.union(*(m.partial_shapes() for m in linears))
+        t0 = time.perf_counter()
+        max_m = self.config.chunked_prefill_size
         root = choice.cache_dir()
-        for group, max_m in ((shapes, self.config.chunked_prefill_size), (partial, self._max_decode_batch())):
-            if not group:
-                continue
-            t0 = time.perf_counter()
-            key = choice.environment_key(self.device, max_m)
+        key = choice.environment_key(self.device, max_m)
+        def tune(missing: set[tuple[int, int]]) -> dict:
+            return tune_fp8_paths(missing, self.device, max_m=max_m, ahead=self._ahead)
 
-            def tune(missing: set[tuple[int, int]], max_m: int = max_m) -> dict:
-                return tune_fp8_paths(missing, self.device, max_m=max_m, ahead=self._ahead)
-
-            tables, cached = choice.load_or_tune(group, key, tune, root)
-            for (k, n), table in tables.items():
-                choice.set_table(device_index(self.device), k, n, table)
-            where = f" ({cached} read from {choice.cache_file(root, key)})" if cached else ""
-            logger.info(
-                "fp8 linears: GEMM paths of %d shapes up to %d rows chosen in %.1fs, %d timed%s",
-                len(group), max_m, time.perf_counter() - t0, len(group) - cached, where,
-            )  # fmt: skip
-
-    def _max_decode_batch(self) -> int:
-        """The largest decode batch a decode graph is captured for (``--cuda-graph-max-bs``, else
-        ``--max-running-requests`` up to 64)."""
-        return self.config.cuda_graph_max_bs or min(self.config.max_running_requests, 64)
+        tables, cached = choice.load_or_tune(shapes, key, tune, root)
+        for (k, n), table in tables.items():
+            choice.set_table(device_index(self.device), k, n, table)
+        where = f" ({cached} read from {choice.cache_file(root, key)})" if cached else ""
+        logger.info(
+            "fp8 linears: GEMM paths of %d shapes chosen in %.1fs, %d timed%s",
+            len(shapes), time.perf_counter() - t0, len(shapes) - cached, where,
+        )  # fmt: skip
 
     def _default_num_pages(self) -> int:
         cfg, spec = self.config, self.spec
@@ -291,16 +282,16 @@ class ModelRunner:
         if self.config.chunked_prefill_size > buckets[-1]:
             logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
         self._prefill_slots = torch.zeros(buckets[-1], dtype=torch.int64, device=self.device)
+        bounds = getattr(self.model, "prefill_length_bounds", tuple)() if env.read("BREAKGRAPH_PREFILL_LENGTH_BOUNDS") == "1" else ()
         self.prefill_graphs = entry.build(GraphSetup(
             self.model, self.device, buckets, capture_context=self.capture_context,
             fold_islands=self.config.fold_islands, warmup=self._warmup, prepare=self._prepare,
+            length_bounds=tuple(b for b in bounds if b < self.spec.context_length),
         ))  # fmt: skip
 
     @property
     def _prepare(self) -> Any:
         # before a ladder's captures: every bucket's kernels compiled ahead, in parallel, in one batch
-        from breakgraph import env
-
         ahead = getattr(self, "_ahead", None)
         return ahead.run_dry if ahead is not None and env.read("BREAKGRAPH_COMPILE_AHEAD") == "1" else None
 
@@ -369,12 +360,14 @@ class ModelRunner:
         )  # fmt: skip
 
     @contextlib.contextmanager
-    def capture_context(self, num_tokens: int) -> Iterator[None]:
+    def capture_context(self, num_tokens: int, length_bound: int | None = None) -> Iterator[None]:
         """A stand-in batch for capturing a graph bucket of ``num_tokens``: one request whose
         tokens all write to, and read from, the reserved padding page 0. Its ``out_cache_loc``
         is a view of the runner's static slot buffer, so kernels captured in a segment (the
         rotary steps that write the new cache rows, :func:`~breakgraph.layers.dsa.rotary_cache_store`)
-        read each replay's slots, which :meth:`forward` loads before every replay."""
+        read each replay's slots, which :meth:`forward` loads before every replay. Its
+        ``length_bound`` is ``length_bound`` (a graph for batches of sequences that short), else
+        the context length (a graph for any batch)."""
         ps = self.kv_cache.page_size
         pages = [0] * -(-num_tokens // ps)
         entry = BatchEntry([0] * num_tokens, 0, pages)
@@ -383,6 +376,7 @@ class ModelRunner:
             slots = self._prefill_slots[:num_tokens]
             slots.copy_(batch.out_cache_loc)
             batch = replace(batch, out_cache_loc=slots)
+        batch = replace(batch, length_bound=length_bound if length_bound is not None else self.spec.context_length)
         with forward_batch_context(batch):
             yield
 
@@ -404,7 +398,7 @@ class ModelRunner:
         with forward_batch_context(batch):
             if prefill is not None and (runs_all or batch.mode is ForwardMode.EXTEND):
                 self._load_prefill_slots(batch)
-                hidden = prefill.run(batch.input_ids, batch.positions)
+                hidden = prefill.run(batch.input_ids, batch.positions, batch.max_seq_len)
             elif decode is not None and batch.mode is ForwardMode.DECODE:
                 hidden = decode.run(batch)
             else:

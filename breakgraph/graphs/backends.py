@@ -3,7 +3,8 @@
 
 Each backend is a :class:`Backend`: its name, what it runs, and a builder that makes its
 runner from a :class:`GraphSetup` and captures (or compiles) it. A runner has ``run`` (prefill:
-``(input_ids, positions) -> hidden``; decode: ``(batch) -> hidden``) and ``stats`` (a
+``(input_ids, positions, longest) -> hidden``, ``longest`` the batch's longest sequence;
+decode: ``(batch) -> hidden``) and ``stats`` (a
 :class:`~breakgraph.graphs.stats.GraphStats`); a bucketed one also ``buckets``; one that
 changes the model in place also ``close()``, which restores it. Adding a backend is its
 runner's module in this folder and an entry here."""
@@ -30,8 +31,10 @@ class GraphSetup:
     tokens while a prefill bucket is captured (decode: optional, entered while the graphs of
     ``n`` rows are captured); ``kv_cache`` and ``max_pages``: the paged cache
     a decode graph's static batch points at, and its page-table width; ``length_bounds``:
-    shorter sequence lengths to capture decode graphs for as well (see
-    :class:`~breakgraph.graphs.decode_runner.DecodeGraphRunner`); ``warmup``: ``once`` or
+    shorter sequence lengths to capture graphs for as well (decode: see
+    :class:`~breakgraph.graphs.decode_runner.DecodeGraphRunner`; breakable prefill: see
+    :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner`, whose ``capture_context``
+    then also takes the bound); ``warmup``: ``once`` or
     ``every``, and ``prepare``: what runs once before the captures, handed one thunk per
     bucket (see
     :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner`)."""
@@ -67,7 +70,7 @@ def _bucketed_prefill(mode: str) -> Callable[[GraphSetup], Any]:
         runner = PrefillGraphRunner(
             setup.model, backend=mode, device=setup.device, buckets=setup.buckets,
             capture_context=setup.capture_context, fold_islands=setup.fold_islands, warmup=setup.warmup,
-            prepare=setup.prepare,
+            prepare=setup.prepare, length_bounds=setup.length_bounds,
         )  # fmt: skip
         runner.capture()
         return runner

@@ -9,6 +9,13 @@ the padding, replays the bucket's graph and returns the real rows. Batches that 
 the ladder, or would waste more than half the bucket on padding, run the body eagerly — and
 every replay and every fallback (with its reason) is counted in its
 :class:`~breakgraph.graphs.stats.GraphStats`.
+
+What the graph segments compute may depend on how long the batch's sequences can be (the
+model's ``prefill_length_bounds``: up to its DSA ``index_topk`` no indexer queries are needed).
+A segment is captured on a stand-in batch, so by default it must hold for any batch; with
+``length_bounds`` the breakable runner captures each bucket up to a bound a second time, on a
+stand-in that promises sequences at most that long, and a batch whose longest sequence fits
+replays that graph.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 MODES = ("breakable", "piecewise")  # the registry's names for the two capture modes (graphs/backends.py)
 Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+GraphKey = tuple[int, "int | None"]  # (bucket tokens, sequence-length bound or None)
 
 
 LADDERS = ("coarse", "fine")  # --cuda-graph-ladder
@@ -83,10 +91,13 @@ class PrefillGraphRunner:
             compile inside its capture (:mod:`breakgraph.graphs.jit_guard`). ``every``: each
             bucket is warmed up first. Without the guard (no Triton hook) ``once`` acts as ``every``
             on CUDA.
-        prepare: BCG only; called once before the first capture with one thunk per bucket
-            (largest first), each running the body at its bucket; may run them to learn the
+        prepare: BCG only; called once before the first capture with one thunk per graph
+            (largest bucket first), each running the body at its bucket; may run them to learn the
             kernels they launch and compile them all ahead, in parallel (the model runner's
             :meth:`~breakgraph.kernels.precompile.AheadCompiler.run_dry`).
+        length_bounds: BCG only; sequence lengths below which buckets get a second graph (see
+            the module docstring); ``capture_context(n, bound)`` then installs a stand-in that
+            promises sequences of at most ``bound`` tokens (``capture_context(n)``: no promise).
     The hidden tensor :meth:`run` returns is graph-owned memory, valid until the next run.
     """
 
@@ -102,6 +113,7 @@ class PrefillGraphRunner:
         max_padding_ratio: float = 2.0,
         warmup: str = "once",
         prepare: Callable[..., None] | None = None,
+        length_bounds: tuple[int, ...] = (),
     ) -> None:
         if backend not in MODES:
             raise ValueError(f"prefill graph backend must be one of {MODES}, got {backend!r}")
@@ -117,11 +129,16 @@ class PrefillGraphRunner:
         self.capture_context = capture_context
         self.fold_islands = fold_islands
         self.max_padding_ratio = max_padding_ratio
+        #: the sequence-length bounds of the second graphs, ascending (breakable only)
+        self.length_bounds = sorted({b for b in length_bounds if b > 0}) if backend == "breakable" else []
         self.inputs = StaticBatch.allocate(self.buckets[-1], self.device)
         self.pool = new_graph_pool(self.device)
         self.stats = GraphStats(backend)
-        self._graphs: dict[int, BreakableGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
+        # keyed (bucket, length bound or None: any batch)
+        self._graphs: dict[GraphKey, BreakableGraph] = {}
+        self._outputs: dict[GraphKey, torch.Tensor] = {}
+        #: replays per length bound (None: the graphs for any batch)
+        self.bound_replays: Counter[int | None] = Counter()
         self._pcg: PiecewiseBackend | None = None
         self._compiled: Body | None = None
         if backend == "piecewise":
@@ -135,6 +152,13 @@ class PrefillGraphRunner:
     def max_tokens(self) -> int:
         return self.buckets[-1]
 
+    def graph_keys(self) -> list[GraphKey]:
+        """``(bucket, bound)`` of every graph to capture, largest bucket first (so smaller ones
+        reuse its pool), each bucket's graph for any batch (bound None) before its bounded ones;
+        a bucket gets a bounded graph only where it is no longer than the bound."""
+        return [(n, bound) for n in sorted(self.buckets, reverse=True)
+                for bound in [None, *(b for b in reversed(self.length_bounds) if n <= b)]]  # fmt: skip
+
     # -- capture --------------------------------------------------------------------------
     def capture(self, progress: bool = True) -> None:
         """Warm up (see ``warmup``) and capture every bucket, largest first (so smaller ones
@@ -145,12 +169,12 @@ class PrefillGraphRunner:
         free_before = _free_memory(self.device)
         start = time.perf_counter()
 
-        def progress_bar(sizes: list[int]) -> Any:
-            bar = tqdm(sizes, desc=f"Capturing prefill graphs ({self.backend})", unit="bucket",
+        def progress_bar(keys: list[GraphKey]) -> Any:
+            bar = tqdm(keys, desc=f"Capturing prefill graphs ({self.backend})", unit="graph",
                        disable=None if progress else True)  # fmt: skip
-            for n in bar:
-                bar.set_postfix(tokens=n, free_mem=_fmt_bytes(_free_memory(self.device)))
-                yield n
+            for key in bar:
+                bar.set_postfix(tokens=key[0], free_mem=_fmt_bytes(_free_memory(self.device)))
+                yield key
 
         def restart() -> None:
             self._graphs.clear()
@@ -158,11 +182,12 @@ class PrefillGraphRunner:
             self.stats.buckets.clear()
             self.pool = new_graph_pool(self.device)
 
+        keys = self.graph_keys()
         if self.prepare is not None and self.backend == "breakable":
-            self.prepare(*(functools.partial(self._run_bucket, n) for n in sorted(self.buckets, reverse=True)))
-        capture_ladder(sorted(self.buckets, reverse=True), self._capture_bucket, restart, warmup=self.warmup,
-                       device=self.device, what="prefill bucket", iterate=progress_bar,
-                       retry=self.backend == "breakable")  # fmt: skip
+            self.prepare(*(functools.partial(self._run_bucket, key) for key in keys))
+        capture_ladder(keys, self._capture_bucket, restart, warmup=self.warmup, device=self.device,
+                       what="prefill bucket", iterate=progress_bar, retry=self.backend == "breakable",
+                       label=_key_text)  # fmt: skip
         self.stats.buckets.sort(key=lambda b: b.tokens)
         self.stats.capture_s = time.perf_counter() - start
         if self._pcg is not None:
@@ -180,36 +205,43 @@ class PrefillGraphRunner:
             if self.device.type == "cuda"
             else "n/a on CPU"
         )
+        bounded = "".join(
+            f"; the {sum(1 for _, b in keys if b == bound)} buckets up to {bound} tokens again, for sequences that short"
+            for bound in self.length_bounds
+        )
         logger.info(
-            "prefill graphs (%s): %d buckets %s tokens captured in %.1fs (%s), graph memory %s; "
+            "prefill graphs (%s): %d buckets %s tokens%s, captured in %.1fs (%s), graph memory %s; "
             "largest bucket: %d segments, %d breaks, %d single-kernel islands",
-            self.backend, len(self.buckets), _ladder_text(self.buckets), self.stats.capture_s,
+            self.backend, len(self.buckets), _ladder_text(self.buckets), bounded, self.stats.capture_s,
             self.stats.warmup_text(), memory, largest.segments, largest.breaks, largest.islands,
         )  # fmt: skip
         if self.backend == "breakable":
-            eager = Counter(line[len("eager  "):] for line in self._graphs[self.max_tokens].describe().splitlines()
+            eager = Counter(line[len("eager  "):] for line in self._graphs[(self.max_tokens, None)].describe().splitlines()
                             if line.startswith("eager"))  # fmt: skip
             logger.info("runs eagerly at each replay (breaks: per-batch lengths and pages): %s",
                         "; ".join(f"{name} ×{n}" for name, n in eager.items()))  # fmt: skip
 
     @contextlib.contextmanager
-    def _at_bucket(self, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Bucket ``n``'s static inputs ``(ids, pos)``, loaded, under inference mode and the
-        bucket's capture context: where its dry run, warm-up and capture run the body."""
+    def _at_bucket(self, key: GraphKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The static inputs ``(ids, pos)`` of graph ``key = (bucket, bound)``, loaded, under
+        inference mode and its capture context: where its dry run, warm-up and capture run the body."""
+        n, bound = key
         ids, pos = self.inputs.tokens(n)
         self.inputs.load_tokens(ids[:0], pos[:0], n)
-        with torch.inference_mode(), self.capture_context(n):
+        context = self.capture_context(n) if bound is None else self.capture_context(n, bound)
+        with torch.inference_mode(), context:
             yield ids, pos
 
-    def _run_bucket(self, n: int) -> torch.Tensor:
-        """The body, eagerly, on bucket ``n``'s static inputs (as its capture runs it)."""
-        with self._at_bucket(n) as (ids, pos):
+    def _run_bucket(self, key: GraphKey) -> torch.Tensor:
+        """The body, eagerly, on the static inputs of graph ``key`` (as its capture runs it)."""
+        with self._at_bucket(key) as (ids, pos):
             return self.body(ids, pos)
 
-    def _capture_bucket(self, n: int, warm: bool) -> None:
+    def _capture_bucket(self, key: GraphKey, warm: bool) -> None:
         t0 = time.perf_counter()
+        n, bound = key
         warmup_s, warmups = 0.0, 0
-        with self._at_bucket(n) as (ids, pos):
+        with self._at_bucket(key) as (ids, pos):
             if self.backend == "breakable":
 
                 def warm_up() -> None:
@@ -220,10 +252,13 @@ class PrefillGraphRunner:
                     graph = BreakableGraph(self.device, pool=self.pool, fold_islands=self.fold_islands)
                     return graph, graph.capture(self.body, ids, pos)
 
-                (graph, self._outputs[n]), warmup_s, warmups = warm_then_capture(warm, warm_up, capture, f"bucket {n}")
-                self._graphs[n] = graph
+                (graph, self._outputs[key]), warmup_s, warmups = warm_then_capture(
+                    warm, warm_up, capture, f"bucket {_key_text(key)}"
+                )
+                self._graphs[key] = graph
                 s = graph.stats
-                info = BucketInfo(n, 0.0, s.segments, s.breaks, s.single_kernel_islands, _sum(s.kernels_per_segment))
+                info = BucketInfo(n, 0.0, s.segments, s.breaks, s.single_kernel_islands, _sum(s.kernels_per_segment),
+                                  length_bound=bound)  # fmt: skip
             else:
                 assert self._pcg is not None and self._compiled is not None
                 captures = self._pcg.stats.captures
@@ -236,7 +271,7 @@ class PrefillGraphRunner:
                     self._compiled(ids, pos)  # compile (first bucket, or one the trace does not cover) + warm-up
                     warmup_s, warmups = time.perf_counter() - t1, 1
                     with self._pcg.capturing():
-                        self._outputs[n] = self._compiled(ids, pos)
+                        self._outputs[key] = self._compiled(ids, pos)
                 pieces = self._pcg.stats.captures - captures
                 info = BucketInfo(n, 0.0, pieces, self._pcg.stats.split_ops // max(1, self._pcg.stats.graphs), 0, None)
         _sync(self.device)
@@ -255,22 +290,42 @@ class PrefillGraphRunner:
             return None, "padding_over_limit"
         return bucket, None
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states ``[n, D]`` for the batch (per-batch state must already be installed)."""
+    def graph_for(self, num_tokens: int, longest: int | None = None) -> tuple[GraphKey | None, str | None]:
+        """The graph ``(bucket, bound)`` a batch of ``num_tokens`` whose longest sequence is
+        ``longest`` replays — the smallest captured bound it fits, else the bucket's graph for
+        any batch (bound None) — or ``(None, reason)`` for eager."""
+        bucket, reason = self.bucket_for(num_tokens)
+        if bucket is None or (bucket, None) not in self._outputs:
+            return None, reason or "bucket_not_captured"
+        fits = [b for b in self.length_bounds if longest is not None and longest <= b and (bucket, b) in self._outputs]
+        return (bucket, fits[0] if fits else None), None
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, longest: int | None = None) -> torch.Tensor:
+        """Hidden states ``[n, D]`` for the batch (per-batch state must already be installed).
+        ``longest``: the batch's longest sequence (prefix included), which picks the graph of
+        the smallest length bound it fits (None: the bucket's graph for any batch)."""
         n = input_ids.shape[0]
-        bucket, reason = self.bucket_for(n)
-        if bucket is None or bucket not in self._outputs:
+        key, reason = self.graph_for(n, longest)
+        if key is None:
             self.stats.fallbacks[reason or "bucket_not_captured"] += 1
             return self.body(input_ids, positions)
+        bucket, bound = key
+        self.bound_replays[bound] += 1
         self.inputs.load_tokens(input_ids, positions, bucket)
         if self.backend == "breakable":
-            out = self._graphs[bucket].replay()
+            out = self._graphs[(bucket, bound)].replay()
         else:
             assert self._pcg is not None and self._compiled is not None
             with self._pcg.replaying():
                 out = self._compiled(*self.inputs.tokens(bucket))
         self.stats.count_replay(n, bucket)
         return out[:n]
+
+
+def _key_text(key: GraphKey) -> str:
+    """``"16"``, or ``"16 (sequences ≤ 2048)"`` for a bounded graph."""
+    n, bound = key
+    return f"{n}" + (f" (sequences ≤ {bound})" if bound is not None else "")
 
 
 def _sync(device: torch.device) -> None:

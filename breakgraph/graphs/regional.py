@@ -92,8 +92,9 @@ class RegionalCompileRunner:
         self._forward = self._stack.enter_context(compiled_regions(model, **compile_kwargs))
         self.stats = GraphStats(self.backend)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states ``[n, D]`` through the compiled regions."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, longest: int | None = None) -> torch.Tensor:
+        """Hidden states ``[n, D]`` through the compiled regions (``longest``, the batch's longest
+        sequence, is not needed: every forward traces what it computes)."""
         self.stats.count_replay(input_ids.shape[0], input_ids.shape[0])
         return self._forward(input_ids, positions)
 

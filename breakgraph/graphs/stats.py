@@ -11,7 +11,8 @@ from typing import Any
 class BucketInfo:
     """What one bucket's capture produced (``tokens``: the bucket's token count; a decode
     bucket of ``tokens`` requests decodes one token each). ``capture_s`` is the whole time the
-    bucket took, its ``warmups`` eager warm-up passes (``warmup_s``) included."""
+    bucket took, its ``warmups`` eager warm-up passes (``warmup_s``) included. ``length_bound``:
+    a prefill graph captured for sequences of at most that many tokens (None: for any batch)."""
 
     tokens: int
     capture_s: float
@@ -21,11 +22,13 @@ class BucketInfo:
     kernels: int | None
     warmup_s: float = 0.0
     warmups: int = 0
+    length_bound: int | None = None
 
     def line(self) -> str:
         k = "?" if self.kernels is None else self.kernels
+        bound = f" (sequences ≤ {self.length_bound})" if self.length_bound is not None else ""
         return (
-            f"bucket {self.tokens:>5}: {self.segments} segments, {self.breaks} breaks, "
+            f"bucket {self.tokens:>5}{bound}: {self.segments} segments, {self.breaks} breaks, "
             f"{self.islands} single-kernel islands, {k} kernels, captured in {self.capture_s:.2f}s "
             f"({self.warmups} warm-up(s) {self.warmup_s:.2f}s)"
         )
@@ -72,9 +75,15 @@ class GraphStats:
                 warmups[b.tokens] = warmups.get(b.tokens, 0) + b.warmups
             return {"backend": self.backend, "batch_sizes": sorted(set(sizes)), "capture_s": capture_s,
                     "replays": self.replays, "fallbacks": fallbacks, "warmups": warmups}  # fmt: skip
+        anybatch = [b for b in self.buckets if b.length_bound is None]
+        bounded: dict[int, list[int]] = {}
+        for b in self.buckets:
+            if b.length_bound is not None:
+                bounded.setdefault(b.length_bound, []).append(b.tokens)
         return {
             "backend": self.backend,
-            "captured_buckets": sizes,
+            "captured_buckets": [b.tokens for b in anybatch],
+            "bounded_buckets": {bound: sorted(tokens) for bound, tokens in sorted(bounded.items())},
             "capture_s": capture_s,
             "traces": self.traces,
             "graph_memory_bytes": self.graph_memory_bytes,
@@ -82,10 +91,10 @@ class GraphStats:
             "replayed_tokens": self.replayed_tokens,
             "padded_tokens": self.padded_tokens,
             "fallbacks": fallbacks,
-            "segments": {b.tokens: b.segments for b in self.buckets},
-            "breaks": {b.tokens: b.breaks for b in self.buckets},
-            "islands": {b.tokens: b.islands for b in self.buckets},
-            "warmups": {b.tokens: b.warmups for b in self.buckets},
+            "segments": {b.tokens: b.segments for b in anybatch},
+            "breaks": {b.tokens: b.breaks for b in anybatch},
+            "islands": {b.tokens: b.islands for b in anybatch},
+            "warmups": {b.tokens: sum(c.warmups for c in self.buckets if c.tokens == b.tokens) for b in anybatch},
         }
 
 

@@ -47,11 +47,13 @@ def capture_ladder(
     what: str,
     iterate: Callable[[Sequence[int]], Iterable[int]] = iter,
     retry: bool = True,
+    label: Callable[[int], str] = str,
 ) -> None:
     """Call ``capture_one(size, warm)`` for each of ``sizes`` in order (callers pass largest
     first, so smaller buckets reuse the pool), ``warm`` per the policy above. ``what`` names a
     size in the log ("prefill bucket", "decode batch size"); ``iterate`` wraps the sizes (a
-    progress bar); ``restart()`` drops every capture and opens a new pool before the second pass.
+    progress bar); ``label(size)``: how the log writes a size after ``what``; ``restart()`` drops
+    every capture and opens a new pool before the second pass.
     ``retry = False``: a failed capture is raised as it is (captures that warm themselves up)."""
     check_warmup(warmup)
 
@@ -63,7 +65,7 @@ def capture_ladder(
             except RuntimeError as exc:  # GraphError included
                 if warm or not retry:
                     raise
-                raise UnwarmedCaptureFailed(f"{what} {size}", exc) from exc
+                raise UnwarmedCaptureFailed(f"{what} {label(size)}", exc) from exc
 
     with compile_guard() as guarded:
         every = warmup == "every" or (device.type == "cuda" and not guarded)

@@ -104,7 +104,7 @@ class Indexer(nn.Module):
         ``q_proj`` is not read where :func:`~breakgraph.layers.dsa.indexer_rows_are_causal` (the
         caller may pass None there). ``q_resid_fp8``: ``q_resid`` quantised by its norm, for ``wq_b``."""
         t = x.shape[0]
-        # a decode step over sequences of at most K tokens selects every causal key: no queries
+        # a batch whose sequences are at most K tokens long selects every causal key: no queries
         # or head weights are needed, only the keys for the cache
         causal = indexer_rows_are_causal(self.topk)
         q = None
@@ -190,7 +190,7 @@ class MLAttention(nn.Module):
         if merged is None:
             return False
         self.fused_b_proj = merged
-        merged.partial_parts = (1,)  # q_b alone: decode steps that need no indexer queries
+        merged.partial_parts = (1,)  # q_b alone: batches that need no indexer queries
         self.q_b_proj = self.indexer.wq_b = None
         return True
 

@@ -67,16 +67,15 @@ def _should_skip_logits_computation(fb: ForwardBatch, index_topk: int) -> bool:
 
 def indexer_rows_are_causal(index_topk: int) -> bool:
     """Whether the layer code may skip what only the indexer's scores need (its queries and head
-    weights; the keys still go to the cache):
-    a decode batch whose sequences are all at most ``index_topk`` long, not traced by
-    ``torch.compile``. Decode graphs are captured per length bound and replay only batches
-    within it, so the answer at capture holds at every replay; prefill segments are captured
-    on a stand-in batch, so in prefill and extend batches the answer is no (their breaks decide
-    per batch)."""
+    weights; the keys still go to the cache): every sequence the code runs on is at most
+    ``index_topk`` long (:attr:`~breakgraph.forward_context.ForwardBatch.seq_len_bound`), not
+    traced by ``torch.compile`` (a traced piece replays any batch). Graphs hold the answer of
+    their capture: decode graphs are captured per length bound on static batches as long as
+    their bound, prefill graphs on a stand-in batch that states its bound (the runner's graphs
+    for any batch state the context length), and each replays only batches within it."""
     if torch.compiler.is_compiling():
         return False
-    fb = get_forward_batch()
-    return fb.mode is ForwardMode.DECODE and _should_skip_logits_computation(fb, index_topk)
+    return get_forward_batch().seq_len_bound <= index_topk
 
 
 def rotary_cache_store(

@@ -175,6 +175,13 @@ class DsaForCausalLM(nn.Module):
         :class:`~breakgraph.graphs.decode_runner.DecodeGraphRunner`)."""
         return tuple(sorted({self.config.index_topk, SPLIT_SELECT_MIN_KEYS}))
 
+    def prefill_length_bounds(self) -> tuple[int, ...]:
+        """Sequence lengths below which a prefill graph's segments compute less: up to
+        ``index_topk`` the layers need no indexer queries or head weights
+        (:func:`~breakgraph.layers.dsa.indexer_rows_are_causal`). Breakable prefill graphs are
+        worth capturing per bound (see :class:`~breakgraph.graphs.prefill_runner.PrefillGraphRunner`)."""
+        return (self.config.index_topk,)
+
     def compile_regions(self) -> list[nn.Module]:
         """The regions regional ``torch.compile`` compiles one by one: the decoder layers."""
         return list(self.model.layers)
