@@ -54,7 +54,8 @@ def main() -> int:
     print(json.dumps({
         "preset": args.preset, "startup_s": {k: round(v, 2) for k, v in runner.startup_s.items()},
         "ready_s": round(sum(runner.startup_s.values()), 2), "engine_s": round(wall, 2),
-        "prefill_buckets": stats.get("captured_buckets"), "prefill_warmups": sum((stats.get("warmups") or {}).values()),
+        "prefill_buckets": stats.get("captured_buckets"), "prefill_bounded_buckets": stats.get("bounded_buckets"),
+        "prefill_warmups": sum((stats.get("warmups") or {}).values()),
         "decode_batch_sizes": stats["decode"].get("batch_sizes"),
         "decode_warmups": sum((stats["decode"].get("warmups") or {}).values()),
     }), flush=True)  # fmt: skip

@@ -135,7 +135,7 @@ def test_one_warmup_for_the_ladder_unless_asked_for_every(hf_checkpoints):
     once = Engine(folder, cuda_graph_backend_prefill="breakable", **common)
     assert once.graph_stats()["warmups"] == {8: 0, 16: 0, 64: 1}
     every = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_warmup="every", **common)
-    assert every.graph_stats()["warmups"] == {8: 2, 16: 1, 64: 1}  # bucket 8 has a graph for sequences ≤ 8 too
+    assert every.graph_stats()["warmups"] == {8: 2, 16: 2, 64: 2}  # each bucket has a graph for sequences ≤ 8 too
     batch = ragged_batches(seed=4)[0]
     for a, b in zip(once.prompt_logits(batch), every.prompt_logits(batch)):
         assert torch.equal(a, b)
@@ -206,12 +206,12 @@ def test_decode_graphs_per_length_bound_equal_eager(hf_checkpoints, monkeypatch)
 
 
 def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints, monkeypatch):
-    """Breakable buckets up to ``index_topk`` get a second graph, captured on a stand-in that
-    promises sequences that short: its segments compute no indexer queries (``q_b`` alone, the
-    indexer's rotary step on the key alone), while the graphs for any batch, captured on a
-    stand-in that states the context length, do. A batch of short prompts replays the short
-    graph, a later chunk of a long prompt (a short chunk after a long prefix) the graph for any
-    batch; every logit equals eager."""
+    """Each breakable bucket gets a second graph, captured on a stand-in that promises sequences
+    no longer than ``index_topk`` (requests that short): its segments compute no indexer queries
+    (``q_b`` alone, the indexer's rotary step on the key alone), while the graphs for any batch,
+    captured on a stand-in that states the context length, do. Batches of short prompts replay
+    the short graphs (one bucket longer than the bound), a later chunk of a long prompt (a short
+    chunk after a long prefix) the graph for any batch; every logit equals eager."""
     from breakgraph.forward_context import get_forward_batch
     from breakgraph.layers import attention
 
@@ -228,13 +228,14 @@ def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints
     monkeypatch.setattr(attention, "indexer_rope_qk", spy)
     engine = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
     k, graphs = engine.config.index_topk, engine.runner.prefill_graphs
-    assert k == 8 and set(graphs._graphs) == {(4, None), (8, None), (16, None), (4, k), (8, k)}
-    assert engine.graph_stats()["bounded_buckets"] == {k: [4, 8]}
+    assert k == 8 and set(graphs._graphs) == {(n, bound) for n in (4, 8, 16) for bound in (None, k)}
+    assert engine.graph_stats()["bounded_buckets"] == {k: [4, 8, 16]}
     assert {(bound, has_q) for bound, has_q in seen if bound is not None} == {(k, False), (96, True)}
     g = torch.Generator().manual_seed(12)
     short = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (5, 3)]  # bucket 8, sequences ≤ 8
+    many = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (6, 8, 1)]  # bucket 16, sequences ≤ 8
     long = [torch.randint(0, 128, (18,), generator=g).tolist()]  # chunks of 16 and 2 (bucket 4 after 16 tokens)
-    for batch, bound in ((short, k), (long, None)):
+    for batch, bound in ((short, k), (many, k), (long, None)):
         before = graphs.bound_replays[bound]
         for a, b in zip(engine.prompt_logits(batch), eager.prompt_logits(batch)):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -244,6 +245,21 @@ def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints
     plain = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
     assert set(plain.runner.prefill_graphs._graphs) == {(4, None), (8, None), (16, None)}
     assert plain.graph_stats()["bounded_buckets"] == {}
+
+
+def test_buckets_longer_than_a_short_context_capture_and_replay_like_eager(hf_checkpoints):
+    """A context no longer than ``index_topk``: every batch selects every causal key, so every
+    graph skips the indexer's queries — and a bucket longer than the context is captured on
+    requests no longer than it (one long stand-in sequence would need the scores it skipped)."""
+    folder = hf_checkpoints["glm_moe_dsa"]
+    common = dict(device="cpu", dtype="float32", page_size=4, context_length=8)
+    engine = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
+    assert engine.graph_stats()["captured_buckets"] == [4, 8, 16] and engine.graph_stats()["bounded_buckets"] == {}
+    g = torch.Generator().manual_seed(14)
+    batch = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (7, 6, 2)]  # 15 tokens: bucket 16
+    for a, b in zip(engine.prompt_logits(batch), Engine(folder, **common).prompt_logits(batch)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert engine.graph_stats()["replays"] == 1
 
 
 def test_a_short_prefill_in_a_padded_bucket_leaves_other_requests_cache_rows(hf_checkpoints):

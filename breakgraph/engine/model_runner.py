@@ -361,22 +361,24 @@ class ModelRunner:
 
     @contextlib.contextmanager
     def capture_context(self, num_tokens: int, length_bound: int | None = None) -> Iterator[None]:
-        """A stand-in batch for capturing a graph bucket of ``num_tokens``: one request whose
-        tokens all write to, and read from, the reserved padding page 0. Its ``out_cache_loc``
+        """A stand-in batch for capturing a graph bucket of ``num_tokens``: requests whose
+        tokens all write to, and read from, the reserved padding page 0 — one, or as many as
+        keep each within the stand-in's ``length_bound`` (below), so its own lengths never
+        contradict what it promises. Its ``out_cache_loc``
         is a view of the runner's static slot buffer, so kernels captured in a segment (the
         rotary steps that write the new cache rows, :func:`~breakgraph.layers.dsa.rotary_cache_store`)
         read each replay's slots, which :meth:`forward` loads before every replay. Its
         ``length_bound`` is ``length_bound`` (a graph for batches of sequences that short), else
         the context length (a graph for any batch)."""
         ps = self.kv_cache.page_size
-        pages = [0] * -(-num_tokens // ps)
-        entry = BatchEntry([0] * num_tokens, 0, pages)
-        batch = self.make_batch([entry], ForwardMode.EXTEND)
+        bound = length_bound if length_bound is not None else self.spec.context_length
+        sizes = [min(bound, num_tokens - start) for start in range(0, num_tokens, bound)]
+        batch = self.make_batch([BatchEntry([0] * m, 0, [0] * -(-m // ps)) for m in sizes], ForwardMode.EXTEND)
         if self._prefill_slots is not None:
             slots = self._prefill_slots[:num_tokens]
             slots.copy_(batch.out_cache_loc)
             batch = replace(batch, out_cache_loc=slots)
-        batch = replace(batch, length_bound=length_bound if length_bound is not None else self.spec.context_length)
+        batch = replace(batch, length_bound=bound)
         with forward_batch_context(batch):
             yield
 

@@ -13,9 +13,9 @@ every replay and every fallback (with its reason) is counted in its
 What the graph segments compute may depend on how long the batch's sequences can be (the
 model's ``prefill_length_bounds``: up to its DSA ``index_topk`` no indexer queries are needed).
 A segment is captured on a stand-in batch, so by default it must hold for any batch; with
-``length_bounds`` the breakable runner captures each bucket up to a bound a second time, on a
-stand-in that promises sequences at most that long, and a batch whose longest sequence fits
-replays that graph.
+``length_bounds`` the breakable runner captures each bucket once more per bound, on a stand-in
+that promises sequences at most that long, and a batch whose longest sequence fits replays
+that graph.
 """
 
 from __future__ import annotations
@@ -154,10 +154,9 @@ class PrefillGraphRunner:
 
     def graph_keys(self) -> list[GraphKey]:
         """``(bucket, bound)`` of every graph to capture, largest bucket first (so smaller ones
-        reuse its pool), each bucket's graph for any batch (bound None) before its bounded ones;
-        a bucket gets a bounded graph only where it is no longer than the bound."""
-        return [(n, bound) for n in sorted(self.buckets, reverse=True)
-                for bound in [None, *(b for b in reversed(self.length_bounds) if n <= b)]]  # fmt: skip
+        reuse its pool), each bucket's graph for any batch (bound None) before its bounded ones
+        (a bucket longer than a bound holds several requests that short)."""
+        return [(n, bound) for n in sorted(self.buckets, reverse=True) for bound in [None, *reversed(self.length_bounds)]]
 
     # -- capture --------------------------------------------------------------------------
     def capture(self, progress: bool = True) -> None:
@@ -198,17 +197,14 @@ class PrefillGraphRunner:
             torch.cuda.synchronize(self.device)
             self.stats.capture_memory_bytes = max(0, free_before - _free_memory(self.device))
             self.stats.graph_memory_bytes = sum(hi - lo for lo, hi in pool_segments(self.device, self.pool))
-        largest = self.stats.buckets[-1]
+        largest = next(b for b in reversed(self.stats.buckets) if b.length_bound is None)
         memory = (
             f"{_fmt_bytes(self.stats.graph_memory_bytes)} in the graph pool "
             f"({_fmt_bytes(self.stats.capture_memory_bytes)} of free memory taken)"
             if self.device.type == "cuda"
             else "n/a on CPU"
         )
-        bounded = "".join(
-            f"; the {sum(1 for _, b in keys if b == bound)} buckets up to {bound} tokens again, for sequences that short"
-            for bound in self.length_bounds
-        )
+        bounded = "".join(f"; again for sequences of at most {bound} tokens" for bound in self.length_bounds)
         logger.info(
             "prefill graphs (%s): %d buckets %s tokens%s, captured in %.1fs (%s), graph memory %s; "
             "largest bucket: %d segments, %d breaks, %d single-kernel islands",

@@ -56,7 +56,8 @@ class GraphStats:
         """``"warm-ups 3.2s: 2 of 19 buckets"``: the eager warm-up passes the capture ran."""
         warmed = [b for b in self.buckets if b.warmups]
         seconds = sum(b.warmup_s for b in self.buckets)
-        return f"warm-ups {seconds:.1f}s: {len(warmed)} of {len(self.buckets)} {'graphs' if self.phase == 'decode' else 'buckets'}"
+        several = self.phase == "decode" or any(b.length_bound is not None for b in self.buckets)
+        return f"warm-ups {seconds:.1f}s: {len(warmed)} of {len(self.buckets)} {'graphs' if several else 'buckets'}"
 
     def count_replay(self, tokens: int, bucket: int) -> None:
         """One replay of ``bucket`` for a batch of ``tokens``."""

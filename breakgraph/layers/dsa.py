@@ -10,8 +10,9 @@ lengths and pages:
   is :func:`k_cache_and_topk_result`; when every sequence is at most ``index_topk`` long the
   top-k is simply every causal key: nothing is scored or written
   (:func:`_should_skip_logits_computation`), the attention makes those rows from the token
-  positions itself (``causal_rows``), and in a decode batch the layer skips the indexer's
-  queries and head weights (:func:`indexer_rows_are_causal`).
+  positions itself (``causal_rows``), and the layer skips the indexer's queries and head
+  weights where its code may rely on it (:func:`indexer_rows_are_causal`: eager batches, decode
+  graphs and prefill graphs captured for such batches).
 * :func:`mla_bmm_then_unified_attention` — the absorbed query's ``q_nope · w_kc`` BMM *and*
   the sparse attention in one op, planned by :class:`MlaBmmFusionPlan`, so the lone BMM never
   becomes a one-kernel graph segment; :func:`sparse_mla_attention` is the attention alone.
