@@ -230,6 +230,11 @@ def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints
     k, graphs = engine.config.index_topk, engine.runner.prefill_graphs
     assert k == 8 and set(graphs._graphs) == {(n, bound) for n in (4, 8, 16) for bound in (None, k)}
     assert engine.graph_stats()["bounded_buckets"] == {k: [4, 8, 16]}
+    # the short graphs hold no indexer breaks: with the keys stored by the rotary kernel there is
+    # nothing left for them to do
+    cfg = engine.config
+    layers, indexers = cfg.num_hidden_layers, sum(cfg.has_indexer(i) for i in range(cfg.num_hidden_layers))
+    assert graphs._graphs[(16, None)].stats.breaks == layers + indexers and graphs._graphs[(16, k)].stats.breaks == layers
     assert {(bound, has_q) for bound, has_q in seen if bound is not None} == {(k, False), (96, True)}
     g = torch.Generator().manual_seed(12)
     short = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (5, 3)]  # bucket 8, sequences ≤ 8

@@ -98,7 +98,9 @@ class Indexer(nn.Module):
         k_proj: torch.Tensor | None = None, q_resid_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
         q_proj: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32.
+        """``x [T, D]``, ``q_resid [T, q_lora]`` → top-k positions ``[T, index_topk]`` int32 (not
+        written where :func:`~breakgraph.layers.dsa.indexer_rows_are_causal`: the rows are then
+        every causal key, which the attention makes from the positions).
         ``k_proj [T, Di]``, ``q_proj [T, Hi·Di]``: ``wk(x)`` and ``wq_b(q_resid)`` where the caller
         computed them (merged projections; then ``wk``/``wq_b`` are None; rows may be strided);
         ``q_proj`` is not read where :func:`~breakgraph.layers.dsa.indexer_rows_are_causal` (the
@@ -121,6 +123,10 @@ class Indexer(nn.Module):
             w_proj = fp32_out_operand(x, self.weights_proj.weight, self.weights_proj_bf16)
             weights = logits_head_gate(x, w_proj, self.n_heads**-0.5)
         topk = torch.empty(t, self.topk, dtype=torch.int32, device=x.device)
+        if causal and store is not None:
+            # nothing to score, write or store (the rotary kernel stored the keys): no break, and
+            # the attention makes the rows from the positions without reading ``topk``
+            return topk
         dsa_indexer_graph_dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5, store is not None)
         return topk
 
