@@ -202,8 +202,8 @@ def test_cache_stores_in_the_rotary_kernels_equal_the_split_op_stores(prefill, t
 def test_short_prompts_replay_the_graphs_without_indexer_queries_at_glm5_shapes(tmp_path, monkeypatch):
     """GLM-5 per-rank FP8 dims, 3 dense + 1 MoE layer, dummy weights: prompts no longer than
     ``index_topk`` replay the breakable graphs captured for sequences that short (``q_b`` alone
-    from the merged linear, the indexer's rotary kernel on the key alone; no head weights), and
-    their prompt logits equal eager's, which skips the same work; a run that computes the
+    from the merged linear, the indexer's rotary kernel on the key alone; no head weights; the
+    dense-causal attention inside the graph: no break), and their prompt logits equal eager's, which skips the same work; a run that computes the
     indexer's queries (the partial product may take another FP8 GEMM path) stays within FP8
     rounding of both."""
     import json
@@ -221,6 +221,7 @@ def test_short_prompts_replay_the_graphs_without_indexer_queries_at_glm5_shapes(
     graphs = Engine(tmp_path, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[64, 512], **common)
     k = graphs.config.index_topk
     assert graphs.graph_stats()["bounded_buckets"] == {k: [64, 512]}
+    assert graphs.runner.prefill_graphs._graphs[(512, k)].stats.breaks == 0  # one CUDA graph
     got = graphs.prompt_logits(batch)
     assert graphs.runner.prefill_graphs.bound_replays[k] == 1
     errs = [rel_err(a, b) for a, b in zip(got, want)]

@@ -476,6 +476,7 @@ def _topk_slots_kernel(
     FILL: tl.constexpr = False,
     CAUSAL: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    num_tokens=0, dense_below=0, DENSE_T: tl.constexpr = 0,
 ):
     """``SLOTS[t, j]`` ← the cache row of top-k position ``TOPK[t, j]`` through the page table of
     token ``t``'s request (``-1`` stays ``-1``): the sparse kernel's loop then gathers rows with
@@ -485,11 +486,15 @@ def _topk_slots_kernel(
     indexer's row is when the sequence is at most ``topk`` long); ``TOPK`` is not read.
     ``FILL`` (one program per token, ``BLOCK ≥ topk``): an unused entry holds ``-1 − f`` instead,
     ``f`` the cache row of the token's largest top-k position (of position 0 where it has
-    none), so the sparse kernel's ``LEAN`` loop reads a real row there and needs no load masks."""
+    none), so the sparse kernel's ``LEAN`` loop reads a real row there and needs no load masks.
+    ``DENSE_T > 0``: a token of a block on the dense-causal path (the sparse kernels skip it)
+    gets no row written (``POSITIONS`` must then be the positions)."""
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < topk
+    if DENSE_T > 0:  # the row is never read: no store
+        inside = inside & ~_dense_block(TOKEN_REQ, POSITIONS, t // DENSE_T, num_tokens, dense_below, DENSE_T)
     if CAUSAL:
         pos = tl.where(inside & (offs <= tl.load(POSITIONS + t)), offs, -1)
     else:
@@ -752,9 +757,10 @@ def sparse_mla_attention_triton(
         rows, stride_rows = torch.empty(num_tokens, topk, dtype=torch.int32, device=q.device), topk
         slot_block = triton.next_power_of_2(topk) if use_lean else _SLOT_BLOCK
         _topk_slots_kernel[(num_tokens, triton.cdiv(topk, slot_block))](
-            topk_pos, page_table, token_req, positions if causal_rows else token_req, rows, topk_pos.stride(0),
-            page_table.stride(0), topk, page_size, BLOCK=slot_block, FILL=use_lean, CAUSAL=causal_rows, num_warps=4,
-            **pdl_launch(q.device),
+            topk_pos, page_table, token_req, positions if causal_rows or dense_t else token_req, rows,
+            topk_pos.stride(0), page_table.stride(0), topk, page_size, BLOCK=slot_block, FILL=use_lean,
+            CAUSAL=causal_rows, num_warps=4, **pdl_launch(q.device),
+            num_tokens=num_tokens, dense_below=dense_below, DENSE_T=dense_t,
         )  # fmt: skip
     shift = page_shift(page_size)
     causal_in_loop = causal_rows and not use_slots  # else the cache-row kernel makes the rows
