@@ -263,6 +263,29 @@ def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints
     plain = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
     assert set(plain.runner.prefill_graphs._graphs) == {(4, None), (8, None), (16, None)}
     assert plain.graph_stats()["bounded_buckets"] == {}
+    # the replay check re-runs the body on the real batch: it gets graphs that take no branch of a stand-in
+    monkeypatch.setenv("BREAKGRAPH_PREFILL_LENGTH_BOUNDS", mode)
+    monkeypatch.setenv("BREAKGRAPH_GRAPH_DEBUG", "1")
+    checked = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
+    assert checked.graph_stats()["bounded_buckets"] == {} and checked.runner._prefill_layout is None
+
+
+def test_short_graphs_store_fp8_indexer_keys_inside_the_graph(hf_checkpoints, monkeypatch):
+    """With the FP8 cache and FP8 indexer keys the rotary kernels store nothing (the stores
+    quantise), so the indexer's only work, the key store, runs inside the short graphs too, on
+    their static slots: still no break, logits as eager's with the same caches."""
+    monkeypatch.setenv("BREAKGRAPH_INDEXER_FP8", "1")
+    folder = hf_checkpoints["glm_moe_dsa"]
+    common = dict(device="cpu", dtype="float32", page_size=4, context_length=96, kv_cache_dtype="fp8_e4m3")
+    engine = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[8, 16], **common)
+    k = engine.config.index_topk
+    assert engine.kv_cache.indexer_k[0].dtype == torch.uint8, "the indexer keys are FP8 codes"
+    assert engine.runner.prefill_graphs._graphs[(16, k)].stats.breaks == 0
+    g = torch.Generator().manual_seed(15)
+    batch = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (6, 7)]  # 13 tokens, bucket 16
+    for a, b in zip(engine.prompt_logits(batch), Engine(folder, **common).prompt_logits(batch)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert engine.runner.prefill_graphs.bound_replays[k] == 1
 
 
 def test_buckets_longer_than_a_short_context_capture_and_replay_like_eager(hf_checkpoints):

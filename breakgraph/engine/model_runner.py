@@ -288,6 +288,10 @@ class ModelRunner:
             logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
         self._prefill_slots = torch.zeros(buckets[-1], dtype=torch.int64, device=self.device)
         mode, context = env.read("BREAKGRAPH_PREFILL_LENGTH_BOUNDS"), self.spec.context_length
+        if mode != "0" and env.read("BREAKGRAPH_GRAPH_DEBUG") == "1":
+            logger.info("BREAKGRAPH_GRAPH_DEBUG=1: one prefill graph per bucket, without a static layout "
+                        "(a graph for short sequences takes branches its eager check on the real batch does not)")  # fmt: skip
+            mode = "0"
         model_bounds = getattr(self.model, "prefill_length_bounds", tuple)() if mode != "0" else ()
         bounds = tuple(b for b in model_bounds if b < context)
         # the stand-ins of graphs for sequences within the model's bounds (a bounded graph's, or
@@ -409,14 +413,14 @@ class ModelRunner:
     def _load_prefill_slots(self, batch: ForwardBatch) -> None:
         """Copy the batch's cache slots into the static slot buffer the prefill graphs read;
         the rows past them (a bucket's padding) write to slot 0, in the reserved page 0. A
-        batch longer than the buffer runs eagerly, on its own slots. With a static layout
-        (bounded graphs), the batch's layout goes there too (:meth:`_load_prefill_layout`)."""
+        batch longer than the buffer runs eagerly, on its own slots. The layout of a batch whose
+        sequences a static-layout graph takes goes to that layout too (:meth:`_load_prefill_layout`)."""
         slots, n = self._prefill_slots, batch.num_tokens
         if slots is not None and n <= slots.shape[0]:
             slots[:n].copy_(batch.out_cache_loc)
             slots[n:].zero_()
-            if self._prefill_layout is not None:
-                self._load_prefill_layout(batch)
+            if self._prefill_layout is not None and batch.max_seq_len <= self._static_layout_up_to:
+                self._load_prefill_layout(batch)  # the graphs that read it replay such batches only
 
     def _load_prefill_layout(self, batch: ForwardBatch) -> None:
         """Copy the batch's positions, token requests, page table (the columns the layout holds:

@@ -128,7 +128,10 @@ class Indexer(nn.Module):
             # nothing to score, write or store (the rotary kernel stored the keys): no break, and
             # the attention makes the rows from the positions without reading ``topk``
             return topk
-        dsa_indexer_graph_dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5, store is not None)
+        # on a static layout for short sequences only the keys' store is left: in the segment
+        dispatch = dsa_indexer_graph_dispatch
+        dispatch = dispatch.eager if causal and attention_in_segment(self.topk) else dispatch
+        dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5, store is not None)
         return topk
 
 
