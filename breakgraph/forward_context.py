@@ -43,10 +43,6 @@ class ForwardBatch:
     ``kv_cache`` is the engine's paged cache (owned by the engine).
     ``length_bound``: set on the stand-in batch a prefill graph is captured with — the longest
     sequence any batch the graph replays may have (see :attr:`seq_len_bound`); None elsewhere.
-    ``layout_static``: such a stand-in whose device tensors (``positions``, ``token_req``,
-    ``out_cache_loc``, ``page_table``, ``seq_lens``) are buffers the engine loads with each
-    replayed batch (its padding rows: request 0, position 0, the reserved slot 0), so code
-    captured on it may read the batch layout from them.
     """
 
     mode: ForwardMode
@@ -61,7 +57,6 @@ class ForwardBatch:
     extend_lens_cpu: list[int]
     kv_cache: KVCache
     length_bound: int | None = None
-    layout_static: bool = False
 
     @property
     def num_tokens(self) -> int:

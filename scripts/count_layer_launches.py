@@ -153,19 +153,13 @@ def build_layers(tokens: int, context: int, batch_size: int = 1):
     return cfg, layers, batch, h, cos, sin
 
 
-def count(tokens: int, context: int, batch_size: int = 1, stand_in: bool = False) -> dict[str, Counter]:
-    """``{"dense": Counter(name -> launches), "moe": ...}`` for one layer of each kind.
-    ``stand_in``: a prefill as a bounded prefill graph captures it (its stand-in's static
-    layout: no per-request hint for the attention kernel)."""
-    from dataclasses import replace
-
+def count(tokens: int, context: int, batch_size: int = 1) -> dict[str, Counter]:
+    """``{"dense": Counter(name -> launches), "moe": ...}`` for one layer of each kind."""
     from breakgraph.forward_context import forward_batch_context
 
     with ExitStack() as stack:
         patches(stack, prefill=tokens > 1)
         cfg, layers, batch, h, cos, sin = build_layers(tokens, context, batch_size)
-        if stand_in and tokens > 1:
-            batch = replace(batch, length_bound=batch.max_seq_len, layout_static=True)
         stack.enter_context(forward_batch_context(batch))
         stack.enter_context(torch.inference_mode())
         out = {}
@@ -193,11 +187,6 @@ def main() -> None:
         default=[1],
         help="requests in a decode step (with --tokens 1), each with --context cached tokens",
     )
-    ap.add_argument(
-        "--stand-in", action="store_true",
-        help="count prefills as a bounded prefill graph holds them (the attention on a capture's stand-in "
-        "layout, without the per-request skip of its sparse launch); default: as the eager breaks run them",
-    )
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run with TRITON_INTERPRET=1 (kernels are recorded, not run)")
@@ -207,8 +196,7 @@ def main() -> None:
     runs = [(t, b) for t in args.tokens for b in (args.decode_batch if t == 1 else [1])]
     for t, b in runs:
         label = f"decode bs {b}, context {args.context}" if t == 1 else f"prefill {t} tokens"
-        label += ", bounded graph" if args.stand_in and t > 1 else ""
-        counts = count(t, args.context, b, args.stand_in)
+        counts = count(t, args.context, b)
         print(f"== {label}")
         for kind, c in counts.items():
             print(f"  {kind} layer: {sum(c.values())} launches")

@@ -205,18 +205,13 @@ def test_decode_graphs_per_length_bound_equal_eager(hf_checkpoints, monkeypatch)
     assert short[0].token_ids == want[0].token_ids and graphs.bound_replays[24] > 0
 
 
-@pytest.mark.parametrize("mode", ["1", "breaks"])
-def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints, monkeypatch, mode):
+def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints, monkeypatch):
     """Each breakable bucket gets a second graph, captured on a stand-in that promises sequences
     no longer than ``index_topk`` (requests that short): its segments compute no indexer queries
     (``q_b`` alone, the indexer's rotary step on the key alone), while the graphs for any batch,
-    captured on a stand-in that states the context length, do. The short graphs hold no indexer
-    break (the rotary kernel stored the keys: nothing left to do) and, by default, no attention
-    break either: their stand-in's layout is static, so the dense-causal attention is captured
-    and the graph is one segment (``breaks``: the attention stays a break). Batches of short
-    prompts replay the short graphs (one bucket longer than the bound, several requests and
-    padding), a later chunk of a long prompt (a short chunk after a long prefix) the graph for
-    any batch; every logit equals eager."""
+    captured on a stand-in that states the context length, do. Batches of short prompts replay
+    the short graphs (one bucket longer than the bound), a later chunk of a long prompt (a short
+    chunk after a long prefix) the graph for any batch; every logit equals eager."""
     from breakgraph.forward_context import get_forward_batch
     from breakgraph.layers import attention
 
@@ -231,16 +226,15 @@ def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints
 
     real = attention.indexer_rope_qk
     monkeypatch.setattr(attention, "indexer_rope_qk", spy)
-    monkeypatch.setenv("BREAKGRAPH_PREFILL_LENGTH_BOUNDS", mode)
     engine = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
     k, graphs = engine.config.index_topk, engine.runner.prefill_graphs
     assert k == 8 and set(graphs._graphs) == {(n, bound) for n in (4, 8, 16) for bound in (None, k)}
     assert engine.graph_stats()["bounded_buckets"] == {k: [4, 8, 16]}
+    # the short graphs hold no indexer breaks: with the keys stored by the rotary kernel there is
+    # nothing left for them to do
     cfg = engine.config
     layers, indexers = cfg.num_hidden_layers, sum(cfg.has_indexer(i) for i in range(cfg.num_hidden_layers))
-    assert graphs._graphs[(16, None)].stats.breaks == layers + indexers
-    short_graph = graphs._graphs[(16, k)].stats
-    assert (short_graph.breaks, short_graph.segments) == ((0, 1) if mode == "1" else (layers, layers + 1))
+    assert graphs._graphs[(16, None)].stats.breaks == layers + indexers and graphs._graphs[(16, k)].stats.breaks == layers
     assert {(bound, has_q) for bound, has_q in seen if bound is not None} == {(k, False), (96, True)}
     g = torch.Generator().manual_seed(12)
     short = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (5, 3)]  # bucket 8, sequences ≤ 8
@@ -252,52 +246,20 @@ def test_prefill_graphs_up_to_index_topk_skip_the_indexer_queries(hf_checkpoints
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         assert graphs.bound_replays[bound] > before
     assert graphs.bound_replays[None] == 2 and graphs.stats.fallbacks == {}
-    # chunks of 4 tokens: the second chunk of a 7-token prompt attends to the first through the
-    # page table, in the short graph of bucket 4 (its layout loaded with the prefix's pages)
-    chunked = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16],
-                     chunked_prefill_size=4, **common)  # fmt: skip
-    prompt = [torch.randint(0, 128, (7,), generator=g).tolist()]
-    torch.testing.assert_close(chunked.prompt_logits(prompt)[0], eager.prompt_logits(prompt)[0], atol=1e-5, rtol=1e-5)
-    assert chunked.runner.prefill_graphs.bound_replays[k] == 2
     monkeypatch.setenv("BREAKGRAPH_PREFILL_LENGTH_BOUNDS", "0")  # one graph per bucket
     plain = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
     assert set(plain.runner.prefill_graphs._graphs) == {(4, None), (8, None), (16, None)}
     assert plain.graph_stats()["bounded_buckets"] == {}
-    # the replay check re-runs the body on the real batch: it gets graphs that take no branch of a stand-in
-    monkeypatch.setenv("BREAKGRAPH_PREFILL_LENGTH_BOUNDS", mode)
-    monkeypatch.setenv("BREAKGRAPH_GRAPH_DEBUG", "1")
-    checked = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
-    assert checked.graph_stats()["bounded_buckets"] == {} and checked.runner._prefill_layout is None
-
-
-def test_short_graphs_store_fp8_indexer_keys_inside_the_graph(hf_checkpoints, monkeypatch):
-    """With the FP8 cache and FP8 indexer keys the rotary kernels store nothing (the stores
-    quantise), so the indexer's only work, the key store, runs inside the short graphs too, on
-    their static slots: still no break, logits as eager's with the same caches."""
-    monkeypatch.setenv("BREAKGRAPH_INDEXER_FP8", "1")
-    folder = hf_checkpoints["glm_moe_dsa"]
-    common = dict(device="cpu", dtype="float32", page_size=4, context_length=96, kv_cache_dtype="fp8_e4m3")
-    engine = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[8, 16], **common)
-    k = engine.config.index_topk
-    assert engine.kv_cache.indexer_k[0].dtype == torch.uint8, "the indexer keys are FP8 codes"
-    assert engine.runner.prefill_graphs._graphs[(16, k)].stats.breaks == 0
-    g = torch.Generator().manual_seed(15)
-    batch = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (6, 7)]  # 13 tokens, bucket 16
-    for a, b in zip(engine.prompt_logits(batch), Engine(folder, **common).prompt_logits(batch)):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    assert engine.runner.prefill_graphs.bound_replays[k] == 1
 
 
 def test_buckets_longer_than_a_short_context_capture_and_replay_like_eager(hf_checkpoints):
     """A context no longer than ``index_topk``: every batch selects every causal key, so every
-    graph skips the indexer's queries and, on its static layout, holds the attention (no break)
-    — and a bucket longer than the context is captured on requests no longer than it (one long
-    stand-in sequence would need the scores it skipped)."""
+    graph skips the indexer's queries — and a bucket longer than the context is captured on
+    requests no longer than it (one long stand-in sequence would need the scores it skipped)."""
     folder = hf_checkpoints["glm_moe_dsa"]
     common = dict(device="cpu", dtype="float32", page_size=4, context_length=8)
     engine = Engine(folder, cuda_graph_backend_prefill="breakable", cuda_graph_bs_prefill=[4, 8, 16], **common)
     assert engine.graph_stats()["captured_buckets"] == [4, 8, 16] and engine.graph_stats()["bounded_buckets"] == {}
-    assert engine.graph_stats()["breaks"] == {4: 0, 8: 0, 16: 0}
     g = torch.Generator().manual_seed(14)
     batch = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (7, 6, 2)]  # 15 tokens: bucket 16
     for a, b in zip(engine.prompt_logits(batch), Engine(folder, **common).prompt_logits(batch)):

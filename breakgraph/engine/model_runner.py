@@ -28,7 +28,6 @@ from breakgraph.graphs import backends
 from breakgraph.graphs.backends import GraphSetup
 from breakgraph.graphs.decode_runner import default_decode_buckets
 from breakgraph.graphs.prefill_runner import default_prefill_buckets
-from breakgraph.graphs.static_batch import StaticBatch
 from breakgraph.graphs.stats import disabled_stats
 from breakgraph.kernels.pdl_scope import PDL_AUTO_MAX_ROWS, pdl_scope
 from breakgraph.models.config import ModelConfig
@@ -176,9 +175,6 @@ class ModelRunner:
         self.decode_graphs: Any = None
         # The cache slots of a bucketed prefill graph's rows (see capture_context); None without.
         self._prefill_slots: torch.Tensor | None = None
-        # The layout the stand-ins of bounded prefill graphs read (see capture_context); None without.
-        self._prefill_layout: StaticBatch | None = None
-        self._static_layout_up_to = 0  # stand-ins bounded to this many tokens read _prefill_layout
         self.prefill_backend = "disabled"
         on_cuda = spec.device.type == "cuda"
         prefill = config.cuda_graph_backend_prefill or ("breakable" if on_cuda else "disabled")
@@ -275,8 +271,7 @@ class ModelRunner:
             raise ValueError(f"the {backend} backend runs at --tp-size 1 without decode graphs")
         self._close_prefill_graphs()
         self.prefill_backend = backend
-        self._prefill_slots = self._prefill_layout = None
-        self._static_layout_up_to = 0
+        self._prefill_slots = None
         if entry.build is None:
             return
         if not entry.bucketed:
@@ -287,23 +282,11 @@ class ModelRunner:
         if self.config.chunked_prefill_size > buckets[-1]:
             logger.info("prefill chunks capped at the largest graph bucket: %d tokens", buckets[-1])
         self._prefill_slots = torch.zeros(buckets[-1], dtype=torch.int64, device=self.device)
-        mode, context = env.read("BREAKGRAPH_PREFILL_LENGTH_BOUNDS"), self.spec.context_length
-        if mode != "0" and env.read("BREAKGRAPH_GRAPH_DEBUG") == "1":
-            logger.info("BREAKGRAPH_GRAPH_DEBUG=1: one prefill graph per bucket, without a static layout "
-                        "(a graph for short sequences takes branches its eager check on the real batch does not)")  # fmt: skip
-            mode = "0"
-        model_bounds = getattr(self.model, "prefill_length_bounds", tuple)() if mode != "0" else ()
-        bounds = tuple(b for b in model_bounds if b < context)
-        # the stand-ins of graphs for sequences within the model's bounds (a bounded graph's, or
-        # any batch's where the context itself is that short) read a static layout
-        self._static_layout_up_to = max(model_bounds, default=0) if mode == "1" and backend == "breakable" else 0
-        if self._static_layout_up_to:
-            pages = -(-min(self._static_layout_up_to, context) // self.kv_cache.page_size)
-            self._prefill_layout = StaticBatch.allocate(buckets[-1], self.device, max_pages=pages)
+        bounds = getattr(self.model, "prefill_length_bounds", tuple)() if env.read("BREAKGRAPH_PREFILL_LENGTH_BOUNDS") == "1" else ()
         self.prefill_graphs = entry.build(GraphSetup(
             self.model, self.device, buckets, capture_context=self.capture_context,
             fold_islands=self.config.fold_islands, warmup=self._warmup, prepare=self._prepare,
-            length_bounds=bounds,
+            length_bounds=tuple(b for b in bounds if b < self.spec.context_length),
         ))  # fmt: skip
 
     @property
@@ -386,11 +369,7 @@ class ModelRunner:
         rotary steps that write the new cache rows, :func:`~breakgraph.layers.dsa.rotary_cache_store`)
         read each replay's slots, which :meth:`forward` loads before every replay. Its
         ``length_bound`` is ``length_bound`` (a graph for batches of sequences that short), else
-        the context length (a graph for any batch). A stand-in bounded within the model's
-        ``prefill_length_bounds`` reads its whole layout (positions, requests, page table) from
-        the static buffers :meth:`forward` loads too (``layout_static``: its graph may hold the
-        attention, see :func:`~breakgraph.layers.dsa.attention_in_segment`), where
-        ``BREAKGRAPH_PREFILL_LENGTH_BOUNDS=1`` (not ``breaks``) made them."""
+        the context length (a graph for any batch)."""
         ps = self.kv_cache.page_size
         bound = length_bound if length_bound is not None else self.spec.context_length
         sizes = [min(bound, num_tokens - start) for start in range(0, num_tokens, bound)]
@@ -399,13 +378,6 @@ class ModelRunner:
             slots = self._prefill_slots[:num_tokens]
             slots.copy_(batch.out_cache_loc)
             batch = replace(batch, out_cache_loc=slots)
-        layout = self._prefill_layout if bound <= self._static_layout_up_to else None
-        if layout is not None:
-            self._load_prefill_layout(batch)
-            batch = replace(
-                batch, positions=layout.positions[:num_tokens], token_req=layout.token_req[:num_tokens],
-                page_table=layout.page_table, seq_lens=layout.seq_lens, layout_static=True,
-            )  # fmt: skip
         batch = replace(batch, length_bound=bound)
         with forward_batch_context(batch):
             yield
@@ -413,30 +385,11 @@ class ModelRunner:
     def _load_prefill_slots(self, batch: ForwardBatch) -> None:
         """Copy the batch's cache slots into the static slot buffer the prefill graphs read;
         the rows past them (a bucket's padding) write to slot 0, in the reserved page 0. A
-        batch longer than the buffer runs eagerly, on its own slots. The layout of a batch whose
-        sequences a static-layout graph takes goes to that layout too (:meth:`_load_prefill_layout`)."""
+        batch longer than the buffer runs eagerly, on its own slots."""
         slots, n = self._prefill_slots, batch.num_tokens
         if slots is not None and n <= slots.shape[0]:
             slots[:n].copy_(batch.out_cache_loc)
             slots[n:].zero_()
-            if self._prefill_layout is not None and batch.max_seq_len <= self._static_layout_up_to:
-                self._load_prefill_layout(batch)  # the graphs that read it replay such batches only
-
-    def _load_prefill_layout(self, batch: ForwardBatch) -> None:
-        """Copy the batch's positions, token requests, page table (the columns the layout holds:
-        a sequence within the bounds needs no more) and lengths into the static layout; the
-        rows past its tokens are request 0 at position 0 (a padding row reads that request's
-        first key: real memory, its result discarded)."""
-        layout, n, b = self._prefill_layout, batch.num_tokens, batch.batch_size
-        assert layout is not None and layout.token_req is not None and layout.page_table is not None
-        width = min(batch.page_table.shape[1], layout.page_table.shape[1])
-        layout.positions[:n].copy_(batch.positions)
-        layout.positions[n:].zero_()
-        layout.token_req[:n].copy_(batch.token_req)
-        layout.token_req[n:].zero_()
-        layout.page_table[:b, :width].copy_(batch.page_table[:, :width])
-        layout.page_table[:b, width:].zero_()
-        layout.seq_lens[:b].copy_(batch.seq_lens)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:

@@ -2,11 +2,8 @@
 
 A captured graph reads its inputs from fixed addresses, so every replay copies the real batch
 into the same buffers. Prefill graphs read only the tokens (``input_ids``, ``positions``: their
-breaks read the real per-batch layout at call time) — except where the engine captures a
-prefill graph that holds the attention too (sequences within the model's prefill length
-bounds), whose stand-in reads a per-token layout from a second StaticBatch the engine loads
-itself; decode graphs capture everything, so they also read the per-request layout (one token
-per request) through :meth:`StaticBatch.batch`.
+breaks read the real per-batch layout at call time); decode graphs capture everything, so they
+also read the per-request layout (one token per request) through :meth:`StaticBatch.batch`.
 Padded rows are safe: token 0 at position 0, and a decode row writes to and reads from the
 reserved page 0 only.
 """

@@ -26,7 +26,6 @@ from breakgraph.kernels.linear import bmm_into, exact_bf16_weight, fp32_out_oper
 from breakgraph.kernels.rope import indexer_rope_qk, mla_rope_kv, rope
 from breakgraph.layers.dsa import (
     MlaBmmFusionPlan,
-    attention_in_segment,
     dsa_indexer_graph_dispatch,
     indexer_rows_are_causal,
     is_graph_dsa_split_op_surface,
@@ -128,10 +127,7 @@ class Indexer(nn.Module):
             # nothing to score, write or store (the rotary kernel stored the keys): no break, and
             # the attention makes the rows from the positions without reading ``topk``
             return topk
-        # on a static layout for short sequences only the keys' store is left: in the segment
-        dispatch = dsa_indexer_graph_dispatch
-        dispatch = dispatch.eager if causal and attention_in_segment(self.topk) else dispatch
-        dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5, store is not None)
+        dsa_indexer_graph_dispatch(q, k, weights, topk, self.layer_id, self.head_dim**-0.5, store is not None)
         return topk
 
 
@@ -146,7 +142,6 @@ class MLAttention(nn.Module):
         self.num_heads = c.num_attention_heads // tp
         self.dn, self.dr, self.dv, self.rank = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
         self.scale = c.softmax_scale
-        self.index_topk = c.index_topk
         bias = c.attention_bias
         self.q_a_proj = ReplicatedLinear(c.hidden_size, c.q_lora_rank, bias=bias, fp8=c.fp8, dtype=dtype)
         self.q_a_layernorm = RMSNorm(c.q_lora_rank, eps=1e-6, dtype=dtype)
@@ -275,10 +270,7 @@ class MLAttention(nn.Module):
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
         if plan is not None:
-            # a capture for short sequences on a static layout holds the attention in its segment
-            attend = mla_bmm_then_unified_attention
-            attend = attend.eager if attention_in_segment(self.index_topk) else attend
-            attend(
+            mla_bmm_then_unified_attention(
                 plan.q_nope_t, self.w_kc, plan.q_nope_out_buf, kv, topk, plan.attn_output_buf, self.layer_id, self.scale,
                 store is not None,
             )  # fmt: skip

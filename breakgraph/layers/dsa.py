@@ -79,19 +79,6 @@ def indexer_rows_are_causal(index_topk: int) -> bool:
     return get_forward_batch().seq_len_bound <= index_topk
 
 
-def attention_in_segment(index_topk: int) -> bool:
-    """Whether a breakable capture may hold the layer's attention inside its graph segment
-    instead of a break: the stand-in batch promises sequences of at most ``index_topk`` tokens
-    (every row is every causal key: no indexer rows, the dense-causal path, no host-side
-    lengths) and its layout tensors are reloaded with every replayed batch
-    (``ForwardBatch.layout_static``). A graph captured so replays without an eager step for the
-    attention (with no other break, as one graph)."""
-    if torch.compiler.is_compiling() or not is_in_breakable_cuda_graph():
-        return False
-    fb = get_forward_batch()
-    return fb.layout_static and fb.seq_len_bound <= index_topk
-
-
 def rotary_cache_store(
     cache_name: str, layer_id: int, rows_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -187,13 +174,10 @@ def _attend(
         store_latent(cache, fb.out_cache_loc, kv[:n], out.shape[-1])  # quantises into an FP8 cache
     decode = fb.mode is ForwardMode.DECODE
     causal = _should_skip_logits_computation(fb, topk.shape[1])  # every position < K
-    # each request's token count lets the kernel skip its sparse launch; not on a capture's
-    # stand-in (attention_in_segment), whose graph replays other batches
-    hint = causal and not decode and fb.length_bound is None
     sparse_mla_kernel(
         q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n],
         positions=fb.positions[:n], dense_below=0 if decode else topk.shape[1],
-        request_tokens=fb.extend_lens_cpu if hint else None, packed_rows=True, causal_rows=causal,
+        request_tokens=fb.extend_lens_cpu if causal and not decode else None, packed_rows=True, causal_rows=causal,
     )  # fmt: skip
     out[n:].zero_()
 
