@@ -309,7 +309,7 @@ class PrefillGraphRunner:
         self.bound_replays[bound] += 1
         self.inputs.load_tokens(input_ids, positions, bucket)
         if self.backend == "breakable":
-            out = self._graphs[(bucket, bound)].replay()
+            out = self._graphs[key].replay()
         else:
             assert self._pcg is not None and self._compiled is not None
             with self._pcg.replaying():

@@ -219,11 +219,12 @@ class MLAttention(nn.Module):
         projects its own queries). ``indexer_queries=False``: the step needs none (see
         :meth:`_indexer_queries_needed`), so the merged linear reads ``q_b``'s weight rows only
         and the second item is None."""
-        if self.fused_b_proj is None:
-            return self.q_b_proj(q_resid, q_resid_fp8), None
-        if not indexer_queries:
-            return self.fused_b_proj.forward_first(q_resid, 1, q_resid_fp8), None
-        q, q_idx = self.fused_b_proj(q_resid, q_resid_fp8).split(self.fused_b_proj.output_sizes, dim=-1)
+        linear, parts = self._b_proj_parts(indexer_queries)
+        if linear is self.q_b_proj:
+            return linear(q_resid, q_resid_fp8), None
+        if parts is not None:
+            return linear.forward_first(q_resid, parts, q_resid_fp8), None
+        q, q_idx = linear(q_resid, q_resid_fp8).split(linear.output_sizes, dim=-1)
         return q, q_idx
 
     def takes_fp8_input(self, x: torch.Tensor) -> bool:
