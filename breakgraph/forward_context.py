@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,6 +43,9 @@ class ForwardBatch:
     ``kv_cache`` is the engine's paged cache (owned by the engine).
     ``length_bound``: set on the stand-in batch a prefill graph is captured with — the longest
     sequence any batch the graph replays may have (see :attr:`seq_len_bound`); None elsewhere.
+    ``derived``: what the breaks derive from the batch once and every layer reuses (e.g. the
+    dense MHA form's key layout, :func:`~breakgraph.layers.dsa.dense_mha_key_layout`), by name;
+    it lives as long as the batch.
     """
 
     mode: ForwardMode
@@ -57,6 +60,7 @@ class ForwardBatch:
     extend_lens_cpu: list[int]
     kv_cache: KVCache
     length_bound: int | None = None
+    derived: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ from breakgraph.engine.model_runner import BatchEntry
 from breakgraph.engine.sampling import SamplingParams
 from breakgraph.forward_context import ForwardMode, forward_batch_context
 from breakgraph.graphs import split_op_names
+from breakgraph.kernels.dense_mha import mha_form_pays
 from breakgraph.layers import dsa
 
 
@@ -31,7 +32,7 @@ def indexer_inputs(engine, n_tokens: int, rows: int, seed: int = 0):
 
 def test_both_split_ops_are_registered():
     names = split_op_names()
-    for name in ("dsa_indexer_graph_dispatch", "mla_bmm_then_unified_attention", "sparse_mla_attention"):
+    for name in ("dsa_indexer_graph_dispatch", "mla_bmm_then_unified_attention", "sparse_mla_attention", "dense_causal_mla"):
         assert f"breakgraph::{name}" in names
 
 
@@ -110,6 +111,7 @@ def test_long_sequences_are_scored(engine):
 def test_attention_asks_for_the_dense_causal_path_in_prefill_only(engine, monkeypatch):
     """Prefill/extend passes ``dense_below = K`` (its short-position rows are dense causal);
     a decode batch passes 0, so the kernel keeps split-K for it."""
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "0")  # the absorbed form: its kernel call is what is checked
     seen: list[tuple[str, int]] = []
     real = dsa.sparse_mla_kernel
 
@@ -131,6 +133,7 @@ def test_attention_tells_the_kernel_the_token_counts_only_when_every_position_is
     (the kernel may then skip its sparse launch); a longer sequence in the batch, or a decode
     batch, passes None. Any batch whose sequences all end at or before K, decode too, asks for
     causal rows (the indexer wrote none); any other does not."""
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "0")  # the absorbed form: its kernel call is what is checked
     seen: list[tuple[str, list[int] | None, bool, int]] = []
     real = dsa.sparse_mla_kernel
 
@@ -153,6 +156,93 @@ def test_attention_tells_the_kernel_the_token_counts_only_when_every_position_is
     seen.clear()
     engine.generate([[1, 2, 3], list(range(1, k + 2))], SamplingParams(max_new_tokens=1))
     assert [n for mode, n, _, _ in seen if mode == "extend"] and all(n is None and not c for _, n, c, _ in seen)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_short_prefills_attend_in_mha_form_where_it_pays(hf_checkpoints, monkeypatch, kv_cache_dtype):
+    """A prefill whose sequences all stay within ``index_topk`` runs its attention in MHA form
+    where that takes fewer FLOPs (fresh prompts, a short cached prefix), the absorbed form where
+    not (one new token on a prefix) and in decode; every logit equals the absorbed form's
+    (``BREAKGRAPH_DENSE_MHA=0``), also when the MHA form is forced (``=1``), with the plain and the
+    FP8 latent cache."""
+    folder = hf_checkpoints["glm_moe_dsa"]
+    kw = dict(device="cpu", dtype="float32", page_size=4, kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=4)
+    engine = Engine(folder, **kw)
+    k = engine.config.index_topk
+    cfg = engine.config
+    dims = dict(heads=cfg.num_attention_heads, rank=cfg.kv_lora_rank, dn=cfg.qk_nope_head_dim,
+                dr=cfg.qk_rope_head_dim, dv=cfg.v_head_dim)  # fmt: skip
+    calls: list[tuple[str, str, tuple[int, ...], bool]] = []
+    real_mha, real_sparse = dsa.dense_causal_mha, dsa.sparse_mla_kernel
+
+    def record(form):
+        def spy(*args, **kw):
+            from breakgraph.forward_context import get_forward_batch
+
+            fb = get_forward_batch()
+            pairs = sum(e * p + e * (e + 1) // 2 for p, e in zip(fb.prefix_lens_cpu, fb.extend_lens_cpu))
+            pays = mha_form_pays(fb.num_tokens, sum(fb.seq_lens_cpu), pairs, **dims)
+            calls.append((form, fb.mode.value, tuple(fb.prefix_lens_cpu), pays))
+            assert fb.max_seq_len <= k or form == "absorbed"
+            return (real_mha if form == "mha" else real_sparse)(*args, **kw)
+
+        return spy
+
+    monkeypatch.setattr(dsa, "dense_causal_mha", record("mha"))
+    monkeypatch.setattr(dsa, "sparse_mla_kernel", record("absorbed"))
+    g = torch.Generator().manual_seed(21)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (3, 7, 6)]  # 7 and 6: chunks of 4 + 3, 4 + 2
+    got = engine.prompt_logits(prompts)
+    extend = [(form, prefix, pays) for form, mode, prefix, pays in calls if mode == "extend"]
+    assert ("mha", (0, 0), True) in extend and any(any(p) for _, p, _ in extend), extend  # fresh, and on prefixes
+    assert all((form == "mha") == pays for form, _, pays in extend), extend  # (the tiny dims: prefixes never pay)
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "0")
+    absorbed = Engine(folder, **kw)
+    calls.clear()
+    want = absorbed.prompt_logits(prompts)
+    assert calls and {form for form, *_ in calls} == {"absorbed"}
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "1")
+    calls.clear()
+    for a, b in zip(Engine(folder, **kw).prompt_logits(prompts), want):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+    assert {form for form, mode, *_ in calls if mode == "extend"} == {"mha"} and any(any(c[2]) for c in calls)
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "auto")
+    calls.clear()
+    engine.generate([prompts[0]], SamplingParams(max_new_tokens=3))  # decode: the absorbed form
+    assert {form for form, mode, *_ in calls if mode == "decode"} == {"absorbed"}
+
+
+def test_the_mha_form_is_chosen_by_flops_and_kept_for_the_whole_forward(engine, monkeypatch):
+    """The key layout is built once per batch (every layer reuses it): one new token on a
+    cached prefix keeps the absorbed form, a fresh prompt takes the MHA form with its new rows
+    as keys (read back from the cache where it is FP8), and a chunk on a prefix (MHA form
+    forced: at the tiny dims a prefix never pays) gathers each request's keys in order, with
+    ``key_rows`` at the tokens' own keys."""
+    cfg = engine.config
+    heads, dims = cfg.num_attention_heads, (cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
+    pool = engine.kv_cache.pool
+    pages = [pool.alloc(2), pool.alloc(2)]
+    fresh = engine.runner.make_batch([BatchEntry(list(range(5)), 0, pages[0])], ForwardMode.EXTEND)
+    layout = dsa.dense_mha_key_layout(fresh, heads, *dims, fp8_cache=False)
+    assert layout.pays and layout.slots is None and layout.key_rows is None
+    assert dsa.dense_mha_key_layout(fresh, heads, *dims, fp8_cache=False) is layout
+    page = engine.kv_cache.page_size
+    slots = lambda p, n: [int(p[i // page]) * page + i % page for i in range(n)]  # noqa: E731
+    fp8 = dsa.dense_mha_key_layout(fresh, heads, *dims, fp8_cache=True)
+    assert fp8.pays and fp8.slots.tolist() == slots(pages[0], 5) and fp8.key_rows is None
+    one = engine.runner.make_batch([BatchEntry([5], 6, pages[0])], ForwardMode.EXTEND)
+    assert not dsa.dense_mha_key_layout(one, heads, *dims, fp8_cache=False).pays
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "1")
+    both = engine.runner.make_batch(
+        [BatchEntry(list(range(4)), 2, pages[0]), BatchEntry(list(range(3)), 0, pages[1])], ForwardMode.EXTEND
+    )
+    layout = dsa.dense_mha_key_layout(both, heads, *dims, fp8_cache=False)
+    assert layout.pays and layout.slots.tolist() == slots(pages[0], 6) + slots(pages[1], 3)
+    assert layout.key_rows.tolist() == [2, 3, 4, 5, 6, 7, 8]  # 4 new tokens at positions 2..5, then 3 at 0..2
+    for p in pages:
+        pool.free(p)
 
 
 def test_indexer_queries_and_head_weights_must_have_the_same_rows(engine):

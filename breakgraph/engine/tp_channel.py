@@ -110,7 +110,7 @@ def _batch_fields() -> dict[str, str]:
     kinds = {}
     for f in fields(ForwardBatch):
         hint = hints[f.name]
-        if f.name in ("kv_cache", "length_bound"):  # each rank's own; a capture's stand-in only
+        if f.name in ("kv_cache", "length_bound", "derived"):  # each rank's own; a stand-in's; made per rank
             continue
         if hint is torch.Tensor:
             kinds[f.name] = "tensor"

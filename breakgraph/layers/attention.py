@@ -26,6 +26,8 @@ from breakgraph.kernels.linear import bmm_into, exact_bf16_weight, fp32_out_oper
 from breakgraph.kernels.rope import indexer_rope_qk, mla_rope_kv, rope
 from breakgraph.layers.dsa import (
     MlaBmmFusionPlan,
+    dense_causal_mla,
+    dense_mha_form,
     dsa_indexer_graph_dispatch,
     indexer_rows_are_causal,
     is_graph_dsa_split_op_surface,
@@ -152,6 +154,7 @@ class MLAttention(nn.Module):
             c.kv_lora_rank, c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), fp8=c.fp8, dtype=dtype
         )
         self.o_proj = RowParallelLinear(c.num_attention_heads * c.v_head_dim, c.hidden_size, bias=bias, fp8=c.fp8, dtype=dtype)
+        self.index_topk = c.index_topk
         self.indexer = Indexer(c, layer_id, dtype) if c.has_indexer(layer_id) else None
         # q_a ‖ indexer wk ‖ kv_a as one linear of x, and q_b ‖ indexer wq_b as one linear of
         # q_resid, made after loading (merge_a_projections, merge_b_projections)
@@ -264,12 +267,20 @@ class MLAttention(nn.Module):
         # (with a plain cache it also writes the cache entry: rotary_cache_store)
         store = rotary_cache_store("latent", self.layer_id, kv_a.dtype)
         q_full, kv = mla_rope_kv(q, kv_a, cos, sin, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps, store)
-        # The plan's buffers are made before the indexer break, so the code between the
-        # indexer and attention breaks stays empty (no one-kernel segment).
-        plan = _make_mla_bmm_fusion_plan(q_nope, q_full, self.rank) if _can_fuse_bmm_into_attention(self.w_kc) else None
+        # every causal key selected (short sequences, prefill): dense causal attention, in MHA
+        # form where it pays, straight to the per-head values (dense_causal_mla)
+        dense = dense_mha_form(self.index_topk)
+        # The buffers are made before the indexer break, so the code between the indexer and
+        # attention breaks stays empty (no one-kernel segment).
+        out = x.new_empty(t, self.num_heads, self.dv)
+        fuse = not dense and _can_fuse_bmm_into_attention(self.w_kc)
+        plan = _make_mla_bmm_fusion_plan(q_nope, q_full, self.rank) if fuse else None
         topk = self.indexer(x, q_resid, cos, sin, k_proj, q_resid_fp8, q_idx) if self.indexer is not None else prev_topk
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
+        if dense:
+            dense_causal_mla(q, q_full, kv, topk, self.w_kc, self.w_vc, out, self.layer_id, self.scale, store is not None)
+            return self.o_proj(out.view(t, self.num_heads * self.dv)), topk
         if plan is not None:
             mla_bmm_then_unified_attention(
                 plan.q_nope_t, self.w_kc, plan.q_nope_out_buf, kv, topk, plan.attn_output_buf, self.layer_id, self.scale,
@@ -280,6 +291,5 @@ class MLAttention(nn.Module):
             bmm_into(q_nope.transpose(0, 1), self.w_kc, q_full[..., : self.rank].transpose(0, 1))  # q_latent
             attn = torch.empty(t, self.num_heads, self.rank, dtype=x.dtype, device=x.device)
             sparse_mla_attention(q_full, kv, topk, attn, self.layer_id, self.scale, store is not None)
-        out = x.new_empty(t, self.num_heads, self.dv)
         bmm_into(attn.transpose(0, 1), self.w_vc.transpose(1, 2), out.transpose(0, 1))
         return self.o_proj(out.view(t, self.num_heads * self.dv)), topk

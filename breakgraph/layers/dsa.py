@@ -13,6 +13,9 @@ lengths and pages:
   positions itself (``causal_rows``), and the layer skips the indexer's queries and head
   weights where its code may rely on it (:func:`indexer_rows_are_causal`: eager batches, decode
   graphs and prefill graphs captured for such batches).
+* :func:`dense_causal_mla` — where every sequence of a prefill batch is at most
+  ``index_topk`` long (:func:`dense_mha_form`), the attention is dense causal and runs, where
+  it pays, in MHA form (:mod:`breakgraph.kernels.dense_mha`), ``w_vc`` included.
 * :func:`mla_bmm_then_unified_attention` — the absorbed query's ``q_nope · w_kc`` BMM *and*
   the sparse attention in one op, planned by :class:`MlaBmmFusionPlan`, so the lone BMM never
   becomes a one-kernel graph segment; :func:`sparse_mla_attention` is the attention alone.
@@ -27,10 +30,12 @@ from dataclasses import dataclass
 
 import torch
 
+from breakgraph import env
 from breakgraph.forward_context import ForwardBatch, ForwardMode, get_forward_batch
 from breakgraph.graphs import graph_break_op, is_in_breakable_cuda_graph, register_custom_op
+from breakgraph.kernels.dense_mha import dense_causal_mha, mha_form_pays
 from breakgraph.kernels.indexer import indexer_topk
-from breakgraph.kernels.latent_fp8 import is_fp8_latent, store_latent
+from breakgraph.kernels.latent_fp8 import dequantize_latent_ref, is_fp8_latent, store_latent
 from breakgraph.kernels.linear import bmm_into, linear_fp32_out
 from breakgraph.kernels.sparse_mla import sparse_mla_attention as sparse_mla_kernel
 
@@ -230,3 +235,104 @@ def mla_bmm_then_unified_attention(
     rank = attn_output_buf.shape[-1]
     bmm_into(q_nope_t[:, :n], w_kc, q_nope_out_buf[:n, :, :rank].transpose(0, 1))
     _attend(q_nope_out_buf, kv, topk, attn_output_buf, layer_id, scale, kv_stored)
+
+
+def dense_mha_form(index_topk: int) -> bool:
+    """Whether the layer hands its attention to :func:`dense_causal_mla`: a prefill (extend)
+    step whose sequences are all at most ``index_topk`` long (:func:`indexer_rows_are_causal`:
+    every causal key is selected), unless ``BREAKGRAPH_DENSE_MHA=0``. Decode keeps the absorbed
+    form (one query a request: the latent keys are shared by all heads)."""
+    if env.read("BREAKGRAPH_DENSE_MHA") == "0" or not indexer_rows_are_causal(index_topk):
+        return False
+    return get_forward_batch().mode is ForwardMode.EXTEND
+
+
+@dataclass(frozen=True)
+class DenseMhaKeyLayout:
+    """Where the MHA form finds a batch's keys: ``slots [Tk]`` int64, the cache slots of every
+    request's positions ``0…seq_len − 1`` in request order (None: the keys are the batch's new
+    rows as the layer made them — no cached prefix, and a cache of the activations' values, not
+    FP8, so the cache holds the same rows), and ``key_rows [T]`` int64, each token's own key in
+    that order (None: ``t``, no cached prefix). ``pays``: the MHA form takes fewer FLOPs than the absorbed form
+    (:func:`~breakgraph.kernels.dense_mha.mha_form_pays`), or ``BREAKGRAPH_DENSE_MHA=1``."""
+
+    pays: bool
+    slots: torch.Tensor | None
+    key_rows: torch.Tensor | None
+
+
+def dense_mha_key_layout(
+    fb: ForwardBatch, heads: int, rank: int, dn: int, dr: int, dv: int, fp8_cache: bool
+) -> DenseMhaKeyLayout:
+    """The batch's :class:`DenseMhaKeyLayout`, built at the first layer's call from the host
+    lengths and kept in ``fb.derived`` for the others (one host-to-device copy a forward).
+    ``fp8_cache``: the keys are read back from the cache (dequantised) even without a prefix,
+    so a prompt attends to the same keys whether it is prefilled at once or in chunks."""
+    name = f"dense_mha_keys/{heads}/{rank}/{dn}/{dr}/{dv}/{fp8_cache}"
+    layout = fb.derived.get(name)
+    if layout is not None:
+        return layout
+    prefix, extend = fb.prefix_lens_cpu, fb.extend_lens_cpu
+    keys = sum(fb.seq_lens_cpu)
+    pairs = sum(e * p + e * (e + 1) // 2 for p, e in zip(prefix, extend))
+    pays = env.read("BREAKGRAPH_DENSE_MHA") == "1" or mha_form_pays(fb.num_tokens, keys, pairs, heads, rank, dn, dr, dv)
+    slots = key_rows = None
+    if pays and (any(prefix) or fp8_cache):
+        dev = fb.page_table.device
+        req = torch.repeat_interleave(torch.arange(fb.batch_size), torch.tensor(fb.seq_lens_cpu))
+        starts = torch.tensor([0, *fb.seq_lens_cpu]).cumsum(0)[:-1]
+        pos = (torch.arange(keys) - starts[req]).to(dev)
+        page = fb.kv_cache.page_size
+        slots = fb.page_table[req.to(dev), pos // page].long() * page + pos % page
+        if any(prefix):
+            rows = [torch.arange(s + p, s + p + e) for s, p, e in zip(starts.tolist(), prefix, extend)]
+            key_rows = torch.cat(rows).to(dev)
+    layout = DenseMhaKeyLayout(pays, slots, key_rows)
+    fb.derived[name] = layout
+    return layout
+
+
+@graph_break_op(mutates_args=("q_full", "out"))
+def dense_causal_mla(
+    q: torch.Tensor, q_full: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, w_kc: torch.Tensor,
+    w_vc: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float, kv_stored: bool = False,
+) -> None:  # fmt: skip
+    """Split op: the whole attention of a prefill batch whose sequences are all at most
+    ``index_topk`` long (:func:`dense_mha_form`), from the queries to the per-head values.
+
+    ``q [T, H, dn + dr]`` (the query, ``q_nope`` first), ``q_full [T, H, r + dr]`` (its rotary
+    columns hold ``rope(q_pe)``; the absorbed form writes ``q_nope·w_kc`` into the first ``r``),
+    ``kv [T, r + dr]`` the new latent rows (stored first unless ``kv_stored``), ``topk [T, K]``
+    (its shape only: the rows are every causal key), ``w_kc [H, dn, r]``, ``w_vc [H, dv, r]``;
+    writes ``out [T, H, dv]`` (rows past the real tokens zeroed). Where the MHA form pays
+    (:func:`dense_mha_key_layout`) each key's latent is projected to ``k_nope`` and ``v`` and
+    the heads attend in MHA form (:func:`~breakgraph.kernels.dense_mha.dense_causal_mha`; a
+    batch without cached prefixes reads its keys from ``kv``, one with them gathers every
+    request's rows from the cache); elsewhere the absorbed form runs as
+    :func:`mla_bmm_then_unified_attention` and ``w_vc`` follows."""
+    fb = get_forward_batch()
+    n = fb.num_tokens
+    heads, dn, rank = w_kc.shape
+    dv, dr = w_vc.shape[1], q_full.shape[-1] - rank
+    cache = fb.kv_cache.latent[layer_id]
+    layout = dense_mha_key_layout(fb, heads, rank, dn, dr, dv, is_fp8_latent(cache))
+    if not layout.pays:
+        attn = q_full.new_empty(n, heads, rank)
+        bmm_into(q[:n, :, :dn].transpose(0, 1), w_kc, q_full[:n, :, :rank].transpose(0, 1))
+        _attend(q_full, kv, topk, attn, layer_id, scale, kv_stored)
+        bmm_into(attn.transpose(0, 1), w_vc.transpose(1, 2), out[:n].transpose(0, 1))
+    else:
+        if not kv_stored:
+            store_latent(cache, fb.out_cache_loc, kv[:n], rank)
+        keys = kv[:n]
+        if layout.slots is not None:
+            keys = cache[layout.slots]
+            keys = dequantize_latent_ref(keys, rank, kv.dtype) if is_fp8_latent(cache) else keys.to(kv.dtype)
+        c = keys[:, :rank]
+        k_nope = torch.matmul(c, w_kc.view(heads * dn, rank).t()).view(-1, heads, dn)
+        v = torch.matmul(c, w_vc.view(heads * dv, rank).t()).view(-1, heads, dv)
+        dense_causal_mha(
+            q[:n, :, :dn], q_full[:n, :, rank:], k_nope, keys[:, rank:], v, fb.positions[:n], layout.key_rows, scale,
+            out[:n],
+        )  # fmt: skip
+    out[n:].zero_()

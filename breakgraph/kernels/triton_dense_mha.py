@@ -1,0 +1,160 @@
+"""Dense-causal MLA in MHA form (Triton; twin: :func:`~breakgraph.kernels.dense_mha.dense_causal_mha_ref`).
+
+A flash-attention forward over packed, ragged requests. One program takes ``BLOCK_M``
+consecutive query tokens of one head; grid ``(cdiv(T, BLOCK_M), H)``, the blocks with the most
+keys (the last) first. Row ``t`` sees the key rows ``key_rows[t] − pos[t] … key_rows[t]``
+(:mod:`breakgraph.kernels.dense_mha`), so a block walks the union of its rows' ranges: where
+all its rows share their first key (one request), the keys every row sees go through an
+unmasked loop and only the diagonal is masked; a block that straddles requests masks every key
+block. ``s = q_nope·k_nopeᵀ + q_pe·k_peᵀ`` with ``dn`` split into two power-of-two dots where it
+is not one (GLM-5: 192 = 128 + 64), fp32 accumulate, online softmax in base 2, ``acc += p·v``
+with ``p`` in ``v``'s dtype. No workspace, no host sync: graph-safe.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+def _split_pow2(d: int) -> tuple[int, int]:
+    """``d`` as a power of two plus a remainder padded to a power of two (0 when ``d`` is one)."""
+    hi = 1 << (d.bit_length() - 1)
+    return (hi, 0) if hi == d else (hi, triton.next_power_of_2(d - hi))
+
+
+@triton.jit
+def _mha_block(
+    q1, q2, qp, kn_rows, kp_rows, v_rows, offs_n, offs_d1, offs_d2, offs_r, offs_v, n0, hi,
+    first, last, m_i, l_i, acc, qk_scale, dn, dr, dv,
+    D2: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One key block ``n0 … n0 + BLOCK_N`` of the online softmax. ``MASKED``: keys outside a
+    row's ``first … last`` (or past ``hi``) score ``-inf``; else every key is seen by every row."""
+    keys = n0 + offs_n
+    live = keys < hi if MASKED else keys >= 0
+    k1 = tl.load(kn_rows + offs_d1[None, :], mask=live[:, None] & (offs_d1 < dn)[None, :], other=0.0)
+    s = tl.dot(q1, tl.trans(k1))
+    if D2 > 0:
+        k2 = tl.load(kn_rows + offs_d2[None, :], mask=live[:, None] & (offs_d2 < dn)[None, :], other=0.0)
+        s = tl.dot(q2, tl.trans(k2), s)
+    kp = tl.load(kp_rows + offs_r[None, :], mask=live[:, None] & (offs_r < dr)[None, :], other=0.0)
+    s = tl.dot(qp, tl.trans(kp), s) * qk_scale
+    if MASKED:
+        seen = (keys[None, :] >= first[:, None]) & (keys[None, :] <= last[:, None])
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # every key masked so far: p = 0
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    vv = tl.load(v_rows + offs_v[None, :], mask=live[:, None] & (offs_v < dv)[None, :], other=0.0)
+    acc = tl.dot(p.to(vv.dtype), vv, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _dense_mha_fwd_kernel(
+    QN, QP, KN, KP, V, OUT, POSITIONS, KEY_ROWS,
+    stride_qnt, stride_qnh, stride_qpt, stride_qph,
+    stride_knt, stride_knh, stride_kpt, stride_vt, stride_vh, stride_ot, stride_oh,
+    num_tokens, dn, dr, dv, qk_scale,
+    D1: tl.constexpr, D2: tl.constexpr, DR: tl.constexpr, DV: tl.constexpr,
+    HAS_KEY_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    block = tl.num_programs(0) - 1 - tl.program_id(0)  # the most keys first
+    h = tl.program_id(1)
+    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    real = offs_m < num_tokens
+    pos = tl.load(POSITIONS + offs_m, mask=real, other=0).to(tl.int32)
+    if HAS_KEY_ROWS:
+        last = tl.load(KEY_ROWS + offs_m, mask=real, other=0).to(tl.int32)
+    else:
+        last = offs_m
+    first = last - pos
+    # padding rows see nothing of their own: they follow the block's first row
+    first = tl.where(real, first, tl.max(tl.where(real, first, -1), 0))
+    last = tl.where(real, last, first)
+    lo = tl.min(first, 0)
+    hi = tl.max(last, 0) + 1
+    shared = tl.min(first, 0) == tl.max(first, 0)
+    # keys below the block's first row's own key are seen by every row of a one-request block
+    full_end = tl.where(shared, lo + ((tl.min(last, 0) + 1 - lo) // BLOCK_N) * BLOCK_N, lo)
+
+    offs_d1 = tl.arange(0, D1)
+    offs_d2 = D1 + tl.arange(0, D2 if D2 > 0 else 1)
+    offs_r = tl.arange(0, DR)
+    offs_v = tl.arange(0, DV)
+    offs_n = tl.arange(0, BLOCK_N)
+    qn_rows = QN + offs_m.to(tl.int64)[:, None] * stride_qnt + h * stride_qnh
+    q1 = tl.load(qn_rows + offs_d1[None, :], mask=real[:, None] & (offs_d1 < dn)[None, :], other=0.0)
+    q2 = q1
+    if D2 > 0:
+        q2 = tl.load(qn_rows + offs_d2[None, :], mask=real[:, None] & (offs_d2 < dn)[None, :], other=0.0)
+    qp = tl.load(QP + offs_m.to(tl.int64)[:, None] * stride_qpt + h * stride_qph + offs_r[None, :],
+                 mask=real[:, None] & (offs_r < dr)[None, :], other=0.0)  # fmt: skip
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV], tl.float32)
+    for n0 in range(lo, full_end, BLOCK_N):
+        keys = (n0 + offs_n).to(tl.int64)
+        m_i, l_i, acc = _mha_block(
+            q1, q2, qp, KN + keys[:, None] * stride_knt + h * stride_knh, KP + keys[:, None] * stride_kpt,
+            V + keys[:, None] * stride_vt + h * stride_vh, offs_n, offs_d1, offs_d2, offs_r, offs_v, n0, hi,
+            first, last, m_i, l_i, acc, qk_scale, dn, dr, dv, D2, False,
+        )  # fmt: skip
+    for n0 in range(full_end, hi, BLOCK_N):
+        keys = (n0 + offs_n).to(tl.int64)
+        m_i, l_i, acc = _mha_block(
+            q1, q2, qp, KN + keys[:, None] * stride_knt + h * stride_knh, KP + keys[:, None] * stride_kpt,
+            V + keys[:, None] * stride_vt + h * stride_vh, offs_n, offs_d1, offs_d2, offs_r, offs_v, n0, hi,
+            first, last, m_i, l_i, acc, qk_scale, dn, dr, dv, D2, True,
+        )  # fmt: skip
+    o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
+    o_rows = OUT + offs_m.to(tl.int64)[:, None] * stride_ot + h * stride_oh
+    tl.store(o_rows + offs_v[None, :], o.to(OUT.dtype.element_ty), mask=real[:, None] & (offs_v < dv)[None, :])
+
+
+def supports(q_nope, q_pe, k_nope, k_pe, v, positions, key_rows, softmax_scale, out) -> bool:
+    """Whether the kernel takes these tensors: CUDA, bf16/fp16 alike, unit last strides."""
+    tensors = (q_nope, q_pe, k_nope, k_pe, v, out)
+    return (
+        all(x.is_cuda and x.dtype == q_nope.dtype and x.stride(-1) == 1 for x in tensors)
+        and q_nope.dtype in (torch.bfloat16, torch.float16)
+        and positions.is_cuda
+        and (key_rows is None or key_rows.is_cuda)
+    )
+
+
+def default_config(dv: int) -> dict[str, int]:
+    """Tiles: 64 query rows, 64 keys a block, 8 warps at ``dv`` above 128 (the ``[64, dv]`` fp32
+    accumulator), else 4."""
+    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8 if dv > 128 else 4, "num_stages": 2}
+
+
+def dense_causal_mha_triton(
+    q_nope, q_pe, k_nope, k_pe, v, positions, key_rows, softmax_scale, out, *, config: dict[str, int] | None = None
+) -> None:  # fmt: skip
+    """The kernel behind :func:`~breakgraph.kernels.dense_mha.dense_causal_mha` (same contract).
+    ``config``: tiles and launch options (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
+    ``num_stages``; default :func:`default_config`), for the benchmark's sweep."""
+    t, heads, dn = q_nope.shape
+    dr, dv = q_pe.shape[-1], v.shape[-1]
+    if t == 0:
+        return
+    cfg = dict(default_config(dv), **(config or {}))
+    d1, d2 = _split_pow2(dn)
+    grid = (triton.cdiv(t, cfg["BLOCK_M"]), heads)
+    _dense_mha_fwd_kernel[grid](
+        q_nope, q_pe, k_nope, k_pe, v, out, positions, positions if key_rows is None else key_rows,
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+        k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        t, dn, dr, dv, softmax_scale * _LOG2E,
+        D1=d1, D2=d2, DR=triton.next_power_of_2(dr), DV=triton.next_power_of_2(dv),
+        HAS_KEY_ROWS=key_rows is not None, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
