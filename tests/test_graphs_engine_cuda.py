@@ -79,14 +79,19 @@ def test_short_sequence_in_long_context_pool_replays_the_short_decode_graph(hf_c
     assert graphs.bound_replays[SPLIT_SELECT_MIN_KEYS] >= 5 and graphs.bound_replays[20480] >= 5
 
 
-def test_mid_size_model_graph_backends_agree(tmp_path):
-    """GLM-5 per-rank dims, 4 layers, bf16, dummy weights: breakable and piecewise match eager."""
+def test_mid_size_model_graph_backends_agree(tmp_path, monkeypatch):
+    """GLM-5 per-rank dims, 4 layers, bf16, dummy weights: breakable and piecewise match eager.
+    Every sequence is within ``index_topk``, so eager and the breakable graphs attend in MHA form;
+    a piece traced by torch.compile replays any batch and keeps the absorbed form, so piecewise
+    is held against eager in that form (``BREAKGRAPH_DENSE_MHA=0``): the two forms round
+    differently, and through the MoE routing of 4 layers that reached 3.7% (H100)."""
     folder = preset_folder("glm5-tp8-rank-4l-bf16", tmp_path)
     eng = Engine(folder, device="cuda", load_format="dummy", page_size=64, num_pages=80, context_length=2048,
                  cuda_graph_backend_prefill="disabled", cuda_graph_backend_decode="disabled")  # fmt: skip
     batch = prompts((700, 300), eng.config.vocab_size, seed=7)
-    ref = eng.prompt_logits(batch)
     for backend in ("breakable", "piecewise"):
+        monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "auto" if backend == "breakable" else "0")
+        ref = eng.prompt_logits(batch)
         eng.set_prefill_backend(backend, [512, 1024])
         got = eng.prompt_logits(batch)
         assert eng.graph_stats()["replays"] == 1

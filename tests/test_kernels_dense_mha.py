@@ -11,6 +11,7 @@ CUDA-graph replay.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -126,25 +127,27 @@ def test_mha_form_pays_for_new_keys_not_for_long_prefixes():
 
 
 def test_mha_kernel_compiles_for_sm90_without_spills():
-    """ptxas for sm_90a (no GPU needed) at GLM-5 dims and the default tiles: wgmma, no spills."""
+    """ptxas for sm_90a (no GPU needed) at GLM-5 dims and both default tiles (1024 and 4096
+    tokens at 8 heads), with and without key rows: wgmma, no spills."""
     pytest.importorskip("triton")
     from test_kernels_fp8 import compile_for_sm90
 
     from breakgraph.kernels import triton_dense_mha as tdm
 
     heads, dn, dr, dv = 8, 192, 64, 256
-    cfg = tdm.default_config(dv)
     args = dict(
         QN="*bf16", QP="*bf16", KN="*bf16", KP="*bf16", V="*bf16", OUT="*bf16", POSITIONS="*i64", KEY_ROWS="*i64",
         stride_qnt=heads * (dn + dr), stride_qnh=dn + dr, stride_qpt=heads * (512 + dr), stride_qph=512 + dr,
         stride_knt=heads * dn, stride_knh=dn, stride_kpt=576, stride_vt=heads * dv, stride_vh=dv,
         stride_ot=heads * dv, stride_oh=dv, num_tokens=1000, dn=dn, dr=dr, dv=dv, qk_scale=0.1,
     )  # fmt: skip
-    for has_rows in (False, True):
+    assert tdm.default_config(1024, heads) != tdm.default_config(4096, heads)
+    for tokens, has_rows in itertools.product((1024, 4096), (False, True)):
+        cfg = tdm.default_config(tokens, heads)
         consts = dict(D1=128, D2=64, DR=dr, DV=dv, HAS_KEY_ROWS=has_rows, BLOCK_M=cfg["BLOCK_M"],
                       BLOCK_N=cfg["BLOCK_N"])  # fmt: skip
         info = compile_for_sm90(tdm._dense_mha_fwd_kernel, args, consts, cfg["num_warps"], cfg["num_stages"])
-        print(f"MHA kernel, key rows {has_rows}: {info['regs']} registers, {info['stack']} bytes of stack")
+        print(f"MHA kernel, {cfg}, key rows {has_rows}: {info['regs']} registers, {info['stack']} bytes of stack")
         assert info["mma"] == ["HGMMA"], info
         assert info["stack"] == 0 and info["local_insts"] == 0, info
 
@@ -184,3 +187,51 @@ def test_mha_kernel_glm5_shapes_on_gpu(layout):
     got = out.clone()
     dense_causal_mha(qn, qp, kn, kp, v, positions, rows, scale, out)
     assert torch.equal(got, out)
+
+
+@pytest.mark.cuda
+def test_mha_form_is_no_less_accurate_than_the_absorbed_form_on_gpu():
+    """From the same bf16 queries, latent rows and ``w_kc``/``w_vc`` at GLM-5 TP8 dims (1024 fresh
+    tokens), the whole attention in each form — MHA: the keys' projections rounded to bf16, the
+    MHA kernel; absorbed: ``q_nope·w_kc`` rounded to bf16, the dense-causal latent kernel, ``·w_vc``
+    — against the same attention in fp32: the MHA form's error is at most the absorbed form's,
+    and within 4× the bf16 rounding of the fp32 result."""
+    from breakgraph.kernels.dense_mha import dense_causal_mha
+    from breakgraph.kernels.linear import bmm_into
+    from breakgraph.kernels.sparse_mla import sparse_mla_attention
+
+    t, heads, rank, dn, dr, dv, page, k = 1024, 8, 512, 192, 64, 256, 64, 2048
+    scale = (dn + dr) ** -0.5
+    g = torch.Generator(device="cuda").manual_seed(3)
+    rnd = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+    q = rnd(t, heads, dn + dr).bfloat16()
+    kv = rnd(t, rank + dr).bfloat16()
+    w_kc, w_vc = (rnd(heads, dn, rank) * rank**-0.5).bfloat16(), (rnd(heads, dv, rank) * rank**-0.5).bfloat16()
+    pos = torch.arange(t, device="cuda")
+    # fp32: both projections exact, then the attention
+    c, kpe = kv[:, :rank].float(), kv[:, rank:].float()
+    k_nope32 = torch.einsum("kr,hdr->khd", c, w_kc.float())
+    v32 = torch.einsum("kr,hdr->khd", c, w_vc.float())
+    ref = torch.empty(t, heads, dv, device="cuda")
+    dense_causal_mha_ref(q[..., :dn].float(), q[..., dn:].float(), k_nope32, kpe, v32, pos, None, scale, ref)
+    # MHA form
+    k_nope = torch.matmul(kv[:, :rank], w_kc.view(heads * dn, rank).t()).view(t, heads, dn)
+    v = torch.matmul(kv[:, :rank], w_vc.view(heads * dv, rank).t()).view(t, heads, dv)
+    mha = torch.empty(t, heads, dv, dtype=torch.bfloat16, device="cuda")
+    dense_causal_mha(q[..., :dn], q[..., dn:], k_nope, kv[:, rank:], v, pos, None, scale, mha)
+    # absorbed form over a paged cache holding the same rows
+    table = torch.arange(1, t // page + 1, dtype=torch.int32, device="cuda")[None, :]
+    cache = torch.zeros((t // page + 1) * page, rank + dr, dtype=torch.bfloat16, device="cuda")
+    cache[page:] = kv
+    q_full = torch.empty(t, heads, rank + dr, dtype=torch.bfloat16, device="cuda")
+    q_full[..., rank:] = q[..., dn:]
+    bmm_into(q[..., :dn].transpose(0, 1), w_kc, q_full[..., :rank].transpose(0, 1))
+    attn = torch.empty(t, heads, rank, dtype=torch.bfloat16, device="cuda")
+    topk = torch.empty(t, k, dtype=torch.int32, device="cuda")
+    sparse_mla_attention(q_full, cache, topk, table, torch.zeros_like(pos), page, scale, attn, positions=pos,
+                         dense_below=k, request_tokens=[t], packed_rows=True, causal_rows=True)  # fmt: skip
+    absorbed = torch.empty(t, heads, dv, dtype=torch.bfloat16, device="cuda")
+    bmm_into(attn.transpose(0, 1), w_vc.transpose(1, 2), absorbed.transpose(0, 1))
+    floor, e_mha, e_abs = _rel(ref.bfloat16(), ref), _rel(mha, ref), _rel(absorbed, ref)
+    print(f"error against fp32: MHA {e_mha:.2e}, absorbed {e_abs:.2e}, bf16 rounding {floor:.2e}")
+    assert e_mha <= e_abs and e_mha <= 4 * floor, (e_mha, e_abs, floor)
