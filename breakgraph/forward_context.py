@@ -45,7 +45,7 @@ class ForwardBatch:
     sequence any batch the graph replays may have (see :attr:`seq_len_bound`); None elsewhere.
     ``derived``: what the breaks derive from the batch once and every layer reuses (e.g. the
     dense MHA form's key layout, :func:`~breakgraph.layers.dsa.dense_mha_key_layout`), by name;
-    it lives as long as the batch.
+    it lives as long as the batch (a copy made by ``dataclasses.replace`` starts empty).
     """
 
     mode: ForwardMode
@@ -60,7 +60,7 @@ class ForwardBatch:
     extend_lens_cpu: list[int]
     kv_cache: KVCache
     length_bound: int | None = None
-    derived: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
+    derived: dict[str, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:

@@ -12,7 +12,8 @@ to the per-head values ``[T, H, dv]``:
     python scripts/bench_dense_mha.py --tokens 128 1024 2048 --sweep --budget 60
     python scripts/bench_dense_mha.py --aot     # no GPU: sm_90a registers / spills of each tile
 
-``--sweep`` times the MHA kernel's tiles (query rows, key block, warps, stages) and prints each
+``--sweep`` times the MHA kernel's tiles (query rows, key block, warps, stages, keys per
+program where a block's keys are cut across programs) and prints each
 one's time and its error against the default's output; the table comes last.
 """
 
@@ -33,9 +34,10 @@ from bench_kernels_attention import bench  # noqa: E402
 
 HEADS, RANK, DN, DR, DV, TOPK, LAYERS, PAGE = 8, 512, 192, 64, 256, 2048, 78, 64
 SCALE = (DN + DR) ** -0.5
-# (BLOCK_M, BLOCK_N, num_warps, num_stages)
-TILES = [(64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 8, 3), (64, 128, 8, 2), (128, 64, 8, 2),
-         (128, 32, 8, 2), (64, 32, 8, 3), (128, 64, 8, 3)]  # fmt: skip
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, CHUNK keys: 0 = a block's keys in one program)
+TILES = [(64, 64, 4, 2, 0), (128, 64, 8, 2, 0), (64, 64, 8, 2, 0), (64, 64, 4, 3, 0), (64, 64, 8, 2, 512),
+         (64, 64, 8, 2, 256), (64, 64, 8, 2, 384), (128, 64, 8, 2, 512), (128, 64, 8, 2, 256),
+         (128, 64, 8, 2, 768), (64, 64, 4, 2, 512)]  # fmt: skip
 
 
 def make_case(tokens: int, seed: int = 0) -> dict:
@@ -125,7 +127,7 @@ def run(args) -> None:
                 print(f"    budget of {args.budget:.0f} s spent: the rest of the sweep skipped", flush=True)
                 break
             c = cases[tokens]
-            cfg = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), tile))
+            cfg = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "CHUNK"), tile))
             c["out"].fill_(float("nan"))
             try:
                 t = bench(partial(mha_kernel, c, cfg), rep=40)
@@ -137,7 +139,7 @@ def run(args) -> None:
             print(f"    T={tokens} kernel {tile}: {t * 1e3:.1f} µs, vs default {d:.1e}", flush=True)
     print(f"\ndense-causal MLA, fresh prompts, {HEADS} heads, bf16: µs per layer (ms over {LAYERS} layers)")
     print(f"{'tokens':>6} {'absorbed':>9} {'MHA':>7} {'kernel':>7} {'TFLOP/s':>7} {'best tile':>9} {'abs. ms':>7} "
-          f"{'MHA ms':>7}  best tile (BLOCK_M, BLOCK_N, warps, stages)")  # fmt: skip
+          f"{'MHA ms':>7}  best tile (BLOCK_M, BLOCK_N, warps, stages, CHUNK)")  # fmt: skip
     for tokens, res in results.items():
         pairs = tokens * (tokens + 1) // 2
         flops = 2 * pairs * HEADS * (DN + DR + DV)
@@ -154,18 +156,18 @@ def run_aot() -> None:
 
     args = dict(
         QN="*bf16", QP="*bf16", KN="*bf16", KP="*bf16", V="*bf16", OUT="*bf16", POSITIONS="*i64", KEY_ROWS="*i64",
-        stride_qnt=HEADS * (DN + DR), stride_qnh=DN + DR, stride_qpt=HEADS * (RANK + DR), stride_qph=RANK + DR,
+        WS_O="*fp32", WS_LSE="*fp32", stride_qnt=HEADS * (DN + DR), stride_qnh=DN + DR, stride_qpt=HEADS * (RANK + DR), stride_qph=RANK + DR,
         stride_knt=HEADS * DN, stride_knh=DN, stride_kpt=RANK + DR, stride_vt=HEADS * DV, stride_vh=DV,
-        stride_ot=HEADS * DV, stride_oh=DV, num_tokens=1000, dn=DN, dr=DR, dv=DV, qk_scale=0.1,
+        stride_ot=HEADS * DV, stride_oh=DV, num_tokens=1000, dn=DN, dr=DR, dv=DV, qk_scale=0.1, chunk_keys=512,
     )  # fmt: skip
-    for bm, bn, warps, stages in TILES:
-        consts = dict(D1=128, D2=64, DR=DR, DV=DV, HAS_KEY_ROWS=False, BLOCK_M=bm, BLOCK_N=bn)
+    for bm, bn, warps, stages, chunk in TILES:
+        consts = dict(D1=128, D2=64, DR=DR, DV=DV, HAS_KEY_ROWS=False, BLOCK_M=bm, BLOCK_N=bn, SPLIT=chunk > 0)
         try:
             info = aot.compile_for_sm90(tdm._dense_mha_fwd_kernel, args, consts, warps, stages)
         except Exception as e:  # noqa: BLE001
-            print(f"({bm}, {bn}, {warps}, {stages}): {type(e).__name__} {str(e)[:120]}")
+            print(f"({bm}, {bn}, {warps}, {stages}, {chunk}): {type(e).__name__} {str(e)[:120]}")
             continue
-        print(f"({bm}, {bn}, {warps}, {stages}): {info['regs']} registers, {info['stack']} bytes of stack, "
+        print(f"({bm}, {bn}, {warps}, {stages}, {chunk}): {info['regs']} registers, {info['stack']} bytes of stack, "
               f"mma {info['mma']}")  # fmt: skip
 
 

@@ -161,17 +161,16 @@ def test_attention_tells_the_kernel_the_token_counts_only_when_every_position_is
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
 def test_short_prefills_attend_in_mha_form_where_it_pays(hf_checkpoints, monkeypatch, kv_cache_dtype):
     """A prefill whose sequences all stay within ``index_topk`` runs its attention in MHA form
-    where that takes fewer FLOPs (fresh prompts, a short cached prefix), the absorbed form where
-    not (one new token on a prefix) and in decode; every logit equals the absorbed form's
-    (``BREAKGRAPH_DENSE_MHA=0``), also when the MHA form is forced (``=1``), with the plain and the
-    FP8 latent cache."""
+    where that takes fewer FLOPs (fresh prompts; at the tiny dims no chunk on a cached prefix
+    pays, so those keep the absorbed form), and decode in the absorbed form; every logit equals
+    the absorbed form's (``BREAKGRAPH_DENSE_MHA=0``), also when the MHA form is forced (``=1``,
+    chunks on prefixes included), with the plain and the FP8 latent cache."""
     folder = hf_checkpoints["glm_moe_dsa"]
     kw = dict(device="cpu", dtype="float32", page_size=4, kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=4)
     engine = Engine(folder, **kw)
     k = engine.config.index_topk
     cfg = engine.config
-    dims = dict(heads=cfg.num_attention_heads, rank=cfg.kv_lora_rank, dn=cfg.qk_nope_head_dim,
-                dr=cfg.qk_rope_head_dim, dv=cfg.v_head_dim)  # fmt: skip
+    dims = dict(rank=cfg.kv_lora_rank, dn=cfg.qk_nope_head_dim, dr=cfg.qk_rope_head_dim, dv=cfg.v_head_dim)
     calls: list[tuple[str, str, tuple[int, ...], bool]] = []
     real_mha, real_sparse = dsa.dense_causal_mha, dsa.sparse_mla_kernel
 
@@ -215,32 +214,41 @@ def test_short_prefills_attend_in_mha_form_where_it_pays(hf_checkpoints, monkeyp
 
 
 def test_the_mha_form_is_chosen_by_flops_and_kept_for_the_whole_forward(engine, monkeypatch):
-    """The key layout is built once per batch (every layer reuses it): one new token on a
-    cached prefix keeps the absorbed form, a fresh prompt takes the MHA form with its new rows
-    as keys (read back from the cache where it is FP8), and a chunk on a prefix (MHA form
-    forced: at the tiny dims a prefix never pays) gathers each request's keys in order, with
-    ``key_rows`` at the tokens' own keys."""
+    """The key layout is built once per batch and every layer reuses it (one FLOP decision a
+    forward, not one a layer): one new token on a cached prefix keeps the absorbed form, a
+    fresh prompt takes the MHA form with its new rows as keys (the FP8 cache: read back from
+    the new tokens' own slots), a chunk on a prefix (MHA form forced: at the tiny dims a prefix
+    never pays) gathers each request's keys in order, with ``key_rows`` at the tokens' own
+    keys, and ``=0`` keeps the absorbed form even where it would pay."""
     cfg = engine.config
-    heads, dims = cfg.num_attention_heads, (cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
+    dims = (cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
+    decisions = []
+    real = dsa.mha_form_pays
+    monkeypatch.setattr(dsa, "mha_form_pays", lambda *a: decisions.append(a) or real(*a))
+    engine.prompt_logits([[1, 2, 3, 4, 5]])
+    assert len(decisions) == 1 and cfg.num_hidden_layers > 1  # one forward, every layer
     pool = engine.kv_cache.pool
     pages = [pool.alloc(2), pool.alloc(2)]
     fresh = engine.runner.make_batch([BatchEntry(list(range(5)), 0, pages[0])], ForwardMode.EXTEND)
-    layout = dsa.dense_mha_key_layout(fresh, heads, *dims, fp8_cache=False)
+    layout = dsa.dense_mha_key_layout(fresh, *dims, fp8_cache=False)
     assert layout.pays and layout.slots is None and layout.key_rows is None
-    assert dsa.dense_mha_key_layout(fresh, heads, *dims, fp8_cache=False) is layout
+    assert dsa.dense_mha_key_layout(fresh, *dims, fp8_cache=False) is layout
     page = engine.kv_cache.page_size
     slots = lambda p, n: [int(p[i // page]) * page + i % page for i in range(n)]  # noqa: E731
-    fp8 = dsa.dense_mha_key_layout(fresh, heads, *dims, fp8_cache=True)
+    fp8 = dsa.dense_mha_key_layout(fresh, *dims, fp8_cache=True)
     assert fp8.pays and fp8.slots.tolist() == slots(pages[0], 5) and fp8.key_rows is None
     one = engine.runner.make_batch([BatchEntry([5], 6, pages[0])], ForwardMode.EXTEND)
-    assert not dsa.dense_mha_key_layout(one, heads, *dims, fp8_cache=False).pays
+    assert not dsa.dense_mha_key_layout(one, *dims, fp8_cache=False).pays
     monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "1")
     both = engine.runner.make_batch(
         [BatchEntry(list(range(4)), 2, pages[0]), BatchEntry(list(range(3)), 0, pages[1])], ForwardMode.EXTEND
     )
-    layout = dsa.dense_mha_key_layout(both, heads, *dims, fp8_cache=False)
+    layout = dsa.dense_mha_key_layout(both, *dims, fp8_cache=False)
     assert layout.pays and layout.slots.tolist() == slots(pages[0], 6) + slots(pages[1], 3)
     assert layout.key_rows.tolist() == [2, 3, 4, 5, 6, 7, 8]  # 4 new tokens at positions 2..5, then 3 at 0..2
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "0")
+    again = engine.runner.make_batch([BatchEntry(list(range(5)), 0, pages[0])], ForwardMode.EXTEND)
+    assert not dsa.dense_mha_key_layout(again, *dims, fp8_cache=False).pays
     for p in pages:
         pool.free(p)
 

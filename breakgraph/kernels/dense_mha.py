@@ -88,12 +88,12 @@ def dense_causal_mha(
     dense_causal_mha_ref(*args)
 
 
-def mha_form_pays(new_tokens: int, keys: int, causal_pairs: int, heads: int, rank: int, dn: int, dr: int, dv: int) -> bool:
+def mha_form_pays(new_tokens: int, keys: int, causal_pairs: int, rank: int, dn: int, dr: int, dv: int) -> bool:
     """Whether the MHA form takes fewer FLOPs than the absorbed form for a batch of ``new_tokens``
     query tokens over ``keys`` key rows (prefixes included) with ``causal_pairs`` (query, key)
-    pairs, at ``heads`` heads: the key projection ``2·keys·r·H·(dn + dv)`` plus the attention
-    ``2·pairs·H·(dn + dr + dv)``, against the query-side products ``2·T·H·r·(dn + dv)`` plus
-    ``2·pairs·H·(2r + dr)``."""
+    pairs, per head (both forms scale with the heads alike): the key projection
+    ``2·keys·r·(dn + dv)`` plus the attention ``2·pairs·(dn + dr + dv)``, against the query-side
+    products ``2·T·r·(dn + dv)`` plus ``2·pairs·(2r + dr)``."""
     mha = keys * rank * (dn + dv) + causal_pairs * (dn + dr + dv)
     absorbed = new_tokens * rank * (dn + dv) + causal_pairs * (2 * rank + dr)
-    return heads * mha < heads * absorbed
+    return mha < absorbed

@@ -254,7 +254,9 @@ class DenseMhaKeyLayout:
     rows as the layer made them — no cached prefix, and a cache of the activations' values, not
     FP8, so the cache holds the same rows), and ``key_rows [T]`` int64, each token's own key in
     that order (None: ``t``, no cached prefix). ``pays``: the MHA form takes fewer FLOPs than the absorbed form
-    (:func:`~breakgraph.kernels.dense_mha.mha_form_pays`), or ``BREAKGRAPH_DENSE_MHA=1``."""
+    (:func:`~breakgraph.kernels.dense_mha.mha_form_pays`) under ``BREAKGRAPH_DENSE_MHA=auto``,
+    always under ``1``, never under ``0`` (a graph captured before the knob changed replays the
+    absorbed form then)."""
 
     pays: bool
     slots: torch.Tensor | None
@@ -262,31 +264,36 @@ class DenseMhaKeyLayout:
 
 
 def dense_mha_key_layout(
-    fb: ForwardBatch, heads: int, rank: int, dn: int, dr: int, dv: int, fp8_cache: bool
+    fb: ForwardBatch, rank: int, dn: int, dr: int, dv: int, fp8_cache: bool
 ) -> DenseMhaKeyLayout:
     """The batch's :class:`DenseMhaKeyLayout`, built at the first layer's call from the host
-    lengths and kept in ``fb.derived`` for the others (one host-to-device copy a forward).
-    ``fp8_cache``: the keys are read back from the cache (dequantised) even without a prefix,
-    so a prompt attends to the same keys whether it is prefilled at once or in chunks."""
-    name = f"dense_mha_keys/{heads}/{rank}/{dn}/{dr}/{dv}/{fp8_cache}"
+    lengths and kept in ``fb.derived`` for the others (at most one host-to-device copy a
+    forward: a batch with cached prefixes sends its keys' requests and positions and its
+    tokens' key rows in one pinned transfer). ``fp8_cache``: the keys are read back from the
+    cache (dequantised) even without a prefix — its slots are then the new tokens' own — so a
+    prompt attends to the same keys whether it is prefilled at once or in chunks."""
+    name = f"dense_mha_keys/{rank}/{dn}/{dr}/{dv}/{fp8_cache}"
     layout = fb.derived.get(name)
     if layout is not None:
         return layout
     prefix, extend = fb.prefix_lens_cpu, fb.extend_lens_cpu
     keys = sum(fb.seq_lens_cpu)
     pairs = sum(e * p + e * (e + 1) // 2 for p, e in zip(prefix, extend))
-    pays = env.read("BREAKGRAPH_DENSE_MHA") == "1" or mha_form_pays(fb.num_tokens, keys, pairs, heads, rank, dn, dr, dv)
+    mode = env.read("BREAKGRAPH_DENSE_MHA")
+    pays = mode == "1" or (mode == "auto" and mha_form_pays(fb.num_tokens, keys, pairs, rank, dn, dr, dv))
     slots = key_rows = None
-    if pays and (any(prefix) or fp8_cache):
-        dev = fb.page_table.device
+    if pays and any(prefix):
         req = torch.repeat_interleave(torch.arange(fb.batch_size), torch.tensor(fb.seq_lens_cpu))
         starts = torch.tensor([0, *fb.seq_lens_cpu]).cumsum(0)[:-1]
-        pos = (torch.arange(keys) - starts[req]).to(dev)
+        rows = [torch.arange(s + p, s + p + e) for s, p, e in zip(starts.tolist(), prefix, extend)]
+        host = torch.cat([req, torch.arange(keys) - starts[req], *rows])
+        dev = fb.page_table.device
+        on_dev = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host.to(dev)
+        req, pos, key_rows = on_dev[:keys], on_dev[keys : 2 * keys], on_dev[2 * keys :]
         page = fb.kv_cache.page_size
-        slots = fb.page_table[req.to(dev), pos // page].long() * page + pos % page
-        if any(prefix):
-            rows = [torch.arange(s + p, s + p + e) for s, p, e in zip(starts.tolist(), prefix, extend)]
-            key_rows = torch.cat(rows).to(dev)
+        slots = fb.page_table[req, pos // page].long() * page + pos % page
+    elif pays and fp8_cache:
+        slots = fb.out_cache_loc[: fb.num_tokens]  # no prefix: the keys are the new rows, in token order
     layout = DenseMhaKeyLayout(pays, slots, key_rows)
     fb.derived[name] = layout
     return layout
@@ -315,7 +322,7 @@ def dense_causal_mla(
     heads, dn, rank = w_kc.shape
     dv, dr = w_vc.shape[1], q_full.shape[-1] - rank
     cache = fb.kv_cache.latent[layer_id]
-    layout = dense_mha_key_layout(fb, heads, rank, dn, dr, dv, is_fp8_latent(cache))
+    layout = dense_mha_key_layout(fb, rank, dn, dr, dv, is_fp8_latent(cache))
     if not layout.pays:
         attn = q_full.new_empty(n, heads, rank)
         bmm_into(q[:n, :, :dn].transpose(0, 1), w_kc, q_full[:n, :, :rank].transpose(0, 1))
