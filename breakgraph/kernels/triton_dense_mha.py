@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from breakgraph.kernels.triton_dense_mla import merge_partial
+
 _LOG2E = 1.4426950408889634
 
 
@@ -177,13 +179,7 @@ def _dense_mha_merge_kernel(
             rows = ((block * tl.num_programs(1) + h) * max_chunks + c).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
             lse = tl.load(WS_LSE + rows)
             o = tl.load(WS_O + rows[:, None] * DV + offs_c[None, :])
-            m_new = tl.maximum(m_i, lse)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            w = tl.exp2(lse - m_use)
-            l_i = l_i * alpha + w
-            acc = acc * alpha[:, None] + o * w[:, None]
-            m_i = m_new
+            m_i, l_i, acc = merge_partial(lse, o, m_i, l_i, acc)
         o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
         o_rows = OUT + offs_m.to(tl.int64)[:, None] * stride_ot + h * stride_oh
         tl.store(o_rows + offs_c[None, :], o.to(OUT.dtype.element_ty), mask=real[:, None] & (offs_c < dv)[None, :])

@@ -133,6 +133,19 @@ def softmax_step(q_nope, q_pe, c, k_pe, keep, qk_scale, m_i, l_i, acc):
 
 
 @triton.jit
+def merge_partial(lse, o, m_i, l_i, acc):
+    """Fold one partial — a normalised output ``o [M, C]`` over some keys with its base-2
+    log-sum-exp ``lse [M]`` (``-inf``: no keys) — into the running ``(m_i, l_i, acc)``, weight
+    ``2^(lse − max)``. Returns the new triple; the merged output is ``acc / l_i`` (where
+    ``l_i > 0``)."""
+    m_new = tl.maximum(m_i, lse)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    w = tl.exp2(lse - m_use)
+    return m_new, l_i * alpha + w, acc * alpha[:, None] + o * w[:, None]
+
+
+@triton.jit
 def _dense_mla_balanced_kernel(
     Q,
     KV,
@@ -286,13 +299,7 @@ def _dense_mla_balanced_merge_kernel(
         rows = item * BLOCK_M + offs_m
         lse = tl.load(WS_LSE + rows)
         o = tl.load(WS_O + rows[:, None] * BLOCK_R + offs_c[None, :]).to(tl.float32)
-        m_new = tl.maximum(m_i, lse)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        w = tl.exp2(lse - m_use)
-        l_i = l_i * alpha + w
-        acc = acc * alpha[:, None] + o * w[:, None]
-        m_i = m_new
+        m_i, l_i, acc = merge_partial(lse, o, m_i, l_i, acc)
     o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
     o_rows = OUT + t0.to(tl.int64) * stride_ot + h0 * stride_oh + (t_m * stride_ot + h_m * stride_oh)[:, None]
     tl.store(o_rows + offs_c[None, :], o.to(OUT.dtype.element_ty), mask=mask_m[:, None] & (offs_c < rank)[None, :])
@@ -439,13 +446,7 @@ def _dense_mla_merge_kernel(
         rows = (base + chunk) * BLOCK_M + offs_m
         lse = tl.load(WS_LSE + rows)
         o = tl.load(WS_O + rows[:, None] * BLOCK_R + offs_c[None, :])
-        m_new = tl.maximum(m_i, lse)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        w = tl.exp2(lse - m_use)
-        l_i = l_i * alpha + w
-        acc = acc * alpha[:, None] + o * w[:, None]
-        m_i = m_new
+        m_i, l_i, acc = merge_partial(lse, o, m_i, l_i, acc)
     o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
     o_rows = OUT + t0.to(tl.int64) * stride_ot + h0 * stride_oh + (t_m * stride_ot + h_m * stride_oh)[:, None]
     tl.store(o_rows + offs_c[None, :], o.to(OUT.dtype.element_ty), mask=mask_m[:, None] & (offs_c < rank)[None, :])
