@@ -1,8 +1,8 @@
 """Dense-causal MLA in MHA form (Triton; twin: :func:`~breakgraph.kernels.dense_mha.dense_causal_mha_ref`).
 
 A flash-attention forward over packed, ragged requests. One program takes ``BLOCK_M``
-consecutive query tokens of one head; grid ``(cdiv(T, BLOCK_M), H)``, the blocks with the most
-keys (the last) first. Row ``t`` sees the key rows ``key_rows[t] − pos[t] … key_rows[t]``
+consecutive query tokens of one head (and one chunk of their keys, below); grid
+``(cdiv(T, BLOCK_M), H, chunks)``, the blocks with the most keys (the last) first. Row ``t`` sees the key rows ``key_rows[t] − pos[t] … key_rows[t]``
 (:mod:`breakgraph.kernels.dense_mha`), so a block walks the union of its rows' ranges: where
 all its rows share their first key (one request), the keys every row sees go through an
 unmasked loop and only the diagonal is masked; a block that straddles requests masks every key
@@ -23,6 +23,8 @@ import triton.language as tl
 from breakgraph.kernels.triton_dense_mla import merge_partial
 
 _LOG2E = 1.4426950408889634
+#: The most a call's key-chunk partials may take (fp32); a larger split is not made.
+_MAX_WORKSPACE_BYTES = 256 << 20
 
 
 def _dot_width(d: int) -> int:
@@ -215,7 +217,8 @@ def dense_causal_mha_triton(
     ``num_stages``, ``CHUNK``; default :func:`default_config`), for the benchmark's sweep. With
     ``CHUNK`` each query block's keys are cut into chunks of that many keys, one program each,
     whose partials (fp32, in a workspace of this call) a merge kernel combines; the chunks' grid
-    axis is sized by all the key rows (a block spans at most them), its surplus programs exit."""
+    axis is sized by all the key rows (a block spans at most them), its surplus programs exit.
+    A split whose workspace would pass :data:`_MAX_WORKSPACE_BYTES` is not made."""
     from breakgraph.kernels.dispatch import num_sms
 
     t, heads, dn = q_nope.shape
@@ -224,12 +227,14 @@ def dense_causal_mha_triton(
         return
     cfg = dict(default_config(t, heads, num_sms(q_nope.device)), **(config or {}))
     bm, bn, chunk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["CHUNK"]
-    if chunk % bn:
-        raise ValueError(f"CHUNK ({chunk}) must be a multiple of BLOCK_N ({bn})")
+    if chunk < 0 or chunk % bn:
+        raise ValueError(f"CHUNK ({chunk}) must be 0 or a positive multiple of BLOCK_N ({bn})")
     d1, d2 = _split_pow2(dn)
     dvp = _dot_width(dv)
     blocks = triton.cdiv(t, bm)
     chunks = triton.cdiv(k_nope.shape[0], chunk) if chunk else 1
+    if blocks * heads * chunks * bm * dvp * 4 > _MAX_WORKSPACE_BYTES:
+        chunks = 1  # many keys: the blocks are many too, and fill the GPU without a split
     split = chunks > 1
     ws_o = ws_lse = out  # unread without a split
     if split:
