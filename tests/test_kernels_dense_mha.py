@@ -96,6 +96,17 @@ def test_mha_kernel_interpreted(interp_results):
         assert interp_results.get(name) == "ok", f"{name}:\n{interp_results.get(name)}"
 
 
+def test_mha_launcher_refuses_a_chunk_that_is_not_a_multiple_of_the_key_block():
+    pytest.importorskip("triton")
+    from breakgraph.kernels.triton_dense_mha import dense_causal_mha_triton
+
+    positions, _, keys = _layout([0], [20])
+    args = (*_inputs(20, keys, 1, 16, 16, 16, torch.float32), positions, None, SCALE, torch.empty(20, 1, 16))
+    for chunk in (-16, 24):
+        with pytest.raises(ValueError, match="CHUNK"):
+            dense_causal_mha_triton(*args, config={"BLOCK_N": 16, "CHUNK": chunk})
+
+
 def test_twin_is_causal_attention_per_request():
     """The twin against ``scaled_dot_product_attention`` run request by request on the keys
     ``[k_nope ‖ k_pe]`` (a cached prefix: the queries are the last rows of the causal square)."""
