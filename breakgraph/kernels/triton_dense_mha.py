@@ -234,7 +234,7 @@ def dense_causal_mha_triton(
     blocks = triton.cdiv(t, bm)
     chunks = triton.cdiv(k_nope.shape[0], chunk) if chunk else 1
     if blocks * heads * chunks * bm * dvp * 4 > _MAX_WORKSPACE_BYTES:
-        chunks = 1  # many keys: the blocks are many too, and fill the GPU without a split
+        chunks = 1  # the partials would take too much memory: each block walks all its keys
     split = chunks > 1
     ws_o = ws_lse = out  # unread without a split
     if split:

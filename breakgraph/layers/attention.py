@@ -203,11 +203,6 @@ class MLAttention(nn.Module):
         self.q_b_proj = self.indexer.wq_b = None
         return True
 
-    def _indexer_queries_needed(self) -> bool:
-        """Whether this step needs the indexer's queries: it has an indexer whose rows are not
-        simply every causal key (:func:`~breakgraph.layers.dsa.indexer_rows_are_causal`)."""
-        return self.indexer is not None and not indexer_rows_are_causal(self.indexer.topk)
-
     def _b_proj_parts(self, indexer_queries: bool) -> tuple[LinearBase, int | None]:
         """The linear of ``q_resid`` and how many of its parts this step computes (None: all)."""
         if self.fused_b_proj is None:
@@ -220,8 +215,8 @@ class MLAttention(nn.Module):
         """``(q_b(q_resid) [T, H·(dn+dr)], wq_b(q_resid) [T, Hi·Di] or None)``: views of the merged
         linear's output when there is one (rows strided), else ``q_b`` alone (the indexer then
         projects its own queries). ``indexer_queries=False``: the step needs none (see
-        :meth:`_indexer_queries_needed`), so the merged linear reads ``q_b``'s weight rows only
-        and the second item is None."""
+        :func:`~breakgraph.layers.dsa.indexer_rows_are_causal`), so the merged linear reads
+        ``q_b``'s weight rows only and the second item is None."""
         linear, parts = self._b_proj_parts(indexer_queries)
         if linear is self.q_b_proj:
             return linear(q_resid, q_resid_fp8), None
@@ -257,7 +252,10 @@ class MLAttention(nn.Module):
         ``x_fp8``: ``x`` quantised by the input norm, for the FP8 projections of ``x``."""
         t = x.shape[0]
         q_a, k_proj, kv_a = self.a_projections(x, x_fp8)
-        indexer_queries = self._indexer_queries_needed()
+        # every sequence within index_topk: every causal key is selected, so the indexer needs no
+        # queries (indexer_rows_are_causal) and the attention is dense causal (dense_mha_form)
+        causal = indexer_rows_are_causal(self.index_topk)
+        indexer_queries = self.indexer is not None and not causal
         b_proj, b_parts = self._b_proj_parts(indexer_queries)
         q_resid, _, q_resid_fp8 = self.q_a_layernorm.forward_fp8(q_a, quantize=b_proj.takes_fp8_input(q_a, b_parts))
         q, q_idx = self.b_projections(q_resid, q_resid_fp8, indexer_queries)
@@ -267,9 +265,9 @@ class MLAttention(nn.Module):
         # (with a plain cache it also writes the cache entry: rotary_cache_store)
         store = rotary_cache_store("latent", self.layer_id, kv_a.dtype)
         q_full, kv = mla_rope_kv(q, kv_a, cos, sin, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps, store)
-        # every causal key selected (short sequences, prefill): dense causal attention, in MHA
-        # form where it pays, straight to the per-head values (dense_causal_mla)
-        dense = dense_mha_form(self.index_topk)
+        # prefill with every causal key selected: dense causal attention, in MHA form where it
+        # pays, straight to the per-head values (dense_causal_mla)
+        dense = dense_mha_form(causal)
         # The buffers are made before the indexer break, so the code between the indexer and
         # attention breaks stays empty (no one-kernel segment).
         out = x.new_empty(t, self.num_heads, self.dv)

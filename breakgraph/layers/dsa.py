@@ -237,12 +237,13 @@ def mla_bmm_then_unified_attention(
     _attend(q_nope_out_buf, kv, topk, attn_output_buf, layer_id, scale, kv_stored)
 
 
-def dense_mha_form(index_topk: int) -> bool:
+def dense_mha_form(rows_are_causal: bool) -> bool:
     """Whether the layer hands its attention to :func:`dense_causal_mla`: a prefill (extend)
-    step whose sequences are all at most ``index_topk`` long (:func:`indexer_rows_are_causal`:
-    every causal key is selected), unless ``BREAKGRAPH_DENSE_MHA=0``. Decode keeps the absorbed
-    form (one query a request: the latent keys are shared by all heads)."""
-    if env.read("BREAKGRAPH_DENSE_MHA") == "0" or not indexer_rows_are_causal(index_topk):
+    step whose sequences are all at most ``index_topk`` long (``rows_are_causal``: the layer's
+    :func:`indexer_rows_are_causal`, every causal key is selected), unless
+    ``BREAKGRAPH_DENSE_MHA=0``. Decode keeps the absorbed form (one query a request: the latent
+    keys are shared by all heads)."""
+    if env.read("BREAKGRAPH_DENSE_MHA") == "0" or not rows_are_causal:
         return False
     return get_forward_batch().mode is ForwardMode.EXTEND
 
@@ -325,8 +326,8 @@ def dense_causal_mla(
     layout = dense_mha_key_layout(fb, rank, dn, dr, dv, is_fp8_latent(cache))
     if not layout.pays:
         attn = q_full.new_empty(n, heads, rank)
-        bmm_into(q[:n, :, :dn].transpose(0, 1), w_kc, q_full[:n, :, :rank].transpose(0, 1))
-        _attend(q_full, kv, topk, attn, layer_id, scale, kv_stored)
+        q_nope_t = q[..., :dn].transpose(0, 1)
+        mla_bmm_then_unified_attention.eager(q_nope_t, w_kc, q_full, kv, topk, attn, layer_id, scale, kv_stored)
         bmm_into(attn.transpose(0, 1), w_vc.transpose(1, 2), out[:n].transpose(0, 1))
     else:
         if not kv_stored:
