@@ -696,9 +696,9 @@ def test_moe_small_kernels_compile_for_sm90():
         (tm._align_count_kernel, {"ids_ptr": "*i64", "counts_ptr": i32, "sorted_ptr": i32, "tok_ptr": i32},
          {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256}),  # with the shared expert's slot
         (tm._align_scatter_kernel, {"ids_ptr": "*i64"} | {n: i32 for n in tm._align_scatter_kernel.arg_names if n.endswith("_ptr") and n != "ids_ptr"},
-         {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256, "E_P2": 512, "BLOCK_M": 16, "BLOCKS_CHUNK": 16, "WRITE_BLOCKS": True}),
+         {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256, "E_P2": 512, "BLOCK_M": 16, "WRITE_BLOCKS": True}),
         (tm._align_one_program_kernel, {"ids_ptr": "*i64"} | {n: i32 for n in tm._align_one_program_kernel.arg_names if n.endswith("_ptr") and n != "ids_ptr"},
-         {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256, "E_P2": 512, "BLOCK_M": 16, "BLOCKS_CHUNK": 16, "WRITE_BLOCKS": True}),
+         {"TOP_K": 8, "SLOTS": 9, "BLOCK": 256, "E_P2": 512, "BLOCK_M": 16, "WRITE_BLOCKS": True}),
         (tm._combine_kernel, {"y_ptr": "*bf16", "w_ptr": "*fp32", "pos_ptr": i32, "res_ptr": "*bf16", "out_ptr": "*bf16"},
          {"TOP_K": 8, "SLOTS": 8, "USE_POS": True, "HAS_RES": False, "BLOCK_D": 1024}),
         (tm._combine_kernel, {"y_ptr": "*bf16", "w_ptr": "*fp32", "pos_ptr": i32, "res_ptr": "*bf16", "out_ptr": "*bf16"},

@@ -212,7 +212,7 @@ class MoeLayout:
     ``sorted_pairs [max_blocks·block_m]`` int32: pair ids grouped by expert, each expert's
     segment padded to a multiple of ``block_m`` with the sentinel ``P``; ``sorted_tokens``: the
     same with token ids (``pair // k``, sentinel ``T``); ``pair_pos [P]``: where each pair landed;
-    ``block_expert [max_blocks]``: expert of each row block; ``num_blocks [1]``: blocks in use;
+    ``block_expert [max_blocks]``: expert of each row block in use (the rest unwritten); ``num_blocks [1]``: blocks in use;
     ``expert_ends [E]``: inclusive cumulative padded row counts (the ``offs`` of
     ``torch._grouped_mm`` when ``block_m == 1``).
     """
@@ -281,16 +281,14 @@ def _place_pairs(
 
 @triton.jit
 def _write_totals(
-    ends_ptr, num_blocks_ptr, block_expert_ptr, padded, ends, ev, E, MAX_BLOCKS,
-    E_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCKS_CHUNK: tl.constexpr, WRITE_BLOCKS: tl.constexpr,
+    ends_ptr, num_blocks_ptr, block_expert_ptr, padded, ends, ev, E,
+    BLOCK_M: tl.constexpr, WRITE_BLOCKS: tl.constexpr,
 ):  # fmt: skip
-    """The layout's expert ends, used block count and (``WRITE_BLOCKS``) expert of every block."""
+    """The layout's expert ends, used block count and (``WRITE_BLOCKS``) expert of every block in use."""
     tl.store(ends_ptr + ev, ends, mask=ev < E)
     tl.store(num_blocks_ptr, tl.sum(padded, axis=0) // BLOCK_M)
     if WRITE_BLOCKS:
-        _write_block_experts(
-            block_expert_ptr, ends, ev, E, MAX_BLOCKS, E_P2=E_P2, BLOCK_M=BLOCK_M, BLOCKS_CHUNK=BLOCKS_CHUNK
-        )  # fmt: skip
+        _write_block_experts(block_expert_ptr, padded, ends, ev, E, BLOCK_M=BLOCK_M)
 
 
 @triton.jit
@@ -306,9 +304,9 @@ def _align_count_kernel(
 @triton.jit
 def _align_scatter_kernel(
     ids_ptr, counts_ptr, cursor_ptr, sorted_ptr, tok_ptr, pos_ptr, block_expert_ptr, num_blocks_ptr, ends_ptr,
-    P, E, MAX_BLOCKS,
+    P, E,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr, E_P2: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCKS_CHUNK: tl.constexpr, WRITE_BLOCKS: tl.constexpr,
+    WRITE_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     ev = tl.arange(0, E_P2)
@@ -316,18 +314,15 @@ def _align_scatter_kernel(
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     _place_pairs(ids_ptr, cursor_ptr, sorted_ptr, tok_ptr, pos_ptr, starts, offs, P, E, TOP_K, SLOTS)
     if pid == 0:
-        _write_totals(
-            ends_ptr, num_blocks_ptr, block_expert_ptr, padded, ends, ev, E, MAX_BLOCKS,
-            E_P2, BLOCK_M, BLOCKS_CHUNK, WRITE_BLOCKS,
-        )  # fmt: skip
+        _write_totals(ends_ptr, num_blocks_ptr, block_expert_ptr, padded, ends, ev, E, BLOCK_M, WRITE_BLOCKS)
 
 
 @triton.jit
 def _align_one_program_kernel(
     ids_ptr, counts_ptr, cursor_ptr, sorted_ptr, tok_ptr, pos_ptr, block_expert_ptr, num_blocks_ptr, ends_ptr,
-    P, N_SORTED, E, T, MAX_BLOCKS,
+    P, N_SORTED, E, T,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr, E_P2: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCKS_CHUNK: tl.constexpr, WRITE_BLOCKS: tl.constexpr,
+    WRITE_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     """:func:`_align_count_kernel` and :func:`_align_scatter_kernel` in one program, counters
     zeroed here too: one launch instead of three for a few pairs. Barriers order the phases
@@ -347,29 +342,19 @@ def _align_one_program_kernel(
     for p0 in range(0, P, BLOCK):
         offs = p0 + tl.arange(0, BLOCK)
         _place_pairs(ids_ptr, cursor_ptr, sorted_ptr, tok_ptr, pos_ptr, starts, offs, P, E, TOP_K, SLOTS)
-    _write_totals(
-        ends_ptr, num_blocks_ptr, block_expert_ptr, padded, ends, ev, E, MAX_BLOCKS,
-        E_P2, BLOCK_M, BLOCKS_CHUNK, WRITE_BLOCKS,
-    )  # fmt: skip
+    _write_totals(ends_ptr, num_blocks_ptr, block_expert_ptr, padded, ends, ev, E, BLOCK_M, WRITE_BLOCKS)
 
 
 @triton.jit
-def _write_block_experts(
-    block_expert_ptr,
-    ends,
-    ev,
-    E,
-    MAX_BLOCKS,
-    E_P2: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCKS_CHUNK: tl.constexpr,
-):
-    """Expert of row block ``b`` = number of experts whose padded segment ends at or before it."""
-    end_blocks = tl.where(ev < E, ends // BLOCK_M, 2147483647)
-    for b0 in range(0, MAX_BLOCKS, BLOCKS_CHUNK):
-        b = b0 + tl.arange(0, BLOCKS_CHUNK)
-        expert = tl.sum(tl.where(end_blocks[None, :] <= b[:, None], 1, 0), axis=1)
-        tl.store(block_expert_ptr + b, tl.minimum(expert, E - 1), mask=b < MAX_BLOCKS)
+def _write_block_experts(block_expert_ptr, padded, ends, ev, E, BLOCK_M: tl.constexpr):
+    """Expert ``e`` into the row blocks of its segment, ``(ends[e] − padded[e]) / BLOCK_M`` on:
+    one masked store of every expert per step, as many steps as the longest segment has blocks
+    (no reduction over blocks × experts). Blocks past those in use are not written: the GEMMs
+    stop at ``num_blocks``."""
+    blocks = tl.where(ev < E, padded // BLOCK_M, 0)
+    first = ends // BLOCK_M - blocks
+    for j in range(0, tl.max(blocks, axis=0)):
+        tl.store(block_expert_ptr + first + j, ev, mask=j < blocks)
 
 
 def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -409,8 +394,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, shared_slo
         counters = torch.empty(2 * num_experts, dtype=torch.int32, device=dev)
         _align_one_program_kernel[(1,)](
             ids, counters, counters[num_experts:], sorted_pairs, sorted_tokens, pair_pos, block_expert, num_blocks,
-            expert_ends, p, n_sorted, num_experts, t, max_blocks,
-            TOP_K=k, SLOTS=slots, BLOCK=block, E_P2=_next_pow2(num_experts), BLOCK_M=block_m, BLOCKS_CHUNK=16,
+            expert_ends, p, n_sorted, num_experts, t,
+            TOP_K=k, SLOTS=slots, BLOCK=block, E_P2=_next_pow2(num_experts), BLOCK_M=block_m,
             WRITE_BLOCKS=block_m > 1, num_warps=4,
         )  # fmt: skip
         return MoeLayout(
@@ -423,8 +408,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, shared_slo
     )  # fmt: skip
     _align_scatter_kernel[(max(1, triton.cdiv(p, block)),)](
         ids, counters, counters[num_experts:], sorted_pairs, sorted_tokens, pair_pos, block_expert, num_blocks,
-        expert_ends, p, num_experts, max_blocks,
-        TOP_K=k, SLOTS=slots, BLOCK=block, E_P2=_next_pow2(num_experts), BLOCK_M=block_m, BLOCKS_CHUNK=16,
+        expert_ends, p, num_experts,
+        TOP_K=k, SLOTS=slots, BLOCK=block, E_P2=_next_pow2(num_experts), BLOCK_M=block_m,
         WRITE_BLOCKS=block_m > 1, num_warps=4,
     )  # fmt: skip
     return MoeLayout(
