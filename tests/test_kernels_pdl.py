@@ -45,6 +45,39 @@ def test_pdl_auto_launches_with_pdl_only_inside_a_scope_that_asks(monkeypatch):
         assert pdl_launch(cuda) == {"PDL": True, "launch_pdl": True}
 
 
+def test_prefill_runs_with_pdl_under_auto_up_to_its_token_bound(monkeypatch):
+    """``auto``: a prefill of at most ``PDL_AUTO_MAX_PREFILL_TOKENS`` tokens (its graph bucket's
+    capture, its graphs' replays and breaks) launches with PDL, a longer one does not."""
+    from breakgraph.engine.model_runner import prefill_pdl_context
+    from breakgraph.kernels import pdl
+    from breakgraph.kernels.pdl_scope import PDL_AUTO_MAX_PREFILL_TOKENS
+
+    monkeypatch.setattr(pdl, "_capable", lambda index: True)
+    monkeypatch.setenv("BREAKGRAPH_PDL", "auto")
+    cuda = torch.device("cuda", 0)
+    for tokens, expect in ((1, True), (PDL_AUTO_MAX_PREFILL_TOKENS, True), (PDL_AUTO_MAX_PREFILL_TOKENS + 1, False)):
+        with prefill_pdl_context(tokens):
+            assert pdl_enabled(cuda) == expect, tokens
+    assert not pdl_enabled(cuda)
+
+
+def test_prefill_graph_captures_open_the_pdl_scope_of_their_bucket(hf_checkpoints, monkeypatch):
+    """The model runner's capture context (a stand-in batch for a prefill bucket) opens the PDL
+    scope of the bucket's token count."""
+    from breakgraph import Engine
+    from breakgraph.kernels import pdl
+    from breakgraph.kernels.pdl_scope import PDL_AUTO_MAX_PREFILL_TOKENS
+
+    monkeypatch.setattr(pdl, "_capable", lambda index: True)
+    monkeypatch.setenv("BREAKGRAPH_PDL", "auto")
+    cuda = torch.device("cuda", 0)
+    runner = Engine(hf_checkpoints["glm_moe_dsa"], device="cpu", dtype="float32", page_size=4).runner
+    with runner.capture_context(PDL_AUTO_MAX_PREFILL_TOKENS):
+        assert pdl_enabled(cuda)
+    with runner.capture_context(PDL_AUTO_MAX_PREFILL_TOKENS + 1):
+        assert not pdl_enabled(cuda)
+
+
 def test_pdl_launch_traces_under_torch_compile(monkeypatch):
     """The piecewise backend traces the prefill forward, kernel launches included: the launch
     options must trace in one graph under every setting (``auto``: off there, outside any scope)."""

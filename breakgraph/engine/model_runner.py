@@ -29,7 +29,7 @@ from breakgraph.graphs.backends import GraphSetup
 from breakgraph.graphs.decode_runner import default_decode_buckets
 from breakgraph.graphs.prefill_runner import default_prefill_buckets
 from breakgraph.graphs.stats import disabled_stats
-from breakgraph.kernels.pdl_scope import PDL_AUTO_MAX_ROWS, pdl_scope
+from breakgraph.kernels.pdl_scope import PDL_AUTO_MAX_PREFILL_TOKENS, PDL_AUTO_MAX_ROWS, pdl_scope
 from breakgraph.models.config import ModelConfig
 from breakgraph.models.loader import load_model
 
@@ -86,6 +86,13 @@ def decode_capture_context(rows: int) -> contextlib.AbstractContextManager:
     """What a decode graph of ``rows`` rows is captured under: programmatic dependent launch for
     the batch sizes where it measured faster, under ``BREAKGRAPH_PDL=auto`` (kernels/pdl.py)."""
     return pdl_scope(rows <= PDL_AUTO_MAX_ROWS)
+
+
+def prefill_pdl_context(num_tokens: int) -> contextlib.AbstractContextManager:
+    """What a prefill of ``num_tokens`` tokens (a graph bucket's capture, or a batch's run: its
+    graph replays and the breaks between them) launches under: programmatic dependent launch up
+    to the token count where it measured faster, under ``BREAKGRAPH_PDL=auto`` (kernels/pdl.py)."""
+    return pdl_scope(num_tokens <= PDL_AUTO_MAX_PREFILL_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -379,7 +386,7 @@ class ModelRunner:
             slots.copy_(batch.out_cache_loc)
             batch = replace(batch, out_cache_loc=slots)
         batch = replace(batch, length_bound=bound)
-        with forward_batch_context(batch):
+        with forward_batch_context(batch), prefill_pdl_context(num_tokens):
             yield
 
     def _load_prefill_slots(self, batch: ForwardBatch) -> None:
@@ -400,7 +407,8 @@ class ModelRunner:
         with forward_batch_context(batch):
             if prefill is not None and (runs_all or batch.mode is ForwardMode.EXTEND):
                 self._load_prefill_slots(batch)
-                hidden = prefill.run(batch.input_ids, batch.positions, batch.max_seq_len)
+                with prefill_pdl_context(batch.num_tokens):
+                    hidden = prefill.run(batch.input_ids, batch.positions, batch.max_seq_len)
             elif decode is not None and batch.mode is ForwardMode.DECODE:
                 hidden = decode.run(batch)
             else:

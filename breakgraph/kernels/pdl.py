@@ -17,8 +17,9 @@ programmatic edge.
 ``BREAKGRAPH_PDL``: ``1`` on CUDA devices of compute capability 9.0 or more (older GPUs cannot
 launch this way), ``0`` never, ``auto`` only inside :func:`~breakgraph.kernels.pdl_scope.pdl_scope`
 ``(True)`` — which the engine opens while it captures a decode graph of at most
-``PDL_AUTO_MAX_ROWS`` rows, the batch sizes where PDL measured faster (a graph keeps the launch
-mode it was captured with).
+``PDL_AUTO_MAX_ROWS`` rows and while it captures or runs a prefill of at most
+``PDL_AUTO_MAX_PREFILL_TOKENS`` tokens, the sizes where PDL measured faster (a graph keeps the
+launch mode it was captured with).
 """
 
 from __future__ import annotations
