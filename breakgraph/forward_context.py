@@ -44,7 +44,7 @@ class ForwardBatch:
     ``length_bound``: set on the stand-in batch a prefill graph is captured with — the longest
     sequence any batch the graph replays may have (see :attr:`seq_len_bound`); None elsewhere.
     ``derived``: what the breaks derive from the batch once and every layer reuses (e.g. the
-    dense MHA form's key layout, :func:`~breakgraph.layers.dsa.dense_mha_key_layout`), by name;
+    MHA form's rows and keys, :func:`~breakgraph.layers.dsa.mha_rows_layout`), by name;
     it lives as long as the batch (a copy made by ``dataclasses.replace`` starts empty).
     """
 

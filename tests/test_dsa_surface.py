@@ -32,7 +32,7 @@ def indexer_inputs(engine, n_tokens: int, rows: int, seed: int = 0):
 
 def test_both_split_ops_are_registered():
     names = split_op_names()
-    for name in ("dsa_indexer_graph_dispatch", "mla_bmm_then_unified_attention", "sparse_mla_attention", "dense_causal_mla"):
+    for name in ("dsa_indexer_graph_dispatch", "mla_bmm_then_unified_attention", "sparse_mla_attention", "prefill_mla_attention"):
         assert f"breakgraph::{name}" in names
 
 
@@ -214,43 +214,94 @@ def test_short_prefills_attend_in_mha_form_where_it_pays(hf_checkpoints, monkeyp
 
 
 def test_the_mha_form_is_chosen_by_flops_and_kept_for_the_whole_forward(engine, monkeypatch):
-    """The key layout is built once per batch and every layer reuses it (one FLOP decision a
+    """The rows layout is built once per batch and every layer reuses it (one FLOP decision a
     forward, not one a layer): one new token on a cached prefix keeps the absorbed form, a
     fresh prompt takes the MHA form with its new rows as keys (the FP8 cache: read back from
     the new tokens' own slots), a chunk on a prefix (MHA form forced: at the tiny dims a prefix
     never pays) gathers each request's keys in order, with ``key_rows`` at the tokens' own
-    keys, and ``=0`` keeps the absorbed form even where it would pay."""
+    keys; a request longer than ``index_topk`` hands only its tokens below it to the MHA form
+    (``rows``), with keys up to them; ``=0`` keeps the absorbed form even where it would pay."""
     cfg = engine.config
-    dims = (cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
+    k = cfg.index_topk
+    dims = (k, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
     decisions = []
     real = dsa.mha_form_pays
     monkeypatch.setattr(dsa, "mha_form_pays", lambda *a: decisions.append(a) or real(*a))
     engine.prompt_logits([[1, 2, 3, 4, 5]])
     assert len(decisions) == 1 and cfg.num_hidden_layers > 1  # one forward, every layer
     pool = engine.kv_cache.pool
-    pages = [pool.alloc(2), pool.alloc(2)]
+    pages = [pool.alloc(2), pool.alloc(2), pool.alloc(pool.pages_for(k + 4))]
     fresh = engine.runner.make_batch([BatchEntry(list(range(5)), 0, pages[0])], ForwardMode.EXTEND)
-    layout = dsa.dense_mha_key_layout(fresh, *dims, fp8_cache=False)
-    assert layout.pays and layout.slots is None and layout.key_rows is None
-    assert dsa.dense_mha_key_layout(fresh, *dims, fp8_cache=False) is layout
+    layout = dsa.mha_rows_layout(fresh, *dims, fp8_cache=False)
+    assert layout.pays and layout.rows is None and layout.slots is None and layout.key_rows is None
+    assert dsa.mha_rows_layout(fresh, *dims, fp8_cache=False) is layout
     page = engine.kv_cache.page_size
     slots = lambda p, n: [int(p[i // page]) * page + i % page for i in range(n)]  # noqa: E731
-    fp8 = dsa.dense_mha_key_layout(fresh, *dims, fp8_cache=True)
-    assert fp8.pays and fp8.slots.tolist() == slots(pages[0], 5) and fp8.key_rows is None
+    fp8 = dsa.mha_rows_layout(fresh, *dims, fp8_cache=True)
+    assert fp8.pays and fp8.slots.tolist() == slots(pages[0], 5) and fp8.key_rows is None and fp8.rows is None
     one = engine.runner.make_batch([BatchEntry([5], 6, pages[0])], ForwardMode.EXTEND)
-    assert not dsa.dense_mha_key_layout(one, *dims, fp8_cache=False).pays
-    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "1")
+    assert not dsa.mha_rows_layout(one, *dims, fp8_cache=False).pays
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "1")  # at the tiny dims neither a prefix nor a long request pays
+    long = engine.runner.make_batch(
+        [BatchEntry(list(range(3)), 0, pages[0]), BatchEntry(list(range(k + 4)), 0, pages[2])], ForwardMode.EXTEND
+    )
+    mixed = dsa.mha_rows_layout(long, *dims, fp8_cache=False)
+    assert mixed.pays and mixed.rows.tolist() == list(range(3 + k))  # 3 short tokens, then the long one's first k
+    assert mixed.slots.tolist() == slots(pages[0], 3) + slots(pages[2], k)
+    assert mixed.key_rows.tolist() == list(range(3 + k))
+    past = engine.runner.make_batch([BatchEntry(list(range(3)), k, pages[2])], ForwardMode.EXTEND)
+    assert not dsa.mha_rows_layout(past, *dims, fp8_cache=True).pays  # no token below index_topk: not even forced
     both = engine.runner.make_batch(
         [BatchEntry(list(range(4)), 2, pages[0]), BatchEntry(list(range(3)), 0, pages[1])], ForwardMode.EXTEND
     )
-    layout = dsa.dense_mha_key_layout(both, *dims, fp8_cache=False)
-    assert layout.pays and layout.slots.tolist() == slots(pages[0], 6) + slots(pages[1], 3)
+    layout = dsa.mha_rows_layout(both, *dims, fp8_cache=False)
+    assert layout.pays and layout.rows is None and layout.slots.tolist() == slots(pages[0], 6) + slots(pages[1], 3)
     assert layout.key_rows.tolist() == [2, 3, 4, 5, 6, 7, 8]  # 4 new tokens at positions 2..5, then 3 at 0..2
+    crossing = engine.runner.make_batch([BatchEntry(list(range(6)), k - 2, pages[2])], ForwardMode.EXTEND)
+    layout = dsa.mha_rows_layout(crossing, *dims, fp8_cache=False)
+    assert layout.rows.tolist() == [0, 1] and layout.slots.tolist() == slots(pages[2], k)
+    assert layout.key_rows.tolist() == [k - 2, k - 1]
     monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "0")
     again = engine.runner.make_batch([BatchEntry(list(range(5)), 0, pages[0])], ForwardMode.EXTEND)
-    assert not dsa.dense_mha_key_layout(again, *dims, fp8_cache=False).pays
+    assert not dsa.mha_rows_layout(again, *dims, fp8_cache=False).pays
     for p in pages:
         pool.free(p)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_long_prefills_attend_in_mha_form_below_index_topk(hf_checkpoints, monkeypatch, kv_cache_dtype):
+    """Prompts longer than ``index_topk``: their tokens below it attend in MHA form (the rows the
+    layout names), the rest in the absorbed form over the indexer's rows, and every prompt logit
+    equals the absorbed form's everywhere (``BREAKGRAPH_DENSE_MHA=0``) — prompts prefilled at
+    once and in chunks (a chunk's prefix crossing ``index_topk`` too), plain and FP8 cache."""
+    folder = hf_checkpoints["glm_moe_dsa"]
+    kw = dict(device="cpu", dtype="float32", page_size=4, kv_cache_dtype=kv_cache_dtype)
+    k = Engine(folder, **kw).config.index_topk
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (3 * k + 1, 5, 2 * k)]
+    mha_tokens: list[int] = []
+    real_mha = dsa.dense_causal_mha
+
+    def spy(q_nope, *args):
+        mha_tokens.append(q_nope.shape[0])
+        return real_mha(q_nope, *args)
+
+    monkeypatch.setattr(dsa, "dense_causal_mha", spy)
+    results = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", mode)
+        for chunk in (None, k + 3):
+            engine = Engine(folder, **kw, **({"chunked_prefill_size": chunk} if chunk else {}))
+            mha_tokens.clear()
+            results[mode, chunk] = engine.prompt_logits(prompts)
+            if mode == "0":
+                assert not mha_tokens
+            else:  # every layer: the tokens below k of the batch's requests
+                assert mha_tokens and max(mha_tokens) <= 3 * k and min(mha_tokens) > 0
+    want = results["0", None]
+    for key, got in results.items():
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=5e-5, rtol=5e-5, msg=str(key))
 
 
 def test_indexer_queries_and_head_weights_must_have_the_same_rows(engine):
@@ -282,10 +333,11 @@ def test_breakable_capture_fuses_the_q_nope_bmm_into_the_attention_op(hf_checkpo
     def segment_kernels(eng):
         return sum(eng.runner.prefill_graphs._graphs[(32, None)].stats.kernels_per_segment)
 
+    monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "0")  # the absorbed form's ops (else one op takes the whole attention)
     fused = Engine(folder, **common)
-    monkeypatch.setattr(attention, "_can_fuse_bmm_into_attention", lambda w_kc: False)
-    unfused = Engine(folder, **common)
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(attention, "_can_fuse_bmm_into_attention", lambda w_kc: False)
+        unfused = Engine(folder, **common)
     layers = fused.config.num_hidden_layers
     # The q_nope BMM (and the cat that assembled the latent query) left the graph segments.
     assert segment_kernels(unfused) - segment_kernels(fused) >= layers

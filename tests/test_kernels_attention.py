@@ -279,7 +279,8 @@ def _interp_sparse_mla_dense_path():
     """positions + dense_below = K: the dense-causal kernel owns the token blocks below K that
     sit in one request, the sparse kernel the rest; together they equal the twin (fp32: 1e-5;
     bf16: 2× the output rounding). Emptying the top-k rows of the dense blocks changes nothing
-    (the dense kernel wrote them); under split-K the dense path is off."""
+    (the dense kernel wrote them); under split-K the dense path is off. With ``dense_elsewhere``
+    the dense blocks' rows are left unwritten and every other row is the same."""
     from breakgraph.kernels.sparse_mla import sparse_mla_attention_ref
     from breakgraph.kernels.triton_dense_mla import dense_config
     from breakgraph.kernels.triton_sparse_mla import sparse_mla_attention_triton
@@ -320,6 +321,9 @@ def _interp_sparse_mla_dense_path():
         again = torch.full_like(out, float("nan"))
         sparse_mla_attention_triton(q, kv, tk.masked_fill(dense[:, None], -1), *rest, again, **kw)
         assert torch.equal(again, out), "dense blocks were not written densely"
+        elsewhere = torch.full_like(out, float("nan"))  # the caller attends the dense blocks: left unwritten
+        sparse_mla_attention_triton(q, kv, tk, *rest, elsewhere, dense_elsewhere=True, **kw)
+        assert torch.isnan(elsewhere[dense]).all() and torch.equal(elsewhere[~dense], out[~dense]), i
 
 
 def _interp_sparse_mla_skips_its_launch_when_every_block_is_dense():

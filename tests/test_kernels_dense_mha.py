@@ -265,18 +265,25 @@ def test_mha_form_is_no_less_accurate_than_the_absorbed_form_on_gpu():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("chunk", [5, None])
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
-def test_engine_mha_form_on_prefixes_and_fp8_cache_on_gpu(hf_checkpoints, monkeypatch, kv_cache_dtype):
-    """The tiny GLM-5 model in bf16 on the GPU, prompts prefilled in chunks of 4 tokens (chunks on
-    cached prefixes: the kernel's key rows, the gathered keys; with the FP8 cache the keys read
-    back from it): the MHA form forced (``=1``) gives the absorbed form's prompt logits (``=0``)
-    within 2% (relative: two bf16 roundings of the same attention through 2 layers)."""
+def test_engine_mha_form_on_prefixes_and_fp8_cache_on_gpu(hf_checkpoints, monkeypatch, kv_cache_dtype, chunk):
+    """The tiny GLM-5 model in bf16 on the GPU, prompts prefilled at once and in chunks of 5
+    tokens (chunks on cached prefixes: the kernel's key rows, the gathered keys; with the FP8
+    cache the keys read back from it), one of them 3× ``index_topk`` long (its tokens below it in
+    MHA form, the rest sparse; a chunk crossing ``index_topk``): the MHA form forced (``=1``)
+    gives the absorbed form's prompt logits (``=0``) within 2% (relative: two bf16 roundings of
+    the same attention through 2 layers)."""
+    from tiny_models import INDEX_TOPK
+
     from breakgraph import Engine
 
     folder = hf_checkpoints["glm_moe_dsa"]
-    kw = dict(device="cuda", dtype="bfloat16", page_size=4, kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=4)
+    kw = dict(device="cuda", dtype="bfloat16", page_size=4, kv_cache_dtype=kv_cache_dtype)
+    if chunk:
+        kw["chunked_prefill_size"] = chunk
     g = torch.Generator().manual_seed(22)
-    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (3, 7, 8)]
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (3, 7, 8, 3 * INDEX_TOPK)]
     logits = {}
     for mode in ("1", "0"):
         monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", mode)

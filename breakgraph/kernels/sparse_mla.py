@@ -87,6 +87,7 @@ def sparse_mla_attention(
     request_tokens: Sequence[int] | None = None,
     packed_rows: bool = False,
     causal_rows: bool = False,
+    dense_elsewhere: bool = False,
 ) -> None:
     """Dispatch :func:`sparse_mla_attention_ref`'s contract to the fastest implementation available.
 
@@ -100,7 +101,9 @@ def sparse_mla_attention(
     column, which gives the same result). ``causal_rows``: every token's row is all of its
     positions ``0…pos`` (every sequence at most ``K`` long; needs ``positions``): ``topk_pos`` is
     not read, only its shape — the Triton kernel makes the rows from the positions, the twin
-    writes them into a tensor of its own first.
+    writes them into a tensor of its own first. ``dense_elsewhere``: the caller attends every
+    token below ``dense_below`` itself and overwrites their rows of ``out``: the Triton kernel
+    then leaves the rows of its dense-causal blocks unwritten (the twin writes every row).
     """
     if causal_rows and positions is None:
         raise ValueError("causal_rows needs the token positions")
@@ -111,7 +114,7 @@ def sparse_mla_attention(
         if triton_sparse_mla.supports(q, kv_cache, topk_pos, page_table, token_req, out, positions):
             triton_sparse_mla.sparse_mla_attention_triton(
                 *args, positions=positions, dense_below=dense_below, request_tokens=request_tokens,
-                packed_rows=packed_rows, causal_rows=causal_rows,
+                packed_rows=packed_rows, causal_rows=causal_rows, dense_elsewhere=dense_elsewhere,
             )  # fmt: skip
             return
     if causal_rows:

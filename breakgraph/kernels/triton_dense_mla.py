@@ -565,14 +565,36 @@ def dense_mla_attention_triton(
     the key block — by default on where it is. Balanced kernel: ``programs``: forward programs
     per head block; ``partial_dtype``: fp32 or the query's dtype, which halves the partials'
     bytes and adds one rounding of them."""
-    if balanced is None:
-        flag = env.read("BREAKGRAPH_DENSE_MLA_BALANCED")
-        balanced = page_size < BALANCED_BELOW_PAGE if flag == "auto" else flag == "1"
-    if balanced:
+    if _takes_balanced(page_size, balanced):
         return _balanced(q, kv_cache, page_table, token_req, positions, page_size, softmax_scale, out, dense_below,
                          block_t, block_n, num_warps, num_stages, programs, partial_dtype)  # fmt: skip
     return _chunked(q, kv_cache, page_table, token_req, positions, page_size, softmax_scale, out, dense_below,
                     block_t, block_n, num_warps, num_stages, chunk_keys, page_blocks)  # fmt: skip
+
+
+def _takes_balanced(page_size: int, balanced: bool | None) -> bool:
+    """The kernel choice of :func:`dense_mla_attention_triton` (``BREAKGRAPH_DENSE_MLA_BALANCED``)."""
+    if balanced is not None:
+        return balanced
+    flag = env.read("BREAKGRAPH_DENSE_MLA_BALANCED")
+    return page_size < BALANCED_BELOW_PAGE if flag == "auto" else flag == "1"
+
+
+def dense_token_block(
+    q: torch.Tensor, page_table: torch.Tensor, page_size: int, dense_below: int, *,
+    balanced: bool | None = None, block_t: int | None = None,
+) -> int:  # fmt: skip
+    """The token block :func:`dense_mla_attention_triton` takes for these arguments (what it
+    returns: the same configs), without launching it: a caller that attends the dense blocks' tokens some other
+    way tells the sparse kernel which blocks to skip (``dense_elsewhere`` of
+    :func:`~breakgraph.kernels.triton_sparse_mla.sparse_mla_attention_triton`)."""
+    if block_t:
+        return block_t
+    num_tokens, num_heads, _ = q.shape
+    if _takes_balanced(page_size, balanced):
+        return balanced_config(num_heads, q.device)["block_t"]
+    max_keys = min(dense_below, page_table.shape[1] * page_size)
+    return dense_config(num_heads, num_tokens, max_keys, q.device, page_size)["block_t"]
 
 
 def _chunked(q, kv_cache, page_table, token_req, positions, page_size, softmax_scale, out, dense_below,

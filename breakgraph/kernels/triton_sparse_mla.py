@@ -69,7 +69,7 @@ from breakgraph.kernels.latent_fp8 import LatentLayout, is_fp8_latent
 from breakgraph.kernels.paging import page_shift, rows_fit_int32
 from breakgraph.kernels.pdl import pdl_launch, pdl_wait
 from breakgraph.kernels.triton_dense_mla import dense_block as _dense_block
-from breakgraph.kernels.triton_dense_mla import dense_mla_attention_triton
+from breakgraph.kernels.triton_dense_mla import dense_mla_attention_triton, dense_token_block
 from breakgraph.kernels.triton_dense_mla import softmax_step as _softmax_step
 from breakgraph.kernels.triton_latent_fp8 import load_latent_rows
 
@@ -630,6 +630,7 @@ def sparse_mla_attention_triton(
     request_tokens: Sequence[int] | None = None,
     packed_rows: bool = False,
     causal_rows: bool = False,
+    dense_elsewhere: bool = False,
     block_h: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
@@ -688,7 +689,11 @@ def sparse_mla_attention_triton(
     the row's last key block with or without split-K — and ``topk_pos``, which the indexer
     then need not write, is not read (only its shape).
 
-    The keyword arguments after ``causal_rows`` override :func:`default_config` and, as
+    ``dense_elsewhere``: the caller attends the tokens of the dense-causal blocks itself (every
+    token below ``dense_below``, say, in another form): no dense launch is made, the sparse kernel
+    still skips those blocks, and their rows of ``out`` are left unwritten.
+
+    The keyword arguments after ``dense_elsewhere`` override :func:`default_config` and, as
     ``dense_*``, the options of
     :func:`~breakgraph.kernels.triton_dense_mla.dense_mla_attention_triton` (benchmarks, tests;
     ``dense_balanced``: its balanced kernel, default ``BREAKGRAPH_DENSE_MLA_BALANCED``);
@@ -737,7 +742,11 @@ def sparse_mla_attention_triton(
     block_pe = _pow2(dim - rank)
     qk_scale = softmax_scale * _LOG2E
     dense_t = 0
-    if dense_below > 0 and splits == 1:  # the dense-causal blocks first (kernels/triton_dense_mla.py)
+    if dense_below > 0 and splits == 1 and dense_elsewhere:  # the caller's: only which blocks to skip
+        dense_t = dense_token_block(
+            q, page_table, page_size, dense_below, balanced=dense_balanced, block_t=dense_block_t
+        )  # fmt: skip
+    elif dense_below > 0 and splits == 1:  # the dense-causal blocks first (kernels/triton_dense_mla.py)
         dense_t = dense_mla_attention_triton(
             q, kv_cache, page_table, token_req, positions, page_size, softmax_scale, out, dense_below,
             balanced=dense_balanced, block_t=dense_block_t, block_n=dense_block_n, num_warps=dense_num_warps,

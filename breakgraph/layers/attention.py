@@ -26,13 +26,13 @@ from breakgraph.kernels.linear import bmm_into, exact_bf16_weight, fp32_out_oper
 from breakgraph.kernels.rope import indexer_rope_qk, mla_rope_kv, rope
 from breakgraph.layers.dsa import (
     MlaBmmFusionPlan,
-    dense_causal_mla,
-    dense_mha_form,
     dsa_indexer_graph_dispatch,
     indexer_rows_are_causal,
     is_graph_dsa_split_op_surface,
     logits_head_gate,
     mla_bmm_then_unified_attention,
+    prefill_mla_attention,
+    prefill_mla_form,
     rotary_cache_store,
     sparse_mla_attention,
 )
@@ -253,7 +253,7 @@ class MLAttention(nn.Module):
         t = x.shape[0]
         q_a, k_proj, kv_a = self.a_projections(x, x_fp8)
         # every sequence within index_topk: every causal key is selected, so the indexer needs no
-        # queries (indexer_rows_are_causal) and the attention is dense causal (dense_mha_form)
+        # queries (indexer_rows_are_causal)
         causal = indexer_rows_are_causal(self.index_topk)
         indexer_queries = self.indexer is not None and not causal
         b_proj, b_parts = self._b_proj_parts(indexer_queries)
@@ -265,19 +265,21 @@ class MLAttention(nn.Module):
         # (with a plain cache it also writes the cache entry: rotary_cache_store)
         store = rotary_cache_store("latent", self.layer_id, kv_a.dtype)
         q_full, kv = mla_rope_kv(q, kv_a, cos, sin, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps, store)
-        # prefill with every causal key selected: dense causal attention, in MHA form where it
-        # pays, straight to the per-head values (dense_causal_mla)
-        dense = dense_mha_form(causal)
+        # prefill: the whole attention in one op, straight to the per-head values; the tokens
+        # below index_topk (every causal key selected) in MHA form where it pays (prefill_mla_attention)
+        whole = prefill_mla_form()
         # The buffers are made before the indexer break, so the code between the indexer and
         # attention breaks stays empty (no one-kernel segment).
         out = x.new_empty(t, self.num_heads, self.dv)
-        fuse = not dense and _can_fuse_bmm_into_attention(self.w_kc)
+        fuse = not whole and _can_fuse_bmm_into_attention(self.w_kc)
         plan = _make_mla_bmm_fusion_plan(q_nope, q_full, self.rank) if fuse else None
         topk = self.indexer(x, q_resid, cos, sin, k_proj, q_resid_fp8, q_idx) if self.indexer is not None else prev_topk
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
-        if dense:
-            dense_causal_mla(q, q_full, kv, topk, self.w_kc, self.w_vc, out, self.layer_id, self.scale, store is not None)
+        if whole:
+            prefill_mla_attention(
+                q, q_full, kv, topk, self.w_kc, self.w_vc, out, self.layer_id, self.scale, store is not None
+            )  # fmt: skip
             return self.o_proj(out.view(t, self.num_heads * self.dv)), topk
         if plan is not None:
             mla_bmm_then_unified_attention(

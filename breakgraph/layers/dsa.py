@@ -13,9 +13,9 @@ lengths and pages:
   positions itself (``causal_rows``), and the layer skips the indexer's queries and head
   weights where its code may rely on it (:func:`indexer_rows_are_causal`: eager batches, decode
   graphs and prefill graphs captured for such batches).
-* :func:`dense_causal_mla` — where every sequence of a prefill batch is at most
-  ``index_topk`` long (:func:`dense_mha_form`), the attention is dense causal and runs, where
-  it pays, in MHA form (:mod:`breakgraph.kernels.dense_mha`), ``w_vc`` included.
+* :func:`prefill_mla_attention` — a prefill batch's whole attention (:func:`prefill_mla_form`),
+  ``w_vc`` included: its tokens below ``index_topk`` see every causal key and attend, where it
+  pays, in MHA form (:mod:`breakgraph.kernels.dense_mha`); the others in the absorbed form.
 * :func:`mla_bmm_then_unified_attention` — the absorbed query's ``q_nope · w_kc`` BMM *and*
   the sparse attention in one op, planned by :class:`MlaBmmFusionPlan`, so the lone BMM never
   becomes a one-kernel graph segment; :func:`sparse_mla_attention` is the attention alone.
@@ -158,8 +158,9 @@ bcg_dsa_indexer_graph_dispatch = dsa_indexer_graph_dispatch.bcg
 
 
 def _attend(
-    q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float, kv_stored: bool
-) -> None:
+    q: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float,
+    kv_stored: bool, dense_elsewhere: bool = False,
+) -> None:  # fmt: skip
     """Store the new latent entries (unless ``kv_stored``: the rotary kernel wrote them), then
     attend. ``topk`` comes from the DSA indexer (this
     layer's, or the previous layer's for shared-indexer layers: same batch, same tokens),
@@ -171,7 +172,9 @@ def _attend(
     positions (``causal_rows``) and, in prefill, is told each request's token count, so it can
     skip its sparse launch where every token block is dense. The indexer's rows are packed (a
     token's ``min(K, pos + 1)`` keys first, ``-1`` after them: the select and the twin's ``topk``
-    write them so), so the kernel stops each row at its keys (``packed_rows``)."""
+    write them so), so the kernel stops each row at its keys (``packed_rows``).
+    ``dense_elsewhere``: the caller attends every token below ``K`` itself and overwrites their
+    rows (:func:`prefill_mla_attention`): the kernel skips its dense-causal blocks."""
     fb = get_forward_batch()
     n = fb.num_tokens
     cache = fb.kv_cache.latent[layer_id]
@@ -183,6 +186,7 @@ def _attend(
         q[:n], cache, topk[:n], fb.page_table, fb.token_req, fb.kv_cache.page_size, scale, out[:n],
         positions=fb.positions[:n], dense_below=0 if decode else topk.shape[1],
         request_tokens=fb.extend_lens_cpu if causal and not decode else None, packed_rows=True, causal_rows=causal,
+        dense_elsewhere=dense_elsewhere and not decode,
     )  # fmt: skip
     out[n:].zero_()
 
@@ -237,99 +241,124 @@ def mla_bmm_then_unified_attention(
     _attend(q_nope_out_buf, kv, topk, attn_output_buf, layer_id, scale, kv_stored)
 
 
-def dense_mha_form(rows_are_causal: bool) -> bool:
-    """Whether the layer hands its attention to :func:`dense_causal_mla`: a prefill (extend)
-    step whose sequences are all at most ``index_topk`` long (``rows_are_causal``: the layer's
-    :func:`indexer_rows_are_causal`, every causal key is selected), unless
+def prefill_mla_form() -> bool:
+    """Whether the layer hands its whole attention to :func:`prefill_mla_attention`: a prefill
+    (extend) step, not traced by ``torch.compile`` (a traced piece replays any batch), unless
     ``BREAKGRAPH_DENSE_MHA=0``. Decode keeps the absorbed form (one query a request: the latent
-    keys are shared by all heads)."""
-    if env.read("BREAKGRAPH_DENSE_MHA") == "0" or not rows_are_causal:
+    keys are shared by all heads), and so do the traced pieces."""
+    if env.read("BREAKGRAPH_DENSE_MHA") == "0" or torch.compiler.is_compiling():
         return False
     return get_forward_batch().mode is ForwardMode.EXTEND
 
 
 @dataclass(frozen=True)
-class DenseMhaKeyLayout:
-    """Where the MHA form finds a batch's keys: ``slots [Tk]`` int64, the cache slots of every
-    request's positions ``0…seq_len − 1`` in request order (None: the keys are the batch's new
-    rows as the layer made them — no cached prefix, and a cache of the activations' values, not
-    FP8, so the cache holds the same rows), and ``key_rows [T]`` int64, each token's own key in
-    that order (None: ``t``, no cached prefix). ``pays``: the MHA form takes fewer FLOPs than the absorbed form
+class MhaRowsLayout:
+    """Which tokens of a prefill batch attend in MHA form and where their keys are: the tokens
+    at positions below ``index_topk`` (every causal key selected: dense causal attention).
+
+    ``pays``: the MHA form takes fewer FLOPs for them than the absorbed form
     (:func:`~breakgraph.kernels.dense_mha.mha_form_pays`) under ``BREAKGRAPH_DENSE_MHA=auto``,
-    always under ``1``, never under ``0`` (a graph captured before the knob changed replays the
-    absorbed form then)."""
+    always under ``1`` (where there are such tokens), never under ``0`` (a graph captured before
+    the knob changed replays the absorbed form then). ``rows [Td]`` int64: those tokens' batch
+    rows (None: every token, no sequence reaches past ``index_topk``). ``slots [Tk]`` int64: the
+    cache slots of each of their requests' positions ``0…min(seq_len, index_topk) − 1``, request
+    by request (None: the keys are the batch's new rows as the layer made them — every token
+    attends, no cached prefix, a cache of the activations' values, not FP8). ``key_rows [Td]``
+    int64: each token's own key in that order (None: its row, when ``slots`` is None or holds
+    the batch's own slots in token order)."""
 
     pays: bool
+    rows: torch.Tensor | None
     slots: torch.Tensor | None
     key_rows: torch.Tensor | None
 
 
-def dense_mha_key_layout(
-    fb: ForwardBatch, rank: int, dn: int, dr: int, dv: int, fp8_cache: bool
-) -> DenseMhaKeyLayout:
-    """The batch's :class:`DenseMhaKeyLayout`, built at the first layer's call from the host
-    lengths and kept in ``fb.derived`` for the others (at most one host-to-device copy a
-    forward: a batch with cached prefixes sends its keys' requests and positions and its
-    tokens' key rows in one pinned transfer). ``fp8_cache``: the keys are read back from the
-    cache (dequantised) even without a prefix — its slots are then the new tokens' own — so a
-    prompt attends to the same keys whether it is prefilled at once or in chunks."""
-    name = f"dense_mha_keys/{rank}/{dn}/{dr}/{dv}/{fp8_cache}"
+def mha_rows_layout(
+    fb: ForwardBatch, index_topk: int, rank: int, dn: int, dr: int, dv: int, fp8_cache: bool
+) -> MhaRowsLayout:
+    """The batch's :class:`MhaRowsLayout`, built at the first layer's call from the host lengths
+    and kept in ``fb.derived`` for the others (at most one host-to-device copy a forward: the
+    keys' requests and positions, the tokens' key rows and batch rows in one pinned transfer).
+    The FLOP comparison counts the key projections and the attention of the tokens below
+    ``index_topk`` against the absorbed form's attention of them, plus its query-side products
+    where every token is such a token (else the other tokens need those products anyway).
+    ``fp8_cache``: the keys are read back from the cache (dequantised) even without a prefix —
+    its slots are then the new tokens' own — so a prompt attends to the same keys whether it is
+    prefilled at once or in chunks."""
+    name = f"mha_rows/{index_topk}/{rank}/{dn}/{dr}/{dv}/{fp8_cache}"
     layout = fb.derived.get(name)
     if layout is not None:
         return layout
     prefix, extend = fb.prefix_lens_cpu, fb.extend_lens_cpu
-    keys = sum(fb.seq_lens_cpu)
-    pairs = sum(e * p + e * (e + 1) // 2 for p, e in zip(prefix, extend))
+    dense = [max(0, min(p + e, index_topk) - p) for p, e in zip(prefix, extend)]  # tokens below index_topk
+    keys = [p + d if d else 0 for p, d in zip(prefix, dense)]  # the positions those tokens see
+    tokens = sum(dense)
+    every_token = tokens == fb.num_tokens
+    pairs = sum(d * p + d * (d + 1) // 2 for p, d in zip(prefix, dense))
     mode = env.read("BREAKGRAPH_DENSE_MHA")
-    pays = mode == "1" or (mode == "auto" and mha_form_pays(fb.num_tokens, keys, pairs, rank, dn, dr, dv))
-    slots = key_rows = None
-    if pays and any(prefix):
-        req = torch.repeat_interleave(torch.arange(fb.batch_size), torch.tensor(fb.seq_lens_cpu))
-        starts = torch.tensor([0, *fb.seq_lens_cpu]).cumsum(0)[:-1]
-        rows = [torch.arange(s + p, s + p + e) for s, p, e in zip(starts.tolist(), prefix, extend)]
-        host = torch.cat([req, torch.arange(keys) - starts[req], *rows])
+    flops = mha_form_pays(tokens if every_token else 0, sum(keys), pairs, rank, dn, dr, dv)
+    pays = tokens > 0 and (mode == "1" or (mode == "auto" and flops))
+    rows = slots = key_rows = None
+    if pays and (not every_token or any(prefix)):
+        key_start = torch.tensor([0, *keys]).cumsum(0)[:-1].tolist()
+        batch_start = torch.tensor([0, *extend]).cumsum(0)[:-1].tolist()
+        reqs = [i for i, d in enumerate(dense) if d]
+        parts = [
+            torch.repeat_interleave(torch.tensor(reqs), torch.tensor([keys[i] for i in reqs])),  # keys' requests
+            torch.cat([torch.arange(keys[i]) for i in reqs]),  # keys' positions
+            torch.cat([torch.arange(dense[i]) + key_start[i] + prefix[i] for i in reqs]),  # tokens' own keys
+        ]
+        if not every_token:
+            parts.append(torch.cat([torch.arange(dense[i]) + batch_start[i] for i in reqs]))  # tokens' rows
+        host = torch.cat(parts)
         dev = fb.page_table.device
         on_dev = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host.to(dev)
-        req, pos, key_rows = on_dev[:keys], on_dev[keys : 2 * keys], on_dev[2 * keys :]
+        n_keys = sum(keys)
+        req, pos = on_dev[:n_keys], on_dev[n_keys : 2 * n_keys]
+        key_rows = on_dev[2 * n_keys : 2 * n_keys + tokens]
+        rows = None if every_token else on_dev[2 * n_keys + tokens :]
         page = fb.kv_cache.page_size
         slots = fb.page_table[req, pos // page].long() * page + pos % page
     elif pays and fp8_cache:
-        slots = fb.out_cache_loc[: fb.num_tokens]  # no prefix: the keys are the new rows, in token order
-    layout = DenseMhaKeyLayout(pays, slots, key_rows)
+        slots = fb.out_cache_loc[: fb.num_tokens]  # every token, no prefix: the keys are the new rows, in order
+    layout = MhaRowsLayout(pays, rows, slots, key_rows)
     fb.derived[name] = layout
     return layout
 
 
 @graph_break_op(mutates_args=("q_full", "out"))
-def dense_causal_mla(
+def prefill_mla_attention(
     q: torch.Tensor, q_full: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, w_kc: torch.Tensor,
     w_vc: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float, kv_stored: bool = False,
 ) -> None:  # fmt: skip
-    """Split op: the whole attention of a prefill batch whose sequences are all at most
-    ``index_topk`` long (:func:`dense_mha_form`), from the queries to the per-head values.
+    """Split op: the whole attention of a prefill batch (:func:`prefill_mla_form`), from the
+    queries to the per-head values.
 
     ``q [T, H, dn + dr]`` (the query, ``q_nope`` first), ``q_full [T, H, r + dr]`` (its rotary
     columns hold ``rope(q_pe)``; the absorbed form writes ``q_nope·w_kc`` into the first ``r``),
     ``kv [T, r + dr]`` the new latent rows (stored first unless ``kv_stored``), ``topk [T, K]``
-    (its shape only: the rows are every causal key), ``w_kc [H, dn, r]``, ``w_vc [H, dv, r]``;
-    writes ``out [T, H, dv]`` (rows past the real tokens zeroed). Where the MHA form pays
-    (:func:`dense_mha_key_layout`) each key's latent is projected to ``k_nope`` and ``v`` and
-    the heads attend in MHA form (:func:`~breakgraph.kernels.dense_mha.dense_causal_mha`; a
-    batch without cached prefixes reads its keys from ``kv``, one with them gathers every
-    request's rows from the cache); elsewhere the absorbed form runs as
-    :func:`mla_bmm_then_unified_attention` and ``w_vc`` follows."""
+    (the indexer's rows; only its shape where no sequence is longer than ``K``), ``w_kc [H, dn,
+    r]``, ``w_vc [H, dv, r]``; writes ``out [T, H, dv]`` (rows past the real tokens zeroed).
+
+    The tokens at positions below ``K`` see every causal key: where the MHA form pays for them
+    (:func:`mha_rows_layout`) each of their keys' latent is projected to ``k_nope`` and ``v`` and
+    they attend in MHA form (:func:`~breakgraph.kernels.dense_mha.dense_causal_mha`). The other
+    tokens — all of them where it does not pay — take the absorbed form: ``q_nope·w_kc``, the
+    sparse attention over their top-k rows (whose dense-causal blocks are then left to the MHA
+    form) and ``·w_vc``."""
     fb = get_forward_batch()
     n = fb.num_tokens
     heads, dn, rank = w_kc.shape
     dv, dr = w_vc.shape[1], q_full.shape[-1] - rank
     cache = fb.kv_cache.latent[layer_id]
-    layout = dense_mha_key_layout(fb, rank, dn, dr, dv, is_fp8_latent(cache))
-    if not layout.pays:
+    layout = mha_rows_layout(fb, topk.shape[1], rank, dn, dr, dv, is_fp8_latent(cache))
+    if not layout.pays or layout.rows is not None:  # the absorbed form: every token, or those past K
         attn = q_full.new_empty(n, heads, rank)
-        q_nope_t = q[..., :dn].transpose(0, 1)
-        mla_bmm_then_unified_attention.eager(q_nope_t, w_kc, q_full, kv, topk, attn, layer_id, scale, kv_stored)
+        bmm_into(q[:n, :, :dn].transpose(0, 1), w_kc, q_full[:n, :, :rank].transpose(0, 1))
+        _attend(q_full, kv, topk, attn, layer_id, scale, kv_stored, dense_elsewhere=layout.pays)
         bmm_into(attn.transpose(0, 1), w_vc.transpose(1, 2), out[:n].transpose(0, 1))
-    else:
+        kv_stored = True
+    if layout.pays:
         if not kv_stored:
             store_latent(cache, fb.out_cache_loc, kv[:n], rank)
         keys = kv[:n]
@@ -339,8 +368,17 @@ def dense_causal_mla(
         c = keys[:, :rank]
         k_nope = torch.matmul(c, w_kc.view(heads * dn, rank).t()).view(-1, heads, dn)
         v = torch.matmul(c, w_vc.view(heads * dv, rank).t()).view(-1, heads, dv)
-        dense_causal_mha(
-            q[:n, :, :dn], q_full[:n, :, rank:], k_nope, keys[:, rank:], v, fb.positions[:n], layout.key_rows, scale,
-            out[:n],
-        )  # fmt: skip
+        if layout.rows is None:
+            dense_causal_mha(
+                q[:n, :, :dn], q_full[:n, :, rank:], k_nope, keys[:, rank:], v, fb.positions[:n], layout.key_rows,
+                scale, out[:n],
+            )  # fmt: skip
+        else:
+            rows = layout.rows
+            dense = out.new_empty(rows.numel(), heads, dv)
+            dense_causal_mha(
+                q.index_select(0, rows)[..., :dn], q_full.index_select(0, rows)[..., rank:], k_nope, keys[:, rank:],
+                v, fb.positions.index_select(0, rows), layout.key_rows, scale, dense,
+            )  # fmt: skip
+            out.index_copy_(0, rows, dense)
     out[n:].zero_()
