@@ -5,7 +5,7 @@ to the per-head values ``[T, H, dv]``:
 
 * absorbed: ``q_nope·w_kc``, the dense-causal kernel the engine takes for such a batch
   (``sparse_mla_attention`` with causal rows), ``·w_vc``;
-* MHA: the keys' projections ``c·w_kcᵀ``, ``c·w_vcᵀ`` and the MHA kernel
+* MHA: the keys' projections ``c·[w_kc ‖ w_vc]ᵀ`` (one GEMM) and the MHA kernel
   (``breakgraph/kernels/triton_dense_mha.py``) — also the kernel alone, with its TFLOP/s of
   causal work (``2·pairs·H·(dn + dr + dv)``).
 
@@ -42,7 +42,7 @@ TILES = [(64, 64, 4, 2, 0), (128, 64, 8, 2, 0), (64, 64, 8, 2, 0), (64, 64, 4, 3
 
 def make_case(tokens: int, seed: int = 0) -> dict:
     """A fresh prompt of ``tokens`` tokens: latent rows in a paged bf16 cache (shuffled pages),
-    queries, ``w_kc``/``w_vc`` scaled like trained weights."""
+    queries, ``w_kc``/``w_vc`` (views of one ``w_kv``, as the layer holds them) scaled like trained weights."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
     width = -(-(tokens + 64) // PAGE)
@@ -54,14 +54,16 @@ def make_case(tokens: int, seed: int = 0) -> dict:
     q = rnd(tokens, HEADS, DN + DR).bfloat16()
     q_full = rnd(tokens, HEADS, RANK + DR).bfloat16()
     q_full[..., RANK:] = q[..., DN:]
+    w_kv = (rnd(HEADS * (DN + DV), RANK) * RANK**-0.5).bfloat16()  # w_kc's rows, then w_vc's (as the layer holds them)
+    projected = torch.empty(tokens, HEADS * (DN + DV), dtype=torch.bfloat16, device="cuda")  # k_nope ‖ v
     return dict(
         q=q, q_full=q_full, kv=kv_new, cache=cache, table=table, pos=pos, req=torch.zeros_like(pos),
-        w_kc=(rnd(HEADS, DN, RANK) * RANK**-0.5).bfloat16(), w_vc=(rnd(HEADS, DV, RANK) * RANK**-0.5).bfloat16(),
+        w_kv=w_kv, w_kc=w_kv[: HEADS * DN].view(HEADS, DN, RANK), w_vc=w_kv[HEADS * DN :].view(HEADS, DV, RANK),
         topk=torch.empty(tokens, TOPK, dtype=torch.int32, device="cuda"),
         out=torch.empty(tokens, HEADS, DV, dtype=torch.bfloat16, device="cuda"),
         attn=torch.empty(tokens, HEADS, RANK, dtype=torch.bfloat16, device="cuda"),
-        k_nope=torch.empty(tokens, HEADS, DN, dtype=torch.bfloat16, device="cuda"),
-        v=torch.empty(tokens, HEADS, DV, dtype=torch.bfloat16, device="cuda"),
+        k_nope=projected[:, : HEADS * DN].view(tokens, HEADS, DN), v=projected[:, HEADS * DN :].view(tokens, HEADS, DV),
+        projected=projected,
     )  # fmt: skip
 
 
@@ -79,9 +81,7 @@ def absorbed(c: dict) -> None:
 
 
 def projections(c: dict) -> None:
-    lat = c["kv"][:, :RANK]
-    torch.matmul(lat, c["w_kc"].view(HEADS * DN, RANK).t(), out=c["k_nope"].view(-1, HEADS * DN))
-    torch.matmul(lat, c["w_vc"].view(HEADS * DV, RANK).t(), out=c["v"].view(-1, HEADS * DV))
+    torch.matmul(c["kv"][:, :RANK], c["w_kv"].t(), out=c["projected"])  # one GEMM: k_nope ‖ v
 
 
 def mha_kernel(c: dict, config: dict | None = None) -> None:

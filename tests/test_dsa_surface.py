@@ -233,12 +233,13 @@ def test_the_mha_form_is_chosen_by_flops_and_kept_for_the_whole_forward(engine, 
     pages = [pool.alloc(2), pool.alloc(2), pool.alloc(pool.pages_for(k + 4))]
     fresh = engine.runner.make_batch([BatchEntry(list(range(5)), 0, pages[0])], ForwardMode.EXTEND)
     layout = dsa.mha_rows_layout(fresh, *dims, fp8_cache=False)
-    assert layout.pays and layout.rows is None and layout.slots is None and layout.key_rows is None
+    assert layout.pays and layout.every_token and layout.rows == slice(0, 5)
+    assert layout.slots is None and layout.key_rows is None
     assert dsa.mha_rows_layout(fresh, *dims, fp8_cache=False) is layout
     page = engine.kv_cache.page_size
     slots = lambda p, n: [int(p[i // page]) * page + i % page for i in range(n)]  # noqa: E731
     fp8 = dsa.mha_rows_layout(fresh, *dims, fp8_cache=True)
-    assert fp8.pays and fp8.slots.tolist() == slots(pages[0], 5) and fp8.key_rows is None and fp8.rows is None
+    assert fp8.pays and fp8.slots.tolist() == slots(pages[0], 5) and fp8.key_rows is None and fp8.rows == slice(0, 5)
     one = engine.runner.make_batch([BatchEntry([5], 6, pages[0])], ForwardMode.EXTEND)
     assert not dsa.mha_rows_layout(one, *dims, fp8_cache=False).pays
     monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "1")  # at the tiny dims neither a prefix nor a long request pays
@@ -246,20 +247,26 @@ def test_the_mha_form_is_chosen_by_flops_and_kept_for_the_whole_forward(engine, 
         [BatchEntry(list(range(3)), 0, pages[0]), BatchEntry(list(range(k + 4)), 0, pages[2])], ForwardMode.EXTEND
     )
     mixed = dsa.mha_rows_layout(long, *dims, fp8_cache=False)
-    assert mixed.pays and mixed.rows.tolist() == list(range(3 + k))  # 3 short tokens, then the long one's first k
-    assert mixed.slots.tolist() == slots(pages[0], 3) + slots(pages[2], k)
-    assert mixed.key_rows.tolist() == list(range(3 + k))
+    assert mixed.pays and not mixed.every_token
+    assert mixed.rows == slice(0, 3 + k)  # 3 short tokens, then the long one's first k: the keys are their rows
+    assert mixed.slots is None and mixed.key_rows is None
+    assert dsa.mha_rows_layout(long, *dims, fp8_cache=True).slots.tolist() == slots(pages[0], 3) + slots(pages[2], k)
+    apart = engine.runner.make_batch(
+        [BatchEntry(list(range(k + 4)), 0, pages[2]), BatchEntry(list(range(3)), 0, pages[0])], ForwardMode.EXTEND
+    )
+    layout = dsa.mha_rows_layout(apart, *dims, fp8_cache=False)
+    assert layout.rows.tolist() == [*range(k), k + 4, k + 5, k + 6] and layout.slots is None
     past = engine.runner.make_batch([BatchEntry(list(range(3)), k, pages[2])], ForwardMode.EXTEND)
     assert not dsa.mha_rows_layout(past, *dims, fp8_cache=True).pays  # no token below index_topk: not even forced
     both = engine.runner.make_batch(
         [BatchEntry(list(range(4)), 2, pages[0]), BatchEntry(list(range(3)), 0, pages[1])], ForwardMode.EXTEND
     )
     layout = dsa.mha_rows_layout(both, *dims, fp8_cache=False)
-    assert layout.pays and layout.rows is None and layout.slots.tolist() == slots(pages[0], 6) + slots(pages[1], 3)
+    assert layout.pays and layout.rows == slice(0, 7) and layout.slots.tolist() == slots(pages[0], 6) + slots(pages[1], 3)
     assert layout.key_rows.tolist() == [2, 3, 4, 5, 6, 7, 8]  # 4 new tokens at positions 2..5, then 3 at 0..2
     crossing = engine.runner.make_batch([BatchEntry(list(range(6)), k - 2, pages[2])], ForwardMode.EXTEND)
     layout = dsa.mha_rows_layout(crossing, *dims, fp8_cache=False)
-    assert layout.rows.tolist() == [0, 1] and layout.slots.tolist() == slots(pages[2], k)
+    assert layout.rows == slice(0, 2) and layout.slots.tolist() == slots(pages[2], k)
     assert layout.key_rows.tolist() == [k - 2, k - 1]
     monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "0")
     again = engine.runner.make_batch([BatchEntry(list(range(5)), 0, pages[0])], ForwardMode.EXTEND)

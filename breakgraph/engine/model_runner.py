@@ -89,9 +89,11 @@ def decode_capture_context(rows: int) -> contextlib.AbstractContextManager:
 
 
 def prefill_pdl_context(num_tokens: int) -> contextlib.AbstractContextManager:
-    """What a prefill of ``num_tokens`` tokens (a graph bucket's capture, or a batch's run: its
-    graph replays and the breaks between them) launches under: programmatic dependent launch up
-    to the token count where it measured faster, under ``BREAKGRAPH_PDL=auto`` (kernels/pdl.py)."""
+    """What a prefill of ``num_tokens`` tokens on the prefill graphs (a bucket's capture, or a
+    batch's run: its graph replays and the breaks between them) launches under: programmatic
+    dependent launch up to the token count where it measured faster, under
+    ``BREAKGRAPH_PDL=auto`` (kernels/pdl.py). Kernels traced into a ``torch.compile`` piece keep
+    plain launches; a prefill without graphs runs outside the scope."""
     return pdl_scope(num_tokens <= PDL_AUTO_MAX_PREFILL_TOKENS)
 
 
@@ -407,7 +409,8 @@ class ModelRunner:
         with forward_batch_context(batch):
             if prefill is not None and (runs_all or batch.mode is ForwardMode.EXTEND):
                 self._load_prefill_slots(batch)
-                with prefill_pdl_context(batch.num_tokens):
+                extend = batch.mode is ForwardMode.EXTEND  # (a backend that runs decode too: not those)
+                with prefill_pdl_context(batch.num_tokens) if extend else contextlib.nullcontext():
                     hidden = prefill.run(batch.input_ids, batch.positions, batch.max_seq_len)
             elif decode is not None and batch.mode is ForwardMode.DECODE:
                 hidden = decode.run(batch)

@@ -1,6 +1,6 @@
-"""Dense-causal MLA in its non-absorbed (MHA) form, for prefill of sequences within ``index_topk``.
+"""Dense-causal MLA in its non-absorbed (MHA) form, for the prefill tokens below ``index_topk``.
 
-Where every key a token may see is selected (each sequence at most ``index_topk`` long), MLA
+Where every key a token may see is selected (a token at a position below ``index_topk``), MLA
 attention is plain causal attention, and it can run in the form the model was trained in:
 each key's latent ``c`` is projected per head to ``k_nope = c·w_kcᵀ`` and ``v = c·w_vcᵀ``, and
 every head attends over keys ``[k_nope ‖ k_pe]`` (``dn + dr`` wide, ``k_pe`` shared by all
@@ -89,11 +89,12 @@ def dense_causal_mha(
 
 
 def mha_form_pays(new_tokens: int, keys: int, causal_pairs: int, rank: int, dn: int, dr: int, dv: int) -> bool:
-    """Whether the MHA form takes fewer FLOPs than the absorbed form for a batch of ``new_tokens``
-    query tokens over ``keys`` key rows (prefixes included) with ``causal_pairs`` (query, key)
-    pairs, per head (both forms scale with the heads alike): the key projection
-    ``2·keys·r·(dn + dv)`` plus the attention ``2·pairs·(dn + dr + dv)``, against the query-side
-    products ``2·T·r·(dn + dv)`` plus ``2·pairs·(2r + dr)``."""
+    """Whether the MHA form takes fewer FLOPs than the absorbed form for ``causal_pairs`` (query,
+    key) pairs over ``keys`` key rows (prefixes included), per head (both forms scale with the
+    heads alike): the key projection ``2·keys·r·(dn + dv)`` plus the attention ``2·pairs·(dn +
+    dr + dv)``, against the query-side products ``2·new_tokens·r·(dn + dv)`` plus ``2·pairs·(2r
+    + dr)``. ``new_tokens``: the query tokens whose products the MHA form saves (0 where other
+    tokens of the batch need the absorbed form's products anyway)."""
     mha = keys * rank * (dn + dv) + causal_pairs * (dn + dr + dv)
     absorbed = new_tokens * rank * (dn + dv) + causal_pairs * (2 * rank + dr)
     return mha < absorbed

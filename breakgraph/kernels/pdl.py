@@ -1,6 +1,6 @@
-"""Programmatic dependent launch (PDL) for the Triton kernels of a decode step.
+"""Programmatic dependent launch (PDL) for the Triton kernels of a decode step or a short prefill.
 
-A decode step is a chain of a few thousand short kernels; between two of them the GPU idles
+A decode step (or a short prefill) is a chain of a few thousand short kernels; between two of them the GPU idles
 while the second launches, and each kernel then waits on its first memory loads. With PDL
 (Hopper and later) a kernel is launched while the one before it still runs: it loads what no
 earlier kernel writes (its weights) and then blocks in ``griddepcontrol.wait`` until the kernel
@@ -53,8 +53,8 @@ def pdl_enabled(device: torch.device) -> bool:
     mode = env.read("BREAKGRAPH_PDL")
     if device.type != "cuda" or interpreting() or mode == "0":
         return False
-    # a forward traced by torch.compile (the piecewise prefill) is outside every scope, and
-    # Dynamo cannot trace a ContextVar read
+    # a forward traced by torch.compile (the piecewise prefill) keeps plain launches in its
+    # pieces whatever scope it is traced in: Dynamo cannot trace a ContextVar read
     if mode == "auto" and (torch.compiler.is_compiling() or not in_pdl_scope()):
         return False
     return _capable(device_index(device))

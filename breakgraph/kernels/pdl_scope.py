@@ -14,9 +14,10 @@ from contextvars import ContextVar
 #: ``BREAKGRAPH_PDL=auto``: decode graphs of up to this many rows launch with PDL (H200,
 #: glm5-tp8-rank, ``bench decode --pdl auto 0``: faster at batch 1 and 16; slower at 64 with ``1``).
 PDL_AUTO_MAX_ROWS = 16
-#: ``BREAKGRAPH_PDL=auto``: prefill batches of up to this many tokens (their graphs and the breaks
-#: between them) launch with PDL (H200, glm5-tp8-rank, ``bench prefill --input-len 128`` with
-#: ``BREAKGRAPH_PDL=1`` against ``0``: 37.01 against 38.38 ms; at 1024 tokens it was slower).
+#: ``BREAKGRAPH_PDL=auto``: prefill batches of up to this many tokens on the prefill graphs (the
+#: graphs and the breaks between them) launch with PDL (H200, glm5-tp8-rank, ``bench prefill
+#: --input-len 128`` with ``BREAKGRAPH_PDL=1`` against ``0``: 37.01 against 38.38 ms; at 1024
+#: tokens not faster: 75.25 against 64.89 ms in one run, 64.18 against 71.77 in another).
 PDL_AUTO_MAX_PREFILL_TOKENS = 128
 
 _scope: ContextVar[bool] = ContextVar("breakgraph_pdl_scope", default=False)

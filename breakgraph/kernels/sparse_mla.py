@@ -103,7 +103,8 @@ def sparse_mla_attention(
     not read, only its shape — the Triton kernel makes the rows from the positions, the twin
     writes them into a tensor of its own first. ``dense_elsewhere``: the caller attends every
     token below ``dense_below`` itself and overwrites their rows of ``out``: the Triton kernel
-    then leaves the rows of its dense-causal blocks unwritten (the twin writes every row).
+    then leaves the rows of its dense-causal blocks unwritten, and the twin fills the rows of
+    every token below ``dense_below`` with NaN (a row the caller misses shows).
     """
     if causal_rows and positions is None:
         raise ValueError("causal_rows needs the token positions")
@@ -122,3 +123,5 @@ def sparse_mla_attention(
         causal_topk_ref(positions, rows)
         args = (q, kv_cache, rows, *args[3:])
     sparse_mla_attention_ref(*args, positions=positions, dense_below=dense_below)
+    if dense_elsewhere and dense_below > 0 and positions is not None:
+        out[positions[: out.shape[0]] < dense_below] = float("nan")

@@ -691,7 +691,8 @@ def sparse_mla_attention_triton(
 
     ``dense_elsewhere``: the caller attends the tokens of the dense-causal blocks itself (every
     token below ``dense_below``, say, in another form): no dense launch is made, the sparse kernel
-    still skips those blocks, and their rows of ``out`` are left unwritten.
+    still skips those blocks, and their rows of ``out`` are left unwritten (under split-K, with
+    no dense path, every row is written as without it).
 
     The keyword arguments after ``dense_elsewhere`` override :func:`default_config` and, as
     ``dense_*``, the options of

@@ -160,14 +160,27 @@ class MLAttention(nn.Module):
         # q_resid, made after loading (merge_a_projections, merge_b_projections)
         self.fused_a_proj: LinearBase | None = None
         self.fused_b_proj: LinearBase | None = None
-        self.register_buffer("w_kc", torch.empty(self.num_heads, self.dn, self.rank, dtype=dtype), persistent=False)
-        self.register_buffer("w_vc", torch.empty(self.num_heads, self.dv, self.rank, dtype=dtype), persistent=False)
+        # the heads' kv_b rows regrouped: every head's key half, then every head's value half
+        # (w_kc, w_vc: views), so that the MHA form projects a key's latent to both in one GEMM
+        rows = self.num_heads * (self.dn + self.dv)
+        self.register_buffer("w_kv", torch.empty(rows, self.rank, dtype=dtype), persistent=False)
+
+    @property
+    def w_kc(self) -> torch.Tensor:
+        """``[H, dn, r]``: the key halves of the heads' ``kv_b`` rows (a view of ``w_kv``)."""
+        return self.w_kv[: self.num_heads * self.dn].view(self.num_heads, self.dn, self.rank)
+
+    @property
+    def w_vc(self) -> torch.Tensor:
+        """``[H, dv, r]``: the value halves of the heads' ``kv_b`` rows (a view of ``w_kv``)."""
+        return self.w_kv[self.num_heads * self.dn :].view(self.num_heads, self.dv, self.rank)
 
     def absorb_kv_b(self) -> None:
-        """Derive ``w_kc [H, dn, r]`` and ``w_vc [H, dv, r]`` from ``kv_b_proj`` (after loading)."""
+        """Derive ``w_kc [H, dn, r]`` and ``w_vc [H, dv, r]`` (in ``w_kv``) from ``kv_b_proj``
+        (after loading)."""
         p = self.kv_b_proj
-        w = p.weight if not p.quantized else block_dequant(p.weight, p.weight_scale_inv, p.block, self.w_kc.dtype)
-        w = w.to(self.w_kc.dtype).view(self.num_heads, self.dn + self.dv, self.rank)
+        w = p.weight if not p.quantized else block_dequant(p.weight, p.weight_scale_inv, p.block, self.w_kv.dtype)
+        w = w.to(self.w_kv.dtype).view(self.num_heads, self.dn + self.dv, self.rank)
         self.w_kc.copy_(w[:, : self.dn])
         self.w_vc.copy_(w[:, self.dn :])
 
@@ -277,9 +290,7 @@ class MLAttention(nn.Module):
         if topk is None:
             raise ValueError(f"layer {self.layer_id} shares the indexer but no earlier layer computed top-k")
         if whole:
-            prefill_mla_attention(
-                q, q_full, kv, topk, self.w_kc, self.w_vc, out, self.layer_id, self.scale, store is not None
-            )  # fmt: skip
+            prefill_mla_attention(q, q_full, kv, topk, self.w_kv, out, self.layer_id, self.scale, store is not None)
             return self.o_proj(out.view(t, self.num_heads * self.dv)), topk
         if plan is not None:
             mla_bmm_then_unified_attention(

@@ -259,18 +259,25 @@ class MhaRowsLayout:
     ``pays``: the MHA form takes fewer FLOPs for them than the absorbed form
     (:func:`~breakgraph.kernels.dense_mha.mha_form_pays`) under ``BREAKGRAPH_DENSE_MHA=auto``,
     always under ``1`` (where there are such tokens), never under ``0`` (a graph captured before
-    the knob changed replays the absorbed form then). ``rows [Td]`` int64: those tokens' batch
-    rows (None: every token, no sequence reaches past ``index_topk``). ``slots [Tk]`` int64: the
-    cache slots of each of their requests' positions ``0…min(seq_len, index_topk) − 1``, request
-    by request (None: the keys are the batch's new rows as the layer made them — every token
-    attends, no cached prefix, a cache of the activations' values, not FP8). ``key_rows [Td]``
-    int64: each token's own key in that order (None: its row, when ``slots`` is None or holds
-    the batch's own slots in token order)."""
+    the knob changed replays the absorbed form then). ``rows``: those tokens' batch rows — a
+    ``slice`` where they are consecutive (one long prompt's first ``index_topk`` tokens; every
+    token, ``every_token``, when no sequence reaches past ``index_topk``), else an int64 index
+    tensor. ``slots [Tk]`` int64: the cache slots of each of their requests' positions
+    ``0…min(seq_len, index_topk) − 1``, request by request (None: no such request has a cached
+    prefix and the cache holds the activations' values, not FP8 — the keys are the tokens' own
+    new latent rows, ``kv[rows]``). ``key_rows [Td]`` int64: each token's own key in that order
+    (None: the ``j``-th token's key is the ``j``-th, as without prefixes)."""
 
     pays: bool
-    rows: torch.Tensor | None
+    every_token: bool
+    rows: slice | torch.Tensor
     slots: torch.Tensor | None
     key_rows: torch.Tensor | None
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device``, through pinned memory without a wait on CUDA."""
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 def mha_rows_layout(
@@ -278,13 +285,13 @@ def mha_rows_layout(
 ) -> MhaRowsLayout:
     """The batch's :class:`MhaRowsLayout`, built at the first layer's call from the host lengths
     and kept in ``fb.derived`` for the others (at most one host-to-device copy a forward: the
-    keys' requests and positions, the tokens' key rows and batch rows in one pinned transfer).
-    The FLOP comparison counts the key projections and the attention of the tokens below
-    ``index_topk`` against the absorbed form's attention of them, plus its query-side products
-    where every token is such a token (else the other tokens need those products anyway).
-    ``fp8_cache``: the keys are read back from the cache (dequantised) even without a prefix —
-    its slots are then the new tokens' own — so a prompt attends to the same keys whether it is
-    prefilled at once or in chunks."""
+    keys' requests and positions and the tokens' key rows, or the tokens' rows, in one pinned
+    transfer). The FLOP comparison counts the key projections and the attention of the tokens
+    below ``index_topk`` against the absorbed form's attention of them, plus its query-side
+    products where every token is such a token (else the other tokens need those products
+    anyway). ``fp8_cache``: the keys are read back from the cache (dequantised) even without a
+    prefix — its slots are then the tokens' own — so a prompt attends to the same keys whether
+    it is prefilled at once or in chunks."""
     name = f"mha_rows/{index_topk}/{rank}/{dn}/{dr}/{dv}/{fp8_cache}"
     layout = fb.derived.get(name)
     if layout is not None:
@@ -298,38 +305,44 @@ def mha_rows_layout(
     mode = env.read("BREAKGRAPH_DENSE_MHA")
     flops = mha_form_pays(tokens if every_token else 0, sum(keys), pairs, rank, dn, dr, dv)
     pays = tokens > 0 and (mode == "1" or (mode == "auto" and flops))
-    rows = slots = key_rows = None
-    if pays and (not every_token or any(prefix)):
-        key_start = torch.tensor([0, *keys]).cumsum(0)[:-1].tolist()
-        batch_start = torch.tensor([0, *extend]).cumsum(0)[:-1].tolist()
-        reqs = [i for i, d in enumerate(dense) if d]
+    reqs = [i for i, d in enumerate(dense) if d]
+    batch_start = [sum(extend[:i]) for i in range(len(extend))]
+    spans = [(batch_start[i], batch_start[i] + dense[i]) for i in reqs]
+    consecutive = all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    rows: slice | torch.Tensor = slice(spans[0][0], spans[-1][1]) if spans and consecutive else slice(0, 0)
+    slots = key_rows = None
+    dev = fb.page_table.device
+    if pays and any(prefix[i] for i in reqs):
+        key_start = [sum(keys[:i]) for i in range(len(keys))]
         parts = [
             torch.repeat_interleave(torch.tensor(reqs), torch.tensor([keys[i] for i in reqs])),  # keys' requests
             torch.cat([torch.arange(keys[i]) for i in reqs]),  # keys' positions
             torch.cat([torch.arange(dense[i]) + key_start[i] + prefix[i] for i in reqs]),  # tokens' own keys
         ]
-        if not every_token:
-            parts.append(torch.cat([torch.arange(dense[i]) + batch_start[i] for i in reqs]))  # tokens' rows
-        host = torch.cat(parts)
-        dev = fb.page_table.device
-        on_dev = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host.to(dev)
+        if not consecutive:
+            parts.append(torch.cat([torch.arange(*span) for span in spans]))  # tokens' rows
         n_keys = sum(keys)
+        on_dev = _to_device(torch.cat(parts), dev)
         req, pos = on_dev[:n_keys], on_dev[n_keys : 2 * n_keys]
         key_rows = on_dev[2 * n_keys : 2 * n_keys + tokens]
-        rows = None if every_token else on_dev[2 * n_keys + tokens :]
+        if not consecutive:
+            rows = on_dev[2 * n_keys + tokens :]
         page = fb.kv_cache.page_size
         slots = fb.page_table[req, pos // page].long() * page + pos % page
-    elif pays and fp8_cache:
-        slots = fb.out_cache_loc[: fb.num_tokens]  # every token, no prefix: the keys are the new rows, in order
-    layout = MhaRowsLayout(pays, rows, slots, key_rows)
+    elif pays:
+        if not consecutive:
+            rows = _to_device(torch.cat([torch.arange(*span) for span in spans]), dev)
+        if fp8_cache:  # no prefix: the keys are the tokens' own new rows, read back from the cache
+            slots = fb.out_cache_loc[rows]
+    layout = MhaRowsLayout(pays, every_token, rows, slots, key_rows)
     fb.derived[name] = layout
     return layout
 
 
 @graph_break_op(mutates_args=("q_full", "out"))
 def prefill_mla_attention(
-    q: torch.Tensor, q_full: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, w_kc: torch.Tensor,
-    w_vc: torch.Tensor, out: torch.Tensor, layer_id: int, scale: float, kv_stored: bool = False,
+    q: torch.Tensor, q_full: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor, w_kv: torch.Tensor,
+    out: torch.Tensor, layer_id: int, scale: float, kv_stored: bool = False,
 ) -> None:  # fmt: skip
     """Split op: the whole attention of a prefill batch (:func:`prefill_mla_form`), from the
     queries to the per-head values.
@@ -337,22 +350,25 @@ def prefill_mla_attention(
     ``q [T, H, dn + dr]`` (the query, ``q_nope`` first), ``q_full [T, H, r + dr]`` (its rotary
     columns hold ``rope(q_pe)``; the absorbed form writes ``q_nope·w_kc`` into the first ``r``),
     ``kv [T, r + dr]`` the new latent rows (stored first unless ``kv_stored``), ``topk [T, K]``
-    (the indexer's rows; only its shape where no sequence is longer than ``K``), ``w_kc [H, dn,
-    r]``, ``w_vc [H, dv, r]``; writes ``out [T, H, dv]`` (rows past the real tokens zeroed).
+    (the indexer's rows; only its shape where no sequence is longer than ``K``), ``w_kv
+    [H·dn + H·dv, r]`` the key halves ``w_kc [H, dn, r]`` then the value halves ``w_vc [H, dv,
+    r]`` of the heads' ``kv_b`` rows; writes ``out [T, H, dv]`` (rows past the real tokens zeroed).
 
     The tokens at positions below ``K`` see every causal key: where the MHA form pays for them
-    (:func:`mha_rows_layout`) each of their keys' latent is projected to ``k_nope`` and ``v`` and
+    (:func:`mha_rows_layout`) their keys' latent is projected to ``k_nope ‖ v`` (one GEMM) and
     they attend in MHA form (:func:`~breakgraph.kernels.dense_mha.dense_causal_mha`). The other
     tokens — all of them where it does not pay — take the absorbed form: ``q_nope·w_kc``, the
     sparse attention over their top-k rows (whose dense-causal blocks are then left to the MHA
     form) and ``·w_vc``."""
     fb = get_forward_batch()
     n = fb.num_tokens
-    heads, dn, rank = w_kc.shape
-    dv, dr = w_vc.shape[1], q_full.shape[-1] - rank
+    heads, rank, dv = q.shape[1], w_kv.shape[1], out.shape[-1]
+    dr = q_full.shape[-1] - rank
+    dn = q.shape[-1] - dr
+    w_kc, w_vc = w_kv[: heads * dn].view(heads, dn, rank), w_kv[heads * dn :].view(heads, dv, rank)
     cache = fb.kv_cache.latent[layer_id]
     layout = mha_rows_layout(fb, topk.shape[1], rank, dn, dr, dv, is_fp8_latent(cache))
-    if not layout.pays or layout.rows is not None:  # the absorbed form: every token, or those past K
+    if not (layout.pays and layout.every_token):  # the absorbed form: every token, or those past K
         attn = q_full.new_empty(n, heads, rank)
         bmm_into(q[:n, :, :dn].transpose(0, 1), w_kc, q_full[:n, :, :rank].transpose(0, 1))
         _attend(q_full, kv, topk, attn, layer_id, scale, kv_stored, dense_elsewhere=layout.pays)
@@ -361,24 +377,21 @@ def prefill_mla_attention(
     if layout.pays:
         if not kv_stored:
             store_latent(cache, fb.out_cache_loc, kv[:n], rank)
-        keys = kv[:n]
-        if layout.slots is not None:
+        rows = layout.rows
+        if layout.slots is None:
+            keys = kv[rows]
+        else:
             keys = cache[layout.slots]
             keys = dequantize_latent_ref(keys, rank, kv.dtype) if is_fp8_latent(cache) else keys.to(kv.dtype)
-        c = keys[:, :rank]
-        k_nope = torch.matmul(c, w_kc.view(heads * dn, rank).t()).view(-1, heads, dn)
-        v = torch.matmul(c, w_vc.view(heads * dv, rank).t()).view(-1, heads, dv)
-        if layout.rows is None:
-            dense_causal_mha(
-                q[:n, :, :dn], q_full[:n, :, rank:], k_nope, keys[:, rank:], v, fb.positions[:n], layout.key_rows,
-                scale, out[:n],
-            )  # fmt: skip
-        else:
-            rows = layout.rows
-            dense = out.new_empty(rows.numel(), heads, dv)
-            dense_causal_mha(
-                q.index_select(0, rows)[..., :dn], q_full.index_select(0, rows)[..., rank:], k_nope, keys[:, rank:],
-                v, fb.positions.index_select(0, rows), layout.key_rows, scale, dense,
-            )  # fmt: skip
-            out.index_copy_(0, rows, dense)
+        projected = torch.matmul(keys[:, :rank], w_kv.t())  # [Tk, H·dn ‖ H·dv]: k_nope ‖ v
+        k_nope = projected[:, : heads * dn].view(-1, heads, dn)
+        v = projected[:, heads * dn :].view(-1, heads, dv)
+        q_rows = q[rows]
+        dense = out[rows] if isinstance(rows, slice) else out.new_empty(q_rows.shape[0], heads, dv)
+        dense_causal_mha(
+            q_rows[..., :dn], q_full[rows][..., rank:], k_nope, keys[:, rank:], v, fb.positions[rows],
+            layout.key_rows, scale, dense,
+        )  # fmt: skip
+        if not isinstance(rows, slice):
+            out[rows] = dense
     out[n:].zero_()
