@@ -237,6 +237,37 @@ def check_fp8_gemm_w8a16_matches_twin():
     assert torch.equal(got, bias.expand(3, 5)), got
 
 
+def check_fp8_gemm_fused_quant_is_act_quant_then_w8a8():
+    """``quantize_a``: the GEMM quantises its bf16/fp32 activation tiles itself — bit for bit the
+    result of :func:`act_quant` then the W8A8 GEMM on the same tiles, split or not, swapped or
+    not, ragged rows and columns; fp8 activations are refused."""
+    from breakgraph.kernels.triton_fp8 import act_quant, fp8_gemm
+
+    for m, n, k, dtype in ((37, 200, 300, torch.float32), (1, 256, 256, torch.bfloat16), (70, 128, 384, torch.float32),
+                           (16, 576, 512, torch.bfloat16)):  # fmt: skip
+        w8, ws = block_quant(torch.randn(n, k))
+        x = (torch.randn(m, k) * torch.rand(m, 1) * 4).to(dtype)  # rows of different magnitudes
+        x[0, :7] = 0.0  # a zero run: within a group, and a whole group where k allows
+        bias = torch.randn(n)
+        a8, sa = act_quant(x, column_major_scale=False)
+        for cfg in (
+            None,
+            {"BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True},
+            {"BLOCK_M": 64, "BLOCK_N": 128, "SWAP_AB": False},
+            {"BLOCK_M": 16, "BLOCK_N": 64, "SWAP_AB": True, "SPLIT_K": 2},
+        ):
+            fused = fp8_gemm(x, None, w8, ws, out_dtype=torch.float32, bias=bias, config=cfg, quantize_a=True)
+            two = fp8_gemm(a8, sa, w8, ws, out_dtype=torch.float32, bias=bias, config=cfg)
+            assert torch.equal(fused, two), (m, n, k, dtype, cfg, _rel(fused, two))
+        assert not _split_k_locks_in_use()
+    try:
+        fp8_gemm(a8, sa, w8, ws, quantize_a=True)
+    except ValueError as exc:
+        assert "quantize_a" in str(exc)
+    else:
+        raise AssertionError("quantize_a on fp8 activations must be refused")
+
+
 def check_fp8_linear_triton_paths():
     from breakgraph.kernels.triton_fp8 import act_quant_ref, fp8_gemm_ref, fp8_linear
 
@@ -262,6 +293,11 @@ def check_fp8_linear_triton_paths():
     assert _rel(doubled, 2 * fp8_linear(x, w8, ws, (128, 128), path="triton")) < 1e-2
     w8a16 = fp8_linear(x, w8, ws, (128, 128), bias, path="triton_w8a16")
     assert torch.equal(fp8_linear(x, w8, ws, (128, 128), bias, path="triton_w8a16", x_fp8=other), w8a16)
+    # the GEMM that quantises its activations itself: the W8A8 result, whatever a producer offers
+    fused = fp8_linear(x, w8, ws, (128, 128), bias, path="triton_fused_quant")
+    assert torch.equal(fused, plain) and torch.equal(
+        fp8_linear(x, w8, ws, (128, 128), bias, path="triton_fused_quant", x_fp8=other), plain
+    )
     # other block shapes fall back to dequantise + matmul
     w8b, wsb = block_quant(torch.randn(96, 384), (64, 64))
     got = fp8_linear(x, w8b, wsb, (64, 64))
@@ -279,6 +315,7 @@ def check_fp8_linear_triton_paths():
         "check_fp8_gemm_w8a8_matches_twin",
         "check_fp8_gemm_w8a16_matches_twin",
         "check_fp8_linear_triton_paths",
+        "check_fp8_gemm_fused_quant_is_act_quant_then_w8a8",
     ],
 )
 def test_triton_fp8_under_interpreter(interp_results, name):
@@ -304,6 +341,25 @@ def test_fp8_gemm_compiles_for_sm90_without_spills(a_fp8, cfg):
     info = compile_for_sm90(triton_fp8._fp8_gemm_kernel, types, constexprs, warps, 3)
     assert info["stack"] == 0 and info["local_insts"] == 0, info
     assert info["mma"] == (["QGMMA"] if a_fp8 else ["HGMMA"]), info
+
+
+@pytest.mark.parametrize("cfg", [(16, 64, True, 4, 1), (16, 64, True, 4, 4), (32, 64, True, 4, 1), (64, 128, False, 8, 1)])
+def test_fp8_gemm_fused_quant_compiles_for_sm90_without_spills(cfg):
+    """The tiles the start-up timing gives the GEMM that quantises its activations (up to
+    ``FUSED_QUANT_MAX_M`` rows; 64-row tiles on 8 warps): fp8 tensor-core products (QGMMA),
+    nothing spilled."""
+    pytest.importorskip("triton")
+    from breakgraph.kernels import triton_fp8
+
+    bm, bn, swap, warps, split = cfg
+    types = {"a_ptr": "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
+             "c_ptr": "*fp32" if split > 1 else "*bf16", "K_PER_SPLIT": 768, "out_ptr": "*bf16", "lock_ptr": "*i32"}  # fmt: skip
+    constexprs = {"A_FP8": False, "A_QUANT": True, "HAS_BIAS": False, "SWAP_AB": swap, "BLOCK_M": bm, "BLOCK_N": bn,
+                  "BLOCK_K": 128, "SCALE_BN": 128, "SCALE_BK": 128, "GROUP_M": 8, "INTERP": False, "SPLIT_K": split,
+                  "FIXUP": split > 1}  # fmt: skip
+    info = compile_for_sm90(triton_fp8._fp8_gemm_kernel, types, constexprs, warps, 3)
+    assert info["stack"] == 0 and info["local_insts"] == 0, info
+    assert info["mma"] == ["QGMMA"], info
 
 
 def test_split_k_sum_compiles_for_sm90():
@@ -471,6 +527,8 @@ def test_fp8_linear_gpu_glm5_shapes(name, k, n, m):
     from breakgraph.kernels.triton_fp8 import scaled_mm_takes
 
     auto = choose(m, k, n, torch.cuda.current_device(), scaled_mm_takes(k, n, x.device))
+    # the GEMM that quantises its activations itself: the W8A8 GEMM's result, bit for bit
+    assert torch.equal(fp8_linear(x, w8, ws, (128, 128), path="triton_fused_quant"), fp8_linear(x, w8, ws, (128, 128), path="triton"))
     for path in ("auto", "triton", "triton_w8a16"):
         got = fp8_linear(x, w8, ws, (128, 128), path=path)
         assert got.shape == (m, n) and got.dtype == torch.bfloat16

@@ -1,8 +1,10 @@
 """Which GEMM runs an FP8 block-scaled linear of a given shape on this GPU.
 
-Four paths compute the product: cuBLASLt's blockwise ``torch._scaled_mm`` and the Triton GEMM
+Five paths compute the product: cuBLASLt's blockwise ``torch._scaled_mm`` and the Triton GEMM
 of :mod:`breakgraph.kernels.triton_fp8` on activations quantised per token and 128 columns
-(W8A8: a quantisation kernel, then the GEMM), the Triton GEMM on the bf16 activations with
+(W8A8: a quantisation kernel, then the GEMM), the same GEMM quantising its activation tiles
+itself (the same codes and scales, so the same result, one launch fewer; timed up to
+:data:`FUSED_QUANT_MAX_M` rows), the Triton GEMM on the bf16 activations with
 each weight tile dequantised in registers (W8A16: one kernel, no quantisation), and for few
 rows the GEMV of :mod:`breakgraph.kernels.triton_fp8_gemv` (bf16 activations, the weights
 decoded by integer operations, K split over many programs; timed unless
@@ -73,13 +75,17 @@ def table_from_timings(timings: dict[int, dict[str, float]]) -> tuple[tuple[int,
     return tuple(table)
 
 
-PATHS = ("scaled_mm", "triton", "triton_w8a16", "triton_gemv")
+PATHS = ("scaled_mm", "triton", "triton_w8a16", "triton_gemv", "triton_fused_quant")
 #: Largest bucket at which W8A16 is timed: on the H200 it won only below 64 rows (below 512 for
 #: the 256-deep shared-expert down projection), and each timed bucket compiles one more GEMM.
 W8A16_MAX_M = 256
 #: Largest bucket at which the few-row GEMV (:mod:`breakgraph.kernels.triton_fp8_gemv`) is timed.
 GEMV_MAX_M = 64
-_MAX_M = {"triton_w8a16": W8A16_MAX_M, "triton_gemv": GEMV_MAX_M}
+#: Largest bucket at which the Triton W8A8 GEMM that quantises its activations itself is timed:
+#: each of its programs quantises the activation tiles it reads, which the column tiles of a
+#: few rows repeat cheaply (it saves the quantisation kernel's launch), many rows not.
+FUSED_QUANT_MAX_M = 64
+_MAX_M = {"triton_w8a16": W8A16_MAX_M, "triton_gemv": GEMV_MAX_M, "triton_fused_quant": FUSED_QUANT_MAX_M}
 
 
 def timed_paths() -> tuple[str, ...]:
@@ -87,7 +93,8 @@ def timed_paths() -> tuple[str, ...]:
     ``BREAKGRAPH_FP8_GEMV=1`` (the default)."""
     from breakgraph import env
 
-    return PATHS if env.read("BREAKGRAPH_FP8_GEMV") == "1" else PATHS[:3]
+    gemv = env.read("BREAKGRAPH_FP8_GEMV") == "1"
+    return tuple(p for p in PATHS if gemv or p != "triton_gemv")
 
 
 def cold_timing() -> bool:
@@ -100,7 +107,8 @@ def cold_timing() -> bool:
 
 def timed_at(path: str, bucket: int) -> bool:
     """Whether the start-up timing tries ``path`` at row-count ``bucket`` (the bf16-activation
-    paths only up to their largest bucket, :data:`W8A16_MAX_M` and :data:`GEMV_MAX_M`)."""
+    paths only up to their largest bucket, :data:`W8A16_MAX_M`, :data:`GEMV_MAX_M` and
+    :data:`FUSED_QUANT_MAX_M`)."""
     return bucket <= _MAX_M.get(path, bucket)
 
 
@@ -188,6 +196,7 @@ def environment_key(device: Any, max_m: int) -> dict[str, Any]:
     }
     if "triton_gemv" in paths:  # keys without the switches on stay what they were
         key["gemv_max_m"] = GEMV_MAX_M
+    key["fused_quant_max_m"] = FUSED_QUANT_MAX_M
     if cold_timing():
         key["cold_weights"] = True
     return key

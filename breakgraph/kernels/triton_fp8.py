@@ -221,10 +221,12 @@ def _fp8_gemm_kernel(
     A_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr,
     FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr, GROUP_M: tl.constexpr, INTERP: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, A_QUANT: tl.constexpr = False,
 ):  # fmt: skip
     """``c = Σ_kb (a[:, kb] · w[:, kb]ᵀ) · sa[:, kb] · sw[n // SCALE_BN, kb]``; ``a`` fp8 (with
     ``sa``) or 16-bit (then each ``w`` tile is dequantised to ``a``'s dtype in registers).
+    ``A_QUANT``: 16-bit ``a`` quantised here, per row and k-block, to the e4m3 codes and scales
+    :func:`_act_quant_kernel` writes (the same arithmetic), then multiplied as fp8 ``a``.
     ``SWAP_AB`` computes the transposed tile so that weight rows fill the 64-row MMA side.
     ``SPLIT_K > 1``: program ``(·, s)`` sums the k-range ``[s·K_PER_SPLIT, (s+1)·K_PER_SPLIT)``
     and stores its fp32 partial (no bias) in slice ``s`` of ``c`` (an ``[SPLIT_K, M, N]``
@@ -270,11 +272,15 @@ def _fp8_gemm_kernel(
         w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         kb = k0 // SCALE_BK
         sw = tl.load(ws_row + kb * stride_wsk)
-        if A_FP8:
+        if A_QUANT:  # as _act_quant_kernel: IEEE-rounded divisions, the same codes and scales
+            af = a.to(tl.float32)
+            sa = tl.math.div_rn(tl.maximum(tl.max(tl.abs(af), axis=1), 1e-12), tl.full((BLOCK_M,), 448.0, tl.float32))
+            a = to_fp8(tl.math.div_rn(af, sa[:, None] + tl.zeros_like(af)), INTERP)
+        elif A_FP8:
             sa = tl.load(as_ptr + rm * stride_asm + kb * stride_asg, mask=m_ok, other=0.0)
         else:
             sa = 1.0
-        acc = scaled_update(acc, a, w, sw, sa, True, A_FP8, SWAP_AB, INTERP)
+        acc = scaled_update(acc, a, w, sw, sa, True, A_FP8 or A_QUANT, SWAP_AB, INTERP)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if SWAP_AB:
@@ -346,12 +352,16 @@ def fp8_gemm(
     out_dtype: torch.dtype = torch.bfloat16,
     bias: torch.Tensor | None = None,
     config: dict | None = None,
+    quantize_a: bool = False,
 ) -> torch.Tensor:
     """Triton block-scaled GEMM: ``a [M, K] @ dequant(weight [N, K]).T`` → ``[M, N] out_dtype``.
 
     ``a`` is either e4m3 with ``a_scale [M, ceil(K/128)]`` (any strides; :func:`act_quant`'s
     output) or bf16/fp16/fp32 with ``a_scale=None`` (weight tiles are dequantised to ``a``'s
-    dtype in registers). ``weight_scale [ceil(N/bn), ceil(K/bk)]``. Needs ``block == (128, 128)``.
+    dtype in registers; ``quantize_a``: instead ``a`` is quantised in the kernel, per row and 128
+    columns, exactly as :func:`act_quant` does it, and multiplied as e4m3 — the result of
+    ``act_quant`` then this GEMM, bit for bit, in one launch). ``weight_scale [ceil(N/bn),
+    ceil(K/bk)]``. Needs ``block == (128, 128)``.
     ``config`` overrides the tile choice (``FIXUP=False``: reduce a split K with the separate
     sum kernel). Graph-safe.
     """
@@ -366,7 +376,11 @@ def fp8_gemm(
     a_fp8 = a.dtype == FP8_DTYPE
     if a_fp8 != (a_scale is not None):
         raise ValueError("fp8_gemm: a_scale must be given exactly when a is float8_e4m3fn")
+    if quantize_a and a_fp8:
+        raise ValueError("fp8_gemm: quantize_a needs 16- or 32-bit activations, a is float8_e4m3fn already")
     cfg = dict(_gemm_config(m, n, k, num_sms(a.device)), BLOCK_K=128, GROUP_M=8, FIXUP=True)
+    if quantize_a and not cfg["SWAP_AB"]:  # the 16-bit tile and its codes beside the accumulator:
+        cfg["num_warps"] = 8  # 64-row tiles spill on 4 warps (sm_90a compile), not on 8
     cfg.update(config or {})
     if 128 % cfg["BLOCK_N"] or cfg["BLOCK_K"] != 128:
         raise ValueError(f"fp8_gemm: BLOCK_N must divide 128 and BLOCK_K must be 128, got {cfg}")
@@ -385,7 +399,8 @@ def fp8_gemm(
         m, n, k, k_per_split,
         a.stride(0), sa.stride(0), sa.stride(1), weight.stride(0), weight_scale.stride(0), weight_scale.stride(1),
         target.stride(-2),
-        A_FP8=a_fp8, HAS_BIAS=bias is not None, SCALE_BN=block[0], SCALE_BK=block[1], INTERP=interpreting(),
+        A_FP8=a_fp8, A_QUANT=quantize_a, HAS_BIAS=bias is not None, SCALE_BN=block[0], SCALE_BK=block[1],
+        INTERP=interpreting(),
         **dict(cfg, SPLIT_K=split, FIXUP=locks is not None), **pdl_launch(a.device),
     )  # fmt: skip
     if split > 1 and locks is None:
@@ -496,9 +511,9 @@ def reads_quantized_input(m: int, k: int, n: int, x_dtype: torch.dtype, device: 
     """Whether :func:`fp8_linear` (path ``auto``) on ``m`` rows of a ``[n, k]`` weight with
     128×128 blocks takes its activations quantised (the W8A8 paths: ``_scaled_mm`` and the
     Triton W8A8 GEMM, which read a producer's ``x_fp8``); False where it reads them as they are
-    (the GEMV and W8A16)."""
+    (the GEMV, W8A16 and the W8A8 GEMM that quantises them itself)."""
     cublas_ok = x_dtype == torch.bfloat16 and scaled_mm_takes(k, n, device)
-    return fp8_gemm_choice.choose(m, k, n, device_index(device), cublas_ok) not in ("triton_gemv", "triton_w8a16")
+    return fp8_gemm_choice.choose(m, k, n, device_index(device), cublas_ok) in ("scaled_mm", "triton")
 
 
 def scaled_mm_takes(k: int, n: int, device: torch.device) -> bool:
@@ -528,12 +543,13 @@ def fp8_linear(
     and W8A16 GEMMs and the few-row GEMV as :mod:`breakgraph.kernels.fp8_gemm_choice` measured
     it), ``scaled_mm`` (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8),
     ``triton_w8a16`` (bf16 activations), ``triton_gemv`` (bf16 activations, few rows:
-    :mod:`breakgraph.kernels.triton_fp8_gemv`), ``dequant``.
+    :mod:`breakgraph.kernels.triton_fp8_gemv`), ``triton_fused_quant`` (W8A8, the activations
+    quantised inside the GEMM: ``triton``'s result in one launch), ``dequant``.
 
     ``x_fp8``: ``x`` already quantised, ``(q [Mp, K] e4m3, scale [Mp, K/128] fp32)`` with
     ``column_major_scale=True`` and ``pad_rows=quant_pad_rows(device)`` as :func:`act_quant`
     returns them for ``x``'s rows (``Mp ≥ M``): the W8A8 paths take it instead of quantising;
-    W8A16 and the GEMV ignore it.
+    W8A16, the GEMV and ``triton_fused_quant`` ignore it.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = weight.shape[0]
@@ -559,6 +575,8 @@ def fp8_linear(
         out = fp8_gemv(x2, weight, scale, bias, x.dtype)
     elif path == "triton_w8a16":
         out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias)
+    elif path == "triton_fused_quant":
+        out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias, quantize_a=True)
     else:
         m = x2.shape[0]
         if x_fp8 is not None and x_fp8[0].shape[0] >= m:
