@@ -190,12 +190,15 @@ def test_decode_paths_follow_their_knobs(monkeypatch):
     knob at 0 restores the cuBLAS/one-weight behaviour."""
     from breakgraph.kernels import fp8_gemm_choice, linear
 
-    for name in ("BREAKGRAPH_FP8_GEMV", "BREAKGRAPH_FP8_TIMING_COLD", "BREAKGRAPH_GEMV_FP32_OUT"):
+    for name in ("BREAKGRAPH_FP8_GEMV", "BREAKGRAPH_FP8_TIMING_COLD", "BREAKGRAPH_GEMV_FP32_OUT", "BREAKGRAPH_FP8_FUSED_QUANT"):
         monkeypatch.delenv(name, raising=False)
     assert "triton_gemv" in fp8_gemm_choice.timed_paths() and fp8_gemm_choice.cold_timing()
     monkeypatch.setenv("BREAKGRAPH_FP8_GEMV", "0")
     monkeypatch.setenv("BREAKGRAPH_FP8_TIMING_COLD", "0")
     assert fp8_gemm_choice.timed_paths() == ("scaled_mm", "triton", "triton_w8a16", "triton_fused_quant")
+    monkeypatch.setenv("BREAKGRAPH_FP8_FUSED_QUANT", "0")
+    assert fp8_gemm_choice.timed_paths() == ("scaled_mm", "triton", "triton_w8a16")
+    monkeypatch.delenv("BREAKGRAPH_FP8_FUSED_QUANT")
     assert not fp8_gemm_choice.cold_timing()
     taken = []
     monkeypatch.setattr(linear, "_mm_fp32_out_cuda", lambda x, w, a: taken.append("triton") or x.new_zeros(2, 8))

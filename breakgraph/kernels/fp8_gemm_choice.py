@@ -90,11 +90,13 @@ _MAX_M = {"triton_w8a16": W8A16_MAX_M, "triton_gemv": GEMV_MAX_M, "triton_fused_
 
 def timed_paths() -> tuple[str, ...]:
     """The paths the start-up timing tries: :data:`PATHS`, the GEMV only with
-    ``BREAKGRAPH_FP8_GEMV=1`` (the default)."""
+    ``BREAKGRAPH_FP8_GEMV=1`` and the self-quantising W8A8 GEMM only with
+    ``BREAKGRAPH_FP8_FUSED_QUANT=1`` (both the default)."""
     from breakgraph import env
 
-    gemv = env.read("BREAKGRAPH_FP8_GEMV") == "1"
-    return tuple(p for p in PATHS if gemv or p != "triton_gemv")
+    off = {p for p, knob in (("triton_gemv", "BREAKGRAPH_FP8_GEMV"), ("triton_fused_quant", "BREAKGRAPH_FP8_FUSED_QUANT"))
+           if env.read(knob) == "0"}  # fmt: skip
+    return tuple(p for p in PATHS if p not in off)
 
 
 def cold_timing() -> bool:
@@ -196,7 +198,8 @@ def environment_key(device: Any, max_m: int) -> dict[str, Any]:
     }
     if "triton_gemv" in paths:  # keys without the switches on stay what they were
         key["gemv_max_m"] = GEMV_MAX_M
-    key["fused_quant_max_m"] = FUSED_QUANT_MAX_M
+    if "triton_fused_quant" in paths:
+        key["fused_quant_max_m"] = FUSED_QUANT_MAX_M
     if cold_timing():
         key["cold_weights"] = True
     return key
