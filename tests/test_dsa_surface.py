@@ -232,55 +232,57 @@ def test_the_mha_form_is_chosen_by_flops_and_kept_for_the_whole_forward(engine, 
     pool = engine.kv_cache.pool
     pages = [pool.alloc(2), pool.alloc(2), pool.alloc(pool.pages_for(k + 4))]
     fresh = engine.runner.make_batch([BatchEntry(list(range(5)), 0, pages[0])], ForwardMode.EXTEND)
-    layout = dsa.mha_rows_layout(fresh, *dims, fp8_cache=False)
+    layout = dsa.mha_rows_layout(fresh, *dims, keys_from_cache=False)
     assert layout.pays and layout.every_token and layout.rows == slice(0, 5)
     assert layout.slots is None and layout.key_rows is None
-    assert dsa.mha_rows_layout(fresh, *dims, fp8_cache=False) is layout
+    assert dsa.mha_rows_layout(fresh, *dims, keys_from_cache=False) is layout
     page = engine.kv_cache.page_size
     slots = lambda p, n: [int(p[i // page]) * page + i % page for i in range(n)]  # noqa: E731
-    fp8 = dsa.mha_rows_layout(fresh, *dims, fp8_cache=True)
+    fp8 = dsa.mha_rows_layout(fresh, *dims, keys_from_cache=True)
     assert fp8.pays and fp8.slots.tolist() == slots(pages[0], 5) and fp8.key_rows is None and fp8.rows == slice(0, 5)
     one = engine.runner.make_batch([BatchEntry([5], 6, pages[0])], ForwardMode.EXTEND)
-    assert not dsa.mha_rows_layout(one, *dims, fp8_cache=False).pays
+    assert not dsa.mha_rows_layout(one, *dims, keys_from_cache=False).pays
     monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "1")  # at the tiny dims neither a prefix nor a long request pays
     long = engine.runner.make_batch(
         [BatchEntry(list(range(3)), 0, pages[0]), BatchEntry(list(range(k + 4)), 0, pages[2])], ForwardMode.EXTEND
     )
-    mixed = dsa.mha_rows_layout(long, *dims, fp8_cache=False)
+    mixed = dsa.mha_rows_layout(long, *dims, keys_from_cache=False)
     assert mixed.pays and not mixed.every_token
     assert mixed.rows == slice(0, 3 + k)  # 3 short tokens, then the long one's first k: the keys are their rows
     assert mixed.slots is None and mixed.key_rows is None
-    assert dsa.mha_rows_layout(long, *dims, fp8_cache=True).slots.tolist() == slots(pages[0], 3) + slots(pages[2], k)
+    assert dsa.mha_rows_layout(long, *dims, keys_from_cache=True).slots.tolist() == slots(pages[0], 3) + slots(pages[2], k)
     apart = engine.runner.make_batch(
         [BatchEntry(list(range(k + 4)), 0, pages[2]), BatchEntry(list(range(3)), 0, pages[0])], ForwardMode.EXTEND
     )
-    layout = dsa.mha_rows_layout(apart, *dims, fp8_cache=False)
+    layout = dsa.mha_rows_layout(apart, *dims, keys_from_cache=False)
     assert layout.rows.tolist() == [*range(k), k + 4, k + 5, k + 6] and layout.slots is None
     past = engine.runner.make_batch([BatchEntry(list(range(3)), k, pages[2])], ForwardMode.EXTEND)
-    assert not dsa.mha_rows_layout(past, *dims, fp8_cache=True).pays  # no token below index_topk: not even forced
+    assert not dsa.mha_rows_layout(past, *dims, keys_from_cache=True).pays  # no token below index_topk: not even forced
     both = engine.runner.make_batch(
         [BatchEntry(list(range(4)), 2, pages[0]), BatchEntry(list(range(3)), 0, pages[1])], ForwardMode.EXTEND
     )
-    layout = dsa.mha_rows_layout(both, *dims, fp8_cache=False)
+    layout = dsa.mha_rows_layout(both, *dims, keys_from_cache=False)
     assert layout.pays and layout.rows == slice(0, 7) and layout.slots.tolist() == slots(pages[0], 6) + slots(pages[1], 3)
     assert layout.key_rows.tolist() == [2, 3, 4, 5, 6, 7, 8]  # 4 new tokens at positions 2..5, then 3 at 0..2
     crossing = engine.runner.make_batch([BatchEntry(list(range(6)), k - 2, pages[2])], ForwardMode.EXTEND)
-    layout = dsa.mha_rows_layout(crossing, *dims, fp8_cache=False)
+    layout = dsa.mha_rows_layout(crossing, *dims, keys_from_cache=False)
     assert layout.rows == slice(0, 2) and layout.slots.tolist() == slots(pages[2], k)
     assert layout.key_rows.tolist() == [k - 2, k - 1]
     monkeypatch.setenv("BREAKGRAPH_DENSE_MHA", "0")
     again = engine.runner.make_batch([BatchEntry(list(range(5)), 0, pages[0])], ForwardMode.EXTEND)
-    assert not dsa.mha_rows_layout(again, *dims, fp8_cache=False).pays
+    assert not dsa.mha_rows_layout(again, *dims, keys_from_cache=False).pays
     for p in pages:
         pool.free(p)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "bfloat16"])
 def test_long_prefills_attend_in_mha_form_below_index_topk(hf_checkpoints, monkeypatch, kv_cache_dtype):
     """Prompts longer than ``index_topk``: their tokens below it attend in MHA form (the rows the
     layout names), the rest in the absorbed form over the indexer's rows, and every prompt logit
     equals the absorbed form's everywhere (``BREAKGRAPH_DENSE_MHA=0``) — prompts prefilled at
-    once and in chunks (a chunk's prefix crossing ``index_topk`` too), plain and FP8 cache."""
+    once and in chunks (a chunk's prefix crossing ``index_topk`` too), with a cache of the
+    activations' dtype, an FP8 cache and a bf16 cache under fp32 activations (the keys then read
+    back from the cache, rounded as the absorbed form reads them)."""
     folder = hf_checkpoints["glm_moe_dsa"]
     kw = dict(device="cpu", dtype="float32", page_size=4, kv_cache_dtype=kv_cache_dtype)
     k = Engine(folder, **kw).config.index_topk

@@ -2,9 +2,10 @@
 
 Five paths compute the product: cuBLASLt's blockwise ``torch._scaled_mm`` and the Triton GEMM
 of :mod:`breakgraph.kernels.triton_fp8` on activations quantised per token and 128 columns
-(W8A8: a quantisation kernel, then the GEMM), the same GEMM quantising its activation tiles
-itself (the same codes and scales, so the same result, one launch fewer; timed up to
-:data:`FUSED_QUANT_MAX_M` rows), the Triton GEMM on the bf16 activations with
+(W8A8: a quantisation kernel, then the GEMM, or the producer's codes), the same GEMM
+quantising its activation tiles itself where no producer's codes come (the same codes and
+scales, so the same result, one launch fewer; up to :data:`FUSED_QUANT_MAX_M` rows), the
+Triton GEMM on the bf16 activations with
 each weight tile dequantised in registers (W8A16: one kernel, no quantisation), and for few
 rows the GEMV of :mod:`breakgraph.kernels.triton_fp8_gemv` (bf16 activations, the weights
 decoded by integer operations, K split over many programs; timed unless
@@ -81,9 +82,10 @@ PATHS = ("scaled_mm", "triton", "triton_w8a16", "triton_gemv", "triton_fused_qua
 W8A16_MAX_M = 256
 #: Largest bucket at which the few-row GEMV (:mod:`breakgraph.kernels.triton_fp8_gemv`) is timed.
 GEMV_MAX_M = 64
-#: Largest bucket at which the Triton W8A8 GEMM that quantises its activations itself is timed:
-#: each of its programs quantises the activation tiles it reads, which the column tiles of a
-#: few rows repeat cheaply (it saves the quantisation kernel's launch), many rows not.
+#: Largest bucket at which the Triton W8A8 GEMM that quantises its activations itself is timed,
+#: and the most rows it quantises itself (more take the quantisation kernel): each of its
+#: programs quantises the activation tiles it reads, which the column tiles of a few rows repeat
+#: cheaply (it saves the quantisation kernel's launch), many rows not.
 FUSED_QUANT_MAX_M = 64
 _MAX_M = {"triton_w8a16": W8A16_MAX_M, "triton_gemv": GEMV_MAX_M, "triton_fused_quant": FUSED_QUANT_MAX_M}
 

@@ -379,9 +379,9 @@ def fp8_gemm(
     if quantize_a and a_fp8:
         raise ValueError("fp8_gemm: quantize_a needs 16- or 32-bit activations, a is float8_e4m3fn already")
     cfg = dict(_gemm_config(m, n, k, num_sms(a.device)), BLOCK_K=128, GROUP_M=8, FIXUP=True)
-    if quantize_a and not cfg["SWAP_AB"]:  # the 16-bit tile and its codes beside the accumulator:
-        cfg["num_warps"] = 8  # 64-row tiles spill on 4 warps (sm_90a compile), not on 8
     cfg.update(config or {})
+    if quantize_a and not cfg["SWAP_AB"] and "num_warps" not in (config or {}):
+        cfg["num_warps"] = 8  # the 16-bit tile and its codes beside the accumulator: 4 warps spill (sm_90a)
     if 128 % cfg["BLOCK_N"] or cfg["BLOCK_K"] != 128:
         raise ValueError(f"fp8_gemm: BLOCK_N must divide 128 and BLOCK_K must be 128, got {cfg}")
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
@@ -511,9 +511,10 @@ def reads_quantized_input(m: int, k: int, n: int, x_dtype: torch.dtype, device: 
     """Whether :func:`fp8_linear` (path ``auto``) on ``m`` rows of a ``[n, k]`` weight with
     128×128 blocks takes its activations quantised (the W8A8 paths: ``_scaled_mm`` and the
     Triton W8A8 GEMM, which read a producer's ``x_fp8``); False where it reads them as they are
-    (the GEMV, W8A16 and the W8A8 GEMM that quantises them itself)."""
+    (the GEMV and W8A16). The W8A8 GEMM that quantises its activations itself counts as reading
+    them quantised: given a producer's codes it takes them (one launch either way)."""
     cublas_ok = x_dtype == torch.bfloat16 and scaled_mm_takes(k, n, device)
-    return fp8_gemm_choice.choose(m, k, n, device_index(device), cublas_ok) in ("scaled_mm", "triton")
+    return fp8_gemm_choice.choose(m, k, n, device_index(device), cublas_ok) in ("scaled_mm", "triton", "triton_fused_quant")
 
 
 def scaled_mm_takes(k: int, n: int, device: torch.device) -> bool:
@@ -543,13 +544,14 @@ def fp8_linear(
     and W8A16 GEMMs and the few-row GEMV as :mod:`breakgraph.kernels.fp8_gemm_choice` measured
     it), ``scaled_mm`` (where cuBLAS can run the shape, else Triton W8A8), ``triton`` (W8A8),
     ``triton_w8a16`` (bf16 activations), ``triton_gemv`` (bf16 activations, few rows:
-    :mod:`breakgraph.kernels.triton_fp8_gemv`), ``triton_fused_quant`` (W8A8, the activations
-    quantised inside the GEMM: ``triton``'s result in one launch), ``dequant``.
+    :mod:`breakgraph.kernels.triton_fp8_gemv`), ``triton_fused_quant`` (``triton``'s result in
+    one launch: up to ``FUSED_QUANT_MAX_M`` rows without ``x_fp8`` the GEMM quantises the
+    activations itself; otherwise exactly ``triton``), ``dequant``.
 
     ``x_fp8``: ``x`` already quantised, ``(q [Mp, K] e4m3, scale [Mp, K/128] fp32)`` with
     ``column_major_scale=True`` and ``pad_rows=quant_pad_rows(device)`` as :func:`act_quant`
     returns them for ``x``'s rows (``Mp ≥ M``): the W8A8 paths take it instead of quantising;
-    W8A16, the GEMV and ``triton_fused_quant`` ignore it.
+    W8A16 and the GEMV ignore it.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     n = weight.shape[0]
@@ -575,7 +577,7 @@ def fp8_linear(
         out = fp8_gemv(x2, weight, scale, bias, x.dtype)
     elif path == "triton_w8a16":
         out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias)
-    elif path == "triton_fused_quant":
+    elif path == "triton_fused_quant" and x_fp8 is None and x2.shape[0] <= fp8_gemm_choice.FUSED_QUANT_MAX_M:
         out = fp8_gemm(x2, None, weight, scale, block, x.dtype, bias, quantize_a=True)
     else:
         m = x2.shape[0]

@@ -264,7 +264,7 @@ class MhaRowsLayout:
     token, ``every_token``, when no sequence reaches past ``index_topk``), else an int64 index
     tensor. ``slots [Tk]`` int64: the cache slots of each of their requests' positions
     ``0…min(seq_len, index_topk) − 1``, request by request (None: no such request has a cached
-    prefix and the cache holds the activations' values, not FP8 — the keys are the tokens' own
+    prefix and the cache holds the rows as the layer makes them — the keys are the tokens' own
     new latent rows, ``kv[rows]``). ``key_rows [Td]`` int64: each token's own key in that order
     (None: the ``j``-th token's key is the ``j``-th, as without prefixes)."""
 
@@ -281,7 +281,7 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def mha_rows_layout(
-    fb: ForwardBatch, index_topk: int, rank: int, dn: int, dr: int, dv: int, fp8_cache: bool
+    fb: ForwardBatch, index_topk: int, rank: int, dn: int, dr: int, dv: int, keys_from_cache: bool
 ) -> MhaRowsLayout:
     """The batch's :class:`MhaRowsLayout`, built at the first layer's call from the host lengths
     and kept in ``fb.derived`` for the others (at most one host-to-device copy a forward: the
@@ -289,10 +289,11 @@ def mha_rows_layout(
     transfer). The FLOP comparison counts the key projections and the attention of the tokens
     below ``index_topk`` against the absorbed form's attention of them, plus its query-side
     products where every token is such a token (else the other tokens need those products
-    anyway). ``fp8_cache``: the keys are read back from the cache (dequantised) even without a
-    prefix — its slots are then the tokens' own — so a prompt attends to the same keys whether
-    it is prefilled at once or in chunks."""
-    name = f"mha_rows/{index_topk}/{rank}/{dn}/{dr}/{dv}/{fp8_cache}"
+    anyway). ``keys_from_cache``: the cache holds other values than the rows the layer makes (FP8,
+    or another dtype): the keys are read back from it even without a prefix — its slots are then
+    the tokens' own — so a prompt attends to the same keys whether it is prefilled at once or in
+    chunks."""
+    name = f"mha_rows/{index_topk}/{rank}/{dn}/{dr}/{dv}/{keys_from_cache}"
     layout = fb.derived.get(name)
     if layout is not None:
         return layout
@@ -332,7 +333,7 @@ def mha_rows_layout(
     elif pays:
         if not consecutive:
             rows = _to_device(torch.cat([torch.arange(*span) for span in spans]), dev)
-        if fp8_cache:  # no prefix: the keys are the tokens' own new rows, read back from the cache
+        if keys_from_cache:  # no prefix: the keys are the tokens' own new rows, read back from the cache
             slots = fb.out_cache_loc[rows]
     layout = MhaRowsLayout(pays, every_token, rows, slots, key_rows)
     fb.derived[name] = layout
@@ -367,7 +368,7 @@ def prefill_mla_attention(
     dn = q.shape[-1] - dr
     w_kc, w_vc = w_kv[: heads * dn].view(heads, dn, rank), w_kv[heads * dn :].view(heads, dv, rank)
     cache = fb.kv_cache.latent[layer_id]
-    layout = mha_rows_layout(fb, topk.shape[1], rank, dn, dr, dv, is_fp8_latent(cache))
+    layout = mha_rows_layout(fb, topk.shape[1], rank, dn, dr, dv, is_fp8_latent(cache) or cache.dtype != kv.dtype)
     if not (layout.pays and layout.every_token):  # the absorbed form: every token, or those past K
         attn = q_full.new_empty(n, heads, rank)
         bmm_into(q[:n, :, :dn].transpose(0, 1), w_kc, q_full[:n, :, :rank].transpose(0, 1))
@@ -386,11 +387,11 @@ def prefill_mla_attention(
         projected = torch.matmul(keys[:, :rank], w_kv.t())  # [Tk, H·dn ‖ H·dv]: k_nope ‖ v
         k_nope = projected[:, : heads * dn].view(-1, heads, dn)
         v = projected[:, heads * dn :].view(-1, heads, dv)
-        q_rows = q[rows]
-        dense = out[rows] if isinstance(rows, slice) else out.new_empty(q_rows.shape[0], heads, dv)
+        q_nope = q[rows, :, :dn]
+        dense = out[rows] if isinstance(rows, slice) else out.new_empty(q_nope.shape[0], heads, dv)
         dense_causal_mha(
-            q_rows[..., :dn], q_full[rows][..., rank:], k_nope, keys[:, rank:], v, fb.positions[rows],
-            layout.key_rows, scale, dense,
+            q_nope, q_full[rows, :, rank:], k_nope, keys[:, rank:], v, fb.positions[rows], layout.key_rows, scale,
+            dense,
         )  # fmt: skip
         if not isinstance(rows, slice):
             out[rows] = dense
