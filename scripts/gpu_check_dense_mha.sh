@@ -10,12 +10,7 @@
 #   OUT=/some/dir [PRESET=glm5-tp8-rank-12l] bash scripts/gpu_check_dense_mha.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export OUT="${OUT:-/tmp/dense-mha-out}" PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
-export BREAKGRAPH_CACHE_DIR="${BREAKGRAPH_CACHE_DIR:-$OUT/cache}"
-mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-PRESET=${PRESET:-$([ "${mem:-0}" -gt 100000 ] && echo glm5-tp8-rank || echo glm5-tp8-rank-12l)}
-echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), preset $PRESET"
+source scripts/gpu_env.sh /tmp/dense-mha-out
 SECONDS=0
 timeout 80 python scripts/bench_dense_mha.py --tokens 1024 2048 --sweep --budget 60 > "$OUT/bench_dense_mha.log" 2>&1
 echo "bench_dense_mha: rc=$? t=${SECONDS}s"

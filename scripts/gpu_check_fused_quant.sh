@@ -8,12 +8,7 @@
 #   OUT=/some/dir [PRESET=glm5-tp8-rank-12l] bash scripts/gpu_check_fused_quant.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export OUT="${OUT:-/tmp/fused-quant-out}" PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
-export BREAKGRAPH_CACHE_DIR="${BREAKGRAPH_CACHE_DIR:-$OUT/cache}"
-mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-PRESET=${PRESET:-$([ "${mem:-0}" -gt 100000 ] && echo glm5-tp8-rank || echo glm5-tp8-rank-12l)}
-echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), preset $PRESET"
+source scripts/gpu_env.sh /tmp/fused-quant-out
 SECONDS=0
 timeout 150 python -m pytest -q -m cuda -p no:cacheprovider -p no:logging tests/test_kernels_fp8.py \
   -k "glm5_shapes or tunes_and_dispatches or graph_replay" > "$OUT/pytest.log" 2>&1
