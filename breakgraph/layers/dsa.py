@@ -27,6 +27,7 @@ implementation, so it stays one traceable node inside a graph piece.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -307,14 +308,14 @@ def mha_rows_layout(
     flops = mha_form_pays(tokens if every_token else 0, sum(keys), pairs, rank, dn, dr, dv)
     pays = tokens > 0 and (mode == "1" or (mode == "auto" and flops))
     reqs = [i for i, d in enumerate(dense) if d]
-    batch_start = [sum(extend[:i]) for i in range(len(extend))]
+    batch_start = list(accumulate(extend, initial=0))
     spans = [(batch_start[i], batch_start[i] + dense[i]) for i in reqs]
     consecutive = all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
     rows: slice | torch.Tensor = slice(spans[0][0], spans[-1][1]) if spans and consecutive else slice(0, 0)
     slots = key_rows = None
     dev = fb.page_table.device
     if pays and any(prefix[i] for i in reqs):
-        key_start = [sum(keys[:i]) for i in range(len(keys))]
+        key_start = list(accumulate(keys, initial=0))
         parts = [
             torch.repeat_interleave(torch.tensor(reqs), torch.tensor([keys[i] for i in reqs])),  # keys' requests
             torch.cat([torch.arange(keys[i]) for i in reqs]),  # keys' positions
