@@ -44,13 +44,16 @@ def _split_pow2(d: int) -> tuple[int, int]:
 
 @triton.jit
 def _mha_block(
-    q1, q2, qp, kn_rows, kp_rows, v_rows, offs_n, offs_d1, offs_d2, offs_r, offs_v, n0, hi,
+    q1, q2, qp, kn_h, kp, v_h, stride_knt, stride_kpt, stride_vt, offs_n, offs_d1, offs_d2, offs_r, offs_v, n0, hi,
     first, last, m_i, l_i, acc, qk_scale, dn, dr, dv,
     D2: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """One key block ``n0 … n0 + BLOCK_N`` of the online softmax. ``MASKED``: keys outside a
-    row's ``first … last`` (or past ``hi``) score ``-inf``; else every key is seen by every row."""
+    """One key block ``n0 … n0 + BLOCK_N`` of the online softmax (``kn_h``, ``v_h``: the head's
+    first key and value; ``kp``: the shared rotary keys). ``MASKED``: keys outside a row's
+    ``first … last`` (or past ``hi``) score ``-inf``; else every key is seen by every row."""
     keys = n0 + offs_n
+    rows = keys.to(tl.int64)[:, None]
+    kn_rows, kp_rows, v_rows = kn_h + rows * stride_knt, kp + rows * stride_kpt, v_h + rows * stride_vt
     live = keys < hi if MASKED else keys >= 0
     k1 = tl.load(kn_rows + offs_d1[None, :], mask=live[:, None] & (offs_d1 < dn)[None, :], other=0.0)
     s = tl.dot(q1, tl.trans(k1))
@@ -131,20 +134,12 @@ def _dense_mha_fwd_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DV], tl.float32)
-        for n0 in range(start, tl.minimum(end, full_end), BLOCK_N):
-            keys = (n0 + offs_n).to(tl.int64)
-            m_i, l_i, acc = _mha_block(
-                q1, q2, qp, KN + keys[:, None] * stride_knt + h * stride_knh, KP + keys[:, None] * stride_kpt,
-                V + keys[:, None] * stride_vt + h * stride_vh, offs_n, offs_d1, offs_d2, offs_r, offs_v, n0, hi,
-                first, last, m_i, l_i, acc, qk_scale, dn, dr, dv, D2, False,
-            )  # fmt: skip
-        for n0 in range(tl.maximum(start, full_end), end, BLOCK_N):
-            keys = (n0 + offs_n).to(tl.int64)
-            m_i, l_i, acc = _mha_block(
-                q1, q2, qp, KN + keys[:, None] * stride_knt + h * stride_knh, KP + keys[:, None] * stride_kpt,
-                V + keys[:, None] * stride_vt + h * stride_vh, offs_n, offs_d1, offs_d2, offs_r, offs_v, n0, hi,
-                first, last, m_i, l_i, acc, qk_scale, dn, dr, dv, D2, True,
-            )  # fmt: skip
+        kn_h, v_h = KN + h * stride_knh, V + h * stride_vh
+        ptrs = (kn_h, KP, v_h, stride_knt, stride_kpt, stride_vt, offs_n, offs_d1, offs_d2, offs_r, offs_v)
+        for n0 in range(start, tl.minimum(end, full_end), BLOCK_N):  # keys every row sees: unmasked
+            m_i, l_i, acc = _mha_block(q1, q2, qp, *ptrs, n0, hi, first, last, m_i, l_i, acc, qk_scale, dn, dr, dv, D2, False)
+        for n0 in range(tl.maximum(start, full_end), end, BLOCK_N):  # the diagonal, and rows of other requests
+            m_i, l_i, acc = _mha_block(q1, q2, qp, *ptrs, n0, hi, first, last, m_i, l_i, acc, qk_scale, dn, dr, dv, D2, True)
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         o = acc * (1.0 / l_safe)[:, None]
         if chunks == 1:

@@ -585,8 +585,8 @@ def dense_token_block(
     balanced: bool | None = None, block_t: int | None = None,
 ) -> int:  # fmt: skip
     """The token block :func:`dense_mla_attention_triton` takes for these arguments (what it
-    returns: the same configs), without launching it: a caller that attends the dense blocks' tokens some other
-    way tells the sparse kernel which blocks to skip (``dense_elsewhere`` of
+    returns; both of its launches take theirs from here), without launching it: a caller that
+    attends the dense blocks' tokens some other way tells the sparse kernel which blocks to skip (``dense_elsewhere`` of
     :func:`~breakgraph.kernels.triton_sparse_mla.sparse_mla_attention_triton`)."""
     if block_t:
         return block_t
@@ -605,7 +605,7 @@ def _chunked(q, kv_cache, page_table, token_req, positions, page_size, softmax_s
     block_r, block_pe = _pow2(rank), _pow2(dim - rank)
     max_keys = min(dense_below, page_table.shape[1] * page_size)
     dense = dense_config(num_heads, num_tokens, max_keys, q.device, page_size)
-    dense_t = dense_t or dense["block_t"]
+    dense_t = dense_token_block(q, page_table, page_size, dense_below, balanced=False, block_t=dense_t)
     block_m = _pow2(dense_t * dense["heads"])
     dense_n = dense_n or dense["block_n"]
     chunk = dense["chunk_keys"] if chunk_keys is None else chunk_keys
@@ -646,7 +646,7 @@ def _balanced(q, kv_cache, page_table, token_req, positions, page_size, softmax_
     num_tokens, num_heads, dim = q.shape
     rank = out.shape[-1]
     cfg = balanced_config(num_heads, q.device)
-    block_t = block_t or cfg["block_t"]
+    block_t = dense_token_block(q, page_table, page_size, dense_below, balanced=True, block_t=block_t)
     block_n = block_n or cfg["block_n"]
     heads = cfg["heads"]
     block_m = _pow2(block_t * heads)

@@ -312,6 +312,8 @@ def mha_rows_layout(
     spans = [(batch_start[i], batch_start[i] + dense[i]) for i in reqs]
     consecutive = all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
     rows: slice | torch.Tensor = slice(spans[0][0], spans[-1][1]) if spans and consecutive else slice(0, 0)
+    apart = pays and not consecutive  # the rows as an index: built on the host, sent with the keys' layout
+    host_rows = [torch.cat([torch.arange(*span) for span in spans])] if apart else []
     slots = key_rows = None
     dev = fb.page_table.device
     if pays and any(prefix[i] for i in reqs):
@@ -320,20 +322,19 @@ def mha_rows_layout(
             torch.repeat_interleave(torch.tensor(reqs), torch.tensor([keys[i] for i in reqs])),  # keys' requests
             torch.cat([torch.arange(keys[i]) for i in reqs]),  # keys' positions
             torch.cat([torch.arange(dense[i]) + key_start[i] + prefix[i] for i in reqs]),  # tokens' own keys
+            *host_rows,
         ]
-        if not consecutive:
-            parts.append(torch.cat([torch.arange(*span) for span in spans]))  # tokens' rows
         n_keys = sum(keys)
         on_dev = _to_device(torch.cat(parts), dev)
         req, pos = on_dev[:n_keys], on_dev[n_keys : 2 * n_keys]
         key_rows = on_dev[2 * n_keys : 2 * n_keys + tokens]
-        if not consecutive:
+        if apart:
             rows = on_dev[2 * n_keys + tokens :]
         page = fb.kv_cache.page_size
         slots = fb.page_table[req, pos // page].long() * page + pos % page
     elif pays:
-        if not consecutive:
-            rows = _to_device(torch.cat([torch.arange(*span) for span in spans]), dev)
+        if apart:
+            rows = _to_device(host_rows[0], dev)
         if keys_from_cache:  # no prefix: the keys are the tokens' own new rows, read back from the cache
             slots = fb.out_cache_loc[rows]
     layout = MhaRowsLayout(pays, every_token, rows, slots, key_rows)
